@@ -1,0 +1,68 @@
+// tern: one binary, subcommands per ../shared/CLI.md. main() only parses, dispatches and maps
+// exceptions to exit codes with one line on stderr; each command lives in app/cmd_*.cpp.
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+#include "app/version.h"
+#include "formats/error.h"
+
+namespace {
+
+// CLI11 prints multi-line help on errors; users get one line with a hint instead.
+int usage_error(const CLI::App& app, const CLI::Error& e) {
+    std::string where = app.get_name();
+    std::cerr << where << ": " << e.what() << " (run '" << where << " --help' for usage)\n";
+    return static_cast<int>(tern::ExitCode::usage);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    // A closed stdout (`tern run | head -c 20`) must end quietly, not with a SIGPIPE death
+    // reported by the shell; writes then fail with EPIPE and the commands stop.
+    std::signal(SIGPIPE, SIG_IGN);
+
+    CLI::App app{"tern: run GGUF language models locally, fast, on NVIDIA GPUs and CPUs", "tern"};
+    app.require_subcommand(0, 1);
+    bool show_version = false;
+    app.add_flag("--version", show_version, "print version and build (CUDA, CPU features)");
+
+    const std::vector<tern::app::Command> commands = {
+        tern::app::add_info_command(app),
+    };
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::Error& e) {
+        return usage_error(app, e);
+    }
+
+    if (show_version) {
+        std::cout << tern::app::version_string() << "\n";
+        return 0;
+    }
+    try {
+        for (const tern::app::Command& c : commands)
+            if (c.sub->parsed()) return c.run();
+        std::cerr << app.help();
+        return static_cast<int>(tern::ExitCode::usage);
+    } catch (const tern::TernError& e) {
+        std::cerr << "tern: " << e.what() << "\n";
+        return static_cast<int>(e.code());
+    } catch (const std::bad_alloc&) {
+        std::cerr << "tern: out of memory (try a smaller -c/--ctx-size or a smaller model)\n";
+        return static_cast<int>(tern::ExitCode::runtime);
+    } catch (const std::exception& e) {
+        std::cerr << "tern: internal error: " << e.what() << " (please report this)\n";
+        return static_cast<int>(tern::ExitCode::runtime);
+    }
+}

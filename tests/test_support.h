@@ -1,0 +1,39 @@
+#pragma once
+// Helpers shared by the tests: where ../shared is, running the built `tern` binary, temp dirs.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace tern::test {
+
+// ../shared (TERN_SHARED env var overrides the configured path).
+std::filesystem::path shared_dir();
+std::filesystem::path shared_path(const std::string& relative);
+bool shared_available();
+
+struct CommandResult {
+    int exit_code = -1;
+    std::string out;   // stdout
+    std::string err;   // stderr
+};
+// Runs the built tern binary with `args` (shell-quoted here), optional stdin text.
+CommandResult run_tern(const std::vector<std::string>& args, const std::string& stdin_text = "");
+
+// A fresh empty directory under the system temp dir, removed when the object dies.
+class TempDir {
+public:
+    TempDir();
+    ~TempDir();
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    const std::filesystem::path& path() const { return path_; }
+    std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+private:
+    std::filesystem::path path_;
+};
+
+std::string read_file(const std::filesystem::path& path);
+void write_file(const std::filesystem::path& path, const std::string& bytes);
+
+} // namespace tern::test
