@@ -1,0 +1,59 @@
+#pragma once
+// The Backend interface: what the session needs from a device. Each backend's forward is ONE
+// straight-line function (embed -> layers -> norm -> lm_head); architecture differences are
+// flags in ModelConfig, not copies of the forward.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tern {
+
+struct ModelConfig;
+struct ModelWeights;
+
+enum class KvType { f32, f16, bf16, q8_0, f8_e4m3 };
+std::string_view kv_type_name(KvType t);
+KvType kv_type_from_name(std::string_view name);   // throws UsageError listing the choices
+
+struct RunOptions {
+    int32_t n_ctx = 0;            // KV cache positions to allocate (> 0)
+    KvType kv_type = KvType::f16;
+    int n_threads = 0;            // 0 = physical cores
+};
+
+// Which logit rows a forward keeps: the last token's only (decode, prefill), or every token's
+// (draft verification, perplexity, reference tests).
+enum class LogitsWanted { last, all };
+
+struct ForwardBatch {
+    std::span<const int32_t> tokens;   // N tokens at positions pos0 .. pos0+N-1
+    int32_t pos0 = 0;                  // must equal the number of positions already in the KV cache
+    LogitsWanted wanted = LogitsWanted::last;
+};
+
+// A copy of the first n positions of the KV cache, for the prefix cache and /save.
+struct KvSnapshot {
+    int32_t n_past = 0;
+    KvType kv_type = KvType::f16;
+    std::vector<uint8_t> bytes;   // backend-defined layout, versioned by the backend
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual void load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) = 0;
+    // Writes K/V for the batch's positions and keeps the wanted logit rows.
+    virtual void forward(const ForwardBatch& batch) = 0;
+    // Row r of the last forward's kept logits (r = 0 for LogitsWanted::last), vocab floats.
+    virtual std::span<const float> logits(int row) = 0;
+    virtual void argmax(std::span<int32_t> per_row) = 0;   // lowest id wins exact ties
+    virtual int32_t n_past() const = 0;
+    virtual void kv_truncate(int32_t n_past) = 0;          // forget positions >= n_past
+    virtual KvSnapshot kv_save(int32_t n) const = 0;
+    virtual void kv_load(const KvSnapshot& snapshot) = 0;
+    virtual std::string device_name() const = 0;           // "cpu", "cuda:0"
+};
+
+} // namespace tern
