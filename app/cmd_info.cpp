@@ -1,17 +1,137 @@
-#include "app/commands.h"
-
+// `tern info MODEL [--tensors] [--json]`: what a GGUF file holds, without loading the model.
+#include <cstdio>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "app/commands.h"
+#include "app/model_summary.h"
 
 namespace tern::app {
+namespace {
+
+struct InfoArgs {
+    std::string model;
+    bool tensors = false;
+    bool json = false;
+};
+
+std::string human_bytes(uint64_t n) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(n);
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        ++u;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+    return buf;
+}
+
+std::string human_count(uint64_t n) {
+    char buf[32];
+    if (n >= 1000000000ull) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
+    else if (n >= 1000000ull) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+    else if (n >= 1000ull) std::snprintf(buf, sizeof buf, "%.1fK", n / 1e3);
+    else std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(n));
+    return buf;
+}
+
+void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors) {
+    std::cout << "file:            " << file.path() << "\n";
+    std::cout << "gguf version:    " << file.version() << " (" << file.metadata().size() << " metadata keys, "
+              << file.tensors().size() << " tensors, alignment " << file.alignment() << ")\n";
+    std::cout << "file size:       " << human_bytes(file.file_size()) << " (" << file.file_size() << " bytes)\n";
+    std::cout << "name:            " << (s.name.empty() ? "-" : s.name) << "\n";
+    std::cout << "architecture:    " << (s.architecture.empty() ? "-" : s.architecture)
+              << (s.architecture_supported ? "" : "  (not supported by tern run)") << "\n";
+    if (s.n_layers > 0) {
+        std::cout << "shape:           " << s.n_layers << " layers, dim " << s.dim << ", ffn " << s.ffn_dim << ", "
+                  << s.n_heads << " heads / " << s.n_kv_heads << " kv heads, head dim " << s.head_dim << "\n";
+    }
+    std::cout << "parameters:      " << human_count(s.n_params) << " (" << s.n_params << ")\n";
+    std::cout << "context length:  " << (s.context_length > 0 ? std::to_string(s.context_length) : "-") << "\n";
+    std::cout << "file type:       " << (s.file_type.empty() ? "-" : s.file_type) << "\n";
+    std::cout << "formats:        ";
+    for (const FormatUse& f : s.formats)
+        std::cout << " " << f.name << " x" << f.n_tensors << " (" << human_bytes(f.n_bytes) << ")";
+    if (s.formats.empty()) std::cout << " - (no tensors: vocabulary-only file)";
+    std::cout << "\n";
+    if (s.n_params > 0) std::printf("bits per weight: %.2f\n", s.bits_per_weight);
+    std::cout << "tokenizer:       "
+              << (s.tokenizer_model.empty() ? "-" : s.tokenizer_model + (s.tokenizer_pre.empty() ? "" : " / " + s.tokenizer_pre))
+              << ", " << s.vocab_size << " tokens";
+    if (s.bos >= 0) std::cout << ", bos " << s.bos;
+    if (s.eos >= 0) std::cout << ", eos " << s.eos;
+    std::cout << "\n";
+    std::cout << "chat template:   " << s.chat_template << "\n";
+    if (!with_tensors) return;
+    std::cout << "\n";
+    for (const GgufTensor& t : file.tensors()) {
+        std::printf("%-40s %-8s %-24s %12llu bytes at %llu\n", t.name.c_str(), std::string(type_name(t.type)).c_str(),
+                    t.shape_string().c_str(), static_cast<unsigned long long>(t.n_bytes),
+                    static_cast<unsigned long long>(file.data_offset() + t.offset));
+    }
+}
+
+void print_json(const GgufFile& file, const ModelSummary& s, bool with_tensors) {
+    nlohmann::ordered_json j;
+    j["file"] = file.path();
+    j["gguf_version"] = file.version();
+    j["file_size"] = file.file_size();
+    j["name"] = s.name;
+    j["architecture"] = s.architecture;
+    j["architecture_supported"] = s.architecture_supported;
+    j["n_layers"] = s.n_layers;
+    j["dim"] = s.dim;
+    j["ffn_dim"] = s.ffn_dim;
+    j["n_heads"] = s.n_heads;
+    j["n_kv_heads"] = s.n_kv_heads;
+    j["head_dim"] = s.head_dim;
+    j["n_params"] = s.n_params;
+    j["context_length"] = s.context_length;
+    j["file_type"] = s.file_type;
+    j["bits_per_weight"] = s.bits_per_weight;
+    nlohmann::ordered_json formats = nlohmann::ordered_json::object();
+    for (const FormatUse& f : s.formats) formats[f.name] = {{"tensors", f.n_tensors}, {"bytes", f.n_bytes}};
+    j["formats"] = formats;
+    j["tokenizer"] = {{"model", s.tokenizer_model}, {"pre", s.tokenizer_pre}, {"vocab_size", s.vocab_size},
+                      {"bos", s.bos}, {"eos", s.eos}};
+    j["chat_template"] = s.chat_template;
+    j["n_metadata"] = file.metadata().size();
+    j["n_tensors"] = file.tensors().size();
+    if (with_tensors) {
+        nlohmann::ordered_json ts = nlohmann::ordered_json::array();
+        for (const GgufTensor& t : file.tensors()) {
+            nlohmann::ordered_json ne = nlohmann::ordered_json::array();
+            for (int d = 0; d < t.n_dims; ++d) ne.push_back(t.ne[d]);
+            ts.push_back({{"name", t.name}, {"type", type_name(t.type)}, {"ne", ne}, {"bytes", t.n_bytes},
+                          {"offset", file.data_offset() + t.offset}});
+        }
+        j["tensors"] = ts;
+    }
+    std::cout << j.dump(1) << "\n";
+}
+
+} // namespace
 
 Command add_info_command(CLI::App& root) {
     auto* cmd = root.add_subcommand("info", "architecture, sizes, formats, tokenizer and chat template of a model");
-    auto model = std::make_shared<std::string>();
-    cmd->add_option("model", *model, "GGUF file")->required();
-    return {cmd, [model] {
-        std::cout << *model << "\n";
-        return 0;
-    }};
+    auto args = std::make_shared<InfoArgs>();
+    cmd->add_option("model", args->model, "GGUF file")->required();
+    cmd->add_flag("--tensors", args->tensors, "also list every tensor: name, format, shape, bytes, offset");
+    cmd->add_flag("--json", args->json, "print one JSON document instead of text");
+    return {cmd, [args] {
+                const GgufFile file = GgufFile::open(args->model);
+                const ModelSummary summary = summarize_model(file);
+                if (args->json) print_json(file, summary, args->tensors);
+                else print_text(file, summary, args->tensors);
+                std::cout.flush();
+                return 0;
+            }};
 }
 
 } // namespace tern::app

@@ -1,0 +1,33 @@
+#pragma once
+// The facts `tern info` shows, derived from metadata and the tensor table alone (no weights
+// are touched, so it works on vocabulary-only and unsupported files too).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/gguf.h"
+
+namespace tern::app {
+
+struct FormatUse {
+    std::string name;
+    int64_t n_tensors = 0;
+    uint64_t n_bytes = 0;
+};
+
+struct ModelSummary {
+    std::string name, architecture, file_type;
+    bool architecture_supported = false;
+    int64_t n_layers = 0, dim = 0, ffn_dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+    int64_t context_length = 0;
+    uint64_t n_params = 0;
+    double bits_per_weight = 0;
+    std::vector<FormatUse> formats;   // most bytes first
+    std::string tokenizer_model, tokenizer_pre;
+    int64_t vocab_size = 0, bos = -1, eos = -1;
+    std::string chat_template;        // family name, "none", or "unknown (N chars)"
+};
+
+ModelSummary summarize_model(const GgufFile& file);
+
+} // namespace tern::app

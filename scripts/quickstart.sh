@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# From a fresh clone to a first completion: installs missing Debian packages, builds tern
+# (Release), fetches the default model (Gemma 3 270M, Q4_K_M) and runs it once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+cmake --preset release >/dev/null
+cmake --build --preset release -j "${TERN_JOBS:-2}"
+model=$(bash scripts/fetch_model.sh)
+./build/bin/tern info "$model"
+if ./build/bin/tern run --help >/dev/null 2>&1; then
+    ./build/bin/tern run -m "$model" --chat --temp 0 -n 96 -p "${1:-Write two sentences about why the sky is blue.}"
+fi
