@@ -1,0 +1,168 @@
+// Row-level dispatch of the scalar reference formats, plus the plain float formats and tern's
+// F8_E4M3 (models.md). Per-family block code lives in reference_legacy.cpp, reference_kquants.cpp
+// and reference_iq4.cpp.
+#include "quant/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "formats/error.h"
+#include "quant/fp8.h"
+#include "quant/reference_blocks.h"
+
+namespace tern {
+
+// ---- F8_E4M3 ------------------------------------------------------------------------------------
+
+void dequantize_block(const BlockF8_E4M3& b, float* y) {
+    const float d = f16_to_f32(b.d);
+    for (int j = 0; j < QK_F8; ++j) y[j] = d * e4m3_to_f32(b.qs[j]);
+}
+
+void quantize_block(const float* x, BlockF8_E4M3& b) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK_F8; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / E4M3_MAX;   // the largest |x| maps to the largest finite e4m3 value
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b.d = f32_to_f16(d);
+    for (int j = 0; j < QK_F8; ++j) b.qs[j] = f32_to_e4m3(x[j] * id);
+}
+
+// ---- dispatch -----------------------------------------------------------------------------------
+
+namespace {
+
+template <class Block>
+constexpr int elems_of() {
+    if constexpr (std::is_same_v<Block, BlockQ2_K> || std::is_same_v<Block, BlockQ3_K> ||
+                  std::is_same_v<Block, BlockQ4_K> || std::is_same_v<Block, BlockQ5_K> ||
+                  std::is_same_v<Block, BlockQ6_K> || std::is_same_v<Block, BlockQ8_K> ||
+                  std::is_same_v<Block, BlockIQ4_XS>)
+        return QK_K;
+    else
+        return 32;
+}
+
+// Blocks are copied out with memcpy so `src` / `dst` need no alignment (a view into a file may
+// start at any even offset for 18-byte blocks).
+template <class Block>
+void dequantize_blocks(const void* src, float* dst, int64_t n) {
+    constexpr int qk = elems_of<Block>();
+    const auto* p = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < n / qk; ++i) {
+        Block b;
+        std::memcpy(&b, p + i * static_cast<int64_t>(sizeof(Block)), sizeof(Block));
+        dequantize_block(b, dst + i * qk);
+    }
+}
+
+template <class Block>
+void quantize_blocks(const float* src, void* dst, int64_t n) {
+    constexpr int qk = elems_of<Block>();
+    auto* p = static_cast<uint8_t*>(dst);
+    for (int64_t i = 0; i < n / qk; ++i) {
+        Block b;
+        std::memset(&b, 0, sizeof(Block));
+        quantize_block(src + i * qk, b);
+        std::memcpy(p + i * static_cast<int64_t>(sizeof(Block)), &b, sizeof(Block));
+    }
+}
+
+// Both directions go through one switch so the two lists cannot drift apart.
+template <bool Quantize>
+bool dispatch(GgmlType type, const float* qsrc, float* ddst, const void* dsrc, void* qdst, int64_t n) {
+    switch (type) {
+#define TERN_FORMAT(T, Block)                                                                                          \
+    case GgmlType::T:                                                                                                  \
+        if constexpr (Quantize) quantize_blocks<Block>(qsrc, qdst, n);                                                 \
+        else dequantize_blocks<Block>(dsrc, ddst, n);                                                                  \
+        return true;
+        TERN_FORMAT(Q4_0, BlockQ4_0)
+        TERN_FORMAT(Q4_1, BlockQ4_1)
+        TERN_FORMAT(Q5_0, BlockQ5_0)
+        TERN_FORMAT(Q5_1, BlockQ5_1)
+        TERN_FORMAT(Q8_0, BlockQ8_0)
+        TERN_FORMAT(Q8_1, BlockQ8_1)
+        TERN_FORMAT(Q2_K, BlockQ2_K)
+        TERN_FORMAT(Q3_K, BlockQ3_K)
+        TERN_FORMAT(Q4_K, BlockQ4_K)
+        TERN_FORMAT(Q5_K, BlockQ5_K)
+        TERN_FORMAT(Q6_K, BlockQ6_K)
+        TERN_FORMAT(Q8_K, BlockQ8_K)
+        TERN_FORMAT(IQ4_NL, BlockIQ4_NL)
+        TERN_FORMAT(IQ4_XS, BlockIQ4_XS)
+        TERN_FORMAT(F8_E4M3, BlockF8_E4M3)
+#undef TERN_FORMAT
+    default:
+        return false;
+    }
+}
+
+void check_row(GgmlType type, int64_t n, bool quantize) {
+    const TypeInfo& ti = type_info(type);   // throws for an unknown id
+    if (!(quantize ? ti.can_quantize : ti.can_dequantize))
+        throw InputError(std::string("tensor format ") + std::string(ti.name) + " is not supported for " +
+                         (quantize ? "quantization" : "dequantization") + " (tern has no reference code for it)");
+    if (n < 0 || n % ti.block_elems != 0)
+        throw InputError(std::string(ti.name) + ": row of " + std::to_string(n) +
+                         " elements is not a multiple of the block size " + std::to_string(ti.block_elems));
+}
+
+} // namespace
+
+void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
+    check_row(type, n, false);
+    const auto* p = static_cast<const uint8_t*>(src);
+    switch (type) {
+    case GgmlType::F32:
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return;
+    case GgmlType::F16:
+        for (int64_t i = 0; i < n; ++i) {
+            uint16_t h;
+            std::memcpy(&h, p + 2 * i, 2);
+            dst[i] = f16_to_f32(h);
+        }
+        return;
+    case GgmlType::BF16:
+        for (int64_t i = 0; i < n; ++i) {
+            uint16_t h;
+            std::memcpy(&h, p + 2 * i, 2);
+            dst[i] = bf16_to_f32(h);
+        }
+        return;
+    default:
+        if (dispatch<false>(type, nullptr, dst, src, nullptr, n)) return;
+    }
+    throw InputError(std::string("tensor format ") + std::string(type_name(type)) + " has no dequantizer");
+}
+
+void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
+    check_row(type, n, true);
+    auto* p = static_cast<uint8_t*>(dst);
+    switch (type) {
+    case GgmlType::F32:
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return;
+    case GgmlType::F16:
+        for (int64_t i = 0; i < n; ++i) {
+            const uint16_t h = f32_to_f16(src[i]);
+            std::memcpy(p + 2 * i, &h, 2);
+        }
+        return;
+    case GgmlType::BF16:
+        for (int64_t i = 0; i < n; ++i) {
+            const uint16_t h = f32_to_bf16(src[i]);
+            std::memcpy(p + 2 * i, &h, 2);
+        }
+        return;
+    default:
+        if (dispatch<true>(type, src, nullptr, nullptr, dst, n)) return;
+    }
+    throw InputError(std::string("tensor format ") + std::string(type_name(type)) + " has no quantizer");
+}
+
+} // namespace tern
