@@ -1,0 +1,56 @@
+#pragma once
+// What one Session::generate() call is asked to do, and what it reports back.
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace tern {
+
+class Drafter;   // speculative decoding (a later issue); see GenerateOptions::drafter
+
+enum class StopReason {
+    eos,          // the model produced an end-of-generation token (EOS, EOT, <end_of_turn>, ...)
+    length,       // n_predict tokens were generated
+    stop,         // a --stop string appeared (it is trimmed from the text)
+    context,      // the KV cache is full
+    repetition,   // the repetition guard cut a looping tail (a later issue; never set yet)
+    cancelled,    // the cancel flag was raised (Ctrl-C) or the text callback asked to stop
+};
+// "eos", "length", "stop", "context", "repetition", "cancelled": the names of CLI.md's --json.
+std::string_view stop_reason_name(StopReason r);
+
+struct GenerateOptions {
+    int32_t n_predict = 256;   // -1: until an end-of-generation token or the end of the context
+    SamplingParams sampling;
+    std::vector<std::string> stop;   // stop strings; empty ones are ignored
+    // Checked before every decode step and between prefill chunks; set from a signal handler.
+    const std::atomic<bool>* cancel = nullptr;
+    int32_t prefill_chunk = 512;   // prompt tokens per forward: bounds the activation memory
+    // Seam for speculative decoding: a drafter proposes tokens that one forward of 1+K tokens
+    // verifies (DESIGN.md). Not implemented yet: generate() rejects a non-null drafter.
+    Drafter* drafter = nullptr;
+};
+
+struct GenerateResult {
+    std::vector<int32_t> prompt_tokens;
+    std::vector<int32_t> tokens;   // generated ids, the end-of-generation token excluded
+    std::string text;              // the completion as streamed: stop string trimmed
+    StopReason stop_reason = StopReason::length;
+    int32_t n_reused = 0;          // prompt tokens whose KV was kept from earlier calls (prefix cache)
+    int32_t n_prefilled = 0;       // prompt tokens run through the model in this call
+    double prefill_ms = 0.0;
+    double decode_ms = 0.0;        // from the first sample to the end, sampling included
+    int32_t n_drafted = 0;         // speculative decoding statistics (0 until it exists)
+    int32_t n_accepted = 0;
+
+    int32_t n_prompt() const { return static_cast<int32_t>(prompt_tokens.size()); }
+    int32_t n_gen() const { return static_cast<int32_t>(tokens.size()); }
+    double prefill_tps() const { return prefill_ms > 0 ? n_prefilled * 1000.0 / prefill_ms : 0.0; }
+    double decode_tps() const { return decode_ms > 0 ? n_gen() * 1000.0 / decode_ms : 0.0; }
+};
+
+} // namespace tern

@@ -1,0 +1,223 @@
+#include "engine/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <utility>
+
+#include "formats/error.h"
+
+namespace tern {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+bool cancelled(const GenerateOptions& o) { return o.cancel && o.cancel->load(std::memory_order_relaxed); }
+
+bool penalties_off(const SamplingParams& p) {
+    return p.repeat_last_n == 0 ||
+           (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
+}
+
+} // namespace
+
+std::string_view stop_reason_name(StopReason r) {
+    switch (r) {
+    case StopReason::eos: return "eos";
+    case StopReason::length: return "length";
+    case StopReason::stop: return "stop";
+    case StopReason::context: return "context";
+    case StopReason::repetition: return "repetition";
+    case StopReason::cancelled: return "cancelled";
+    }
+    return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+
+StopStringFilter::StopStringFilter(std::vector<std::string> stops) {
+    for (std::string& s : stops)
+        if (!s.empty()) stops_.push_back(std::move(s));
+}
+
+std::string StopStringFilter::push(std::string_view text) {
+    if (matched_) return {};
+    held_.append(text);
+    if (stops_.empty()) return std::exchange(held_, {});
+
+    size_t first = std::string::npos;
+    for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+    if (first != std::string::npos) {
+        matched_ = true;
+        std::string out = held_.substr(0, first);
+        held_.clear();
+        return out;
+    }
+
+    // Keep the longest tail that some stop string starts with.
+    size_t keep = 0;
+    for (const std::string& s : stops_) {
+        for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
+            if (std::string_view(held_).substr(held_.size() - k) == std::string_view(s).substr(0, k)) {
+                keep = k;
+                break;
+            }
+        }
+    }
+    std::string out = held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return out;
+}
+
+std::string StopStringFilter::flush() {
+    if (matched_) return {};
+    return std::exchange(held_, {});
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Session::Session(std::unique_ptr<Backend> backend, std::unique_ptr<Tokenizer> tokenizer, int32_t n_ctx,
+                 std::shared_ptr<const Model> model)
+    : model_(std::move(model)), backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), n_ctx_(n_ctx) {
+    if (!backend_ || !tokenizer_) throw std::invalid_argument("Session: backend and tokenizer are required");
+    kv_tokens_.reserve(static_cast<size_t>(std::max(n_ctx_, 0)));
+}
+
+void Session::reset() {
+    backend_->kv_truncate(0);
+    kv_tokens_.clear();
+}
+
+void Session::prefill(std::span<const int32_t> tokens, const GenerateOptions& options) {
+    const size_t chunk = static_cast<size_t>(std::max(options.prefill_chunk, 1));
+    for (size_t i = 0; i < tokens.size(); i += chunk) {
+        // Stopping between chunks leaves the KV consistent with kv_tokens_, so a cancelled
+        // prefill still counts as a cached prefix next time.
+        if (i > 0 && cancelled(options)) return;
+        const std::span<const int32_t> part = tokens.subspan(i, std::min(chunk, tokens.size() - i));
+        ForwardBatch batch;
+        batch.tokens = part;
+        batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
+        batch.wanted = LogitsWanted::last;
+        backend_->forward(batch);
+        kv_tokens_.insert(kv_tokens_.end(), part.begin(), part.end());
+    }
+}
+
+GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                 const TextCallback& on_text) {
+    if (options.drafter) throw std::logic_error("Session::generate: speculative decoding is not implemented yet");
+    if (prompt.empty()) throw UsageError("the prompt is empty (no tokens to start from; give some text or keep BOS)");
+    if (static_cast<int64_t>(prompt.size()) > n_ctx_)
+        throw UsageError("--ctx-size: the prompt has " + std::to_string(prompt.size()) +
+                         " tokens but the context is " + std::to_string(n_ctx_) + " (raise -c)");
+
+    GenerateResult r;
+    r.prompt_tokens.assign(prompt.begin(), prompt.end());
+
+    // --- prefix reuse: keep the KV of the longest common prefix. At least the last prompt
+    // token is run again, because its logits choose the first generated token.
+    const auto t_prefill = Clock::now();
+    size_t common = 0;
+    const size_t limit = std::min(kv_tokens_.size(), prompt.size() - 1);
+    while (common < limit && kv_tokens_[common] == prompt[common]) ++common;
+    if (common != kv_tokens_.size() || backend_->n_past() != static_cast<int32_t>(common)) {
+        backend_->kv_truncate(static_cast<int32_t>(common));
+        kv_tokens_.resize(common);
+    }
+    r.n_reused = static_cast<int32_t>(common);
+
+    prefill(prompt.subspan(common), options);
+    r.n_prefilled = static_cast<int32_t>(kv_tokens_.size() - common);
+    r.prefill_ms = ms_since(t_prefill);
+    if (kv_tokens_.size() != prompt.size()) {   // cancelled between chunks
+        r.stop_reason = StopReason::cancelled;
+        return r;
+    }
+
+    // --- decode: sample -> stop checks -> stream -> forward the token.
+    // A speculative step would replace "forward 1 token" by "draft K, verify 1+K, accept a
+    // prefix, kv_truncate the rest"; the stop checks then run over each accepted token.
+    const auto t_decode = Clock::now();
+    Sampler sampler(options.sampling);
+    // Greedy without penalties needs no logits on the host: the backend's argmax can stay on
+    // the device.
+    const bool device_argmax = sampler.greedy() && penalties_off(options.sampling);
+    std::vector<int32_t> history(prompt.begin(), prompt.end());   // what the penalties look at
+    StreamDecoder decoder(*tokenizer_);
+    StopStringFilter filter(options.stop);
+    bool output_open = true;
+    auto emit = [&](const std::string& piece) {
+        if (piece.empty() || !output_open) return output_open;
+        r.text += piece;
+        if (on_text && !on_text(piece)) output_open = false;
+        return output_open;
+    };
+
+    for (;;) {
+        if (cancelled(options)) {
+            r.stop_reason = StopReason::cancelled;
+            break;
+        }
+        if (options.n_predict >= 0 && r.n_gen() >= options.n_predict) {
+            r.stop_reason = StopReason::length;
+            break;
+        }
+        int32_t token = 0;
+        if (device_argmax) backend_->argmax(std::span<int32_t>(&token, 1));
+        else token = sampler.sample(backend_->logits(0), history);
+
+        if (tokenizer_->is_eog(token)) {
+            r.stop_reason = StopReason::eos;
+            break;
+        }
+        r.tokens.push_back(token);
+        history.push_back(token);
+
+        const std::string piece = filter.push(decoder.push(token));
+        if (!emit(piece)) {
+            r.stop_reason = StopReason::cancelled;
+            break;
+        }
+        if (filter.matched()) {
+            r.stop_reason = StopReason::stop;
+            break;
+        }
+        // Checked here, not only at the top, so the last token is not forwarded for nothing.
+        if (options.n_predict >= 0 && r.n_gen() >= options.n_predict) {
+            r.stop_reason = StopReason::length;
+            break;
+        }
+        if (static_cast<int32_t>(kv_tokens_.size()) >= n_ctx_) {
+            r.stop_reason = StopReason::context;
+            break;
+        }
+        ForwardBatch batch;
+        batch.tokens = std::span<const int32_t>(&r.tokens.back(), 1);
+        batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
+        batch.wanted = LogitsWanted::last;
+        backend_->forward(batch);
+        kv_tokens_.push_back(token);
+    }
+
+    // Release what the decoder and the filter still hold (a trailing partial character becomes
+    // U+FFFD), unless a stop string already ended the text or nobody is listening.
+    if (output_open && !filter.matched()) {
+        std::string tail = filter.push(decoder.flush());
+        if (filter.matched()) {
+            r.stop_reason = StopReason::stop;
+        } else {
+            tail += filter.flush();
+        }
+        emit(tail);
+    }
+    r.decode_ms = ms_since(t_decode);
+    return r;
+}
+
+} // namespace tern

@@ -1,0 +1,324 @@
+// Session and StopStringFilter on small fakes (a counting "model" and a table tokenizer), so the
+// stop rules, prefix reuse and chunked prefill are checked independently of any real model.
+// The real-model checks of `tern run` are in test_cli_run.cpp.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/session.h"
+#include "formats/error.h"
+
+using namespace tern;
+
+namespace {
+
+// Next token = (last token + 1) mod vocab, except that `jumps` can redirect a token.
+// Records every forward so tests can see what was prefilled.
+class FakeBackend : public Backend {
+public:
+    struct Call {
+        int32_t pos0;
+        std::vector<int32_t> tokens;
+    };
+    int32_t vocab = 16;
+    std::map<int32_t, int32_t> jumps;
+    std::vector<Call> calls;
+    int32_t n_ctx = 64;
+
+    void load(const ModelConfig&, const ModelWeights&, const RunOptions&) override {}
+    void forward(const ForwardBatch& b) override {
+        if (b.pos0 != n_past_) throw std::logic_error("forward at the wrong position");
+        if (b.pos0 + static_cast<int32_t>(b.tokens.size()) > n_ctx) throw std::logic_error("past the context");
+        calls.push_back({b.pos0, std::vector<int32_t>(b.tokens.begin(), b.tokens.end())});
+        n_past_ += static_cast<int32_t>(b.tokens.size());
+        const int32_t last = b.tokens.back();
+        auto it = jumps.find(last);
+        const int32_t next = it != jumps.end() ? it->second : (last + 1) % vocab;
+        logits_.assign(static_cast<size_t>(vocab), 0.0f);
+        logits_[static_cast<size_t>(next)] = 10.0f;
+    }
+    std::span<const float> logits(int) override { return logits_; }
+    void argmax(std::span<int32_t> per_row) override {
+        int32_t best = 0;
+        for (int32_t i = 1; i < vocab; ++i)
+            if (logits_[static_cast<size_t>(i)] > logits_[static_cast<size_t>(best)]) best = i;
+        per_row[0] = best;
+    }
+    int32_t n_past() const override { return n_past_; }
+    void kv_truncate(int32_t n) override { n_past_ = std::min(n_past_, n); }
+    KvSnapshot kv_save(int32_t) const override { return {}; }
+    void kv_load(const KvSnapshot&) override {}
+    std::string device_name() const override { return "fake"; }
+
+private:
+    int32_t n_past_ = 0;
+    std::vector<float> logits_;
+};
+
+// Token i's piece is pieces[i]; token 2 is the end-of-generation token.
+class FakeTokenizer : public Tokenizer {
+public:
+    std::vector<std::string> pieces;
+    explicit FakeTokenizer(std::vector<std::string> p) : pieces(std::move(p)) {}
+    std::vector<int32_t> encode(std::string_view, const EncodeOptions&) const override { return {}; }
+    std::string token_to_piece(int32_t id, bool) const override { return pieces.at(static_cast<size_t>(id)); }
+    int32_t vocab_size() const override { return static_cast<int32_t>(pieces.size()); }
+    std::string_view kind() const override { return "fake"; }
+    std::string_view pre() const override { return "default"; }
+    int32_t bos() const override { return 1; }
+    int32_t eos() const override { return 2; }
+    bool is_eog(int32_t id) const override { return id == 2; }
+    int32_t token_id(std::string_view) const override { return -1; }
+};
+
+std::vector<std::string> letters() {
+    // 0..15: "", BOS, EOS, then "a".."m"
+    std::vector<std::string> p = {"", "", ""};
+    for (char c = 'a'; c <= 'm'; ++c) p.push_back(std::string(1, c));
+    return p;
+}
+
+struct Fixture {
+    FakeBackend* backend;
+    std::unique_ptr<Session> session;
+    explicit Fixture(int32_t n_ctx = 64, std::vector<std::string> pieces = letters()) {
+        auto b = std::make_unique<FakeBackend>();
+        b->n_ctx = n_ctx;
+        backend = b.get();
+        session = std::make_unique<Session>(std::move(b), std::make_unique<FakeTokenizer>(std::move(pieces)), n_ctx);
+    }
+};
+
+GenerateOptions greedy(int32_t n_predict) {
+    GenerateOptions o;
+    o.n_predict = n_predict;
+    o.sampling.temp = 0.0f;
+    return o;
+}
+
+} // namespace
+
+TEST_CASE("StopStringFilter holds back a possible stop string and trims a whole one") {
+    StopStringFilter f({"END", "xyz"});
+    CHECK(f.push("abc") == "abc");
+    CHECK(f.push("E") == "");        // could be the start of END
+    CHECK(f.push("N") == "");
+    CHECK(f.push("X") == "ENX");     // it was not
+    CHECK(f.push("hello EN") == "hello ");
+    CHECK(f.push("D and more") == "");
+    CHECK(f.matched());
+    CHECK(f.push("later") == "");
+    CHECK(f.flush() == "");
+}
+
+TEST_CASE("StopStringFilter: earliest stop wins, held text is released at the end") {
+    StopStringFilter f({"bb", "abb"});
+    CHECK(f.push("xab") == "x");   // "ab" is a prefix of "abb", "b" of "bb"
+    CHECK(f.push("b!") == "");     // "abb" at 1 is earlier than "bb" at 2
+    CHECK(f.matched());
+
+    StopStringFilter g({"</s>"});
+    CHECK(g.push("a</") == "a");
+    CHECK(g.flush() == "</");
+
+    StopStringFilter none({"", ""});   // empty stop strings are ignored
+    CHECK(none.push("abc") == "abc");
+    CHECK(!none.matched());
+}
+
+TEST_CASE("StopStringFilter: overlapping prefixes keep the longest candidate") {
+    StopStringFilter f({"aab"});
+    CHECK(f.push("a") == "");
+    CHECK(f.push("a") == "");
+    CHECK(f.push("a") == "a");     // "aaa": the tail "aa" may still become "aab"
+    CHECK(f.push("b") == "");
+    CHECK(f.matched());
+}
+
+TEST_CASE("greedy generation follows the model, streams text and honours -n") {
+    Fixture fx;
+    const std::vector<int32_t> prompt = {1, 3};
+    std::string streamed;
+    const GenerateResult r =
+        fx.session->generate(prompt, greedy(5), [&](std::string_view s) { streamed += s; return true; });
+    CHECK(r.tokens == std::vector<int32_t>{4, 5, 6, 7, 8});
+    CHECK(r.text == "bcdef");
+    CHECK(streamed == r.text);
+    CHECK(r.stop_reason == StopReason::length);
+    CHECK(r.n_prompt() == 2);
+    CHECK(r.n_gen() == 5);
+    // The last sampled token is not forwarded: the KV holds the prompt and 4 generated tokens.
+    CHECK(fx.session->kv_tokens() == std::vector<int32_t>{1, 3, 4, 5, 6, 7});
+    CHECK(fx.backend->n_past() == 6);
+}
+
+TEST_CASE("-n 0 generates nothing") {
+    Fixture fx;
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3}, greedy(0));
+    CHECK(r.tokens.empty());
+    CHECK(r.stop_reason == StopReason::length);
+}
+
+TEST_CASE("an end-of-generation token stops and is not part of the output") {
+    Fixture fx;
+    fx.backend->jumps[5] = 2;   // after "c" comes EOS
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3}, greedy(-1));
+    CHECK(r.tokens == std::vector<int32_t>{4, 5});
+    CHECK(r.text == "bc");
+    CHECK(r.stop_reason == StopReason::eos);
+}
+
+TEST_CASE("a stop string ends generation and is trimmed, even across tokens") {
+    Fixture fx;
+    GenerateOptions o = greedy(20);
+    o.stop = {"def"};
+    std::string streamed;
+    const GenerateResult r =
+        fx.session->generate(std::vector<int32_t>{1, 3}, o, [&](std::string_view s) { streamed += s; return true; });
+    CHECK(r.text == "bc");
+    CHECK(streamed == "bc");
+    CHECK(r.stop_reason == StopReason::stop);
+    CHECK(r.tokens == std::vector<int32_t>{4, 5, 6, 7, 8});   // the ids of the stop string are kept
+}
+
+TEST_CASE("a stop string that never completes is printed in full at the end") {
+    Fixture fx;
+    GenerateOptions o = greedy(3);
+    o.stop = {"cdX"};
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3}, o);
+    CHECK(r.text == "bcd");
+    CHECK(r.stop_reason == StopReason::length);
+}
+
+TEST_CASE("the end of the context stops generation") {
+    Fixture fx(8);
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3, 4}, greedy(-1));
+    // 8 positions: the prompt's 3 and 5 generated tokens fill them; one more is sampled from the
+    // last position's logits.
+    CHECK(r.n_gen() == 6);
+    CHECK(r.stop_reason == StopReason::context);
+    CHECK(fx.backend->n_past() == 8);
+}
+
+TEST_CASE("a prompt longer than the context is a usage error naming both numbers") {
+    Fixture fx(4);
+    const std::vector<int32_t> prompt = {1, 3, 4, 5, 6};
+    try {
+        fx.session->generate(prompt, greedy(1));
+        FAIL("no exception");
+    } catch (const UsageError& e) {
+        const std::string m = e.what();
+        CHECK(m.find("5 tokens") != std::string::npos);
+        CHECK(m.find("context is 4") != std::string::npos);
+    }
+    CHECK_THROWS_AS(fx.session->generate(std::vector<int32_t>{}, greedy(1)), UsageError);
+    // Exactly the context: allowed, one token can still be sampled.
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3, 4, 5}, greedy(-1));
+    CHECK(r.n_gen() == 1);
+    CHECK(r.stop_reason == StopReason::context);
+}
+
+TEST_CASE("the prompt is prefilled in chunks") {
+    Fixture fx;
+    GenerateOptions o = greedy(1);
+    o.prefill_chunk = 4;
+    const std::vector<int32_t> prompt = {1, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    fx.session->generate(prompt, o);
+    REQUIRE(fx.backend->calls.size() == 3);
+    CHECK(fx.backend->calls[0].tokens.size() == 4);
+    CHECK(fx.backend->calls[1].pos0 == 4);
+    CHECK(fx.backend->calls[2].tokens.size() == 2);
+}
+
+TEST_CASE("a second prompt sharing a prefix reuses the KV cache") {
+    Fixture fx;
+    const GenerateResult first = fx.session->generate(std::vector<int32_t>{1, 3, 4}, greedy(3));
+    CHECK(first.n_reused == 0);
+    CHECK(first.n_prefilled == 3);
+    fx.backend->calls.clear();
+    // The conversation so far plus a new turn: everything in the KV is reused.
+    std::vector<int32_t> next = {1, 3, 4, 5, 6, 7, 9, 10};
+    const GenerateResult second = fx.session->generate(next, greedy(2));
+    CHECK(second.n_reused == 5);   // 1 3 4 5 6 were in the KV (7 was sampled, never forwarded)
+    CHECK(second.n_prefilled == 3);
+    REQUIRE(!fx.backend->calls.empty());
+    CHECK(fx.backend->calls[0].pos0 == 5);
+    CHECK(second.tokens == std::vector<int32_t>{11, 12});
+
+    // A diverging prompt truncates back to the common prefix.
+    fx.backend->calls.clear();
+    const GenerateResult third = fx.session->generate(std::vector<int32_t>{1, 3, 9}, greedy(1));
+    CHECK(third.n_reused == 2);
+    CHECK(fx.backend->calls[0].pos0 == 2);
+    CHECK(third.tokens == std::vector<int32_t>{10});
+
+    // The same prompt again: all but its last token are reused, whose logits are needed.
+    fx.backend->calls.clear();
+    const GenerateResult again = fx.session->generate(std::vector<int32_t>{1, 3, 9}, greedy(1));
+    CHECK(again.n_reused == 2);
+    CHECK(again.tokens == std::vector<int32_t>{10});
+
+    fx.session->reset();
+    CHECK(fx.backend->n_past() == 0);
+    CHECK(fx.session->generate(std::vector<int32_t>{1, 3, 9}, greedy(1)).n_reused == 0);
+}
+
+TEST_CASE("the cancel flag stops before the next step") {
+    Fixture fx;
+    std::atomic<bool> cancel{false};
+    GenerateOptions o = greedy(100);
+    o.cancel = &cancel;
+    int pieces = 0;
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3}, o, [&](std::string_view) {
+        if (++pieces == 3) cancel = true;
+        return true;
+    });
+    CHECK(r.n_gen() == 3);
+    CHECK(r.text == "bcd");
+    CHECK(r.stop_reason == StopReason::cancelled);
+}
+
+TEST_CASE("a callback returning false (closed stdout) stops generation") {
+    Fixture fx;
+    int calls = 0;
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3}, greedy(100), [&](std::string_view) {
+        ++calls;
+        return false;
+    });
+    CHECK(calls == 1);
+    CHECK(r.n_gen() == 1);
+    CHECK(r.stop_reason == StopReason::cancelled);
+}
+
+TEST_CASE("sampling with a seed is reproducible and differs from greedy only through the RNG") {
+    auto run = [](uint64_t seed) {
+        Fixture fx;
+        GenerateOptions o;
+        o.n_predict = 10;
+        o.sampling.temp = 1.0f;
+        o.sampling.seed = seed;
+        return fx.session->generate(std::vector<int32_t>{1, 3}, o).tokens;
+    };
+    CHECK(run(1) == run(1));
+    // The fake model is so peaked (logit 10 vs 0, min-p 0.05) that sampling is forced.
+    CHECK(run(1) == std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+}
+
+TEST_CASE("split UTF-8 characters are held until complete") {
+    std::vector<std::string> p = letters();
+    p[4] = "\xC3";   // first byte of "é"
+    p[5] = "\xA9";   // its second byte
+    Fixture fx(64, p);
+    std::vector<std::string> pieces;
+    fx.session->generate(std::vector<int32_t>{1, 3}, greedy(3), [&](std::string_view s) {
+        pieces.emplace_back(s);
+        return true;
+    });
+    REQUIRE(pieces.size() == 2);
+    CHECK(pieces[0] == "\xC3\xA9");
+    CHECK(pieces[1] == "d");
+}
