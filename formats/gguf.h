@@ -42,6 +42,18 @@ struct GgufValue {
     static GgufValue make_string_array(const std::vector<std::string>& v);
     static GgufValue make_f32_array(const std::vector<float>& v);
     static GgufValue make_i32_array(const std::vector<int32_t>& v);
+    // The remaining scalar types and generic arrays (nested ones included), for writers and tests.
+    static GgufValue make_u8(uint8_t v);
+    static GgufValue make_i8(int8_t v);
+    static GgufValue make_u16(uint16_t v);
+    static GgufValue make_i16(int16_t v);
+    static GgufValue make_i64(int64_t v);
+    static GgufValue make_f64(double v);
+    // Every element must have type `elem_type` (checked by GgufWriter::write).
+    static GgufValue make_array(GgufType elem_type, std::vector<GgufValue> elems);
+
+    bool is_integer() const;   // u8..i64 (not bool)
+    bool operator==(const GgufValue&) const = default;
 
     // A short human form for `tern info` ("[512 strings]" for long arrays).
     std::string to_display(size_t max_chars = 60) const;
@@ -50,6 +62,7 @@ struct GgufValue {
 struct GgufKv {
     std::string key;
     GgufValue value;
+    bool operator==(const GgufKv&) const = default;
 };
 
 struct GgufTensor {
