@@ -4,6 +4,7 @@
 // byte-level BPE ("gpt2": merges, pre-tokenizer chosen by tokenizer.ggml.pre).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,6 +12,32 @@
 namespace tern {
 
 class GgufFile;
+
+// tokenizer.ggml.token_type values (the GGUF converters' numbering).
+enum class TokenType : int32_t {
+    undefined = 0,
+    normal = 1,
+    unknown = 2,
+    control = 3,        // BOS, EOS, <start_of_turn>...: only parsed from text with parse_special
+    user_defined = 4,   // always matched in text as a whole (Gemma's "\n\n", runs of spaces)
+    unused = 5,
+    byte = 6,           // SentencePiece byte fallback <0xXX>
+};
+
+// Everything a tokenizer is built from, in plain form: what from_gguf reads from the
+// tokenizer.ggml.* keys, and what tests or `synth` can fill in by hand.
+struct VocabSpec {
+    std::string source;             // file name, for error messages
+    std::string model;              // "llama" (SentencePiece), "gpt2" (byte-level BPE), "bert" (WordPiece)
+    std::string pre;                // pre-tokenizer name; "" = "default"
+    std::string general_name;       // general.name (a few per-model quirks key on it, e.g. phi-3)
+    std::vector<std::string> tokens;
+    std::vector<float> scores;      // may be empty (all 0)
+    std::vector<int32_t> types;     // TokenType values; may be empty (all normal)
+    std::vector<std::string> merges;   // "left right", BPE only, best first
+    int32_t bos = -1, eos = -1, unk = -1, pad = -1, eot = -1, eom = -1, sep = -1, cls = -1, mask = -1;
+    std::optional<bool> add_bos, add_eos, add_space_prefix;   // unset = the model kind's default
+};
 
 struct EncodeOptions {
     bool add_bos = true;          // also subject to the vocabulary's add_bos rule (see Tokenizer::encode)
@@ -21,10 +48,16 @@ class Tokenizer {
 public:
     // Throws InputError naming the file and key when the metadata is missing or inconsistent.
     static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& file);
+    // Same checks as from_gguf, for a vocabulary given by hand. Throws InputError naming
+    // spec.source when it is inconsistent.
+    static std::unique_ptr<Tokenizer> from_vocab(VocabSpec spec);
+    // Reads the tokenizer.ggml.* keys without building anything.
+    static VocabSpec read_vocab(const GgufFile& file);
     virtual ~Tokenizer() = default;
 
     // BOS is prepended when opts.add_bos AND the vocabulary says to add it (add_bos_token);
-    // EOS appended when the vocabulary says add_eos_token.
+    // EOS appended when opts.add_bos AND the vocabulary says add_eos_token (opts.add_bos is
+    // llama.cpp's "add_special": --no-bos turns off both).
     virtual std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts = {}) const = 0;
     // The bytes a token stands for (byte tokens -> their byte, U+2581 -> space, byte-level BPE
     // unicode -> raw bytes). Control tokens give "" unless `special` is true.
@@ -38,6 +71,16 @@ public:
     virtual int32_t eos() const = 0;               // -1 when none
     virtual bool is_eog(int32_t id) const = 0;     // end of generation: EOS, EOT, EOM, <end_of_turn>...
     virtual int32_t token_id(std::string_view text) const = 0;   // exact vocab entry, -1 if none
+
+    // Additions (not pure, so fakes in other tests need not implement them).
+    virtual int32_t unk() const { return -1; }                          // -1 when none
+    virtual bool add_bos_token() const { return false; }                // the vocabulary's rule
+    virtual bool add_eos_token() const { return false; }
+    virtual TokenType token_type(int32_t /*id*/) const { return TokenType::normal; }
+    virtual std::string_view token_text(int32_t /*id*/) const { return {}; }   // raw vocab entry
+    // True when encoding puts a space before the text (SentencePiece's add_space_prefix);
+    // decode() then drops one leading space from the first piece so decode(encode(x)) == x.
+    virtual bool add_space_prefix() const { return false; }
 };
 
 // Streaming decode: feed ids one at a time, get only complete UTF-8 characters back; bytes of a
