@@ -15,5 +15,6 @@ struct Command {
 };
 
 Command add_info_command(CLI::App& root);
+Command add_run_command(CLI::App& root);
 
 } // namespace tern::app

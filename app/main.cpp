@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "app/common_options.h"
 #include "app/version.h"
 #include "formats/error.h"
 
@@ -34,8 +35,10 @@ int main(int argc, char** argv) {
 
     const std::vector<tern::app::Command> commands = {
         tern::app::add_info_command(app),
+        tern::app::add_run_command(app),
     };
 
+    tern::app::rewrite_llama_aliases(argc, argv);   // `-ngl 99` (CLI11 has no multi-letter short options)
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

@@ -41,6 +41,8 @@ public:
     void reset();
 
     const Tokenizer& tokenizer() const { return *tokenizer_; }
+    // The loaded file (metadata such as the chat template); null for sessions built on fakes.
+    const Model* model() const { return model_.get(); }
     Backend& backend() { return *backend_; }
     int32_t n_ctx() const { return n_ctx_; }
     // The tokens whose K/V the cache holds, in position order.

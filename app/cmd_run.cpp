@@ -1,0 +1,189 @@
+// tern run: one-shot completion (../shared/CLI.md). stdout carries only the completion (or one
+// JSON document with --json); the load note and one statistics line go to stderr.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "app/common_options.h"
+#include "app/signals.h"
+#include "formats/error.h"
+
+namespace tern::app {
+
+namespace {
+
+struct RunFlags {
+    ModelOptions model;
+    SamplingOptions sampling;
+    std::string prompt;
+    std::string file;
+    int32_t n_predict = 256;
+    std::vector<std::string> stop;
+    bool echo = false;
+    bool chat = false;
+    std::string system;
+    std::string chat_template;
+    bool json = false;
+    bool no_bos = false;
+    bool no_escape = false;
+    CLI::Option* prompt_opt = nullptr;
+    CLI::Option* file_opt = nullptr;
+    CLI::Option* system_opt = nullptr;
+};
+
+// -f and stdin drop one trailing newline, as llama.cpp's -f does: files and `echo` end with one,
+// and the model should continue the text, not start after a line break.
+std::string drop_one_newline(std::string s) {
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    if (!s.empty() && s.back() == '\r') s.pop_back();
+    return s;
+}
+
+std::string read_prompt(const RunFlags& f) {
+    if (f.prompt_opt->count() > 0) return f.prompt;
+    if (f.file_opt->count() > 0) {
+        std::ifstream in(f.file, std::ios::binary);
+        if (!in) throw InputError(f.file + ": cannot read the prompt file (-f): " + std::strerror(errno));
+        std::ostringstream ss;
+        ss << in.rdbuf();
+        if (in.bad()) throw InputError(f.file + ": error while reading the prompt file (-f)");
+        return drop_one_newline(ss.str());
+    }
+    if (isatty(STDIN_FILENO))
+        throw UsageError("no prompt: give -p TEXT, -f FILE, or pipe the prompt on stdin");
+    std::string all{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+    return drop_one_newline(std::move(all));
+}
+
+// Writes one piece to stdout and flushes it, so a reader sees text as it is produced. False once
+// stdout is gone (EPIPE: `tern run | head -c 20`); SIGPIPE is ignored in main().
+bool write_stdout(std::string_view s) {
+    if (s.empty()) return true;
+    if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size()) return false;
+    return std::fflush(stdout) == 0;
+}
+
+std::string fmt(const char* f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+
+int run(const RunFlags& f) {
+    const SamplingParams sampling = resolve_sampling(f.sampling);
+    if (f.system_opt->count() > 0 && !f.chat) throw UsageError("--system: only with --chat (the system turn of the chat template)");
+    if (!f.chat_template.empty() && !f.chat) throw UsageError("--chat-template: only with --chat");
+    std::string prompt = read_prompt(f);
+    if (f.prompt_opt->count() > 0 && !f.no_escape) prompt = process_escapes(prompt);
+    std::vector<std::string> stops = f.stop;
+    if (!f.no_escape)
+        for (std::string& s : stops) s = process_escapes(s);
+
+    LoadedSession loaded = load_session(f.model);
+    Session& session = *loaded.session;
+
+    if (f.chat) prompt = render_chat_prompt(session, f.system, prompt, f.chat_template);
+
+    EncodeOptions enc;
+    enc.add_bos = !f.no_bos;
+    enc.parse_special = true;   // as llama.cpp's CLI: "<|im_start|>" in a prompt is the control token
+    std::vector<int32_t> tokens = session.tokenizer().encode(prompt, enc);
+    if (tokens.empty()) {
+        // Only a vocabulary without BOS (or --no-bos) gets here with an empty prompt.
+        const int32_t bos = session.tokenizer().bos();
+        if (bos < 0 || f.no_bos) throw UsageError("-p: the prompt is empty and the model has no BOS token to start from");
+        tokens.push_back(bos);
+    }
+    if (static_cast<int32_t>(tokens.size()) > loaded.n_ctx)
+        throw UsageError("--ctx-size: the prompt has " + std::to_string(tokens.size()) + " tokens but the context is " +
+                         std::to_string(loaded.n_ctx) + " (raise -c)");
+
+    GenerateOptions opts;
+    opts.n_predict = f.n_predict < 0 ? -1 : f.n_predict;
+    opts.sampling = sampling;
+    opts.stop = std::move(stops);
+
+    bool stdout_ok = true;
+    if (f.echo && !f.json) stdout_ok = write_stdout(prompt);
+
+    InterruptGuard interrupt;
+    opts.cancel = interrupt.flag();
+    GenerateResult r;
+    if (stdout_ok) {
+        TextCallback on_text;
+        if (!f.json) on_text = [&](std::string_view piece) { return stdout_ok = write_stdout(piece); };
+        r = session.generate(tokens, opts, on_text);
+    }
+    const bool interrupted = interrupt.interrupted();
+
+    // stdout is gone: the reader has what it wanted. Exit quietly, as `cat | head` does.
+    if (!stdout_ok) return 0;
+
+    std::string reason{stop_reason_name(r.stop_reason)};
+    if (interrupted) reason = "interrupted";
+    if (f.json) {
+        nlohmann::json j;
+        j["text"] = r.text;
+        j["prompt_tokens"] = r.prompt_tokens;
+        j["tokens"] = r.tokens;
+        j["n_prompt"] = r.n_prompt();
+        j["n_gen"] = r.n_gen();
+        j["stop_reason"] = reason;
+        j["timings"] = {{"load_ms", loaded.load_ms},     {"prefill_ms", r.prefill_ms},
+                        {"decode_ms", r.decode_ms},      {"prefill_tps", r.prefill_tps()},
+                        {"decode_tps", r.decode_tps()}};
+        j["lookup"] = {{"drafted", r.n_drafted}, {"accepted", r.n_accepted}};
+        j["prefix_cache"] = {{"reused_tokens", r.n_reused}};
+        j["device"] = loaded.device;
+        j["model"] = f.model.model;
+        j["seed"] = sampling.seed;
+        // Invalid UTF-8 in generated bytes (random models emit lone byte tokens) is replaced,
+        // not thrown on: the JSON must always be printed.
+        const std::string doc = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+        if (!write_stdout(doc)) return 0;
+    } else if (isatty(STDOUT_FILENO)) {
+        write_stdout("\n");   // keep the shell prompt off the last line; pipes get the exact text
+    }
+
+    std::string stats = "tern: prompt " + std::to_string(r.n_prompt()) + " tokens";
+    if (r.n_reused > 0) stats += " (" + std::to_string(r.n_reused) + " cached)";
+    stats += fmt(" in %.1f ms", r.prefill_ms) + fmt(" (%.1f tok/s)", r.prefill_tps()) + ", generated " +
+             std::to_string(r.n_gen()) + fmt(" in %.1f ms", r.decode_ms) + fmt(" (%.1f tok/s)", r.decode_tps()) +
+             ", stop: " + reason + ", " + loaded.device;
+    if (sampling.temp > 0.0f) stats += ", seed " + std::to_string(sampling.seed);
+    std::cerr << stats << "\n";
+    return interrupted ? static_cast<int>(ExitCode::interrupted) : 0;
+}
+
+} // namespace
+
+Command add_run_command(CLI::App& root) {
+    auto* cmd = root.add_subcommand("run", "one-shot completion of a prompt (-p, -f or stdin), streamed to stdout");
+    auto f = std::make_shared<RunFlags>();
+    add_model_options(*cmd, f->model);
+    f->prompt_opt = cmd->add_option("-p,--prompt", f->prompt, "prompt text");
+    f->file_opt = cmd->add_option("-f,--file", f->file, "read the prompt from a file (one trailing newline dropped)");
+    f->prompt_opt->excludes(f->file_opt);
+    cmd->add_option("-n,--n-predict", f->n_predict, "tokens to generate; -1 = until EOS or the context is full (default 256)");
+    add_sampling_options(*cmd, f->sampling);
+    cmd->add_option("--stop", f->stop, "stop when this text appears; it is not printed (repeatable)")
+        ->allow_extra_args(false);
+    cmd->add_flag("--echo", f->echo, "print the prompt before the completion");
+    cmd->add_flag("--chat", f->chat, "wrap the prompt in the model's chat template as one user turn");
+    f->system_opt = cmd->add_option("--system", f->system, "system message for --chat");
+    cmd->add_option("--chat-template", f->chat_template, "chat template to use with --chat instead of the model's");
+    cmd->add_flag("--json", f->json, "print one JSON document (text, tokens, timings, ...) instead of the text");
+    cmd->add_flag("--no-bos", f->no_bos, "do not add the BOS token (nor EOS) to the prompt");
+    cmd->add_flag("--no-escape", f->no_escape, "take -p and --stop literally (default: \\n, \\t, \\xHH... are escapes)");
+    return {cmd, [f] { return run(*f); }};
+}
+
+} // namespace tern::app

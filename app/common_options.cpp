@@ -1,0 +1,227 @@
+#include "app/common_options.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "engine/backend_factory.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "engine/tokenizer.h"
+#include "formats/error.h"
+
+namespace tern::app {
+
+namespace {
+
+std::string fmt_gib(double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+    return buf;
+}
+
+// MemAvailable counts reclaimable page cache, which is what a new allocation can really get;
+// sysconf's free pages would undercount on any machine that has been up a while.
+uint64_t available_memory_bytes() {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    uint64_t kib = 0;
+    std::string unit;
+    while (f >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024;
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    return uint64_t(8) << 30;   // unknown: assume a modest machine
+}
+
+// Bytes of one stored K or V element, per 32-element block for the block formats.
+double kv_element_bytes(KvType t) {
+    switch (t) {
+    case KvType::f32: return 4.0;
+    case KvType::f16:
+    case KvType::bf16: return 2.0;
+    case KvType::q8_0: return 34.0 / 32.0;   // 32 int8 + one f16 scale
+    case KvType::f8_e4m3: return 1.0;
+    }
+    return 4.0;
+}
+
+void check_finite(const char* flag, float v) {
+    if (!std::isfinite(v)) throw UsageError(std::string(flag) + ": not a finite number");
+}
+
+} // namespace
+
+void add_model_options(CLI::App& cmd, ModelOptions& o) {
+    cmd.add_option("-m,--model", o.model, "GGUF model file")->required();
+    cmd.add_option("-c,--ctx-size", o.ctx_size,
+                   "context size in tokens (default: the model's, capped so the KV cache fits in memory)");
+    cmd.add_option("-t,--threads", o.threads, "CPU threads (default: physical cores)");
+    cmd.add_option("--kv-type", o.kv_type, "KV cache format: f16 (default), bf16, f32, q8_0, f8_e4m3");
+    cmd.add_option("--device", o.device, "auto (default: CUDA when a usable GPU is present), cpu, cuda");
+    // -ngl arrives here as --gpu-layers through rewrite_llama_aliases.
+    cmd.add_option("--gpu-layers,--n-gpu-layers", o.gpu_layers, "layers to offload to the GPU (-ngl; default: all)");
+}
+
+void add_sampling_options(CLI::App& cmd, SamplingOptions& o) {
+    SamplingParams& p = o.params;
+    cmd.add_option("--temp", p.temp, "temperature; 0 = greedy (default 0.8)");
+    cmd.add_option("--top-k", p.top_k, "keep the k most likely tokens; 0 = off (default 40)");
+    cmd.add_option("--top-p", p.top_p, "keep the smallest set with this much probability; 1 = off (default 0.95)");
+    cmd.add_option("--min-p", p.min_p, "drop tokens below min-p times the top probability; 0 = off (default 0.05)");
+    cmd.add_option("--repeat-penalty", p.repeat_penalty, "penalise repeated tokens; 1 = off (default 1.0)");
+    cmd.add_option("--repeat-last-n", p.repeat_last_n,
+                   "tokens the penalties look back at; 0 = off, -1 = the whole context (default 64)");
+    cmd.add_option("--frequency-penalty", p.frequency_penalty, "subtract count * this; 0 = off (default 0)");
+    cmd.add_option("--presence-penalty", p.presence_penalty, "subtract this once per seen token; 0 = off (default 0)");
+    cmd.add_option("--seed", o.seed, "RNG seed; -1 = random (default), reported on stderr and in --json");
+}
+
+SamplingParams resolve_sampling(const SamplingOptions& o) {
+    SamplingParams p = o.params;
+    check_finite("--temp", p.temp);
+    check_finite("--top-p", p.top_p);
+    check_finite("--min-p", p.min_p);
+    check_finite("--repeat-penalty", p.repeat_penalty);
+    check_finite("--frequency-penalty", p.frequency_penalty);
+    check_finite("--presence-penalty", p.presence_penalty);
+    if (p.top_p < 0.0f || p.top_p > 1.0f) throw UsageError("--top-p: must be between 0 and 1 (1 turns it off)");
+    if (p.min_p < 0.0f || p.min_p > 1.0f) throw UsageError("--min-p: must be between 0 and 1 (0 turns it off)");
+    if (p.repeat_penalty <= 0.0f) throw UsageError("--repeat-penalty: must be > 0 (1 turns it off)");
+    if (p.repeat_last_n < -1) throw UsageError("--repeat-last-n: must be -1 (whole context), 0 (off) or more");
+    if (o.seed < -1) throw UsageError("--seed: must be -1 (random) or a non-negative number");
+    if (o.seed == -1) {
+        std::random_device rd;
+        // 32 bits like llama.cpp's seeds, so a reported seed is easy to paste back.
+        p.seed = rd();
+    } else {
+        p.seed = static_cast<uint64_t>(o.seed);
+    }
+    return p;
+}
+
+void rewrite_llama_aliases(int argc, char** argv) {
+    static char gpu_layers[] = "--gpu-layers";
+    for (int i = 1; i < argc; ++i) {
+        if (std::strcmp(argv[i], "--") == 0) break;   // everything after is positional
+        if (std::strcmp(argv[i], "-ngl") == 0) argv[i] = gpu_layers;
+    }
+}
+
+uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type) {
+    double elems = 0;
+    for (const LayerConfig& l : config.layers)
+        elems += static_cast<double>(l.n_kv_heads) * (config.head_dim + config.head_dim_v);
+    return static_cast<uint64_t>(std::ceil(elems * kv_element_bytes(type)));
+}
+
+int32_t choose_context(int32_t requested, int32_t n_ctx_train, uint64_t bytes_per_position, uint64_t available_bytes,
+                       bool* capped) {
+    if (capped) *capped = false;
+    if (requested > 0) return requested;
+    // Files that do not say (rare) get 4096, a size every supported architecture handles.
+    const int32_t wanted = n_ctx_train > 0 ? n_ctx_train : 4096;
+    const uint64_t budget = available_bytes / 2;
+    const uint64_t fits = bytes_per_position ? budget / bytes_per_position : uint64_t(wanted);
+    if (fits >= static_cast<uint64_t>(wanted)) return wanted;
+    if (capped) *capped = true;
+    // Round down to a multiple of 256 for tidy numbers, but never below 256 positions.
+    const uint64_t rounded = std::max<uint64_t>(fits / 256 * 256, 256);
+    return static_cast<int32_t>(std::min<uint64_t>(rounded, static_cast<uint64_t>(wanted)));
+}
+
+std::string process_escapes(std::string_view t) {
+    std::string out;
+    out.reserve(t.size());
+    auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    for (size_t i = 0; i < t.size(); ++i) {
+        if (t[i] != '\\' || i + 1 == t.size()) {
+            out += t[i];
+            continue;
+        }
+        const char c = t[i + 1];
+        switch (c) {
+        case 'n': out += '\n'; ++i; break;
+        case 'r': out += '\r'; ++i; break;
+        case 't': out += '\t'; ++i; break;
+        case '\\': out += '\\'; ++i; break;
+        case '\'': out += '\''; ++i; break;
+        case '"': out += '"'; ++i; break;
+        case 'x':
+            if (i + 3 < t.size() && hex(t[i + 2]) >= 0 && hex(t[i + 3]) >= 0) {
+                out += static_cast<char>(hex(t[i + 2]) * 16 + hex(t[i + 3]));
+                i += 3;
+            } else {
+                out += t[i];
+            }
+            break;
+        default: out += t[i]; break;   // unknown escape: keep the backslash, the next char follows
+        }
+    }
+    return out;
+}
+
+#if __has_include("engine/chat_template.h")
+#define TERN_HAVE_CHAT_TEMPLATE 0   // set to 1 once render_chat_prompt below uses it
+#endif
+
+std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
+                               const std::string& template_override) {
+    (void)session;
+    (void)system;
+    (void)user;
+    (void)template_override;
+    // The chat template engine (engine/chat_template.*) has not landed yet: say so instead of
+    // guessing a format the model was not trained on.
+    throw UsageError("--chat: chat templates are not available in this build yet (run without --chat)");
+}
+
+LoadedSession load_session(const ModelOptions& o) {
+    // Flag errors first, so a typo does not wait for a multi-gigabyte model to load.
+    if (o.ctx_size < 0) throw UsageError("--ctx-size: must be > 0 (or 0 for the model's context)");
+    if (o.threads < 0) throw UsageError("--threads: must be > 0 (or 0 for the number of physical cores)");
+    RunOptions run;
+    run.kv_type = kv_type_from_name(o.kv_type);
+    run.n_threads = o.threads;
+    std::string note;
+    std::unique_ptr<Backend> backend = make_backend(o.device, &note);
+    if (!note.empty()) std::cerr << "tern: " << note << "\n";
+
+    const auto t0 = std::chrono::steady_clock::now();
+    auto model = std::make_shared<Model>(load_model(o.model));
+    std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_gguf(model->file);
+
+    bool capped = false;
+    const uint64_t per_pos = kv_bytes_per_position(model->config, run.kv_type);
+    const uint64_t avail = available_memory_bytes();
+    run.n_ctx = choose_context(o.ctx_size, model->config.n_ctx_train, per_pos, avail, &capped);
+    if (capped) {
+        std::cerr << "tern: -c: using a context of " << run.n_ctx << " tokens: the model's "
+                  << model->config.n_ctx_train << " would need " << fmt_gib(double(per_pos) * model->config.n_ctx_train)
+                  << " of KV cache and half the available memory is " << fmt_gib(double(avail) / 2)
+                  << " (set -c to choose)\n";
+    }
+    backend->load(model->config, model->weights, run);
+
+    LoadedSession s;
+    s.device = backend->device_name();
+    s.n_ctx = run.n_ctx;
+    s.session = std::make_unique<Session>(std::move(backend), std::move(tokenizer), run.n_ctx, model);
+    s.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return s;
+}
+
+} // namespace tern::app

@@ -1,0 +1,72 @@
+#pragma once
+// Flags shared by the commands that generate text (`run`, later `chat`): model and device
+// options, sampling options, and loading a model into a ready Session. Spellings follow CLI.md
+// (which follows llama.cpp).
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/sampler.h"
+#include "engine/session.h"
+
+namespace tern::app {
+
+struct ModelOptions {
+    std::string model;             // -m
+    std::string device = "auto";   // --device auto|cpu|cuda
+    int threads = 0;               // -t; 0 = physical cores
+    std::string kv_type = "f16";   // --kv-type
+    int32_t ctx_size = 0;          // -c; 0 = the model's context, capped to what memory allows
+    int32_t gpu_layers = -1;       // -ngl; -1 = all (accepted; the CPU backend ignores it)
+};
+
+// -m/--model (required), -c/--ctx-size, -t/--threads, --kv-type, --device, --gpu-layers.
+void add_model_options(CLI::App& cmd, ModelOptions& options);
+
+struct SamplingOptions {
+    SamplingParams params;   // llama.cpp's defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05
+    int64_t seed = -1;       // -1: a random seed, reported in the stats line and --json
+};
+
+// --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --frequency-penalty,
+// --presence-penalty, --seed.
+void add_sampling_options(CLI::App& cmd, SamplingOptions& options);
+
+// Validates the values and draws the seed when none was given.
+SamplingParams resolve_sampling(const SamplingOptions& options);
+
+// CLI11 only knows one-letter single-dash options; llama.cpp users type `-ngl 99`. Rewrites such
+// spellings in argv to their long form before parsing ("-ngl" -> "--gpu-layers").
+void rewrite_llama_aliases(int argc, char** argv);
+
+// llama.cpp's CLI reads \n, \r, \t, \\, \', \" and \xHH in -p and stop strings as escapes, and
+// users' scripts rely on it; other backslashes are kept as typed.
+std::string process_escapes(std::string_view text);
+
+// The prompt wrapped in the model's chat template (or the one --chat-template names) as an
+// optional system turn plus one user turn, ending with the assistant's generation prompt.
+std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
+                               const std::string& template_override);
+
+struct LoadedSession {
+    std::unique_ptr<Session> session;
+    std::string device;    // "cpu", "cuda:0"
+    int32_t n_ctx = 0;
+    double load_ms = 0;    // file open + checks + backend load + tokenizer
+};
+
+// Opens the model, picks the device, sizes the context and builds the session. Prints at most a
+// line or two on stderr (an automatic device choice, a context capped to memory).
+LoadedSession load_session(const ModelOptions& options);
+
+// KV cache bytes one position takes for a model (all layers, K and V).
+uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type);
+
+// The context -c picks: the requested size, or the model's trained context capped so the KV
+// cache fits in half of `available_bytes`. `capped` tells whether the cap applied.
+int32_t choose_context(int32_t requested, int32_t n_ctx_train, uint64_t bytes_per_position, uint64_t available_bytes,
+                       bool* capped);
+
+} // namespace tern::app

@@ -1,0 +1,44 @@
+#include "app/signals.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+namespace tern::app {
+
+namespace {
+
+// A signal handler can only reach static storage; this flag is the one piece of global state the
+// app keeps, and only the handler and InterruptGuard touch it. Lock-free, so async-signal-safe.
+std::atomic<bool> g_interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+struct sigaction g_previous;
+
+extern "C" void on_sigint(int) {
+    if (g_interrupted.exchange(true)) {
+        // Second Ctrl-C: the user means it. _exit is async-signal-safe; stdio buffers are lost,
+        // but what was streamed has already been flushed piece by piece.
+        _exit(130);
+    }
+}
+
+} // namespace
+
+InterruptGuard::InterruptGuard() {
+    g_interrupted = false;
+    struct sigaction sa = {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;   // a write interrupted mid-piece resumes instead of failing with EINTR
+    sigaction(SIGINT, &sa, &g_previous);
+}
+
+InterruptGuard::~InterruptGuard() { sigaction(SIGINT, &g_previous, nullptr); }
+
+const std::atomic<bool>* InterruptGuard::flag() const { return &g_interrupted; }
+
+bool InterruptGuard::interrupted() const { return g_interrupted.load(); }
+
+void InterruptGuard::clear() { g_interrupted = false; }
+
+} // namespace tern::app

@@ -1,0 +1,24 @@
+#pragma once
+// Ctrl-C while generating: the first SIGINT raises a flag that the session checks every step, so
+// the text printed so far is flushed and the command exits 130; a second SIGINT exits at once
+// (a stuck forward on a huge model must not make Ctrl-C useless).
+#include <atomic>
+
+namespace tern::app {
+
+class InterruptGuard {
+public:
+    // Installs the handler (clearing the flag); the destructor restores the previous one.
+    InterruptGuard();
+    ~InterruptGuard();
+    InterruptGuard(const InterruptGuard&) = delete;
+    InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+    // The flag to hand to GenerateOptions::cancel.
+    const std::atomic<bool>* flag() const;
+    bool interrupted() const;
+    // Lowers the flag again (tern chat: Ctrl-C stops one reply, not the program).
+    void clear();
+};
+
+} // namespace tern::app
