@@ -19,6 +19,10 @@ namespace lim = gguf_limits;
 namespace {
 
 constexpr const char* kTruncatedHint = "truncated download?";
+// Smallest possible records: key length, 1 key byte, value type, a u8 value; name length, 1 name
+// byte, n_dims, one ne, type, offset.
+constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;
+constexpr uint64_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;
 
 bool valid_value_type(uint32_t t) {
     return t <= static_cast<uint32_t>(GgufType::f64);
@@ -71,6 +75,9 @@ public:
         for (uint64_t k = 0; k < n_kv_; ++k)
             read_kv(k);
         read_alignment();
+        check_count(8, "n_tensors", n_tensors_, kMinTensorInfoBytes, "tensor info records", "the metadata");
+        f_.tensors_.reserve(n_tensors_);
+        tensor_pos_.reserve(n_tensors_);
         for (uint64_t t = 0; t < n_tensors_; ++t)
             read_tensor_info(t);
         place_tensors();
@@ -167,14 +174,15 @@ private:
 
         const int64_t n_tensors = read<int64_t>("n_tensors");
         const int64_t n_kv = read<int64_t>("n_kv");
-        check_count(8, "n_tensors", n_tensors, 8 + 1 + 4 + 8 + 4 + 8, "tensor info records");
-        check_count(16, "n_kv", n_kv, 8 + 1 + 4 + 1, "key/value records");
+        if (n_tensors < 0)
+            fail(8, "n_tensors", "expected a count >= 0, found " + std::to_string(n_tensors) + " (corrupt header?)");
+        if (n_kv < 0) fail(16, "n_kv", "expected a count >= 0, found " + std::to_string(n_kv) + " (corrupt header?)");
         n_tensors_ = static_cast<uint64_t>(n_tensors);
         n_kv_ = static_cast<uint64_t>(n_kv);
+        // n_tensors is checked once the metadata has been read, where the bound is exact.
+        check_count(16, "n_kv", n_kv_, kMinKvBytes, "key/value records", "the header");
         f_.kvs_.reserve(n_kv_);
-        f_.tensors_.reserve(n_tensors_);
         kv_pos_.reserve(n_kv_);
-        tensor_pos_.reserve(n_tensors_);
     }
 
     [[noreturn]] void bad_magic() const {
@@ -191,15 +199,16 @@ private:
                          found);
     }
 
-    // A count read from the header, bounded by the bytes left so that reserve() stays small.
-    void check_count(uint64_t at, const char* field, int64_t n, uint64_t min_record, const char* what) const {
-        if (n < 0) fail(at, field, "expected a count >= 0, found " + std::to_string(n) + " (corrupt header?)");
-        const uint64_t left = size() - 24;
-        if (static_cast<uint64_t>(n) > left / min_record)
-            fail(at, field,
-                 std::to_string(n) + " " + what + " need at least " + std::to_string(min_record) +
-                     " bytes each, but only " + std::to_string(left) +
-                     " bytes follow the header (corrupt header or truncated download?)");
+    // A count from the header, bounded by the bytes that follow so that reserve() stays small and
+    // a corrupt count is reported as such.
+    void check_count(uint64_t at, const char* field, uint64_t n, uint64_t min_record, const char* what,
+                     const char* after) {
+        if (n <= remaining() / min_record) return;
+        ctx_ = "header";
+        fail(at, field,
+             std::to_string(n) + " " + what + " need at least " + std::to_string(min_record) +
+                 " bytes each, but only " + std::to_string(remaining()) + " bytes follow " + after +
+                 " (truncated download or corrupt header?)");
     }
 
     // ---- metadata -----------------------------------------------------------------------------
@@ -396,9 +405,9 @@ private:
 
         ctx_ = "data section";
         if (data_start > size())
-            fail(infos_end, "start",
-                 "the tensor infos end here, so tensor data would start at byte " + std::to_string(data_start) +
-                     ", but the file has " + std::to_string(size()) + " bytes (" + kTruncatedHint + ")");
+            fail(data_start, "start",
+                 "expected inside the file (the tensor infos end at byte " + std::to_string(infos_end) +
+                     "), but the file has " + std::to_string(size()) + " bytes (" + kTruncatedHint + ")");
 
         for (size_t k = 0; k < f_.tensors_.size(); ++k) {
             GgufTensor& t = f_.tensors_[k];

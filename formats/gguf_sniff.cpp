@@ -70,9 +70,10 @@ std::string describe_non_gguf(std::span<const uint8_t> bytes) {
     const size_t probe = std::min<size_t>(bytes.size(), 1 << 20);
     if (std::all_of(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(probe),
                     [](uint8_t b) { return b == 0; })) {
-        if (probe == bytes.size()) return "the file contains only zero bytes (an incomplete or preallocated download?)";
+        if (probe == bytes.size())
+            return "the file contains only zero bytes, not a GGUF model (an incomplete or preallocated download?)";
         return "the file starts with " + std::to_string(probe) +
-               " zero bytes (an incomplete or preallocated download?)";
+               " zero bytes, not a GGUF model (an incomplete or preallocated download?)";
     }
     return "";
 }
