@@ -160,6 +160,12 @@ void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
         }
         return;
     default:
+        // The block searches assume finite input (a NaN would reach float -> int conversions, which
+        // are undefined); llama-quantize refuses such tensors too.
+        for (int64_t i = 0; i < n; ++i)
+            if (!std::isfinite(src[i]))
+                throw InputError(std::string(type_name(type)) + ": cannot quantize a non-finite value (" +
+                                 std::to_string(src[i]) + " at element " + std::to_string(i) + " of the row)");
         if (dispatch<true>(type, src, nullptr, nullptr, dst, n)) return;
     }
     throw InputError(std::string("tensor format ") + std::string(type_name(type)) + " has no quantizer");

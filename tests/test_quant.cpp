@@ -516,7 +516,32 @@ TEST_CASE("unsupported formats throw InputError naming the format") {
         CHECK_THROWS_AS(dequantize_row(ti.type, q.data(), x.data(), 256), InputError);
     }
     CHECK_THROWS_AS(quantize_row(GgmlType::Q4_0, x.data(), q.data(), 33), InputError);
+    x[7] = NAN;
+    CHECK_THROWS_AS(quantize_row(GgmlType::Q4_K, x.data(), q.data(), 256), InputError);
+    CHECK_NOTHROW(quantize_row(GgmlType::F16, x.data(), q.data(), 256));   // NaN is a valid f16
+    x[7] = 1.0f;
     CHECK_THROWS_AS(dequantize_row(GgmlType::Q4_K, q.data(), x.data(), 128), InputError);
+}
+
+TEST_CASE("dequantize_row / quantize_row accept unaligned buffers") {
+    // Views into a file need not be aligned for the block struct (18-byte Q4_0 blocks, 292-byte Q8_K
+    // with an f32 first); the row functions copy blocks out, so an odd address must work.
+    std::mt19937 rng(9);
+    std::normal_distribution<float> gauss(0.0f, 1.0f);
+    std::vector<float> x(512), y0(512), y1(512);
+    for (float& v : x) v = gauss(rng);
+    for (const TypeInfo& ti : all_types()) {
+        if (!ti.can_quantize) continue;
+        INFO(ti.name);
+        const size_t bytes = row_bytes(ti.type, 512);
+        std::vector<uint8_t> aligned(bytes), odd(bytes + 1);
+        quantize_row(ti.type, x.data(), aligned.data(), 512);
+        quantize_row(ti.type, x.data(), odd.data() + 1, 512);
+        CHECK(std::memcmp(aligned.data(), odd.data() + 1, bytes) == 0);
+        dequantize_row(ti.type, aligned.data(), y0.data(), 512);
+        dequantize_row(ti.type, odd.data() + 1, y1.data(), 512);
+        CHECK(std::memcmp(y0.data(), y1.data(), 512 * sizeof(float)) == 0);
+    }
 }
 
 // ---- round trip ---------------------------------------------------------------------------------
