@@ -1,0 +1,66 @@
+#pragma once
+// Chat formats: which family a model's tokenizer.chat_template (a Jinja program) belongs to,
+// recognised by the markers each family uses, and rendering a conversation in that family's
+// documented format. We do not run Jinja: every family here is written out by hand from its
+// documentation, and the tests hold the documented strings.
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tern {
+
+struct ChatTemplateDetection;
+
+struct ChatMessage {
+    std::string role;      // "system", "user" or "assistant"
+    std::string content;
+};
+
+class ChatTemplate {
+public:
+    enum class Family {
+        chatml, qwen, llama2, llama3, mistral_v1, mistral_v3, mistral_v3_tekken, mistral_v7, mistral_v7_tekken,
+        gemma, phi3, phi4, zephyr, deepseek, deepseek3, command_r,
+    };
+
+    // Every name from_name accepts, in a stable order (for --help and error messages).
+    static const std::vector<std::string>& names();
+    // A family by name ("chatml", "llama3", "mistral-v7", ...); nullopt when unknown.
+    static std::optional<ChatTemplate> from_name(std::string_view name);
+
+    using Detection = ChatTemplateDetection;
+    // The family of a tokenizer.chat_template text. An empty or unrecognised template gives
+    // chatml and a warning (the caller prints it; nothing below app/ does).
+    static Detection detect(std::string_view jinja);
+    // What `--chat-template NAME` plus the model's template resolve to: the override when given
+    // (a family name, or else template text to detect, as llama.cpp accepts both), else the model's.
+    static Detection resolve(std::string_view override_name, std::string_view model_template);
+
+    Family family() const { return family_; }
+    std::string_view name() const;
+    // System prompt used when the conversation has none (Qwen 2/2.5 templates carry one).
+    const std::string& default_system() const { return default_system_; }
+
+    // The conversation in the family's format, ending with the assistant's header when
+    // add_generation_prompt. The leading BOS is NOT included: encode the text with
+    // EncodeOptions{add_bos = true, parse_special = true} so the vocabulary's BOS rule applies
+    // and the control tokens in the text are recognised. Later BOS/EOS tokens that the format
+    // puts between turns (Llama 2's "</s><s>") are in the text.
+    std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+
+    // Convenience: an optional system turn and one user turn, with the generation prompt.
+    std::string render_prompt(std::string_view system, std::string_view user) const;
+
+private:
+    explicit ChatTemplate(Family f) : family_(f) {}
+    Family family_ = Family::chatml;
+    std::string default_system_;
+};
+
+struct ChatTemplateDetection {
+    ChatTemplate tmpl;
+    std::string warning;   // "" when recognised; else one line for the caller to show once
+};
+
+} // namespace tern

@@ -1,0 +1,287 @@
+// Chat templates: each family renders the exact string its documentation shows (the leading BOS
+// is the tokenizer's job, so the expected strings are compared after it), detection from real
+// tokenizer.chat_template texts, the chatml fallback with its warning, and the rendered prompt
+// tokenized with the special tokens recognised.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "engine/chat_template.h"
+#include "engine/tokenizer.h"
+#include "formats/gguf.h"
+#include "tests/test_support.h"
+#include "tests/test_tokenizer_support.h"
+
+using namespace tern;
+
+namespace {
+
+ChatTemplate named(const char* name) {
+    auto t = ChatTemplate::from_name(name);
+    REQUIRE(t.has_value());
+    return *t;
+}
+
+using Chat = std::vector<ChatMessage>;
+
+// The documented strings start with the BOS text; render() leaves BOS to the tokenizer.
+std::string without_bos(const std::string& documented, const std::string& bos) {
+    REQUIRE(documented.compare(0, bos.size(), bos) == 0);
+    return documented.substr(bos.size());
+}
+
+} // namespace
+
+TEST_CASE("ChatML (OpenAI ChatML / Qwen documentation)") {
+    const Chat chat = {{"system", "You are a helpful assistant."}, {"user", "Hello"}};
+    CHECK(named("chatml").render(chat) ==
+          "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+          "<|im_start|>assistant\n");
+}
+
+TEST_CASE("Qwen 2.5: ChatML with the template's default system prompt") {
+    const std::string jinja =
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] "
+        "}}{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}"
+        "{%- else %}{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+        "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
+        "helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}";
+    const auto d = ChatTemplate::detect(jinja);
+    CHECK(d.warning.empty());
+    CHECK(d.tmpl.name() == "qwen");
+    CHECK(d.tmpl.render({{"user", "Give me a short introduction to large language model."}}) ==
+          "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+          "<|im_start|>user\nGive me a short introduction to large language model.<|im_end|>\n"
+          "<|im_start|>assistant\n");
+    // A system message of the caller's replaces the default.
+    CHECK(d.tmpl.render({{"system", "Be brief."}, {"user", "Hi"}}) ==
+          "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST_CASE("Llama 2 chat (Meta's documented prompt format)") {
+    const Chat chat = {{"system", "You are a helpful assistant."},
+                       {"user", "Hi"},
+                       {"assistant", "Hello! How can I help?"},
+                       {"user", "Tell me a joke."}};
+    CHECK(named("llama2").render(chat) ==
+          without_bos("<s>[INST] <<SYS>>\nYou are a helpful assistant.\n<</SYS>>\n\nHi [/INST] Hello! How can I help? "
+                      "</s><s>[INST] Tell me a joke. [/INST]",
+                      "<s>"));
+}
+
+TEST_CASE("Llama 3 (Meta's documented prompt format)") {
+    const Chat chat = {{"system", "You are a helpful AI assistant for travel tips and recommendations"},
+                       {"user", "What is France's capital?"},
+                       {"assistant", "Bonjour! The capital of France is Paris!"},
+                       {"user", "What can I do there?"}};
+    CHECK(named("llama3").render(chat) ==
+          without_bos("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                      "You are a helpful AI assistant for travel tips and recommendations<|eot_id|>"
+                      "<|start_header_id|>user<|end_header_id|>\n\nWhat is France's capital?<|eot_id|>"
+                      "<|start_header_id|>assistant<|end_header_id|>\n\nBonjour! The capital of France is Paris!<|eot_id|>"
+                      "<|start_header_id|>user<|end_header_id|>\n\nWhat can I do there?<|eot_id|>"
+                      "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                      "<|begin_of_text|>"));
+}
+
+TEST_CASE("Mistral v1, v3, v3-Tekken (Mistral's tokenization and chat templates documentation)") {
+    const Chat chat = {{"user", "Hello, how are you?"},
+                       {"assistant", "Fine, and you?"},
+                       {"user", "I'm doing great!"},
+                       {"assistant", "Glad to hear!"}};
+    CHECK(named("mistral-v1").render(chat, false) ==
+          without_bos("<s> [INST] Hello, how are you? [/INST] Fine, and you?</s> [INST] I'm doing great! [/INST] Glad to "
+                      "hear!</s>",
+                      "<s>"));
+    CHECK(named("mistral-v3").render(chat, false) ==
+          without_bos("<s>[INST] Hello, how are you?[/INST] Fine, and you?</s>[INST] I'm doing great![/INST] Glad to "
+                      "hear!</s>",
+                      "<s>"));
+    CHECK(named("mistral-v3-tekken").render(chat, false) ==
+          without_bos("<s>[INST]Hello, how are you?[/INST]Fine, and you?</s>[INST]I'm doing great![/INST]Glad to hear!</s>",
+                      "<s>"));
+    // "the system prompt is prepended to the first user message" (v1) / "to the last" (v3, Tekken)
+    const Chat sys = {{"system", "S"}, {"user", "A"}, {"assistant", "B"}, {"user", "C"}};
+    CHECK(named("mistral-v1").render(sys) == " [INST] S\n\nA [/INST] B</s> [INST] C [/INST]");
+    CHECK(named("mistral-v3").render(sys) == "[INST] A[/INST] B</s>[INST] S\n\nC[/INST]");
+    CHECK(named("mistral-v3-tekken").render(sys) == "[INST]A[/INST]B</s>[INST]S\n\nC[/INST]");
+}
+
+TEST_CASE("Mistral v7 (Mistral Large 2411 and Mistral Small 3 model cards)") {
+    const Chat chat = {{"system", "<system prompt>"},
+                       {"user", "<user message>"},
+                       {"assistant", "<assistant response>"},
+                       {"user", "<user message>"}};
+    CHECK(named("mistral-v7").render(chat) ==
+          without_bos("<s>[SYSTEM_PROMPT] <system prompt>[/SYSTEM_PROMPT][INST] <user message>[/INST] <assistant "
+                      "response></s>[INST] <user message>[/INST]",
+                      "<s>"));
+    CHECK(named("mistral-v7-tekken").render(chat) ==
+          without_bos("<s>[SYSTEM_PROMPT]<system prompt>[/SYSTEM_PROMPT][INST]<user message>[/INST]<assistant "
+                      "response></s>[INST]<user message>[/INST]",
+                      "<s>"));
+}
+
+TEST_CASE("Gemma (Google's Gemma formatting documentation)") {
+    const Chat chat = {{"user", "knock knock"}, {"assistant", "who is there"}, {"user", "Gemma"}, {"assistant", "Gemma who?"}};
+    CHECK(named("gemma").render(chat, false) ==
+          "<start_of_turn>user\nknock knock<end_of_turn>\n<start_of_turn>model\nwho is there<end_of_turn>\n"
+          "<start_of_turn>user\nGemma<end_of_turn>\n<start_of_turn>model\nGemma who?<end_of_turn>\n");
+    // No system role: system instructions go at the start of the first user turn.
+    CHECK(named("gemma").render({{"system", "Answer in French."}, {"user", "Hello"}}) ==
+          "<start_of_turn>user\nAnswer in French.\n\nHello<end_of_turn>\n<start_of_turn>model\n");
+}
+
+TEST_CASE("Phi-3 and Phi-4 (Microsoft model cards)") {
+    const Chat chat = {{"user", "I am going to Paris, what should I see?"},
+                       {"assistant", "Paris, the capital of France, is known for its stunning architecture."},
+                       {"user", "What is so great about #1?"}};
+    CHECK(named("phi3").render(chat) ==
+          "<|user|>\nI am going to Paris, what should I see?<|end|>\n<|assistant|>\nParis, the capital of France, is "
+          "known for its stunning architecture.<|end|>\n<|user|>\nWhat is so great about #1?<|end|>\n<|assistant|>\n");
+    CHECK(named("phi3").render({{"system", "You are a helpful assistant."}, {"user", "How to explain Internet?"}}) ==
+          "<|system|>\nYou are a helpful assistant.<|end|>\n<|user|>\nHow to explain Internet?<|end|>\n<|assistant|>\n");
+    CHECK(named("phi4").render({{"system", "You are a medieval knight and must provide explanations to modern people."},
+                                {"user", "How should I explain the Internet?"}}) ==
+          "<|im_start|>system<|im_sep|>You are a medieval knight and must provide explanations to modern "
+          "people.<|im_end|><|im_start|>user<|im_sep|>How should I explain the Internet?<|im_end|>"
+          "<|im_start|>assistant<|im_sep|>");
+}
+
+TEST_CASE("Zephyr (HuggingFaceH4/zephyr-7b-beta model card)") {
+    CHECK(named("zephyr").render({{"system", "You are a friendly chatbot who always responds in the style of a pirate"},
+                                  {"user", "How many helicopters can a human eat in one sitting?"}}) ==
+          "<|system|>\nYou are a friendly chatbot who always responds in the style of a pirate</s>\n<|user|>\n"
+          "How many helicopters can a human eat in one sitting?</s>\n<|assistant|>\n");
+}
+
+TEST_CASE("DeepSeek LLM chat and DeepSeek V3 (model cards)") {
+    const Chat chat = {{"user", "Who are you?"}, {"assistant", "I am DeepSeek."}, {"user", "Tell me more."}};
+    CHECK(named("deepseek").render(chat) ==
+          without_bos("<｜begin▁of▁sentence｜>User: Who are you?\n\nAssistant: I am DeepSeek.<｜end▁of▁sentence｜>User: "
+                      "Tell me more.\n\nAssistant:",
+                      "<｜begin▁of▁sentence｜>"));
+    CHECK(named("deepseek3").render({{"system", "You are helpful."}, {"user", "Hi"}}) ==
+          without_bos("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Hi<｜Assistant｜>", "<｜begin▁of▁sentence｜>"));
+}
+
+TEST_CASE("Command R (Cohere model card)") {
+    CHECK(named("command-r").render({{"user", "Hello, how are you?"}}) ==
+          without_bos("<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hello, how are you?<|END_OF_TURN_TOKEN|>"
+                      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+                      "<BOS_TOKEN>"));
+}
+
+TEST_CASE("detection from real tokenizer.chat_template texts") {
+    struct Case {
+        const char* jinja;
+        const char* family;
+    };
+    const Case cases[] = {
+        {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+         "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+         "chatml"},
+        {"{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+         "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+         "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}",
+         "llama3"},
+        {"{{ bos_token }}{% for message in messages %}{{'<start_of_turn>' + role + '\\n' + message['content'] | trim + "
+         "'<end_of_turn>\\n'}}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}",
+         "gemma"},
+        {"{% if message['role'] == 'system' %}{{ '<<SYS>>\\n' + content.strip() + '\\n<</SYS>>\\n\\n' }}{% endif %}"
+         "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}",
+         "llama2"},
+        // Mistral 7B Instruct v0.1/v0.2 (tokenizer v1), v0.3 (v3) and Nemo (Tekken)
+        {"{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+         "'assistant' %}{{ message['content'] + eos_token}}{% endif %}",
+         "mistral-v1"},
+        {"{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- elif message['role'] == "
+         "'assistant' %}{{- ' ' + message['content']|trim + eos_token}}{%- endif %}",
+         "mistral-v3"},
+        {"{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}{%- elif message['role'] == "
+         "'assistant' %}{{- message['content'] + eos_token}}{%- endif %}",
+         "mistral-v3-tekken"},
+        {"{{- bos_token }}{%- if system_message is defined %}{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' "
+         "}}{%- endif %}{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}",
+         "mistral-v7-tekken"},
+        {"{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\\n' + "
+         "message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}{% elif (message['role'] == 'assistant') "
+         "%}{{message['content'] + '<|end|>' + '\\n'}}{% endif %}{% endfor %}",
+         "phi3"},
+        {"{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system<|im_sep|>' + "
+         "message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}",
+         "phi4"},
+        {"{% for message in messages %}{% if message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + "
+         "eos_token }}{% endif %}{% endfor %}",
+         "zephyr"},
+        {"{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == "
+         "'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}{% endif %}{% if add_generation_prompt %}{{ "
+         "'Assistant:' }}{% endif %}",
+         "deepseek"},
+        {"{{'<｜User｜>' + message['content']}}{%- endif %}{%- if message['role'] == 'assistant' %}{{'<｜Assistant｜>' + "
+         "content + '<｜end▁of▁sentence｜>'}}",
+         "deepseek3"},
+        {"{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + content.strip() + '<|END_OF_TURN_TOKEN|>' }}", "command-r"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.family);
+        const auto d = ChatTemplate::detect(c.jinja);
+        CHECK(d.tmpl.name() == c.family);
+        CHECK(d.warning.empty());
+    }
+}
+
+TEST_CASE("unknown or missing templates fall back to chatml with one warning; names and overrides") {
+    auto unknown = ChatTemplate::detect("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}");
+    CHECK(unknown.tmpl.name() == "chatml");
+    CHECK(unknown.warning.find("not one tern recognises") != std::string::npos);
+    CHECK(unknown.warning.find('\n') == std::string::npos);
+    auto none = ChatTemplate::detect("");
+    CHECK(none.tmpl.name() == "chatml");
+    CHECK_FALSE(none.warning.empty());
+
+    const auto& names = ChatTemplate::names();
+    CHECK(names.size() >= 15);
+    for (const std::string& n : names) {
+        CAPTURE(n);
+        auto t = ChatTemplate::from_name(n);
+        REQUIRE(t.has_value());
+        CHECK(t->name() == n);
+        CHECK_FALSE(t->render({{"user", "x"}}).empty());
+    }
+    CHECK_FALSE(ChatTemplate::from_name("no-such-template").has_value());
+
+    // --chat-template NAME beats the model's template; template text is accepted too.
+    CHECK(ChatTemplate::resolve("gemma", "<|im_start|>").tmpl.name() == "gemma");
+    CHECK(ChatTemplate::resolve("", "<start_of_turn>").tmpl.name() == "gemma");
+    CHECK(ChatTemplate::resolve("{{'<|user|>' + x + '<|end|>'}}", "").tmpl.name() == "phi3");
+    const auto bad = ChatTemplate::resolve("nonsense", "<start_of_turn>");
+    CHECK(bad.tmpl.name() == "chatml");
+    CHECK(bad.warning.find("--chat-template 'nonsense'") != std::string::npos);
+}
+
+TEST_CASE("rendered prompts tokenize with their control tokens (phi-3 vocabulary, Gemma 3)") {
+    if (test::shared_available()) {
+        GgufFile f = GgufFile::open(test::shared_path("models/vocab/ggml-vocab-phi-3.gguf").string());
+        const auto d = ChatTemplate::detect(f.get_string("tokenizer.chat_template", ""));
+        CHECK(d.tmpl.name() == "phi3");
+        auto tok = Tokenizer::from_gguf(f);
+        const auto ids = tok->encode(d.tmpl.render_prompt("", "Hi"), {true, true});
+        REQUIRE(ids.size() >= 4);
+        CHECK(ids.front() == tok->bos());
+        CHECK(ids[1] == tok->token_id("<|user|>"));
+        CHECK(std::find(ids.begin(), ids.end(), tok->token_id("<|end|>")) != ids.end());
+        CHECK(tok->is_eog(tok->token_id("<|end|>")));
+    }
+    const std::string gemma = test::find_gemma_model();
+    if (gemma.empty()) {
+        MESSAGE("SKIPPED Gemma part: model not found (set TERN_GEMMA)");
+        return;
+    }
+    auto tok = Tokenizer::from_gguf(GgufFile::open(gemma));
+    const auto ids = tok->encode(named("gemma").render_prompt("", "Hi"), {true, true});
+    // <bos> <start_of_turn> user \n Hi <end_of_turn> \n <start_of_turn> model \n
+    CHECK(test::ids_to_string(ids) == "2 105 2364 107 10979 106 107 105 4368 107");
+}
