@@ -16,7 +16,7 @@ inline int nearest_int(float v) {
     return static_cast<int>(f32_bits(t) & 0x007FFFFFu) - 0x00400000;
 }
 
-// Index of the first element with the largest |x| ("signed max", FORMATS.md §0); +0 for all zeros.
+// The first element with the largest |x| ("signed max", FORMATS.md §0); +0 for an all-zero block.
 inline float signed_max(const float* x, int n) {
     float amax = 0.0f, max = 0.0f;
     for (int i = 0; i < n; ++i) {

@@ -4,6 +4,7 @@
 // values back exactly (the synth generator made every weight representable in both).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -58,6 +59,48 @@ Result requantize_and_compare(const std::string& f32_path, const std::string& qu
     return r;
 }
 
+// Loose per-type bounds on rms(dequantized - f32) / rms(f32) for one tensor: the gaussian-data
+// measurements of test_quant.cpp times ~1.5 (the synth weights are gaussian, but 128-row tensors give
+// noisier estimates than 64 Ki samples). A wrong bit layout gives errors near or above 100%.
+double max_rel_error(GgmlType t) {
+    switch (t) {
+    case GgmlType::F32: return 0.0;
+    case GgmlType::F16:
+    case GgmlType::BF16: return 0.0;   // the synth values are exactly representable
+    case GgmlType::Q8_0: return 0.008;
+    case GgmlType::Q6_K: return 0.027;
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q5_K: return 0.065;
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q4_K: return 0.13;
+    case GgmlType::Q3_K: return 0.23;
+    case GgmlType::Q2_K: return 0.45;
+    default: return 1.0;
+    }
+}
+
+// Dequantizes every tensor of a synth file and compares it with the F32 original.
+void check_dequantized_error(const std::string& f32_path, const std::string& quant_path) {
+    const GgufFile src = GgufFile::open(f32_path);
+    const GgufFile q = GgufFile::open(quant_path);
+    for (const GgufTensor& t : q.tensors()) {
+        INFO(quant_path << " " << t.name << " (" << type_name(t.type) << ")");
+        const GgufTensor& s = src.tensor(t.name);
+        std::vector<float> y(static_cast<size_t>(t.n_elements()));
+        for (int64_t r = 0; r < t.n_rows(); ++r)
+            dequantize_row(t.type, t.data + static_cast<size_t>(r) * t.row_size(), y.data() + r * t.ne[0], t.ne[0]);
+        const auto* x = reinterpret_cast<const float*>(s.data);
+        double err2 = 0, ref2 = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+            err2 += (static_cast<double>(x[i]) - y[i]) * (static_cast<double>(x[i]) - y[i]);
+            ref2 += static_cast<double>(x[i]) * x[i];
+        }
+        CHECK(std::sqrt(err2 / ref2) <= max_rel_error(t.type));
+    }
+}
+
 void check_family(const std::string& dir, const std::string& base, const std::vector<std::string>& variants) {
     const std::string f32 = test::shared_path(dir + "/" + base + "-f32.gguf").string();
     for (const std::string& v : variants) {
@@ -91,6 +134,13 @@ TEST_CASE("requantizing the small real models reproduces their llama-quantize ou
     check_family("models/gguf", "aidreams260K", {"f16", "q4_k_m", "q6_k"});
     check_family("models/gguf", "babyllama-tok105", {"f16", "q4_0", "q4_k_m", "q6_k", "q8_0"});
     check_family("models/gguf", "llama2xs-tok512", {"f16", "q4_0", "q4_k_m", "q6_k", "q8_0"});
+}
+
+TEST_CASE("dequantizing every synth-k256 file stays within each format's error of the F32 weights") {
+    const std::string f32 = test::shared_path("models/synth/synth-k256-f32.gguf").string();
+    for (const char* v : {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k_m", "q4_k_s", "q4_k_m", "q5_k_m", "q6_k",
+                          "f16", "bf16"})
+        check_dequantized_error(f32, test::shared_path(std::string("models/synth/synth-k256-") + v + ".gguf").string());
 }
 
 TEST_CASE("dequantizing the synth F16/BF16 files gives the F32 values exactly") {
