@@ -182,6 +182,19 @@ TEST_CASE("exit codes: missing model 2, bad flag or value 1, prompt longer than 
     CHECK(toolong.err.find('\n') == toolong.err.size() - 1);
 }
 
+TEST_CASE("--chat wraps the prompt in the chat template (chatml when the model has none)") {
+    if (!shared_available()) return;
+    const CommandResult r = run({"-p", "Hi", "--chat", "--system", "Be nice", "-n", "2", "--temp", "0", "--echo"});
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.rfind("<|im_start|>system\nBe nice<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", 0) == 0);
+    CHECK(r.err.find("chatml") != std::string::npos);   // the fallback is said once
+    const CommandResult l = run({"-p", "Hi", "--chat", "--chat-template", "llama3", "-n", "2", "--temp", "0", "--echo"});
+    CHECK(l.exit_code == 0);
+    CHECK(l.out.find("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>") != std::string::npos);
+    const json j = run_json({"-p", "Hi", "--chat", "-n", "2"});
+    CHECK(j["n_prompt"].get<int>() > 10);
+}
+
 TEST_CASE("llama.cpp spellings: -ngl and --n-gpu-layers are accepted") {
     if (!shared_available()) return;
     CHECK(run({"-p", "Once", "-n", "2", "-ngl", "99"}).exit_code == 0);
