@@ -9,8 +9,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/backend_factory.h"
+#include "engine/model.h"
 #include "engine/session.h"
 #include "formats/error.h"
+#include "tests/test_support.h"
 
 using namespace tern;
 
@@ -323,4 +328,84 @@ TEST_CASE("split UTF-8 characters are held until complete") {
     REQUIRE(pieces.size() == 2);
     CHECK(pieces[0] == "\xC3\xA9");
     CHECK(pieces[1] == "d");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same rules on a real model (stories260K, CPU backend): reusing a cached prefix or
+// prefilling in small chunks must not change a single token.
+
+namespace {
+
+std::unique_ptr<Session> real_session(int32_t n_ctx) {
+    auto model = std::make_shared<Model>(load_model(test::shared_path("models/gguf/stories260K-f32.gguf").string()));
+    RunOptions run;
+    run.n_ctx = n_ctx;
+    run.kv_type = KvType::f32;   // as the reference
+    run.n_threads = 1;
+    std::unique_ptr<Backend> backend = make_backend("cpu");
+    backend->load(model->config, model->weights, run);
+    std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file);
+    return std::make_unique<Session>(std::move(backend), std::move(tok), n_ctx, model);
+}
+
+std::vector<int32_t> reference_ids(const char* key) {
+    const auto j = nlohmann::json::parse(
+        test::read_file(test::shared_path("reference/stories260K-f32/once-upon-a-time.json")));
+    return j[key].get<std::vector<int32_t>>();
+}
+
+} // namespace
+
+TEST_CASE("real model: chunked prefill and prefix reuse give the reference tokens") {
+    if (!test::shared_available()) return;
+    const std::vector<int32_t> prompt = reference_ids("prompt_tokens");
+    const std::vector<int32_t> want = reference_ids("generated_tokens");
+    auto s = real_session(256);
+    CHECK(s->tokenizer().encode("Once upon a time", {true, true}) == prompt);
+
+    GenerateOptions o = greedy(64);
+    o.prefill_chunk = 2;   // 5 prompt tokens in forwards of 2, 2, 1
+    GenerateResult r = s->generate(prompt, o);
+    CHECK(r.tokens == want);
+
+    // Continue the story from a prompt that is the first story's prompt + 20 generated tokens:
+    // 24 positions are reused and the continuation equals the reference's.
+    std::vector<int32_t> longer = prompt;
+    longer.insert(longer.end(), want.begin(), want.begin() + 20);
+    o.prefill_chunk = 512;
+    o.n_predict = 30;
+    r = s->generate(longer, o);
+    CHECK(r.n_reused == static_cast<int32_t>(longer.size()) - 1);
+    CHECK(r.tokens == std::vector<int32_t>(want.begin() + 20, want.begin() + 50));
+
+    // Back to a shorter prefix (KV truncated), then the same result as a fresh session.
+    std::vector<int32_t> shorter(prompt.begin(), prompt.begin() + 3);
+    const GenerateResult a = s->generate(shorter, greedy(16));
+    CHECK(a.n_reused == 2);
+    const GenerateResult b = real_session(256)->generate(shorter, greedy(16));
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.text == b.text);
+}
+
+TEST_CASE("real model: sampling is reproducible from the seed and the stop rules hold") {
+    if (!test::shared_available()) return;
+    const std::vector<int32_t> prompt = reference_ids("prompt_tokens");
+    GenerateOptions o;
+    o.n_predict = 40;
+    o.sampling.seed = 77;
+    o.sampling.repeat_penalty = 1.1f;
+    const GenerateResult a = real_session(128)->generate(prompt, o);
+    const GenerateResult b = real_session(128)->generate(prompt, o);
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.text == b.text);
+    CHECK(a.n_gen() == 40);
+
+    // A stop string taken from the middle of that text cuts it there.
+    REQUIRE(a.text.size() > 20);
+    const std::string stop = a.text.substr(10, 4);
+    o.stop = {stop};
+    const GenerateResult c = real_session(128)->generate(prompt, o);
+    CHECK(c.stop_reason == StopReason::stop);
+    CHECK(c.text == a.text.substr(0, a.text.find(stop)));
+    CHECK(c.text.find(stop) == std::string::npos);
 }
