@@ -544,6 +544,74 @@ TEST_CASE("dequantize_row / quantize_row accept unaligned buffers") {
     }
 }
 
+TEST_CASE("special inputs: constant, spiky, integer, tie-heavy and wide-range blocks") {
+    // FORMATS.md's verification used such blocks against llama.cpp; here they must stay finite and
+    // accurate. The worst element error relative to the row's largest |x| is bounded per format by
+    // about one code step of the row max: q4_0 1/8 (the +7 side is clamped, measured 0.125), q5_0 1/16,
+    // q8 1/127, f16 2^-11, bf16 2^-8, e4m3 2^-4 of the value. The k-quants and IQ4 pick scales by
+    // search, so their steps vary per sub-block; their bounds are the measured worst over these cases
+    // times ~1.5 (q2_k 0.36, q3_k 0.24, q4_k 0.13, iq4 0.146, q5_k 0.056, q6_k 0.016).
+    auto bound_of = [](GgmlType t) {
+        switch (t) {
+        case GgmlType::F32: return 0.0f;
+        case GgmlType::F16: return 0.0005f;
+        case GgmlType::BF16: return 0.004f;
+        case GgmlType::Q8_0:
+        case GgmlType::Q8_1:
+        case GgmlType::Q8_K: return 0.006f;
+        case GgmlType::Q6_K: return 0.025f;
+        case GgmlType::F8_E4M3: return 0.06f;
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1:
+        case GgmlType::Q5_K: return 0.09f;
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q4_K:
+        case GgmlType::IQ4_NL:
+        case GgmlType::IQ4_XS: return 0.2f;
+        case GgmlType::Q3_K: return 0.36f;
+        default: return 0.5f;   // Q2_K
+        }
+    };
+    std::mt19937 rng(13);
+    std::uniform_int_distribution<int> small_int(-8, 8);
+    std::vector<std::pair<std::string, std::vector<float>>> cases;
+    auto add = [&](const std::string& name, auto gen) {
+        std::vector<float> x(512);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = gen(i);
+        cases.emplace_back(name, x);
+    };
+    add("constant +", [](size_t) { return 0.37f; });
+    add("constant -", [](size_t) { return -2.5f; });
+    add("one spike per 32", [](size_t i) { return i % 32 == 5 ? 3.0f : 0.0f; });
+    add("one spike per 256", [](size_t i) { return i % 256 == 200 ? -7.0f : 0.0f; });
+    add("integers", [&](size_t) { return static_cast<float>(small_int(rng)); });
+    add("halves (ties)", [&](size_t) { return 0.5f * static_cast<float>(small_int(rng)); });
+    add("alternating", [](size_t i) { return i % 2 ? 1.0f : -1.0f; });
+    add("ramp", [](size_t i) { return static_cast<float>(i % 32) - 15.5f; });
+    add("wide range", [&](size_t i) { return std::ldexp(static_cast<float>(small_int(rng)), static_cast<int>(i % 9) - 4); });
+    add("1e-3 scale", [&](size_t) { return 1e-3f * static_cast<float>(small_int(rng)); });
+    add("1e3 scale", [&](size_t) { return 1e3f * static_cast<float>(small_int(rng)); });
+    for (const auto& [name, x] : cases) {
+        float amax = 0.0f;
+        for (float v : x) amax = std::max(amax, std::fabs(v));
+        for (const TypeInfo& ti : all_types()) {
+            if (!ti.can_quantize) continue;
+            INFO(name << ", " << ti.name);
+            std::vector<uint8_t> q(row_bytes(ti.type, 512));
+            std::vector<float> y(512);
+            quantize_row(ti.type, x.data(), q.data(), 512);
+            dequantize_row(ti.type, q.data(), y.data(), 512);
+            float worst = 0.0f;
+            for (size_t i = 0; i < x.size(); ++i) {
+                REQUIRE(std::isfinite(y[i]));
+                worst = std::max(worst, std::fabs(x[i] - y[i]));
+            }
+            CHECK(worst <= bound_of(ti.type) * amax);
+        }
+    }
+}
+
 // ---- round trip ---------------------------------------------------------------------------------
 
 TEST_CASE("quantize -> dequantize RMS error on gaussian data, every format") {
