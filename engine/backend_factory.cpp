@@ -1,0 +1,22 @@
+#include "engine/backend_factory.h"
+
+#include <string>
+
+#include "engine/backend_cpu.h"
+#include "formats/error.h"
+
+namespace tern {
+
+std::unique_ptr<Backend> make_backend(std::string_view device, std::string* note) {
+    if (note) note->clear();
+    if (device == "cpu") return std::make_unique<CpuBackend>();
+    if (device == "auto") {
+        if (note) *note = "device auto: this build has no CUDA backend yet, running on the cpu";
+        return std::make_unique<CpuBackend>();
+    }
+    if (device == "cuda" || device.starts_with("cuda:"))
+        throw UsageError("--device " + std::string(device) + ": tern was built without a CUDA backend yet (use cpu)");
+    throw UsageError("unknown device '" + std::string(device) + "' (choices: auto, cpu, cuda)");
+}
+
+} // namespace tern

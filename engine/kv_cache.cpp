@@ -1,0 +1,162 @@
+#include "engine/kv_cache.h"
+
+#include <cstring>
+#include <string>
+
+#include "formats/error.h"
+#include "quant/half.h"
+
+namespace tern {
+namespace {
+
+// Snapshot header: magic "TKV1", then the shape it was taken with, all int32.
+constexpr int32_t kSnapshotMagic = 0x31564B54;   // "TKV1" little-endian
+constexpr int kHeaderInts = 7;                   // magic, kv_type, n_layers, head_dim, head_dim_v, n_ctx, n
+
+void store_row(KvElem elem, const float* src, uint8_t* dst, int32_t n) {
+    switch (elem) {
+    case KvElem::f32:
+        std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+        return;
+    case KvElem::f16: {
+        auto* d = reinterpret_cast<uint16_t*>(dst);
+        for (int32_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+        return;
+    }
+    case KvElem::bf16: {
+        auto* d = reinterpret_cast<uint16_t*>(dst);
+        for (int32_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+        return;
+    }
+    }
+}
+
+} // namespace
+
+void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim,
+                   int32_t head_dim_v, int32_t n_ctx) {
+    switch (type) {
+    case KvType::f32: elem_ = KvElem::f32; elem_size_ = 4; break;
+    case KvType::f16: elem_ = KvElem::f16; elem_size_ = 2; break;
+    case KvType::bf16: elem_ = KvElem::bf16; elem_size_ = 2; break;
+    default:
+        throw UsageError("--kv-type " + std::string(kv_type_name(type)) +
+                         " is not yet supported on cpu (supported: f32, f16, bf16)");
+    }
+    if (n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(n_ctx));
+    type_ = type;
+    head_dim_ = head_dim;
+    head_dim_v_ = head_dim_v;
+    n_ctx_ = n_ctx;
+    n_past_ = 0;
+    n_kv_heads_ = n_kv_heads_per_layer;
+    k_.assign(n_kv_heads_.size(), {});
+    v_.assign(n_kv_heads_.size(), {});
+    try {
+        for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
+            const size_t rows = static_cast<size_t>(n_kv_heads_[l]) * static_cast<size_t>(n_ctx);
+            k_[l].assign(rows * static_cast<size_t>(head_dim) * elem_size_, 0);
+            v_[l].assign(rows * static_cast<size_t>(head_dim_v) * elem_size_, 0);
+        }
+    } catch (const std::bad_alloc&) {
+        throw RuntimeFailure("out of memory allocating the KV cache for " + std::to_string(n_ctx) +
+                             " positions; use a smaller context (-c)");
+    }
+}
+
+size_t KvCache::total_bytes() const {
+    size_t n = 0;
+    for (size_t l = 0; l < k_.size(); ++l) n += k_[l].size() + v_[l].size();
+    return n;
+}
+
+void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v) {
+    const size_t l = static_cast<size_t>(layer);
+    for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
+        store_row(elem_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(h, pos), head_dim_);
+        store_row(elem_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(h, pos), head_dim_v_);
+    }
+}
+
+const void* KvCache::k_head(int32_t layer, int32_t head) const { return k_row(layer, head, 0); }
+const void* KvCache::v_head(int32_t layer, int32_t head) const { return v_row(layer, head, 0); }
+
+size_t KvCache::k_offset(int32_t head, int32_t pos) const {
+    const size_t row = static_cast<size_t>(head) * static_cast<size_t>(n_ctx_) + static_cast<size_t>(pos);
+    return row * static_cast<size_t>(head_dim_) * elem_size_;
+}
+
+size_t KvCache::v_offset(int32_t head, int32_t pos) const {
+    const size_t row = static_cast<size_t>(head) * static_cast<size_t>(n_ctx_) + static_cast<size_t>(pos);
+    return row * static_cast<size_t>(head_dim_v_) * elem_size_;
+}
+
+const void* KvCache::k_row(int32_t layer, int32_t head, int32_t pos) const {
+    return k_[static_cast<size_t>(layer)].data() + k_offset(head, pos);
+}
+
+const void* KvCache::v_row(int32_t layer, int32_t head, int32_t pos) const {
+    return v_[static_cast<size_t>(layer)].data() + v_offset(head, pos);
+}
+
+KvSnapshot KvCache::save(int32_t n) const {
+    if (n < 0 || n > n_past_)
+        throw UsageError("kv_save: " + std::to_string(n) + " positions requested but the cache holds " +
+                         std::to_string(n_past_));
+    KvSnapshot s;
+    s.n_past = n;
+    s.kv_type = type_;
+    const int32_t header[kHeaderInts] = {kSnapshotMagic, static_cast<int32_t>(type_),
+                                         static_cast<int32_t>(n_kv_heads_.size()), head_dim_, head_dim_v_, n_ctx_, n};
+    const size_t k_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_) * elem_size_;
+    const size_t v_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_v_) * elem_size_;
+    size_t total = sizeof header;
+    for (int32_t h : n_kv_heads_) total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    s.bytes.resize(total);
+    uint8_t* out = s.bytes.data();
+    std::memcpy(out, header, sizeof header);
+    out += sizeof header;
+    for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
+        for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
+            std::memcpy(out, k_head(static_cast<int32_t>(l), h), k_bytes);
+            out += k_bytes;
+            std::memcpy(out, v_head(static_cast<int32_t>(l), h), v_bytes);
+            out += v_bytes;
+        }
+    }
+    return s;
+}
+
+void KvCache::load(const KvSnapshot& s) {
+    int32_t header[kHeaderInts] = {};
+    if (s.bytes.size() < sizeof header) throw UsageError("kv_load: the snapshot is too short to be a KV snapshot");
+    std::memcpy(header, s.bytes.data(), sizeof header);
+    const int32_t n = header[6];
+    if (header[0] != kSnapshotMagic || header[1] != static_cast<int32_t>(type_) ||
+        header[2] != static_cast<int32_t>(n_kv_heads_.size()) || header[3] != head_dim_ || header[4] != head_dim_v_)
+        throw UsageError("kv_load: the snapshot was taken from a different model or KV type (" +
+                         std::string(kv_type_name(s.kv_type)) + ", cache is " + std::string(kv_type_name(type_)) +
+                         ")");
+    if (n < 0 || n > n_ctx_)
+        throw UsageError("kv_load: the snapshot holds " + std::to_string(n) + " positions but the context is " +
+                         std::to_string(n_ctx_));
+    const size_t k_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_) * elem_size_;
+    const size_t v_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_v_) * elem_size_;
+    size_t total = sizeof header;
+    for (int32_t h : n_kv_heads_) total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    if (s.bytes.size() != total)
+        throw UsageError("kv_load: the snapshot has " + std::to_string(s.bytes.size()) + " bytes but " +
+                         std::to_string(total) + " were expected");
+    const uint8_t* in = s.bytes.data() + sizeof header;
+    for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
+        for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
+            std::memcpy(k_[l].data() + k_offset(h, 0), in, k_bytes);
+            in += k_bytes;
+            std::memcpy(v_[l].data() + v_offset(h, 0), in, v_bytes);
+            in += v_bytes;
+        }
+    }
+    n_past_ = n;
+}
+
+} // namespace tern

@@ -1,0 +1,54 @@
+#pragma once
+// The CPU KV cache: per layer, K and V of every position, stored as f32, f16 or bf16.
+// Layout per layer: K (n_kv_heads, n_ctx, head_dim), V (n_kv_heads, n_ctx, head_dim_v), so one head's
+// keys are contiguous rows for the attention kernel.
+#include <cstdint>
+#include <vector>
+
+#include "engine/backend.h"
+#include "kernels/cpu/ops.h"
+
+namespace tern {
+
+class KvCache {
+public:
+    // Throws UsageError for a KV type the CPU cannot store yet (q8_0, f8_e4m3).
+    void init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
+              int32_t n_ctx);
+
+    KvType type() const { return type_; }
+    KvElem elem() const { return elem_; }
+    int32_t n_ctx() const { return n_ctx_; }
+    int32_t n_past() const { return n_past_; }
+    void set_n_past(int32_t n) { n_past_ = n; }
+    size_t total_bytes() const;
+
+    // Stores one position of a layer: k (n_kv_heads, head_dim) f32, v (n_kv_heads, head_dim_v) f32.
+    void write(int32_t layer, int32_t pos, const float* k, const float* v);
+    // One head's rows: (n_ctx, head_dim) / (n_ctx, head_dim_v) elements of elem(); row `pos` is
+    // at element offset pos * head_dim.
+    const void* k_head(int32_t layer, int32_t head) const;
+    const void* v_head(int32_t layer, int32_t head) const;
+    // The address of row `pos` inside a head block returned above.
+    const void* k_row(int32_t layer, int32_t head, int32_t pos) const;
+    const void* v_row(int32_t layer, int32_t head, int32_t pos) const;
+
+    // The first n positions as bytes (header + per layer, per head: K rows then V rows).
+    KvSnapshot save(int32_t n) const;
+    // Restores a snapshot taken from a cache of the same shape and type; sets n_past.
+    // Throws UsageError when the snapshot does not fit this cache.
+    void load(const KvSnapshot& snapshot);
+
+private:
+    size_t k_offset(int32_t head, int32_t pos) const;   // bytes into a layer's K buffer
+    size_t v_offset(int32_t head, int32_t pos) const;
+
+    KvType type_ = KvType::f16;
+    KvElem elem_ = KvElem::f16;
+    size_t elem_size_ = 2;
+    int32_t head_dim_ = 0, head_dim_v_ = 0, n_ctx_ = 0, n_past_ = 0;
+    std::vector<int32_t> n_kv_heads_;          // per layer
+    std::vector<std::vector<uint8_t>> k_, v_;  // per layer: (n_kv_heads, n_ctx, head_dim[_v]) elem
+};
+
+} // namespace tern

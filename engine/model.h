@@ -1,0 +1,23 @@
+#pragma once
+// A loaded model file: the mapping, its config and the weight views into it, kept together so the
+// views cannot outlive the mapping.
+#include <string>
+
+#include "engine/model_config.h"
+#include "engine/weights.h"
+#include "formats/gguf.h"
+
+namespace tern {
+
+struct Model {
+    GgufFile file;          // owns the mmap the weights point into
+    ModelConfig config;
+    ModelWeights weights;   // views into `file`
+};
+
+// Opens and validates a GGUF model. Throws InputError (exit 2) for an unreadable or malformed file,
+// an unsupported architecture or a missing / mis-shaped tensor.
+// Model is move-only; moving keeps the mapping's address, so the weight views stay valid.
+Model load_model(const std::string& path);
+
+} // namespace tern

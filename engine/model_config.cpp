@@ -1,0 +1,214 @@
+#include "engine/model_config.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+
+#include "formats/error.h"
+#include "formats/gguf.h"
+
+namespace tern {
+namespace {
+
+constexpr std::array<std::string_view, 5> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+
+std::string supported_list() {
+    std::string s;
+    for (std::string_view n : kArchNames) {
+        if (!s.empty()) s += ", ";
+        s += n;
+    }
+    return s;
+}
+
+// The per-architecture facts that metadata does not carry (../shared/FORMATS.md §1.10).
+struct ArchTraits {
+    Arch arch;
+    RopeStyle rope_style;
+    bool qkv_bias;
+    bool qk_norm;
+    bool post_norms;
+    FfnActivation ffn_act;
+    bool embed_scaled;
+};
+
+constexpr ArchTraits kTraits[] = {
+    {Arch::llama, RopeStyle::normal, false, false, false, FfnActivation::silu, false},
+    {Arch::qwen2, RopeStyle::neox, true, false, false, FfnActivation::silu, false},
+    {Arch::qwen3, RopeStyle::neox, false, true, false, FfnActivation::silu, false},
+    {Arch::gemma2, RopeStyle::neox, false, false, true, FfnActivation::gelu_tanh, true},
+    {Arch::gemma3, RopeStyle::neox, false, true, true, FfnActivation::gelu_tanh, true},
+};
+
+class MetaReader {
+public:
+    MetaReader(const GgufFile& file, std::string_view arch) : file_(file), prefix_(std::string(arch) + ".") {}
+
+    std::string key(std::string_view suffix) const { return prefix_ + std::string(suffix); }
+    bool has(std::string_view suffix) const { return file_.has(key(suffix)); }
+    int64_t get_int(std::string_view suffix) const { return file_.get_int(key(suffix)); }
+    int64_t get_int(std::string_view suffix, int64_t fallback) const { return file_.get_int(key(suffix), fallback); }
+    float get_f32(std::string_view suffix, float fallback) const { return file_.get_f32(key(suffix), fallback); }
+    float get_f32(std::string_view suffix) const { return file_.get_f32(key(suffix)); }
+    std::string get_string(std::string_view suffix, const std::string& fallback) const {
+        return file_.get_string(key(suffix), fallback);
+    }
+    std::vector<int64_t> per_layer(std::string_view suffix, int64_t n_layers) const {
+        return file_.get_per_layer(key(suffix), n_layers);
+    }
+
+    [[noreturn]] void fail(std::string_view suffix, const std::string& what) const {
+        throw InputError(file_.path() + ": metadata " + key(suffix) + ": " + what);
+    }
+    // A positive count that fits the int32 the backends index with.
+    int32_t checked_count(std::string_view suffix, int64_t v, int64_t max = (int64_t{1} << 30)) const {
+        if (v <= 0 || v > max)
+            fail(suffix, "value " + std::to_string(v) + " is out of range (expected 1.." + std::to_string(max) + ")");
+        return static_cast<int32_t>(v);
+    }
+
+private:
+    const GgufFile& file_;
+    std::string prefix_;
+};
+
+} // namespace
+
+std::span<const std::string_view> supported_architectures() { return kArchNames; }
+
+std::string_view arch_name(Arch arch) { return kArchNames[static_cast<size_t>(arch)]; }
+
+int32_t ModelConfig::max_n_heads() const {
+    int32_t m = 0;
+    for (const LayerConfig& l : layers) m = std::max(m, l.n_heads);
+    return m;
+}
+
+int32_t ModelConfig::max_n_kv_heads() const {
+    int32_t m = 0;
+    for (const LayerConfig& l : layers) m = std::max(m, l.n_kv_heads);
+    return m;
+}
+
+int32_t ModelConfig::max_ffn_dim() const {
+    int32_t m = 0;
+    for (const LayerConfig& l : layers) m = std::max(m, l.ffn_dim);
+    return m;
+}
+
+bool ModelConfig::uniform_kv_heads() const {
+    for (const LayerConfig& l : layers)
+        if (l.n_kv_heads != layers.front().n_kv_heads) return false;
+    return true;
+}
+
+ModelConfig model_config_from_gguf(const GgufFile& file) {
+    const std::string arch_str = file.get_string("general.architecture");
+    const auto it = std::find(kArchNames.begin(), kArchNames.end(), arch_str);
+    if (it == kArchNames.end())
+        throw InputError(file.path() + ": architecture '" + arch_str + "' is not supported (supported: " +
+                         supported_list() + ")");
+    const ArchTraits& traits = kTraits[it - kArchNames.begin()];
+    const MetaReader meta(file, arch_str);
+
+    ModelConfig c;
+    c.arch = traits.arch;
+    c.name = file.get_string("general.name", arch_str);
+    c.rope_style = traits.rope_style;
+    c.qkv_bias = traits.qkv_bias;
+    c.qk_norm = traits.qk_norm;
+    c.post_norms = traits.post_norms;
+    c.ffn_act = traits.ffn_act;
+
+    c.n_layers = meta.checked_count("block_count", meta.get_int("block_count"), 4096);
+    c.dim = meta.checked_count("embedding_length", meta.get_int("embedding_length"));
+    c.n_ctx_train = meta.checked_count("context_length", meta.get_int("context_length"));
+    c.rms_eps = meta.get_f32("attention.layer_norm_rms_epsilon");
+    if (!(c.rms_eps > 0.0f) || !std::isfinite(c.rms_eps))
+        meta.fail("attention.layer_norm_rms_epsilon", "value " + std::to_string(c.rms_eps) + " is not a positive number");
+
+    const GgufTensor& embd = file.tensor("token_embd.weight");
+    if (embd.n_dims != 2 || embd.ne[0] != c.dim)
+        throw InputError(file.path() + ": tensor token_embd.weight has shape " + embd.shape_string() +
+                         " but expected [" + std::to_string(c.dim) + ", vocab]");
+    c.vocab = meta.checked_count("vocab_size", embd.ne[1]);
+
+    const std::vector<int64_t> n_heads = meta.per_layer("attention.head_count", c.n_layers);
+    const std::vector<int64_t> n_kv_heads =
+        meta.has("attention.head_count_kv") ? meta.per_layer("attention.head_count_kv", c.n_layers) : n_heads;
+    const std::vector<int64_t> ffn_dim = meta.per_layer("feed_forward_length", c.n_layers);
+
+    // Head dims: key_length/value_length, defaulting to dim / n_heads of the first layer.
+    const int32_t n_heads0 = meta.checked_count("attention.head_count", n_heads[0]);
+    c.head_dim = meta.checked_count("attention.key_length", meta.get_int("attention.key_length", c.dim / n_heads0));
+    c.head_dim_v =
+        meta.checked_count("attention.value_length", meta.get_int("attention.value_length", c.head_dim));
+    c.n_rot = meta.checked_count("rope.dimension_count", meta.get_int("rope.dimension_count", c.head_dim));
+    if (c.n_rot > c.head_dim || c.n_rot % 2 != 0)
+        meta.fail("rope.dimension_count", "value " + std::to_string(c.n_rot) +
+                                              " must be even and at most the head dim " + std::to_string(c.head_dim));
+
+    // RoPE frequencies and scaling.
+    const float rope_base = meta.get_f32("rope.freq_base", 10000.0f);
+    const std::string scaling = meta.get_string("rope.scaling.type", "linear");
+    float factor = meta.get_f32("rope.scaling.factor", 0.0f);
+    if (factor == 0.0f) factor = meta.get_f32("rope.scale_linear", 0.0f);   // older spelling
+    float rope_freq_scale = 1.0f;
+    if (scaling == "linear") {
+        if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
+    } else if (scaling != "none") {
+        meta.fail("rope.scaling.type", "'" + scaling + "' is not supported (supported: none, linear)");
+    }
+    if (!(rope_base > 0.0f) || !(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))
+        meta.fail("rope.freq_base", "rope base " + std::to_string(rope_base) + " / scaling factor " +
+                                        std::to_string(factor) + " are not positive");
+    c.rope_freq_factors = file.find_tensor("rope_freqs.weight") != nullptr;
+    if (c.rope_freq_factors && c.arch != Arch::llama)
+        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama models, not " +
+                         arch_str);
+
+    // Sliding-window layers: gemma2 alternates (even layers local), gemma3 has 5 local : 1 global.
+    int32_t window = 0;
+    if (c.arch == Arch::gemma2)
+        window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window", 4096));
+    if (c.arch == Arch::gemma3)
+        window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window"));
+
+    c.layers.resize(static_cast<size_t>(c.n_layers));
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        LayerConfig& lc = c.layers[static_cast<size_t>(l)];
+        lc.n_heads = meta.checked_count("attention.head_count", n_heads[static_cast<size_t>(l)]);
+        lc.n_kv_heads = meta.checked_count("attention.head_count_kv", n_kv_heads[static_cast<size_t>(l)]);
+        lc.ffn_dim = meta.checked_count("feed_forward_length", ffn_dim[static_cast<size_t>(l)]);
+        if (lc.n_heads % lc.n_kv_heads != 0)
+            meta.fail("attention.head_count_kv",
+                      "layer " + std::to_string(l) + ": " + std::to_string(lc.n_kv_heads) +
+                          " KV heads do not divide " + std::to_string(lc.n_heads) + " query heads");
+        lc.rope_base = rope_base;
+        lc.rope_freq_scale = rope_freq_scale;
+        if (c.arch == Arch::gemma2 && l % 2 == 0) lc.sliding_window = window;
+        if (c.arch == Arch::gemma3 && l % 6 < 5) {
+            // Local layers ignore the rope.* keys: base 10000, no scaling.
+            lc.sliding_window = window;
+            lc.rope_base = 10000.0f;
+            lc.rope_freq_scale = 1.0f;
+        }
+    }
+
+    // Attention scale: 1/sqrt(head_dim), except the 27B gemmas (46 / 62 layers), which use
+    // 1/sqrt(dim / n_heads).
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    if ((c.arch == Arch::gemma2 && c.n_layers == 46) || (c.arch == Arch::gemma3 && c.n_layers == 62))
+        c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.dim / n_heads0));
+    if (traits.embed_scaled) c.embed_scale = std::sqrt(static_cast<float>(c.dim));
+    if (c.arch == Arch::gemma2) {
+        c.attn_softcap = meta.get_f32("attn_logit_softcapping", 50.0f);
+        c.final_softcap = meta.get_f32("final_logit_softcapping", 30.0f);
+    }
+
+    c.tied_output = file.find_tensor("output.weight") == nullptr;
+    return c;
+}
+
+} // namespace tern

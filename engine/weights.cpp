@@ -1,0 +1,109 @@
+#include "engine/weights.h"
+
+#include <string>
+
+#include "engine/model_config.h"
+#include "formats/error.h"
+#include "formats/gguf.h"
+
+namespace tern {
+namespace {
+
+enum class Need { required, optional };
+
+class Binder {
+public:
+    explicit Binder(const GgufFile& file) : file_(file) {}
+
+    // A matrix of n_out rows by n_in columns, stored as ne = {n_in, n_out}. `dims` names the
+    // expected shape for messages, e.g. "[dim, n_heads*head_dim]".
+    WeightRef matrix(const std::string& name, int64_t n_in, int64_t n_out, const char* dims,
+                     Need need = Need::required) const {
+        return bind(name, n_in, n_out, 2, dims, need);
+    }
+    WeightRef vector(const std::string& name, int64_t n, const char* dims, Need need = Need::required) const {
+        return bind(name, n, 1, 1, dims, need);
+    }
+
+private:
+    WeightRef bind(const std::string& name, int64_t n0, int64_t n1, int n_dims, const char* dims, Need need) const {
+        const std::string expected = n_dims == 1 ? "[" + std::to_string(n0) + "]"
+                                                 : "[" + std::to_string(n0) + ", " + std::to_string(n1) + "]";
+        const GgufTensor* t = file_.find_tensor(name);
+        if (!t) {
+            if (need == Need::optional) return WeightRef{name};
+            throw InputError(file_.path() + ": tensor " + name + " is missing (expected shape " + expected + " " +
+                             dims + ")");
+        }
+        // Trailing dimensions of size 1 are allowed: some writers store vectors as [n, 1].
+        const bool shape_ok =
+            t->ne[0] == n0 && t->ne[1] == n1 && t->ne[2] == 1 && t->ne[3] == 1 && t->n_dims >= 1;
+        if (!shape_ok)
+            throw InputError(file_.path() + ": tensor " + name + " has shape " + t->shape_string() + " but expected " +
+                             expected + " " + dims);
+        const TypeInfo& ti = type_info(t->type);
+        if (!ti.can_dequantize)
+            throw InputError(file_.path() + ": tensor " + name + " has format " + std::string(ti.name) +
+                             ", which tern cannot compute with yet");
+        WeightRef w;
+        w.name = name;
+        w.type = t->type;
+        w.ne[0] = n0;
+        w.ne[1] = n1;
+        w.data = t->data;
+        return w;
+    }
+
+    const GgufFile& file_;
+};
+
+} // namespace
+
+ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c) {
+    const Binder b(file);
+    ModelWeights w;
+    w.token_embd = b.matrix("token_embd.weight", c.dim, c.vocab, "[dim, vocab]");
+    w.output_norm = b.vector("output_norm.weight", c.dim, "[dim]");
+    w.output = c.tied_output ? w.token_embd : b.matrix("output.weight", c.dim, c.vocab, "[dim, vocab]");
+    if (c.rope_freq_factors) w.rope_freqs = b.vector("rope_freqs.weight", c.n_rot / 2, "[n_rot/2]");
+
+    const Need bias = c.qkv_bias ? Need::required : Need::optional;
+    w.layers.resize(static_cast<size_t>(c.n_layers));
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
+        LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+        const std::string p = "blk." + std::to_string(l) + ".";
+        const int64_t q_dim = int64_t{lc.n_heads} * c.head_dim;
+        const int64_t k_dim = int64_t{lc.n_kv_heads} * c.head_dim;
+        const int64_t v_dim = int64_t{lc.n_kv_heads} * c.head_dim_v;
+        const int64_t o_dim = int64_t{lc.n_heads} * c.head_dim_v;
+
+        lw.attn_norm = b.vector(p + "attn_norm.weight", c.dim, "[dim]");
+        lw.wq = b.matrix(p + "attn_q.weight", c.dim, q_dim, "[dim, n_heads*head_dim]");
+        lw.wk = b.matrix(p + "attn_k.weight", c.dim, k_dim, "[dim, n_kv_heads*head_dim]");
+        lw.wv = b.matrix(p + "attn_v.weight", c.dim, v_dim, "[dim, n_kv_heads*head_dim_v]");
+        lw.bq = b.vector(p + "attn_q.bias", q_dim, "[n_heads*head_dim]", bias);
+        lw.bk = b.vector(p + "attn_k.bias", k_dim, "[n_kv_heads*head_dim]", bias);
+        lw.bv = b.vector(p + "attn_v.bias", v_dim, "[n_kv_heads*head_dim_v]", bias);
+        if (c.qk_norm) {
+            lw.q_norm = b.vector(p + "attn_q_norm.weight", c.head_dim, "[head_dim]");
+            lw.k_norm = b.vector(p + "attn_k_norm.weight", c.head_dim, "[head_dim]");
+        }
+        lw.wo = b.matrix(p + "attn_output.weight", o_dim, c.dim, "[n_heads*head_dim_v, dim]");
+        lw.bo = b.vector(p + "attn_output.bias", c.dim, "[dim]", Need::optional);
+        lw.ffn_norm = b.vector(p + "ffn_norm.weight", c.dim, "[dim]");
+        lw.w_gate = b.matrix(p + "ffn_gate.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
+        lw.w_up = b.matrix(p + "ffn_up.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
+        lw.w_down = b.matrix(p + "ffn_down.weight", lc.ffn_dim, c.dim, "[ffn_dim, dim]");
+        lw.b_gate = b.vector(p + "ffn_gate.bias", lc.ffn_dim, "[ffn_dim]", Need::optional);
+        lw.b_up = b.vector(p + "ffn_up.bias", lc.ffn_dim, "[ffn_dim]", Need::optional);
+        lw.b_down = b.vector(p + "ffn_down.bias", c.dim, "[dim]", Need::optional);
+        if (c.post_norms) {
+            lw.post_attn_norm = b.vector(p + "post_attention_norm.weight", c.dim, "[dim]");
+            lw.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", c.dim, "[dim]");
+        }
+    }
+    return w;
+}
+
+} // namespace tern

@@ -1,0 +1,180 @@
+#include "kernels/cpu/ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "quant/half.h"
+#include "quant/reference.h"
+
+namespace tern {
+
+void rmsnorm_f32(const float* x, const float* w, float* y, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    const float mean = static_cast<float>(sum / static_cast<double>(n));
+    const float scale = 1.0f / std::sqrt(mean + eps);
+    if (w) {
+        for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+    } else {
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+    }
+}
+
+namespace {
+
+// The rotation angle of pair i. Computed in double: at pos 30000 an f32 angle is off by ~1e-3 rad.
+inline double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale,
+                         const float* freq_factors) {
+    double theta = static_cast<double>(pos) * static_cast<double>(freq_scale) *
+                   std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+    if (freq_factors) theta /= static_cast<double>(freq_factors[i]);
+    return theta;
+}
+
+inline void rotate(float& a, float& b, double theta) {
+    const float c = static_cast<float>(std::cos(theta));
+    const float s = static_cast<float>(std::sin(theta));
+    const float x0 = a, x1 = b;
+    a = x0 * c - x1 * s;
+    b = x0 * s + x1 * c;
+}
+
+} // namespace
+
+void rope_normal_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
+                     const float* freq_factors) {
+    (void)head_dim;   // dims n_rot.. head_dim-1 pass through unchanged
+    for (int64_t i = 0; i < n_rot / 2; ++i)
+        rotate(x[2 * i], x[2 * i + 1], rope_theta(i, n_rot, pos, base, freq_scale, freq_factors));
+}
+
+void rope_neox_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
+                   const float* freq_factors) {
+    (void)head_dim;
+    const int64_t half = n_rot / 2;
+    for (int64_t i = 0; i < half; ++i)
+        rotate(x[i], x[i + half], rope_theta(i, n_rot, pos, base, freq_scale, freq_factors));
+}
+
+void softmax_f32(float* x, int64_t n) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - max);
+        sum += x[i];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+float silu_f32(float x) { return x / (1.0f + std::exp(-x)); }
+
+float gelu_tanh_f32(float x) {
+    constexpr float sqrt_2_over_pi = 0.79788456080286535588f;
+    constexpr float coef_a = 0.044715f;
+    return 0.5f * x * (1.0f + std::tanh(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+
+void swiglu_f32(const float* gate, const float* up, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = silu_f32(gate[i]) * up[i];
+}
+
+void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_f32(gate[i]) * up[i];
+}
+
+void softcap_f32(float* x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+    constexpr int lanes = 16;
+    float acc[lanes] = {};
+    int64_t i = 0;
+    for (; i + lanes <= n; i += lanes)
+        for (int l = 0; l < lanes; ++l) acc[l] += a[i + l] * b[i + l];
+    float tail = 0.0f;
+    for (; i < n; ++i) tail += a[i] * b[i];
+    for (int width = lanes / 2; width >= 1; width /= 2)
+        for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+    return acc[0] + tail;
+}
+
+int threads_for_work(int64_t work, int n_threads) {
+    return work < (int64_t{1} << 20) ? 1 : std::max(n_threads, 1);
+}
+
+void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols,
+                    float* y, int n_threads) {
+    const size_t row_size = row_bytes(type, n_in);
+    const auto* base = static_cast<const uint8_t*>(w);
+    const int threads = threads_for_work(n_out * n_in * n_cols, n_threads);
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> row_buf(type == GgmlType::F32 ? 0 : static_cast<size_t>(n_in));   // (n_in) f32
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < n_out; ++r) {
+            const uint8_t* src = base + static_cast<size_t>(r) * row_size;
+            const float* row;
+            if (type == GgmlType::F32) {
+                row = reinterpret_cast<const float*>(src);
+            } else {
+                dequantize_row(type, src, row_buf.data(), n_in);
+                row = row_buf.data();
+            }
+            for (int64_t c = 0; c < n_cols; ++c) y[c * n_out + r] = dot_f32(row, x + c * n_in, n_in);
+        }
+    }
+}
+
+namespace {
+
+template <KvElem E>
+inline float kv_load(const void* base, int64_t i) {
+    if constexpr (E == KvElem::f32) return static_cast<const float*>(base)[i];
+    else if constexpr (E == KvElem::f16) return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    else return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+}
+
+template <KvElem E>
+void attention_head_impl(const float* q, const void* k, const void* v, int64_t n_keys, int64_t head_dim,
+                         int64_t head_dim_v, float scale, float softcap, float* scores, float* out) {
+    for (int64_t j = 0; j < n_keys; ++j) {
+        float s;
+        if constexpr (E == KvElem::f32) {
+            s = dot_f32(q, static_cast<const float*>(k) + j * head_dim, head_dim);
+        } else {
+            s = 0.0f;
+            for (int64_t d = 0; d < head_dim; ++d) s += q[d] * kv_load<E>(k, j * head_dim + d);
+        }
+        s *= scale;
+        if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
+        scores[j] = s;
+    }
+    softmax_f32(scores, n_keys);
+    for (int64_t d = 0; d < head_dim_v; ++d) out[d] = 0.0f;
+    for (int64_t j = 0; j < n_keys; ++j) {
+        const float p = scores[j];
+        for (int64_t d = 0; d < head_dim_v; ++d) out[d] += p * kv_load<E>(v, j * head_dim_v + d);
+    }
+}
+
+} // namespace
+
+void attention_head(const float* q, const void* k, const void* v, KvElem elem, int64_t n_keys, int64_t head_dim,
+                    int64_t head_dim_v, float scale, float softcap, float* scores, float* out) {
+    switch (elem) {
+    case KvElem::f32:
+        return attention_head_impl<KvElem::f32>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out);
+    case KvElem::f16:
+        return attention_head_impl<KvElem::f16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out);
+    case KvElem::bf16:
+        return attention_head_impl<KvElem::bf16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out);
+    }
+}
+
+} // namespace tern

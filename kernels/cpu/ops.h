@@ -1,0 +1,69 @@
+#pragma once
+// Scalar CPU math of the decoder, as free functions on plain pointers. These are the straightforward
+// versions (correct first; the SIMD issue replaces the hot ones and keeps these as their oracle).
+//
+// Determinism: every function computes each output element with one fixed order of operations,
+// and the parallel ones split work over output rows (or heads) only, so results are bit-identical
+// for any thread count.
+#include <cstdint>
+
+#include "quant/types.h"
+
+namespace tern {
+
+// y = x / sqrt(mean(x^2) + eps) * w over n elements. The sum of squares is accumulated in double
+// (the variance of 4096 f32 squares loses ~1e-5 relative in f32). w may be nullptr (no weight).
+void rmsnorm_f32(const float* x, const float* w, float* y, int64_t n, float eps);
+
+// RoPE on one head of head_dim floats at position pos; only the first n_rot dims rotate.
+// The angle of pair i (i < n_rot/2) is pos * freq_scale * base^(-2i/n_rot), divided by
+// freq_factors[i] when freq_factors is not nullptr (Llama 3.1 "rope_freqs").
+//   normal: pairs (2i, 2i+1)       (llama-arch GGUFs: the converter permuted Wq/Wk)
+//   neox:   pairs (i, i + n_rot/2)  (qwen2, qwen3, gemma)
+void rope_normal_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
+                     const float* freq_factors);
+void rope_neox_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
+                   const float* freq_factors);
+
+// In-place softmax over n floats (max-subtracted; the sum of exponentials in double).
+void softmax_f32(float* x, int64_t n);
+
+// x / (1 + exp(-x)) and the tanh approximation of GELU, elementwise.
+float silu_f32(float x);
+float gelu_tanh_f32(float x);
+// y[i] = act(gate[i]) * up[i]: the gated FFN activation (SwiGLU / GeGLU).
+void swiglu_f32(const float* gate, const float* up, float* y, int64_t n);
+void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n);
+
+// c * tanh(x / c) over n floats (gemma2 logit and attention soft-capping).
+void softcap_f32(float* x, int64_t n, float cap);
+
+// Dot product of two f32 vectors with 16 independent partial sums combined in a fixed order:
+// the compiler vectorises it without -ffast-math, and the result does not depend on threads.
+float dot_f32(const float* a, const float* b, int64_t n);
+
+// y = W x for n_cols activation columns, W of any dequantizable format:
+//   w: (n_out, n_in) rows of `type` blocks, row r at w + r * row_bytes(type, n_in)
+//   x: (n_cols, n_in) f32;  y: (n_cols, n_out) f32
+// Each weight row is dequantized once into a thread-local f32 buffer and dotted with every column,
+// so a batch reads the weights once. OpenMP over output rows with n_threads threads.
+void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols,
+                    float* y, int n_threads);
+
+// The thread count worth using for `work` multiply-adds: 1 below ~1M (a fork/join plus the idle
+// threads' spin-wait costs more than the ~0.5 ms of scalar work it would split), else n_threads.
+int threads_for_work(int64_t work, int n_threads);
+
+// How the attention kernel reads the KV cache's elements.
+enum class KvElem { f32, f16, bf16 };
+
+// One query head attending over n_keys cached positions of one KV head:
+//   q: head_dim f32;  k: (n_keys, head_dim) elem;  v: (n_keys, head_dim_v) elem (rows contiguous)
+//   scores: n_keys f32 scratch;  out: head_dim_v f32
+// score_j = (q . k_j) * scale, then c * tanh(score_j / c) when softcap > 0, softmax, out = sum_j p_j v_j.
+// The caller chooses which positions are visible (causal mask, sliding window) by where k/v start
+// and n_keys.
+void attention_head(const float* q, const void* k, const void* v, KvElem elem, int64_t n_keys,
+                    int64_t head_dim, int64_t head_dim_v, float scale, float softcap, float* scores, float* out);
+
+} // namespace tern

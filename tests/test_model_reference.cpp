@@ -1,0 +1,364 @@
+// The CPU engine against llama.cpp's reference logits (../shared/reference, README "How to read
+// tolerances"): every model file x every prompt, teacher-forced in one batch with an F32 KV cache.
+// Our matrix products use the exactly dequantized weights with f32 activations, so:
+//   F32 files vs <slug>.json and every file vs <slug>.twin.json: exact math, ~1e-3;
+//   F16/BF16/quantized files vs <slug>.json: llama.cpp's activation rounding, column (c) of the
+//   README's table (we allow 1.5x its max + 0.01 and print what we measure).
+// Also: incremental decode == batch, f16 KV within column (a), thread-count independence,
+// kv_save/kv_load/kv_truncate, and the Gemma 3 270M file against tests/data/gemma3 when present.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/backend_cpu.h"
+#include "engine/model.h"
+#include "tests/test_support.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace tern {
+namespace {
+
+constexpr int kThreads = 2;
+
+json read_json(const fs::path& p) {
+    std::ifstream f(p);
+    return json::parse(f);
+}
+
+// The README's tolerance table: model stem -> (column (a) max, column (c) max). (c) is 0 for F32 files.
+struct ReadmeTolerance {
+    double kv_f16 = 0.0;
+    double twin_vs_ref = 0.0;
+};
+
+std::map<std::string, ReadmeTolerance> readme_tolerances() {
+    std::map<std::string, ReadmeTolerance> out;
+    std::ifstream f(test::shared_path("reference/README.md"));
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.rfind("| ", 0) != 0) continue;
+        std::vector<std::string> cells;
+        std::stringstream ss(line.substr(1));
+        std::string cell;
+        while (std::getline(ss, cell, '|')) {
+            const size_t b = cell.find_first_not_of(' '), e = cell.find_last_not_of(' ');
+            cells.push_back(b == std::string::npos ? "" : cell.substr(b, e - b + 1));
+        }
+        if (cells.size() < 5 || cells[1].empty() || !(std::isdigit(cells[1][0]))) continue;
+        ReadmeTolerance t;
+        t.kv_f16 = std::atof(cells[1].c_str());
+        if (std::isdigit(static_cast<unsigned char>(cells[3][0]))) t.twin_vs_ref = std::atof(cells[3].c_str());
+        out[cells[0]] = t;
+    }
+    return out;
+}
+
+fs::path model_path_for(const std::string& stem) {
+    for (const char* dir : {"models/gguf/", "models/synth/"}) {
+        const fs::path p = test::shared_path(std::string(dir) + stem + ".gguf");
+        if (fs::exists(p)) return p;
+    }
+    return {};
+}
+
+bool is_f32_file(const std::string& stem) { return stem.size() > 4 && stem.substr(stem.size() - 4) == "-f32"; }
+
+// Teacher-forced logits of `tokens` in one forward, every row kept: (n, vocab).
+std::vector<float> batch_logits(const Model& m, const std::vector<int32_t>& tokens, KvType kv, int threads) {
+    CpuBackend be;
+    be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), kv, threads});
+    be.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
+    std::vector<float> out;
+    for (size_t r = 0; r < tokens.size(); ++r) {
+        const auto row = be.logits(static_cast<int>(r));
+        out.insert(out.end(), row.begin(), row.end());
+    }
+    return out;
+}
+
+double log_sum_exp(const float* row, int64_t n) {
+    double max = row[0];
+    for (int64_t i = 1; i < n; ++i) max = std::max(max, static_cast<double>(row[i]));
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(row[i]) - max);
+    return max + std::log(sum);
+}
+
+int32_t argmax_row(const float* row, int64_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; ++i)
+        if (row[i] > row[best]) best = i;
+    return best;
+}
+
+// How our logit rows compare with one reference file's steps.
+struct Agreement {
+    double max_top = 0.0;       // max |Δ| over the reference's top-10 entries
+    double max_lse = 0.0;       // max |Δ lse|
+    double max_next = 0.0;      // max |Δ next_logit| (and |Δ log p(next)|)
+    int top1_same = 0, steps = 0;
+    int greedy_checked = 0;     // gen steps whose argmax was checked (before the first small margin)
+    int greedy_mismatch = -1;   // first gen step (0-based) whose argmax differs, -1 if none
+    int foreign_top = 0;        // our top-10 entries missing from the reference's, beyond tolerance
+
+    double max_all() const { return std::max({max_top, max_lse, max_next}); }
+    void merge(const Agreement& o) {
+        max_top = std::max(max_top, o.max_top);
+        max_lse = std::max(max_lse, o.max_lse);
+        max_next = std::max(max_next, o.max_next);
+        top1_same += o.top1_same;
+        steps += o.steps;
+        greedy_checked += o.greedy_checked;
+        foreign_top += o.foreign_top;
+        if (greedy_mismatch < 0) greedy_mismatch = o.greedy_mismatch;
+    }
+};
+
+// logits: (n_rows, vocab) rows by position. greedy_margin: check argmax on gen steps until the first
+// whose reference top-2 margin is below it (< 0: no greedy check).
+Agreement compare_steps(const json& steps, const std::vector<float>& logits, int64_t vocab, double tol,
+                        double greedy_margin) {
+    Agreement a;
+    bool greedy_open = greedy_margin >= 0.0;
+    int gen_index = 0;
+    for (const json& st : steps) {
+        const int64_t pos = st["pos"].get<int64_t>();
+        const float* row = logits.data() + pos * vocab;
+        const json& top = st["top"];
+        const double lse = log_sum_exp(row, vocab);
+        a.max_lse = std::max(a.max_lse, std::abs(lse - st["lse"].get<double>()));
+        for (const json& e : top)
+            a.max_top = std::max(a.max_top, std::abs(row[e[0].get<int32_t>()] - e[1].get<double>()));
+        const int32_t next = st["next"].get<int32_t>();
+        if (!st["next_logit"].is_null()) {
+            const double d = row[next] - st["next_logit"].get<double>();
+            const double dlp = (row[next] - lse) - (st["next_logit"].get<double>() - st["lse"].get<double>());
+            a.max_next = std::max({a.max_next, std::abs(d), std::abs(dlp)});
+        }
+        // Our top-10 may only hold tokens outside the reference's top-10 where the reference's 10th is a near-tie.
+        std::vector<int32_t> ours(static_cast<size_t>(vocab));
+        for (int32_t i = 0; i < vocab; ++i) ours[static_cast<size_t>(i)] = i;
+        const size_t k = std::min<size_t>(top.size(), ours.size());
+        std::partial_sort(ours.begin(), ours.begin() + static_cast<std::ptrdiff_t>(k), ours.end(),
+                          [&](int32_t x, int32_t y) { return row[x] > row[y] || (row[x] == row[y] && x < y); });
+        const double ref_last = top.back()[1].get<double>();
+        for (size_t j = 0; j < k; ++j) {
+            bool found = false;
+            for (const json& e : top) found = found || e[0].get<int32_t>() == ours[j];
+            if (!found && row[ours[j]] > ref_last + tol) ++a.foreign_top;
+        }
+        const int32_t ref_top1 = top[0][0].get<int32_t>();
+        const int32_t our_top1 = argmax_row(row, vocab);
+        ++a.steps;
+        if (our_top1 == ref_top1) ++a.top1_same;
+        if (st["kind"] == "gen") {
+            const double margin = top[0][1].get<double>() - top[1][1].get<double>();
+            if (greedy_open && margin < greedy_margin) greedy_open = false;
+            if (greedy_open) {
+                ++a.greedy_checked;
+                if (our_top1 != next && a.greedy_mismatch < 0) a.greedy_mismatch = gen_index;
+            }
+            ++gen_index;
+        }
+    }
+    return a;
+}
+
+std::string fmt(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2g", v);
+    return buf;
+}
+
+std::vector<int32_t> path_tokens(const json& ref) {
+    std::vector<int32_t> t = ref["prompt_tokens"].get<std::vector<int32_t>>();
+    for (int32_t id : ref["generated_tokens"].get<std::vector<int32_t>>()) t.push_back(id);
+    return t;
+}
+
+std::vector<std::string> reference_stems() {
+    std::vector<std::string> stems;
+    for (const auto& e : fs::directory_iterator(test::shared_path("reference")))
+        if (e.is_directory() && e.path().filename() != "data") stems.push_back(e.path().filename().string());
+    std::sort(stems.begin(), stems.end());
+    return stems;
+}
+
+std::vector<fs::path> prompt_files(const fs::path& dir) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string n = e.path().filename().string();
+        if (n.size() > 5 && n.substr(n.size() - 5) == ".json" && n.find(".twin.") == std::string::npos)
+            files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    return files;
+}
+
+} // namespace
+
+TEST_CASE("every model file and prompt agrees with the llama.cpp reference (teacher-forced, F32 KV)") {
+    if (!test::shared_available()) {
+        MESSAGE("../shared not found: skipped");
+        return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto readme = readme_tolerances();
+    std::string table = "\nmodel                         tol_ref  max|d|ref  top1    greedy(checked/first-miss)  max|d|twin\n";
+    int n_files = 0;
+    for (const std::string& stem : reference_stems()) {
+        const fs::path model_path = model_path_for(stem);
+        if (model_path.empty()) continue;   // a reference folder whose model file is not in shared/models
+        CAPTURE(stem);
+        const Model m = load_model(model_path.string());
+        const bool f32 = is_f32_file(stem);
+        REQUIRE_MESSAGE(readme.count(stem), "no tolerance row for " << stem << " in reference/README.md");
+        const ReadmeTolerance rt = readme.at(stem);
+        const double tol_ref = f32 ? 1e-3 : 1.5 * rt.twin_vs_ref + 0.01;
+        const double tol_twin = 1e-3;
+        Agreement ref_all, twin_all;
+        for (const fs::path& pf : prompt_files(test::shared_path("reference/" + stem))) {
+            const std::string slug = pf.stem().string();
+            CAPTURE(slug);
+            const json ref = read_json(pf);
+            const std::vector<int32_t> tokens = path_tokens(ref);
+            const std::vector<float> logits = batch_logits(m, tokens, KvType::f32, kThreads);
+            const Agreement a = compare_steps(ref["steps"], logits, m.config.vocab, tol_ref, tol_ref);
+            CHECK_MESSAGE(a.max_all() <= tol_ref, stem << "/" << slug << ": max |Δ| " << a.max_all() << " > " << tol_ref);
+            CHECK(a.foreign_top == 0);
+            CHECK_MESSAGE(a.greedy_mismatch < 0, stem << "/" << slug << ": greedy id differs at gen step "
+                                                       << a.greedy_mismatch);
+            ref_all.merge(a);
+
+            const fs::path twin_path = pf.parent_path() / (slug + ".twin.json");
+            if (fs::exists(twin_path)) {
+                const json twin = read_json(twin_path);
+                REQUIRE(twin["tokens"].get<std::vector<int32_t>>() == tokens);
+                const Agreement t = compare_steps(twin["steps"], logits, m.config.vocab, tol_twin, -1.0);
+                CHECK_MESSAGE(t.max_all() <= tol_twin, stem << "/" << slug << " twin: max |Δ| " << t.max_all());
+                twin_all.merge(t);
+            }
+        }
+        ++n_files;
+        char line[256];
+        std::snprintf(line, sizeof line, "%-30s %7.3g  %9.3g  %5.3f   %4d / %-20s  %s\n", stem.c_str(), tol_ref,
+                      ref_all.max_all(), ref_all.steps ? double(ref_all.top1_same) / ref_all.steps : 1.0,
+                      ref_all.greedy_checked,
+                      ref_all.greedy_mismatch < 0 ? "none" : std::to_string(ref_all.greedy_mismatch).c_str(),
+                      twin_all.steps ? fmt(twin_all.max_all()).c_str() : "-");
+        table += line;
+    }
+    CHECK(n_files >= 40);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE(table << n_files << " model files in " << secs << " s");
+}
+
+TEST_CASE("incremental decode equals the batch forward; f16 KV stays within the README's column (a)") {
+    if (!test::shared_available()) return;
+    const auto readme = readme_tolerances();
+    std::string table = "\nmodel                         incr-vs-batch  f16KV-vs-ref (tol)\n";
+    for (const std::string& stem : reference_stems()) {
+        const fs::path model_path = model_path_for(stem);
+        if (model_path.empty()) continue;
+        CAPTURE(stem);
+        const Model m = load_model(model_path.string());
+        const json ref = read_json(test::shared_path("reference/" + stem + "/lily-and-ben-went-to-the-park-they.json"));
+        const std::vector<int32_t> tokens = path_tokens(ref);
+        const int32_t n_prompt = static_cast<int32_t>(ref["prompt_tokens"].size());
+        const std::vector<float> batch = batch_logits(m, tokens, KvType::f32, kThreads);
+        const int64_t vocab = m.config.vocab;
+
+        // Prefill the prompt in two chunks, then one token at a time.
+        CpuBackend be;
+        be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f32, kThreads});
+        double max_d = 0.0;
+        auto compare_row = [&](int row, int32_t pos) {
+            const auto got = be.logits(row);
+            for (int64_t v = 0; v < vocab; ++v)
+                max_d = std::max(max_d, static_cast<double>(std::abs(got[v] - batch[pos * vocab + v])));
+        };
+        const int32_t split = n_prompt / 2;
+        if (split > 0) {
+            be.forward(ForwardBatch{std::span(tokens).first(split), 0, LogitsWanted::last});
+            compare_row(0, split - 1);
+        }
+        be.forward(ForwardBatch{std::span(tokens).subspan(split, n_prompt - split), split, LogitsWanted::all});
+        for (int32_t p = split; p < n_prompt; ++p) compare_row(p - split, p);
+        for (int32_t p = n_prompt; p < static_cast<int32_t>(tokens.size()); ++p) {
+            be.forward(ForwardBatch{std::span(tokens).subspan(p, 1), p, LogitsWanted::last});
+            compare_row(0, p);
+        }
+        CHECK(max_d <= 1e-4);
+
+        // f16 KV cache vs the reference: exact-math noise plus the KV rounding of column (a).
+        const ReadmeTolerance rt = readme.at(stem);
+        const double tol = (is_f32_file(stem) ? 1e-3 : 1.5 * rt.twin_vs_ref + 0.01) + 1.5 * rt.kv_f16;
+        const std::vector<float> f16 = batch_logits(m, tokens, KvType::f16, kThreads);
+        const Agreement a = compare_steps(ref["steps"], f16, vocab, tol, -1.0);
+        CHECK(a.max_all() <= tol);
+        char line[160];
+        std::snprintf(line, sizeof line, "%-30s %13.3g  %9.3g (%.3g)\n", stem.c_str(), max_d, a.max_all(), tol);
+        table += line;
+    }
+    MESSAGE(table);
+}
+
+TEST_CASE("results are bit-identical across thread counts and KV snapshots restore exactly") {
+    if (!test::shared_available()) return;
+    for (const char* stem : {"synth-k256-q4_k_m", "synth-qwen2-k256-q8_0", "babyllama-tok105-q4_0"}) {
+        CAPTURE(stem);
+        const Model m = load_model(model_path_for(stem).string());
+        const json ref = read_json(test::shared_path(std::string("reference/") + stem + "/once-upon-a-time.json"));
+        const std::vector<int32_t> tokens = path_tokens(ref);
+        const std::vector<float> one = batch_logits(m, tokens, KvType::f16, 1);
+        const std::vector<float> two = batch_logits(m, tokens, KvType::f16, 2);
+        const std::vector<float> three = batch_logits(m, tokens, KvType::f16, 3);
+        CHECK(one == two);
+        CHECK(one == three);
+
+        // Snapshot after the prompt, run ahead, roll back with kv_truncate and with kv_load.
+        const int32_t n_prompt = static_cast<int32_t>(ref["prompt_tokens"].size());
+        const int64_t vocab = m.config.vocab;
+        CpuBackend be;
+        be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f16, 2});
+        be.forward(ForwardBatch{std::span(tokens).first(n_prompt), 0, LogitsWanted::last});
+        const KvSnapshot snap = be.kv_save(n_prompt);
+        CHECK(snap.n_past == n_prompt);
+        const std::span<const int32_t> rest = std::span(tokens).subspan(n_prompt);
+        be.forward(ForwardBatch{rest, n_prompt, LogitsWanted::all});
+        const std::vector<float> first(be.logits(0).begin(), be.logits(0).end());
+        CHECK(std::equal(first.begin(), first.end(), one.begin() + n_prompt * vocab));
+        std::vector<int32_t> am(1);
+        be.argmax(am);
+        CHECK(am[0] == argmax_row(one.data() + n_prompt * vocab, vocab));
+
+        be.kv_truncate(n_prompt);
+        CHECK(be.n_past() == n_prompt);
+        be.forward(ForwardBatch{rest.first(1), n_prompt, LogitsWanted::last});
+        CHECK(std::equal(first.begin(), first.end(), be.logits(0).begin()));
+
+        CpuBackend other;
+        other.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f16, 1});
+        other.kv_load(snap);
+        CHECK(other.n_past() == n_prompt);
+        other.forward(ForwardBatch{rest.first(1), n_prompt, LogitsWanted::last});
+        CHECK(std::equal(first.begin(), first.end(), other.logits(0).begin()));
+
+        CHECK_THROWS(be.forward(ForwardBatch{rest.first(1), n_prompt, LogitsWanted::last}));   // wrong pos0
+        CHECK_THROWS(be.kv_truncate(be.n_past() + 1));
+    }
+}
+
+} // namespace tern
