@@ -1,6 +1,6 @@
 // Session and StopStringFilter on small fakes (a counting "model" and a table tokenizer), so the
-// stop rules, prefix reuse and chunked prefill are checked independently of any real model.
-// The real-model checks of `tern run` are in test_cli_run.cpp.
+// stop rules, prefix reuse and chunked prefill are checked independently of any real model; then
+// the same on the real stories260K model. `tern run` end to end is in test_cli_run.cpp.
 #include <doctest/doctest.h>
 
 #include <atomic>
