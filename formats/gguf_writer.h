@@ -26,7 +26,11 @@ public:
 
     using FillFn = std::function<void(size_t tensor_index, std::span<uint8_t> out)>;
     // Writes PATH.tmp then renames to PATH. `alignment` is also stored as general.alignment when
-    // it differs from 32.
+    // it differs from 32 (an existing general.alignment key is always set to `alignment`, so the
+    // key matches the layout). Spans given to add_tensor must stay valid until write returns.
+    // Errors: RuntimeFailure naming PATH for I/O failures (ENOSPC, EFBIG, ...) and for a std::exception
+    // thrown by `fill`; a TernError or std::bad_alloc from `fill` propagates unchanged. Either way
+    // PATH.tmp is removed and an existing PATH is left untouched. Bad declarations: InputError.
     void write(const std::string& path, const FillFn& fill = {}, uint32_t alignment = 32) const;
 
 private:

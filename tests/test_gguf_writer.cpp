@@ -236,7 +236,8 @@ TEST_CASE("a stored general.alignment follows the alignment written") {
     GgufWriter w;
     w.set("general.alignment", GgufValue::make_u32(64));
     w.set("z", GgufValue::make_u8(1));
-    w.add_tensor("t", GgmlType::F32, {3}, std::vector<uint8_t>(12, 1));
+    const std::vector<uint8_t> data(12, 1); // must outlive write(): the writer keeps a span
+    w.add_tensor("t", GgmlType::F32, {3}, data);
     w.write(path, {}, 128);
     const GgufFile f = GgufFile::open(path);
     CHECK(f.alignment() == 128);
