@@ -14,6 +14,7 @@
 #include "app/commands.h"
 #include "app/common_options.h"
 #include "app/signals.h"
+#include "engine/chat_template.h"
 #include "formats/error.h"
 
 namespace tern::app {
@@ -179,7 +180,10 @@ Command add_run_command(CLI::App& root) {
     cmd->add_flag("--echo", f->echo, "print the prompt before the completion");
     cmd->add_flag("--chat", f->chat, "wrap the prompt in the model's chat template as one user turn");
     f->system_opt = cmd->add_option("--system", f->system, "system message for --chat");
-    cmd->add_option("--chat-template", f->chat_template, "chat template to use with --chat instead of the model's");
+    std::string names;
+    for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
+    cmd->add_option("--chat-template", f->chat_template,
+                    "chat format for --chat instead of the model's template: " + names);
     cmd->add_flag("--json", f->json, "print one JSON document (text, tokens, timings, ...) instead of the text");
     cmd->add_flag("--no-bos", f->no_bos, "do not add the BOS token (nor EOS) to the prompt");
     cmd->add_flag("--no-escape", f->no_escape, "take -p and --stop literally (default: \\n, \\t, \\xHH... are escapes)");

@@ -13,9 +13,7 @@
 #include <sstream>
 
 #include "engine/backend_factory.h"
-#if __has_include("engine/chat_template.h")
 #include "engine/chat_template.h"
-#endif
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
@@ -179,18 +177,11 @@ std::string process_escapes(std::string_view t) {
 
 std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
                                const std::string& template_override) {
-#if __has_include("engine/chat_template.h")
     const Model* model = session.model();
     const std::string model_template = model ? model->file.get_string("tokenizer.chat_template", "") : std::string();
     const ChatTemplate::Detection d = ChatTemplate::resolve(template_override, model_template);
     if (!d.warning.empty()) std::cerr << "tern: " << d.warning << "\n";
     return d.tmpl.render_prompt(system, user);
-#else
-    // Seam: without the chat template engine, refuse rather than guess a format the model was
-    // not trained on.
-    (void)session, (void)system, (void)user, (void)template_override;
-    throw UsageError("--chat: chat templates are not available in this build (run without --chat)");
-#endif
 }
 
 LoadedSession load_session(const ModelOptions& o) {
