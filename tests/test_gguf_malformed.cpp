@@ -7,10 +7,12 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -479,6 +481,55 @@ TEST_CASE("every truncation of a valid file is an InputError") {
             check_message(e.what(), "cut.gguf");
         }
     }
+}
+
+TEST_CASE("random byte mutations never crash: the file parses or gives a one-line InputError") {
+    const Image base = build(base_kvs(), base_tensors());
+    std::mt19937_64 rng(20260522);
+    // TERN_FUZZ_ITERS=1000000 for a longer soak (under ASan/UBSan, say).
+    const char* env = std::getenv("TERN_FUZZ_ITERS");
+    const int iters = env ? std::max(1, std::atoi(env)) : 20000;
+    int rejected = 0;
+    for (int iter = 0; iter < iters; ++iter) {
+        Bytes b = base.bytes;
+        // Mostly the header and infos, where the structure is; sometimes anywhere.
+        const size_t span = iter % 4 == 0 ? b.size() : base.data_start;
+        const int n_mut = 1 + static_cast<int>(rng() % 4);
+        for (int m = 0; m < n_mut; ++m) {
+            const size_t at = rng() % span;
+            switch (rng() % 4) {
+            case 0:
+                b[at] = static_cast<uint8_t>(rng());
+                break;
+            case 1:
+                b[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+                break;
+            case 2: // an extreme 8-byte value where a length or count may be
+                if (at + 8 <= b.size()) {
+                    const uint64_t extremes[] = {0, 1, UINT64_MAX, uint64_t(1) << 63, uint64_t(1) << 32, 0xFFFFFFFF};
+                    const uint64_t v = extremes[rng() % 6];
+                    std::memcpy(b.data() + at, &v, 8);
+                }
+                break;
+            default:
+                b.resize(at);
+                break;
+            }
+            if (b.empty()) break;
+        }
+        try {
+            GgufFile::parse(b, "fuzz.gguf");
+        } catch (const InputError& e) {
+            ++rejected;
+            const std::string m = e.what();
+            if (m.find('\n') != std::string::npos || m.find("fuzz.gguf") != 0) {
+                CAPTURE(iter);
+                FAIL_CHECK(m);
+            }
+        }
+    }
+    MESSAGE(rejected << " of " << iters << " mutated files rejected");
+    CHECK(rejected > iters / 2);
 }
 
 TEST_CASE("generated corpus: one-line InputError naming the file, and `tern info` exits 2") {
