@@ -3,6 +3,7 @@
 // 64-bit and overflow-checked; a hostile file can make us throw, never read out of bounds,
 // allocate without bound or recurse without bound.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <numeric>
 
@@ -15,6 +16,9 @@
 namespace tern {
 
 namespace lim = gguf_limits;
+
+// GGUF is little-endian and both sides copy integers with memcpy.
+static_assert(std::endian::native == std::endian::little, "the GGUF code assumes a little-endian host");
 
 namespace {
 

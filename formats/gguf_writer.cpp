@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,9 @@
 namespace tern {
 
 namespace lim = gguf_limits;
+
+// GGUF is little-endian and both sides copy integers with memcpy.
+static_assert(std::endian::native == std::endian::little, "the GGUF code assumes a little-endian host");
 
 namespace {
 
