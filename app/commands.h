@@ -16,5 +16,6 @@ struct Command {
 
 Command add_info_command(CLI::App& root);
 Command add_run_command(CLI::App& root);
+Command add_tokenize_command(CLI::App& root);
 
 } // namespace tern::app

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     const std::vector<tern::app::Command> commands = {
         tern::app::add_info_command(app),
         tern::app::add_run_command(app),
+        tern::app::add_tokenize_command(app),
     };
 
     tern::app::rewrite_llama_aliases(argc, argv);   // `-ngl 99` (CLI11 has no multi-letter short options)

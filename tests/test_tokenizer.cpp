@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/pretokenizer.h"
 #include "engine/tokenizer.h"
 #include "engine/unicode.h"
@@ -107,6 +109,33 @@ TEST_CASE("gemma-4's test pair passes with the Gemma 3 vocabulary (the two share
         pass += got == c.ids;
     }
     MESSAGE("gemma-4 pair with " << gemma << ": " << pass << "/" << cases.size() << " ids equal");
+}
+
+TEST_CASE("Gemma 3 270M agrees with llama.cpp's llama-tokenize on every reference string") {
+    // tests/data/gemma3_tokenizer.json: strings and the ids llama-tokenize gave for them (how it was
+    // run is recorded in the file).
+    const std::string gemma = test::find_gemma_model();
+    if (gemma.empty()) {
+        MESSAGE("SKIPPED: Gemma 3 GGUF not found (set TERN_GEMMA, or put gemma-3-270m-q4_k_m.gguf in "
+                "~/.cache/tern/models or /tmp/gemma)");
+        return;
+    }
+    const auto ref = nlohmann::json::parse(test::read_file(fs::path(TERN_SOURCE_DIR) / "tests/data/gemma3_tokenizer.json"));
+    auto tok = Tokenizer::from_gguf(GgufFile::open(gemma));
+    int pass = 0, total = 0;
+    for (const auto& c : ref.at("cases")) {
+        const std::string text = c.at("text");
+        const bool special = c.at("parse_special");
+        const std::vector<int32_t> want = c.at("ids");
+        const auto got = tok->encode(text, {true, special});
+        CAPTURE(text);
+        CHECK(test::ids_to_string(got) == test::ids_to_string(want));
+        pass += got == want;
+        ++total;
+        if (!special) CHECK(tok->decode(got) == text);
+    }
+    CHECK(total >= 50);
+    MESSAGE("Gemma 3 vs " << ref.at("reference").get<std::string>() << ": " << pass << "/" << total << " equal");
 }
 
 TEST_CASE("pre-tokenizer splits of the vocabularies without a GGUF here (llama-bpe, qwen2, command-r)") {
@@ -312,7 +341,7 @@ TEST_CASE("BPE is not quadratic in word length") {
         const double dt = cpu_seconds() - t0;
         CHECK(tok->decode(ids) == word);
         CHECK(dt < 1.0);
-        MESSAGE("gpt-2: one " << word.size() << "-byte word of '" << unit << "': " << ids.size() << " tokens in "
+        MESSAGE("gpt-2: one " << word.size() << "-byte word of '" << std::string(unit) << "': " << ids.size() << " tokens in "
                               << dt * 1000 << " ms CPU");
     }
 }

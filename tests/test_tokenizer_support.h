@@ -60,7 +60,10 @@ inline std::string find_gemma_model() {
 
 inline std::string ids_to_string(const std::vector<int32_t>& ids) {
     std::string s;
-    for (int32_t id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+    for (int32_t id : ids) {
+        if (!s.empty()) s += ' ';
+        s += std::to_string(id);
+    }
     return s;
 }
 
