@@ -1,0 +1,251 @@
+// kernels/cpu/ops against straightforward double-precision formulations on random data, at several sizes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "quant/half.h"
+#include "quant/reference.h"
+#include "quant/types.h"
+
+namespace tern {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
+    double m = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+    return m;
+}
+
+} // namespace
+
+TEST_CASE("rmsnorm_f32 matches x / sqrt(mean(x^2) + eps) * w") {
+    for (int64_t n : {1, 7, 64, 256, 1000, 4096}) {
+        CAPTURE(n);
+        const auto x = random_vec(static_cast<size_t>(n), 1, 3.0f);
+        const auto w = random_vec(static_cast<size_t>(n), 2);
+        std::vector<float> y(static_cast<size_t>(n)), y_now(static_cast<size_t>(n));
+        rmsnorm_f32(x.data(), w.data(), y.data(), n, 1e-5f);
+        rmsnorm_f32(x.data(), nullptr, y_now.data(), n, 1e-5f);
+        double ss = 0.0;
+        for (float v : x) ss += double(v) * v;
+        const double scale = 1.0 / std::sqrt(ss / n + 1e-5);
+        std::vector<double> ref(static_cast<size_t>(n)), ref_now(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            ref_now[size_t(i)] = x[size_t(i)] * scale;
+            ref[size_t(i)] = ref_now[size_t(i)] * w[size_t(i)];
+        }
+        CHECK(max_abs_diff(y, ref) < 1e-5);
+        CHECK(max_abs_diff(y_now, ref_now) < 1e-5);
+        // In place gives the same bits.
+        std::vector<float> z = x;
+        rmsnorm_f32(z.data(), w.data(), z.data(), n, 1e-5f);
+        CHECK(z == y);
+    }
+}
+
+TEST_CASE("rope_normal_f32 and rope_neox_f32 rotate the right pairs by pos * scale * base^(-2i/n_rot) / factor") {
+    for (int64_t head_dim : {2, 8, 64, 128, 256}) {
+        for (int64_t n_rot : {head_dim, head_dim / 2}) {
+            if (n_rot % 2 != 0 || n_rot == 0) continue;
+            for (int32_t pos : {0, 1, 17, 1000, 30000}) {
+                for (bool factors : {false, true}) {
+                    CAPTURE(head_dim);
+                    CAPTURE(n_rot);
+                    CAPTURE(pos);
+                    const auto x = random_vec(static_cast<size_t>(head_dim), 3);
+                    std::vector<float> ff(static_cast<size_t>(n_rot / 2));
+                    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.5f * static_cast<float>(i);
+                    const float* fptr = factors ? ff.data() : nullptr;
+                    const float base = 10000.0f, scale = 0.25f;
+                    std::vector<float> a = x, b = x;
+                    rope_normal_f32(a.data(), head_dim, n_rot, pos, base, scale, fptr);
+                    rope_neox_f32(b.data(), head_dim, n_rot, pos, base, scale, fptr);
+                    std::vector<double> ra(x.begin(), x.end()), rb(x.begin(), x.end());
+                    for (int64_t i = 0; i < n_rot / 2; ++i) {
+                        double theta = pos * double(scale) * std::pow(double(base), -2.0 * double(i) / double(n_rot));
+                        if (fptr) theta /= fptr[i];
+                        const double c = std::cos(theta), s = std::sin(theta);
+                        const size_t p0 = size_t(2 * i), p1 = size_t(2 * i + 1);
+                        ra[p0] = x[p0] * c - x[p1] * s;
+                        ra[p1] = x[p0] * s + x[p1] * c;
+                        const size_t q0 = size_t(i), q1 = size_t(i + n_rot / 2);
+                        rb[q0] = x[q0] * c - x[q1] * s;
+                        rb[q1] = x[q0] * s + x[q1] * c;
+                    }
+                    CHECK(max_abs_diff(a, ra) < 1e-5);
+                    CHECK(max_abs_diff(b, rb) < 1e-5);
+                    // Dims past n_rot pass through untouched.
+                    for (int64_t i = n_rot; i < head_dim; ++i) {
+                        CHECK(a[size_t(i)] == x[size_t(i)]);
+                        CHECK(b[size_t(i)] == x[size_t(i)]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("softmax_f32, silu_f32, gelu_tanh_f32, swiglu/geglu and softcap match their formulas") {
+    for (int64_t n : {1, 5, 100, 4097}) {
+        CAPTURE(n);
+        auto x = random_vec(static_cast<size_t>(n), 4, 8.0f);
+        std::vector<double> ref(x.size());
+        double m = -1e300, sum = 0.0;
+        for (float v : x) m = std::max(m, double(v));
+        for (size_t i = 0; i < x.size(); ++i) sum += ref[i] = std::exp(double(x[i]) - m);
+        for (double& r : ref) r /= sum;
+        softmax_f32(x.data(), n);
+        CHECK(max_abs_diff(x, ref) < 1e-6);
+    }
+    const auto g = random_vec(1000, 5, 4.0f), u = random_vec(1000, 6);
+    std::vector<float> sw(1000), ge(1000), cap = g;
+    swiglu_f32(g.data(), u.data(), sw.data(), 1000);
+    geglu_tanh_f32(g.data(), u.data(), ge.data(), 1000);
+    softcap_f32(cap.data(), 1000, 3.0f);
+    for (size_t i = 0; i < g.size(); ++i) {
+        const double x = g[i];
+        const double silu = x / (1.0 + std::exp(-x));
+        const double gelu = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+        CHECK(std::abs(silu_f32(g[i]) - silu) < 1e-5 * (1 + std::abs(silu)));
+        CHECK(std::abs(gelu_tanh_f32(g[i]) - gelu) < 1e-5 * (1 + std::abs(gelu)));
+        CHECK(std::abs(sw[i] - silu * u[i]) < 1e-5 * (1 + std::abs(silu * u[i])));
+        CHECK(std::abs(ge[i] - gelu * u[i]) < 1e-5 * (1 + std::abs(gelu * u[i])));
+        CHECK(std::abs(cap[i] - 3.0 * std::tanh(x / 3.0)) < 1e-5);
+    }
+}
+
+TEST_CASE("dot_f32 matches a double-precision sum") {
+    for (int64_t n : {1, 3, 15, 16, 17, 64, 255, 1000, 4096}) {
+        CAPTURE(n);
+        const auto a = random_vec(static_cast<size_t>(n), 7), b = random_vec(static_cast<size_t>(n), 8);
+        double ref = 0.0, abs_sum = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+            ref += double(a[size_t(i)]) * b[size_t(i)];
+            abs_sum += std::abs(double(a[size_t(i)]) * b[size_t(i)]);
+        }
+        CHECK(std::abs(dot_f32(a.data(), b.data(), n) - ref) <= 1e-6 * abs_sum + 1e-7);
+    }
+}
+
+TEST_CASE("matmul_dequant equals dequantize_row + double dot for every format, bit-identical across threads") {
+    const GgmlType types[] = {GgmlType::F32, GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                              GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+    struct Size {
+        int64_t n_in, n_out, n_cols;
+    };
+    for (GgmlType type : types) {
+        const TypeInfo& ti = type_info(type);
+        if (!ti.can_quantize && type != GgmlType::F32) continue;
+        for (const Size sz : {Size{256, 3, 1}, Size{512, 37, 4}, Size{768, 300, 9}}) {
+            CAPTURE(ti.name);
+            CAPTURE(sz.n_in);
+            CAPTURE(sz.n_out);
+            const auto wf = random_vec(size_t(sz.n_in * sz.n_out), 9, 0.1f);
+            const size_t rb = row_bytes(type, sz.n_in);
+            std::vector<uint8_t> w(rb * size_t(sz.n_out));
+            for (int64_t r = 0; r < sz.n_out; ++r) {
+                if (type == GgmlType::F32) std::memcpy(w.data() + size_t(r) * rb, wf.data() + r * sz.n_in, rb);
+                else quantize_row(type, wf.data() + r * sz.n_in, w.data() + size_t(r) * rb, sz.n_in);
+            }
+            const auto x = random_vec(size_t(sz.n_in * sz.n_cols), 10);
+            std::vector<float> y1(size_t(sz.n_out * sz.n_cols)), y2(y1.size()), y3(y1.size());
+            matmul_dequant(type, w.data(), sz.n_in, sz.n_out, x.data(), sz.n_cols, y1.data(), 1);
+            matmul_dequant(type, w.data(), sz.n_in, sz.n_out, x.data(), sz.n_cols, y2.data(), 2);
+            matmul_dequant(type, w.data(), sz.n_in, sz.n_out, x.data(), sz.n_cols, y3.data(), 3);
+            CHECK(y1 == y2);
+            CHECK(y1 == y3);
+            std::vector<float> row(size_t(sz.n_in));
+            double worst = 0.0;
+            for (int64_t r = 0; r < sz.n_out; ++r) {
+                dequantize_row(type, w.data() + size_t(r) * rb, row.data(), sz.n_in);
+                for (int64_t c = 0; c < sz.n_cols; ++c) {
+                    double ref = 0.0, abs_sum = 0.0;
+                    for (int64_t i = 0; i < sz.n_in; ++i) {
+                        ref += double(row[size_t(i)]) * x[size_t(c * sz.n_in + i)];
+                        abs_sum += std::abs(double(row[size_t(i)]) * x[size_t(c * sz.n_in + i)]);
+                    }
+                    worst = std::max(worst, std::abs(y1[size_t(c * sz.n_out + r)] - ref) / (abs_sum + 1e-30));
+                }
+            }
+            CHECK(worst < 1e-6);
+        }
+    }
+}
+
+TEST_CASE("attention_head matches softmax(q.K * scale) V for f32, f16 and bf16 caches") {
+    for (KvElem elem : {KvElem::f32, KvElem::f16, KvElem::bf16}) {
+        for (int64_t head_dim : {8, 64, 256}) {
+            for (int64_t n_keys : {1, 2, 33, 300}) {
+                for (float softcap : {0.0f, 20.0f}) {
+                    CAPTURE(int(elem));
+                    CAPTURE(head_dim);
+                    CAPTURE(n_keys);
+                    const int64_t head_dim_v = head_dim;
+                    const auto q = random_vec(size_t(head_dim), 11);
+                    const auto kf = random_vec(size_t(n_keys * head_dim), 12);
+                    const auto vf = random_vec(size_t(n_keys * head_dim_v), 13);
+                    // Store K/V in the cache format; the reference reads back the stored values.
+                    std::vector<uint8_t> k, v;
+                    std::vector<double> kd(kf.size()), vd(vf.size());
+                    auto store = [&](const std::vector<float>& src, std::vector<uint8_t>& dst, std::vector<double>& back) {
+                        if (elem == KvElem::f32) {
+                            dst.resize(src.size() * 4);
+                            std::memcpy(dst.data(), src.data(), dst.size());
+                            for (size_t i = 0; i < src.size(); ++i) back[i] = src[i];
+                            return;
+                        }
+                        dst.resize(src.size() * 2);
+                        auto* h = reinterpret_cast<uint16_t*>(dst.data());
+                        for (size_t i = 0; i < src.size(); ++i) {
+                            h[i] = elem == KvElem::f16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+                            back[i] = elem == KvElem::f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+                        }
+                    };
+                    store(kf, k, kd);
+                    store(vf, v, vd);
+                    const float scale = 1.0f / std::sqrt(float(head_dim));
+                    std::vector<float> scores(static_cast<size_t>(n_keys)), out(static_cast<size_t>(head_dim_v));
+                    attention_head(q.data(), k.data(), v.data(), elem, n_keys, head_dim, head_dim_v, scale, softcap,
+                                   scores.data(), out.data());
+                    std::vector<double> p(static_cast<size_t>(n_keys)), ref(static_cast<size_t>(head_dim_v), 0.0);
+                    double m = -1e300, sum = 0.0;
+                    for (int64_t j = 0; j < n_keys; ++j) {
+                        double s = 0.0;
+                        for (int64_t d = 0; d < head_dim; ++d) s += double(q[size_t(d)]) * kd[size_t(j * head_dim + d)];
+                        s *= scale;
+                        if (softcap > 0) s = softcap * std::tanh(s / softcap);
+                        p[size_t(j)] = s;
+                        m = std::max(m, s);
+                    }
+                    for (double& s : p) sum += s = std::exp(s - m);
+                    for (int64_t j = 0; j < n_keys; ++j)
+                        for (int64_t d = 0; d < head_dim_v; ++d)
+                            ref[size_t(d)] += p[size_t(j)] / sum * vd[size_t(j * head_dim_v + d)];
+                    CHECK(max_abs_diff(out, ref) < 1e-5);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("threads_for_work keeps small work on one thread") {
+    CHECK(threads_for_work(1000, 8) == 1);
+    CHECK(threads_for_work(int64_t{1} << 24, 8) == 8);
+    CHECK(threads_for_work(int64_t{1} << 24, 0) == 1);
+}
+
+} // namespace tern
