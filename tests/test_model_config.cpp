@@ -1,0 +1,269 @@
+// ModelConfig / ModelWeights from metadata: the architecture table, gemma3's layer pattern, per-layer
+// arrays, precise errors; the backend factory and KV type names.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/backend_cpu.h"
+#include "engine/backend_factory.h"
+#include "engine/model.h"
+#include "formats/error.h"
+#include "formats/gguf_writer.h"
+#include "tests/test_support.h"
+
+namespace tern {
+namespace {
+
+// A tiny synthetic model of any architecture: f32 tensors, zero weights (only shapes matter here).
+struct TinySpec {
+    std::string arch = "llama";
+    int64_t dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, head_dim = 8, ffn = 64, vocab = 16;
+    bool qkv_bias = false, qk_norm = false, post_norms = false, tied = false;
+};
+
+std::vector<uint8_t> g_zeros(1 << 20, 0);
+
+void add(GgufWriter& w, const std::string& name, std::vector<int64_t> ne) {
+    int64_t n = 1;
+    for (int64_t d : ne) n *= d;
+    w.add_tensor(name, GgmlType::F32, std::move(ne), std::span<const uint8_t>(g_zeros.data(), size_t(n) * 4));
+}
+
+GgufWriter tiny_writer(const TinySpec& s) {
+    GgufWriter w;
+    const std::string a = s.arch;
+    w.set("general.architecture", GgufValue::make_string(a));
+    w.set(a + ".context_length", GgufValue::make_u32(256));
+    w.set(a + ".embedding_length", GgufValue::make_u32(uint32_t(s.dim)));
+    w.set(a + ".block_count", GgufValue::make_u32(uint32_t(s.n_layers)));
+    w.set(a + ".feed_forward_length", GgufValue::make_u32(uint32_t(s.ffn)));
+    w.set(a + ".attention.head_count", GgufValue::make_u32(uint32_t(s.n_heads)));
+    w.set(a + ".attention.head_count_kv", GgufValue::make_u32(uint32_t(s.n_kv_heads)));
+    w.set(a + ".attention.key_length", GgufValue::make_u32(uint32_t(s.head_dim)));
+    w.set(a + ".attention.value_length", GgufValue::make_u32(uint32_t(s.head_dim)));
+    w.set(a + ".attention.layer_norm_rms_epsilon", GgufValue::make_f32(1e-6f));
+    add(w, "token_embd.weight", {s.dim, s.vocab});
+    add(w, "output_norm.weight", {s.dim});
+    if (!s.tied) add(w, "output.weight", {s.dim, s.vocab});
+    for (int64_t l = 0; l < s.n_layers; ++l) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        add(w, p + "attn_norm.weight", {s.dim});
+        add(w, p + "attn_q.weight", {s.dim, s.n_heads * s.head_dim});
+        add(w, p + "attn_k.weight", {s.dim, s.n_kv_heads * s.head_dim});
+        add(w, p + "attn_v.weight", {s.dim, s.n_kv_heads * s.head_dim});
+        if (s.qkv_bias) {
+            add(w, p + "attn_q.bias", {s.n_heads * s.head_dim});
+            add(w, p + "attn_k.bias", {s.n_kv_heads * s.head_dim});
+            add(w, p + "attn_v.bias", {s.n_kv_heads * s.head_dim});
+        }
+        if (s.qk_norm) {
+            add(w, p + "attn_q_norm.weight", {s.head_dim});
+            add(w, p + "attn_k_norm.weight", {s.head_dim});
+        }
+        add(w, p + "attn_output.weight", {s.n_heads * s.head_dim, s.dim});
+        add(w, p + "ffn_norm.weight", {s.dim});
+        add(w, p + "ffn_gate.weight", {s.dim, s.ffn});
+        add(w, p + "ffn_up.weight", {s.dim, s.ffn});
+        add(w, p + "ffn_down.weight", {s.ffn, s.dim});
+        if (s.post_norms) {
+            add(w, p + "post_attention_norm.weight", {s.dim});
+            add(w, p + "post_ffw_norm.weight", {s.dim});
+        }
+    }
+    return w;
+}
+
+std::string write_tiny(const test::TempDir& dir, const GgufWriter& w, const std::string& name = "m.gguf") {
+    const std::string path = (dir / name).string();
+    w.write(path);
+    return path;
+}
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const TernError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+} // namespace
+
+TEST_CASE("an unsupported architecture is an InputError that lists the supported ones") {
+    test::TempDir dir;
+    TinySpec s;
+    s.arch = "mamba";
+    const std::string path = write_tiny(dir, tiny_writer(s));
+    try {
+        load_model(path);
+        FAIL("no error");
+    } catch (const InputError& e) {
+        const std::string msg = e.what();
+        CHECK(msg.find("mamba") != std::string::npos);
+        CHECK(msg.find("llama, qwen2, qwen3, gemma2, gemma3") != std::string::npos);
+        CHECK(e.code() == ExitCode::bad_input);
+    }
+}
+
+TEST_CASE("gemma3: local/global layer pattern, rope bases, scaling, norms and flags") {
+    test::TempDir dir;
+    TinySpec s;
+    s.arch = "gemma3";
+    s.n_layers = 12;
+    s.qk_norm = s.post_norms = s.tied = true;
+    s.head_dim = 16;   // n_heads * head_dim != dim, as in real gemmas
+    GgufWriter w = tiny_writer(s);
+    w.set("gemma3.attention.sliding_window", GgufValue::make_u32(512));
+    w.set("gemma3.rope.freq_base", GgufValue::make_f32(1e6f));
+    w.set("gemma3.rope.scaling.type", GgufValue::make_string("linear"));
+    w.set("gemma3.rope.scaling.factor", GgufValue::make_f32(8.0f));
+    const Model m = load_model(write_tiny(dir, w));
+    const ModelConfig& c = m.config;
+    CHECK(c.arch == Arch::gemma3);
+    CHECK(c.rope_style == RopeStyle::neox);
+    CHECK(c.qk_norm);
+    CHECK(c.post_norms);
+    CHECK(c.ffn_act == FfnActivation::gelu_tanh);
+    CHECK(c.tied_output);
+    CHECK(c.embed_scale == doctest::Approx(std::sqrt(32.0f)));
+    CHECK(c.attn_scale == doctest::Approx(1.0f / 4.0f));
+    CHECK(c.attn_softcap == 0.0f);
+    CHECK(c.final_softcap == 0.0f);
+    for (int l = 0; l < 12; ++l) {
+        CAPTURE(l);
+        const LayerConfig& lc = c.layers[size_t(l)];
+        const bool local = l % 6 < 5;
+        CHECK(lc.sliding_window == (local ? 512 : 0));
+        CHECK(lc.rope_base == (local ? 10000.0f : 1e6f));
+        CHECK(lc.rope_freq_scale == (local ? 1.0f : 0.125f));
+    }
+    CHECK(m.weights.output.data == m.weights.token_embd.data);
+    CHECK(m.weights.layers[3].q_norm.present());
+}
+
+TEST_CASE("gemma2 soft-caps and alternating windows; qwen2 biases; per-layer head counts") {
+    test::TempDir dir;
+    {
+        TinySpec s;
+        s.arch = "gemma2";
+        s.post_norms = s.tied = true;
+        const ModelConfig c = load_model(write_tiny(dir, tiny_writer(s), "g2.gguf")).config;
+        CHECK(c.attn_softcap == 50.0f);
+        CHECK(c.final_softcap == 30.0f);
+        CHECK(c.layers[0].sliding_window == 4096);
+        CHECK(c.layers[1].sliding_window == 0);
+    }
+    {
+        TinySpec s;
+        s.arch = "qwen2";
+        s.qkv_bias = true;
+        const Model m = load_model(write_tiny(dir, tiny_writer(s), "q2.gguf"));
+        CHECK(m.config.qkv_bias);
+        CHECK(m.config.rope_style == RopeStyle::neox);
+        CHECK(m.weights.layers[1].bk.present());
+        // The biases are required for qwen2.
+        TinySpec nb;
+        nb.arch = "qwen2";
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, tiny_writer(nb), "q2nb.gguf")); });
+        CHECK(msg.find("blk.0.attn_q.bias is missing") != std::string::npos);
+    }
+    {
+        TinySpec s;
+        s.n_layers = 3;
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.attention.head_count_kv", GgufValue::make_i32_array({2, 2, 2}));
+        const ModelConfig c = load_model(write_tiny(dir, w, "pl.gguf")).config;
+        CHECK(c.layers.size() == 3);
+        CHECK(c.layers[2].n_kv_heads == 2);
+        CHECK(c.uniform_kv_heads());
+        CHECK(c.head_dim == 8);
+        CHECK(c.n_rot == 8);
+    }
+}
+
+TEST_CASE("missing and mis-shaped tensors, unsupported rope scaling: precise errors") {
+    test::TempDir dir;
+    TinySpec s;
+    {
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "yarn.gguf")); });
+        CHECK(msg.find("llama.rope.scaling.type") != std::string::npos);
+        CHECK(msg.find("'yarn' is not supported") != std::string::npos);
+    }
+    {
+        TinySpec bad = s;
+        bad.n_kv_heads = 4;   // the tensors say 4 KV heads ...
+        GgufWriter w = tiny_writer(bad);
+        w.set("llama.attention.head_count_kv", GgufValue::make_u32(2));   // ... the metadata says 2
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "shape.gguf")); });
+        CHECK(msg.find("tensor blk.0.attn_k.weight has shape [32, 32] but expected [32, 16] "
+                       "[dim, n_kv_heads*head_dim]") != std::string::npos);
+    }
+    {
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.attention.head_count_kv", GgufValue::make_u32(3));
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "gqa.gguf")); });
+        CHECK(msg.find("3 KV heads do not divide 4 query heads") != std::string::npos);
+    }
+}
+
+TEST_CASE("configs of the shared model files") {
+    if (!test::shared_available()) return;
+    const ModelConfig st = load_model(test::shared_path("models/gguf/stories260K-f32.gguf").string()).config;
+    CHECK(st.arch == Arch::llama);
+    CHECK(st.dim == 64);
+    CHECK(st.n_layers == 5);
+    CHECK(st.layers[0].n_heads == 8);
+    CHECK(st.layers[0].n_kv_heads == 4);
+    CHECK(st.head_dim == 8);
+    CHECK(st.vocab == 512);
+    CHECK(st.rope_style == RopeStyle::normal);
+    CHECK_FALSE(st.tied_output);
+    const ModelConfig tied = load_model(test::shared_path("models/synth/synth-k256-tied-q8_0.gguf").string()).config;
+    CHECK(tied.tied_output);
+    const ModelConfig qw = load_model(test::shared_path("models/synth/synth-qwen2-k256-f32.gguf").string()).config;
+    CHECK(qw.arch == Arch::qwen2);
+    CHECK(qw.layers[0].rope_base == 1e6f);
+    CHECK(qw.qkv_bias);
+}
+
+TEST_CASE("backend factory, KV type names, unsupported KV types on the cpu") {
+    std::string note;
+    auto be = make_backend("auto", &note);
+    CHECK(be->device_name() == "cpu");
+    CHECK_FALSE(note.empty());
+    CHECK(make_backend("cpu", &note)->device_name() == "cpu");
+    CHECK(note.empty());
+    CHECK(error_of([] { make_backend("cuda"); }).find("without a CUDA backend") != std::string::npos);
+    CHECK(error_of([] { make_backend("tpu"); }).find("auto, cpu, cuda") != std::string::npos);
+    CHECK_THROWS_AS(make_backend("cuda"), UsageError);
+
+    for (KvType t : {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3})
+        CHECK(kv_type_from_name(kv_type_name(t)) == t);
+    CHECK_THROWS_AS(kv_type_from_name("f64"), UsageError);
+
+    if (!test::shared_available()) return;
+    const Model m = load_model(test::shared_path("models/gguf/stories260K-f32.gguf").string());
+    CpuBackend cpu;
+    CHECK(error_of([&] { cpu.load(m.config, m.weights, RunOptions{64, KvType::q8_0, 1}); })
+              .find("not yet supported on cpu") != std::string::npos);
+    CHECK_THROWS_AS(cpu.load(m.config, m.weights, RunOptions{64, KvType::f8_e4m3, 1}), UsageError);
+    cpu.load(m.config, m.weights, RunOptions{8, KvType::bf16, 1});
+    const std::vector<int32_t> toks = {1, 403, 407};
+    cpu.forward(ForwardBatch{toks, 0, LogitsWanted::last});
+    CHECK(cpu.n_past() == 3);
+    CHECK(cpu.n_logit_rows() == 1);
+    CHECK_THROWS_AS(cpu.logits(1), UsageError);
+    const std::vector<int32_t> too_many(6, 1);
+    CHECK(error_of([&] { cpu.forward(ForwardBatch{too_many, 3, LogitsWanted::last}); })
+              .find("do not fit the context of 8") != std::string::npos);
+    const std::vector<int32_t> bad_tok = {512};
+    CHECK_THROWS_AS(cpu.forward(ForwardBatch{bad_tok, 3, LogitsWanted::last}), UsageError);
+}
+
+} // namespace tern
