@@ -42,9 +42,9 @@ public:
     // generated); the penalties look at its last repeat_last_n entries.
     int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
 
-    // The distribution the chain draws from: surviving candidates, probability descending (ties
-    // by id ascending), summing to 1. Greedy gives the single argmax with p = 1. Speculative
-    // decoding needs p(t) of a drafted token and a draw from p without t.
+    // The distribution the chain draws from: the surviving candidates in id order, summing to 1
+    // (probability_of finds p(t) by binary search). Greedy gives the single argmax with p = 1.
+    // Speculative decoding needs p(t) of a drafted token and a draw from p without t.
     std::vector<TokenProb> distribution(std::span<const float> logits, std::span<const int32_t> history) const;
 
     // A draw from `dist` (as distribution() returns it) with the sampler's RNG.
@@ -61,6 +61,9 @@ private:
     SamplingParams params_;
     std::mt19937_64 rng_;   // its output sequence is fixed by the standard
 };
+
+// p(id) in a distribution() result; 0 when the chain dropped the token.
+float probability_of(std::span<const TokenProb> dist, int32_t id);
 
 // The penalties step alone, in place, for tests and for callers that build their own chain.
 // llama.cpp semantics: a seen token's positive logit is divided by repeat_penalty and a negative
