@@ -247,7 +247,9 @@ TEST_CASE("Gemma 3 270M opens fast without copying tensor data") {
     const GgufFile f = GgufFile::open(p.string());
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MESSAGE("opened " << p.string() << " in " << seconds * 1000 << " ms");
-#if !defined(__SANITIZE_ADDRESS__)
+    // ~70 ms warm on one core of the dev box (~200 ms while five builds run); timed only in
+    // optimised, unsanitised builds.
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
     CHECK(seconds < 0.5);
 #endif
     CHECK(f.get_string("general.architecture") == "gemma3");
