@@ -470,6 +470,38 @@ TEST_CASE("the base image is valid and matches what GgufWriter writes") {
     CHECK_NOTHROW(GgufFile::parse(std::span(base.bytes).first(base.data_end), "nopad.gguf"));
 }
 
+TEST_CASE("accepted variations: GGUF v2, tensors in any aligned non-overlapping order, no alignment key") {
+    const Image base = build(base_kvs(), base_tensors());
+    const GgufFile v2 = GgufFile::parse(poke<uint32_t>(base.bytes, base.at.at("version"), 2), "v2.gguf");
+    CHECK(v2.version() == 2);
+    CHECK(v2.tensors().size() == 3);
+
+    // t2 first, then a gap, t1, and t0 last: out of info order but aligned and disjoint.
+    Bytes shuffled = poke<uint64_t>(base.bytes, base.at.at("t0.offset"), 96);
+    shuffled = poke<uint64_t>(shuffled, base.at.at("t2.offset"), 0);
+    const GgufFile f = GgufFile::parse(shuffled, "shuffled.gguf");
+    CHECK(f.tensors()[0].offset == 96);
+    CHECK(f.tensors()[2].offset == 0);
+    CHECK(f.tensors()[0].data == shuffled.data() + base.data_start + 96);
+
+    std::vector<GgufKv> kvs = base_kvs();
+    kvs.erase(kvs.begin() + 1); // general.alignment: the default is 32
+    const Image no_key = build(kvs, base_tensors());
+    CHECK(GgufFile::parse(no_key.bytes, "default.gguf").alignment() == 32);
+
+    // A bool stored as 2 reads as true, as ggml does.
+    kvs = base_kvs();
+    kvs.push_back({"t.bool", GgufValue::make_bool(true)});
+    Image with_bool = build(kvs, base_tensors());
+    with_bool.bytes[with_bool.at.at("kv6.value")] = 2;
+    CHECK(GgufFile::parse(with_bool.bytes, "bool.gguf").get_bool("t.bool"));
+
+    // String values are not required to be UTF-8.
+    kvs = base_kvs();
+    kvs[0].value = GgufValue::make_string(std::string("ll\xffma", 5));
+    CHECK(GgufFile::parse(build(kvs, base_tensors()).bytes, "raw.gguf").get_string("general.architecture").size() == 5);
+}
+
 TEST_CASE("every truncation of a valid file is an InputError") {
     const Image base = build(base_kvs(), base_tensors());
     for (size_t n = 0; n < base.data_end; ++n) {
