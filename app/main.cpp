@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
     // A closed stdout (`tern run | head -c 20`) must end quietly, not with a SIGPIPE death
     // reported by the shell; writes then fail with EPIPE and the commands stop.
     std::signal(SIGPIPE, SIG_IGN);
+    // Likewise a file-size limit (ulimit -f) must give the writer's clean EFBIG error and
+    // removal of the temporary file, not a silent SIGXFSZ death.
+    std::signal(SIGXFSZ, SIG_IGN);
 
     CLI::App app{"tern: run GGUF language models locally, fast, on NVIDIA GPUs and CPUs", "tern"};
     app.require_subcommand(0, 1);

@@ -62,7 +62,7 @@ const TypeInfo* find_type(uint32_t id) {
 const TypeInfo& type_info(GgmlType type) {
     if (const TypeInfo* t = find_type(static_cast<uint32_t>(type))) return *t;
     throw InputError("unknown tensor format id " + std::to_string(static_cast<uint32_t>(type)) +
-                     " (tern knows the GGUF ids 0-35 and f8_e4m3 = 1000)");
+                     " (tern knows the GGUF ids 0-3, 6-30, 34, 35 and its own f8_e4m3 = 1000)");
 }
 
 std::optional<GgmlType> type_from_name(std::string_view name) {

@@ -59,7 +59,7 @@ struct TypeInfo {
     bool can_quantize;       // scalar reference quantizer exists
 };
 
-// nullopt for an id that is not a format (including ggml's removed ids 4, 5, 31-33, 36-38).
+// nullptr for an id that is not a format (including ggml's removed ids 4, 5, 31-33, 36-38).
 const TypeInfo* find_type(uint32_t id);
 const TypeInfo& type_info(GgmlType type);           // throws InputError for an unknown type
 std::optional<GgmlType> type_from_name(std::string_view name);   // case-insensitive
