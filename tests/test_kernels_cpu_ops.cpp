@@ -173,6 +173,8 @@ TEST_CASE("matmul_dequant equals dequantize_row + double dot for every format, b
             for (int64_t r = 0; r < sz.n_out; ++r) {
                 dequantize_row(type, w.data() + size_t(r) * rb, row.data(), sz.n_in);
                 for (int64_t c = 0; c < sz.n_cols; ++c) {
+                    // Any fast row path must reproduce the reference dequantizer bit for bit.
+                    CHECK(y1[size_t(c * sz.n_out + r)] == dot_f32(row.data(), x.data() + c * sz.n_in, sz.n_in));
                     double ref = 0.0, abs_sum = 0.0;
                     for (int64_t i = 0; i < sz.n_in; ++i) {
                         ref += double(row[size_t(i)]) * x[size_t(c * sz.n_in + i)];

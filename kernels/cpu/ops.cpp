@@ -104,6 +104,27 @@ float dot_f32(const float* a, const float* b, int64_t n) {
     return acc[0] + tail;
 }
 
+namespace {
+
+// Row dequantization for matmul_dequant. Q8_0 (the tied lm_head of gemma/qwen files: 2/3 of the
+// weights a Gemma 3 270M token reads) gets an inline loop the compiler vectorises, ~4x the generic
+// per-block path; its values are bit-identical to quant/reference's (the same one f32 product).
+void dequantize_row_for_matmul(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
+    if (type == GgmlType::Q8_0) {
+        constexpr int64_t qk = 32, block_size = 34;   // f16 scale + 32 int8 codes
+        for (int64_t b = 0; b < n / qk; ++b) {
+            const uint8_t* blk = src + b * block_size;
+            const float d = f16_to_f32(static_cast<uint16_t>(blk[0] | (blk[1] << 8)));
+            const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
+            for (int64_t j = 0; j < qk; ++j) dst[b * qk + j] = static_cast<float>(qs[j]) * d;
+        }
+        return;
+    }
+    dequantize_row(type, src, dst, n);
+}
+
+} // namespace
+
 int threads_for_work(int64_t work, int n_threads) {
     return work < (int64_t{1} << 20) ? 1 : std::max(n_threads, 1);
 }
@@ -123,7 +144,7 @@ void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, c
             if (type == GgmlType::F32) {
                 row = reinterpret_cast<const float*>(src);
             } else {
-                dequantize_row(type, src, row_buf.data(), n_in);
+                dequantize_row_for_matmul(type, src, row_buf.data(), n_in);
                 row = row_buf.data();
             }
             for (int64_t c = 0; c < n_cols; ++c) y[c * n_out + r] = dot_f32(row, x + c * n_in, n_in);
