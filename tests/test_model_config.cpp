@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -25,11 +26,30 @@ struct TinySpec {
 };
 
 std::vector<uint8_t> g_zeros(1 << 20, 0);
+bool g_random_weights = false;   // zeros (shape tests) or N(0, 0.5) values (forward tests)
+
+const std::vector<float>& random_pool() {
+    static const std::vector<float> pool = [] {
+        std::mt19937 rng(42);
+        std::normal_distribution<float> dist(0.0f, 0.5f);
+        std::vector<float> v(1 << 18);
+        for (float& x : v) x = dist(rng);
+        return v;
+    }();
+    return pool;
+}
 
 void add(GgufWriter& w, const std::string& name, std::vector<int64_t> ne) {
     int64_t n = 1;
     for (int64_t d : ne) n *= d;
-    w.add_tensor(name, GgmlType::F32, std::move(ne), std::span<const uint8_t>(g_zeros.data(), size_t(n) * 4));
+    if (!g_random_weights) {
+        w.add_tensor(name, GgmlType::F32, std::move(ne), std::span<const uint8_t>(g_zeros.data(), size_t(n) * 4));
+        return;
+    }
+    // Each tensor a different slice of the pool, so no two weights are equal.
+    const size_t offset = std::hash<std::string>{}(name) % (random_pool().size() - size_t(n));
+    w.add_tensor(name, GgmlType::F32, std::move(ne),
+                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(random_pool().data() + offset), size_t(n) * 4));
 }
 
 GgufWriter tiny_writer(const TinySpec& s) {
@@ -230,6 +250,50 @@ TEST_CASE("configs of the shared model files") {
     CHECK(qw.arch == Arch::qwen2);
     CHECK(qw.layers[0].rope_base == 1e6f);
     CHECK(qw.qkv_bias);
+}
+
+TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `window` tokens") {
+    // RoPE scores depend only on q - k, so with one local layer of window W the logits at position p
+    // equal those of the W tokens ending at p evaluated from position 0 (up to f32 rounding).
+    test::TempDir dir;
+    g_random_weights = true;
+    TinySpec s;
+    s.arch = "gemma3";
+    s.n_layers = 1;   // layer 0 is local (0 % 6 < 5)
+    s.qk_norm = s.post_norms = s.tied = true;
+    GgufWriter w = tiny_writer(s);
+    const int32_t window = 4;
+    w.set("gemma3.attention.sliding_window", GgufValue::make_u32(window));
+    const Model m = load_model(write_tiny(dir, w));
+    g_random_weights = false;
+    REQUIRE(m.config.layers[0].sliding_window == window);
+
+    const std::vector<int32_t> tokens = {3, 7, 1, 12, 5, 9, 2, 14, 6, 11, 0, 8};
+    const int64_t vocab = m.config.vocab;
+    CpuBackend full;
+    full.load(m.config, m.weights, RunOptions{32, KvType::f32, 1});
+    full.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
+    double max_d = 0.0, max_windowless = 0.0;
+    for (int32_t p = window - 1; p < static_cast<int32_t>(tokens.size()); ++p) {
+        CpuBackend part;
+        part.load(m.config, m.weights, RunOptions{32, KvType::f32, 1});
+        part.forward(ForwardBatch{std::span(tokens).subspan(size_t(p - window + 1), size_t(window)), 0,
+                                  LogitsWanted::last});
+        for (int64_t v = 0; v < vocab; ++v)
+            max_d = std::max(max_d, double(std::abs(full.logits(p)[size_t(v)] - part.logits(0)[size_t(v)])));
+    }
+    CHECK(max_d < 1e-3);
+
+    // Without the window the same comparison fails: the check has power.
+    ModelConfig global = m.config;
+    global.layers[0].sliding_window = 0;
+    CpuBackend g;
+    g.load(global, m.weights, RunOptions{32, KvType::f32, 1});
+    g.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
+    for (int64_t v = 0; v < vocab; ++v)
+        max_windowless = std::max(max_windowless, double(std::abs(g.logits(11)[size_t(v)] - full.logits(11)[size_t(v)])));
+    CHECK(max_windowless > 1e-2);
+    MESSAGE("window 4: max |Δ| vs the last-4-tokens forward " << max_d << "; without the window " << max_windowless);
 }
 
 TEST_CASE("backend factory, KV type names, unsupported KV types on the cpu") {
