@@ -179,6 +179,19 @@ std::string render_chat_prompt(const Session& session, const std::string& system
                                const std::string& template_override) {
     const Model* model = session.model();
     const std::string model_template = model ? model->file.get_string("tokenizer.chat_template", "") : std::string();
+    if (template_override.empty() && model_template.empty() && model) {
+        // Some conversions drop tokenizer.chat_template. The Gemma family has one format for all
+        // its instruction-tuned models, so its architecture is a safe guide; elsewhere the
+        // architecture says nothing about the fine-tune and chatml (with a warning) stays.
+        const std::string arch = model->file.get_string("general.architecture", "");
+        if (arch.starts_with("gemma")) {
+            if (std::optional<ChatTemplate> t = ChatTemplate::from_name("gemma")) {
+                std::cerr << "tern: the model has no chat template (tokenizer.chat_template); using gemma, the format of "
+                             "its architecture (choose another with --chat-template NAME)\n";
+                return t->render_prompt(system, user);
+            }
+        }
+    }
     const ChatTemplate::Detection d = ChatTemplate::resolve(template_override, model_template);
     if (!d.warning.empty()) std::cerr << "tern: " << d.warning << "\n";
     return d.tmpl.render_prompt(system, user);
