@@ -1,0 +1,327 @@
+// tern quantize IN.gguf OUT.gguf --type TYPE (../shared/CLI.md): converts a model to another
+// format with llama-quantize's type mixtures (quant/plan.h) and the reference quantizers
+// (quant/reference.h), so the output is byte-identical to llama-quantize's for the standard types.
+// Safety: OUT is written as OUT.tmp and renamed (GgufWriter); OUT == IN and an existing OUT without
+// --force are refused; any error or Ctrl-C leaves no OUT and no OUT.tmp.
+#include <omp.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+#include "app/console.h"
+#include "app/signals.h"
+#include "formats/error.h"
+#include "formats/gguf.h"
+#include "formats/gguf_writer.h"
+#include "kernels/cpu_features.h"
+#include "quant/plan.h"
+#include "quant/reference.h"
+
+namespace tern::app {
+
+namespace {
+
+struct QuantizeArgs {
+    std::string in;
+    std::string out;
+    std::string type;
+    int threads = 0;
+    bool force = false;
+    bool json = false;
+    bool dry_run = false;
+    bool pure = false;
+    std::vector<std::string> tensor_types;
+};
+
+std::string join_names(const std::vector<std::string_view>& names) {
+    std::string s;
+    for (std::string_view n : names) s += (s.empty() ? "" : ", ") + std::string(n);
+    return s;
+}
+
+// "PATTERN=TYPE"; the last '=' splits, so a pattern may itself contain '='.
+TypeOverride parse_override(const std::string& spec) {
+    const size_t eq = spec.rfind('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+        throw UsageError("--tensor-type " + spec + ": expected PATTERN=TYPE, e.g. attn_v=q8_0");
+    const std::string type_name_s = spec.substr(eq + 1);
+    const std::optional<GgmlType> t = type_from_name(type_name_s);
+    if (!t || !type_info(*t).can_quantize || *t == GgmlType::Q8_1 || *t == GgmlType::Q8_K)
+        throw UsageError("--tensor-type " + spec + ": unknown tensor format '" + type_name_s +
+                         "' (choices: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                         "iq4_nl, iq4_xs, f8_e4m3)");
+    return {spec.substr(0, eq), *t};
+}
+
+// A head count stored as a scalar or as a per-layer array: the first layer's value (0 if absent).
+int64_t first_int(const GgufFile& f, const std::string& key) {
+    const GgufValue* v = f.find(key);
+    if (!v) return 0;
+    if (v->is_integer()) return f.get_int(key);
+    if (v->type == GgufType::array && !v->array.empty() && v->array[0].is_integer()) return f.get_int_array(key)[0];
+    return 0;
+}
+
+ModelFacts model_facts(const GgufFile& f) {
+    ModelFacts m;
+    m.arch = f.get_string("general.architecture", "");
+    if (m.arch.empty()) return m;
+    m.n_layer = first_int(f, m.arch + ".block_count");
+    m.n_head = first_int(f, m.arch + ".attention.head_count");
+    m.n_head_kv = first_int(f, m.arch + ".attention.head_count_kv");
+    if (m.n_head_kv == 0) m.n_head_kv = m.n_head;
+    return m;
+}
+
+bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+std::string shape_of(const PlannedTensor& t) {
+    std::string s = "[";
+    for (int d = 0; d < std::max(1, t.n_dims); ++d) s += (d ? ", " : "") + std::to_string(t.ne[d]);
+    return s + "]";
+}
+
+struct Sizes {
+    uint64_t in_bytes = 0, out_bytes = 0, elements = 0;
+    double in_bpw() const { return elements ? 8.0 * double(in_bytes) / double(elements) : 0.0; }
+    double out_bpw() const { return elements ? 8.0 * double(out_bytes) / double(elements) : 0.0; }
+};
+
+Sizes plan_sizes(const QuantPlan& plan, const GgufFile& in) {
+    Sizes s;
+    for (const PlannedTensor& t : plan.tensors) {
+        s.in_bytes += in.tensors()[t.source_index].n_bytes;
+        s.out_bytes += t.n_bytes();
+        s.elements += static_cast<uint64_t>(t.n_elements());
+    }
+    return s;
+}
+
+// The output file's size: the input's header and metadata (two keys may be added), the tensor
+// infos, and every tensor padded to 32 bytes. Exact up to the few bytes of the two keys.
+uint64_t estimated_file_size(const QuantPlan& plan, const GgufFile& in) {
+    uint64_t size = in.data_offset() + 2 * (8 + 32 + 4 + 4) + 32;
+    for (const PlannedTensor& t : plan.tensors) size += (t.n_bytes() + 31) / 32 * 32;
+    return size;
+}
+
+nlohmann::json plan_json(const QuantPlan& plan) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const PlannedTensor& t : plan.tensors) {
+        nlohmann::json j = {{"name", t.name}, {"shape", nlohmann::json::array()}, {"from", type_name(t.from)},
+                            {"to", type_name(t.to)}, {"bytes", t.n_bytes()}};
+        for (int d = 0; d < std::max(1, t.n_dims); ++d) j["shape"].push_back(t.ne[d]);
+        if (!t.reason.empty()) j["reason"] = t.reason;
+        if (!t.fallback.empty()) j["fallback"] = t.fallback;
+        arr.push_back(std::move(j));
+    }
+    return arr;
+}
+
+void print_plan(const QuantPlan& plan) {
+    size_t w = 4;
+    for (const PlannedTensor& t : plan.tensors) w = std::max(w, t.name.size());
+    for (const PlannedTensor& t : plan.tensors) {
+        std::string line = t.name + std::string(w + 2 - t.name.size(), ' ');
+        std::string shape = shape_of(t);
+        line += shape + std::string(shape.size() < 16 ? 16 - shape.size() : 1, ' ');
+        std::string conv = std::string(type_name(t.from)) + (t.converted() ? " -> " + std::string(type_name(t.to)) : "");
+        line += conv;
+        std::string note = t.fallback.empty() ? t.reason : (t.reason.empty() ? t.fallback : t.reason + "; " + t.fallback);
+        if (!note.empty()) line += std::string(conv.size() < 18 ? 18 - conv.size() : 1, ' ') + "(" + note + ")";
+        std::cout << line << "\n";
+    }
+}
+
+void check_paths(const QuantizeArgs& a) {
+    struct stat si {}, so {};
+    if (stat(a.in.c_str(), &si) != 0)
+        throw InputError(a.in + ": cannot open the input model: " + std::strerror(errno));
+    if (stat(a.out.c_str(), &so) == 0) {
+        if (si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+            throw UsageError(a.out + ": is the input file itself; quantize writes a new file (choose another OUT)");
+        if (!a.force) throw UsageError(a.out + ": already exists (use --force to overwrite it)");
+        if (S_ISDIR(so.st_mode)) throw UsageError(a.out + ": is a directory (give a file name for OUT)");
+    }
+}
+
+// Converts one tensor: rows are independent, so OpenMP over rows gives the same bytes for every
+// thread count. Rows go in slabs so the progress bar and Ctrl-C are served between slabs.
+void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uint8_t> out, int n_threads,
+                    const std::atomic<bool>* cancel, ProgressBar& bar, uint64_t& done_elems) {
+    if (!t.converted()) {
+        std::memcpy(out.data(), src.data, src.n_bytes);
+        done_elems += static_cast<uint64_t>(t.n_elements());
+        bar.update(done_elems);
+        return;
+    }
+    const int64_t width = t.ne[0], rows = src.n_rows();
+    const size_t in_row = src.row_size(), out_row = row_bytes(t.to, width);
+    const int64_t slab = std::max<int64_t>(int64_t{n_threads} * 4, std::min<int64_t>(rows, (1 << 22) / width + 1));
+    std::string error;
+    for (int64_t r0 = 0; r0 < rows; r0 += slab) {
+        if (cancel && cancel->load()) throw TernError(ExitCode::interrupted, "quantize: interrupted");
+        const int64_t r1 = std::min(rows, r0 + slab);
+        const int nt = static_cast<int>(std::min<int64_t>(n_threads, r1 - r0));
+#pragma omp parallel num_threads(nt)
+        {
+            std::vector<float> buf(static_cast<size_t>(width));
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t r = r0; r < r1; ++r) {
+                try {
+                    dequantize_row(src.type, src.data + static_cast<size_t>(r) * in_row, buf.data(), width);
+                    quantize_row(t.to, buf.data(), out.data() + static_cast<size_t>(r) * out_row, width);
+                } catch (const std::exception& e) {
+#pragma omp critical(tern_quantize_error)
+                    if (error.empty()) error = "tensor " + t.name + ", row " + std::to_string(r) + ": " + e.what();
+                }
+            }
+        }
+        if (!error.empty()) throw InputError(error);
+        done_elems += static_cast<uint64_t>((r1 - r0) * width);
+        bar.update(done_elems);
+    }
+}
+
+int run_quantize(QuantizeArgs& a) {
+    const std::optional<QuantFtype> ftype = ftype_from_name(a.type);
+    if (!ftype) throw UsageError("--type " + a.type + ": unknown type (choices: " + join_names(ftype_names()) + ")");
+    if (a.threads < 0) throw UsageError("--threads: must be > 0 (or 0 for the number of physical cores)");
+    PlanOptions po;
+    po.ftype = *ftype;
+    po.pure = a.pure;
+    for (const std::string& s : a.tensor_types) po.overrides.push_back(parse_override(s));
+    if (!a.dry_run) {
+        if (a.out.empty()) throw UsageError("quantize: no output file (give IN.gguf OUT.gguf, or --dry-run)");
+        check_paths(a);
+    }
+    const int n_threads = a.threads > 0 ? a.threads : std::max(1, cpu_features().physical_cores);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const GgufFile in = GgufFile::open(a.in);
+    std::vector<PlanInput> inputs;
+    for (const GgufTensor& t : in.tensors()) {
+        PlanInput p;
+        p.name = t.name;
+        p.type = t.type;
+        p.n_dims = t.n_dims;
+        std::copy(t.ne, t.ne + 4, p.ne);
+        inputs.push_back(std::move(p));
+    }
+    const QuantPlan plan = make_quant_plan(inputs, model_facts(in), po);
+
+    std::set<std::string> requantized;
+    for (const PlannedTensor& t : plan.tensors) {
+        if (!t.converted()) continue;
+        if (!type_info(t.from).can_dequantize)
+            throw InputError(a.in + ": tensor " + t.name + " is " + std::string(type_name(t.from)) +
+                             ", which tern cannot read (convert from the F16/F32 original instead)");
+        if (!is_float_type(t.from)) requantized.insert(std::string(type_name(t.from)));
+    }
+    if (!requantized.empty()) {
+        std::string kinds;
+        for (const std::string& k : requantized) kinds += (kinds.empty() ? "" : ", ") + k;
+        std::cerr << "tern: quantize: warning: " << a.in << " holds already-quantized tensors (" << kinds
+                  << "); requantizing them adds error on top of error (quantize from the F16/F32 original if you can)\n";
+    }
+    for (const std::string& note : plan.fallback_notes) {
+        size_t n = 0;
+        for (const PlannedTensor& t : plan.tensors) n += t.fallback == note;
+        std::cerr << "tern: quantize: width fallback " << note << " (" << n << (n == 1 ? " tensor)\n" : " tensors)\n");
+    }
+
+    const Sizes sizes = plan_sizes(plan, in);
+    const FtypeInfo& fi = ftype_info(*ftype);
+    if (a.dry_run) {
+        const uint64_t est = estimated_file_size(plan, in);
+        if (a.json) {
+            nlohmann::json j = {{"input", a.in}, {"type", fi.name}, {"file_type", fi.file_type},
+                                {"dry_run", true}, {"input_bytes", in.file_size()}, {"output_bytes_estimate", est},
+                                {"input_bpw", sizes.in_bpw()}, {"output_bpw", sizes.out_bpw()},
+                                {"fallbacks", plan.fallback_notes}, {"tensors", plan_json(plan)}};
+            std::cout << j.dump(1) << "\n";
+        } else {
+            print_plan(plan);
+            std::printf("size: %s (%.2f bpw) -> about %s (%.2f bpw), %zu tensors\n",
+                        format_bytes(in.file_size()).c_str(), sizes.in_bpw(), format_bytes(est).c_str(),
+                        sizes.out_bpw(), plan.tensors.size());
+        }
+        return 0;
+    }
+
+    GgufWriter writer;
+    writer.copy_metadata_from(in);
+    // llama-quantize re-adds these two keys at the end in this order; doing the same makes whole
+    // files byte-identical to its output, not just the tensors.
+    for (const char* key : {"split.no", "split.count", "split.tensors.count", "general.quantization_version",
+                            "general.file_type"})
+        writer.remove(key);
+    writer.set("general.quantization_version", GgufValue::make_u32(2));
+    writer.set("general.file_type", GgufValue::make_u32(fi.file_type));
+    for (const PlannedTensor& t : plan.tensors)
+        writer.add_tensor(t.name, t.to, std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)));
+
+    InterruptGuard guard;
+    ProgressBar bar("quantizing " + std::string(fi.name), sizes.elements);
+    uint64_t done = 0;
+    writer.write(a.out, [&](size_t i, std::span<uint8_t> out) {
+        const PlannedTensor& t = plan.tensors[i];
+        bar.set_label("quantizing " + std::string(fi.name) + " " + t.name);
+        convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done);
+        if (guard.interrupted()) throw TernError(ExitCode::interrupted, "quantize: interrupted");
+    });
+    bar.finish();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const uint64_t out_size = std::filesystem::file_size(a.out);
+    size_t n_converted = 0;
+    for (const PlannedTensor& t : plan.tensors) n_converted += t.converted();
+
+    std::fprintf(stderr, "tern: quantize: %s -> %s (%s): %s (%.2f bpw) -> %s (%.2f bpw), %zu of %zu tensors converted, "
+                         "%s with %d threads\n",
+                 a.in.c_str(), a.out.c_str(), std::string(fi.name).c_str(), format_bytes(in.file_size()).c_str(),
+                 sizes.in_bpw(), format_bytes(out_size).c_str(), sizes.out_bpw(), n_converted, plan.tensors.size(),
+                 format_duration(secs).c_str(), n_threads);
+    if (a.json) {
+        nlohmann::json j = {{"input", a.in}, {"output", a.out}, {"type", fi.name}, {"file_type", fi.file_type},
+                            {"input_bytes", in.file_size()}, {"output_bytes", out_size},
+                            {"input_bpw", sizes.in_bpw()}, {"output_bpw", sizes.out_bpw()},
+                            {"n_tensors", plan.tensors.size()}, {"n_converted", n_converted},
+                            {"requantized", !requantized.empty()}, {"threads", n_threads}, {"seconds", secs},
+                            {"fallbacks", plan.fallback_notes}, {"tensors", plan_json(plan)}};
+        std::cout << j.dump() << "\n";
+    }
+    return 0;
+}
+
+} // namespace
+
+Command add_quantize_command(CLI::App& root) {
+    auto* cmd = root.add_subcommand("quantize", "convert a GGUF model to another format (llama-quantize's mixtures)");
+    auto a = std::make_shared<QuantizeArgs>();
+    cmd->add_option("IN", a->in, "input GGUF model (any format tern reads)")->required();
+    cmd->add_option("OUT", a->out, "output GGUF file (written as OUT.tmp, then renamed)");
+    cmd->add_option("--type", a->type, "output type: " + join_names(ftype_names()))->required();
+    cmd->add_option("-t,--threads", a->threads, "threads (default: physical cores)");
+    cmd->add_flag("--force", a->force, "overwrite an existing OUT");
+    cmd->add_flag("--json", a->json, "print a JSON summary (or, with --dry-run, the plan) on stdout");
+    cmd->add_flag("--dry-run", a->dry_run, "print the per-tensor plan and the resulting size; write nothing");
+    cmd->add_flag("--pure", a->pure, "no mixture: the type's default format for every quantizable tensor");
+    cmd->add_option("--tensor-type", a->tensor_types,
+                    "PATTERN=TYPE: tensors whose name matches the regex PATTERN get tensor format TYPE (repeatable; "
+                    "the first match wins)");
+    return {cmd, [a] { return run_quantize(*a); }};
+}
+
+} // namespace tern::app
