@@ -1,0 +1,254 @@
+// kernels/cpu dot products and activation quantizers:
+//   * every ISA's activation quantizer gives the scalar one's bytes, and Q8_0/Q8_1 round like ggml's AVX path;
+//   * every scalar twin equals the exact dot of the dequantized weights and activations (tight);
+//   * every SIMD kernel matches its scalar twin by normalised error,
+// on random data (never zeros) at one block, a few blocks, 4096 and 11008 elements.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/dot.h"
+#include "kernels/cpu/quantize_act.h"
+#include "quant/blocks.h"
+#include "quant/half.h"
+#include "quant/reference.h"
+#include "quant/reference_blocks.h"
+#include "quant/types.h"
+
+namespace tern {
+namespace {
+
+constexpr GgmlType kWeightTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,   GgmlType::Q5_1,
+                                     GgmlType::Q8_0, GgmlType::Q2_K,   GgmlType::Q3_K,   GgmlType::Q4_K,
+                                     GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                                     GgmlType::F8_E4M3, GgmlType::F16, GgmlType::BF16,   GgmlType::F32};
+constexpr ActFormat kActFormats[] = {ActFormat::f32,  ActFormat::f16,  ActFormat::bf16,
+                                     ActFormat::q8_0, ActFormat::q8_1, ActFormat::q8_k};
+constexpr CpuIsa kIsas[] = {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon};
+
+// Normal values whose scale changes every 32 elements (0.01x .. 10x), so blocks see different ranges and
+// the k-quants' sub-block scales are exercised; a few outliers as in real activations.
+std::vector<float> random_row(int64_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::uniform_real_distribution<float> mag(-2.0f, 1.0f);
+    std::vector<float> v(static_cast<size_t>(n));
+    float scale = 1.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        if (i % 32 == 0) scale = std::pow(10.0f, mag(rng));
+        v[size_t(i)] = dist(rng) * scale;
+        if (rng() % 512 == 0) v[size_t(i)] *= 20.0f;
+    }
+    return v;
+}
+
+std::vector<unsigned char> to_weights(GgmlType t, const std::vector<float>& x) {
+    std::vector<unsigned char> w(row_bytes(t, static_cast<int64_t>(x.size())));
+    quantize_row(t, x.data(), w.data(), static_cast<int64_t>(x.size()));
+    return w;
+}
+
+std::vector<float> dequant_weights(GgmlType t, const std::vector<unsigned char>& w, int64_t n) {
+    std::vector<float> y(static_cast<size_t>(n));
+    dequantize_row(t, w.data(), y.data(), n);
+    return y;
+}
+
+std::vector<float> dequant_acts(ActFormat f, const std::vector<unsigned char>& a, int64_t n) {
+    std::vector<float> y(static_cast<size_t>(n));
+    switch (f) {
+    case ActFormat::f32: std::memcpy(y.data(), a.data(), size_t(n) * 4); break;
+    case ActFormat::f16:
+    case ActFormat::bf16:
+        for (int64_t i = 0; i < n; ++i) {
+            uint16_t h;
+            std::memcpy(&h, a.data() + 2 * i, 2);
+            y[size_t(i)] = f == ActFormat::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+        }
+        break;
+    case ActFormat::q8_0: dequantize_row(GgmlType::Q8_0, a.data(), y.data(), n); break;
+    case ActFormat::q8_1: dequantize_row(GgmlType::Q8_1, a.data(), y.data(), n); break;
+    case ActFormat::q8_k: dequantize_row(GgmlType::Q8_K, a.data(), y.data(), n); break;
+    }
+    return y;
+}
+
+std::vector<unsigned char> quantize_act(const CpuKernels& k, ActFormat f, const std::vector<float>& x) {
+    std::vector<unsigned char> a(act_row_bytes(f, static_cast<int64_t>(x.size())));
+    k.quantizer(f)(x.data(), a.data(), static_cast<int64_t>(x.size()));
+    return a;
+}
+
+std::vector<int64_t> sizes_for(GgmlType t) {
+    const int64_t be = std::max<int64_t>(block_elems(t), act_block_elems(act_format_for(t)));
+    return {be, 3 * be, 4096, 11008};   // 11008 = 43 * 256 (a Llama FFN width)
+}
+
+} // namespace
+
+TEST_CASE("act_format_for pairs each weight format with ggml's activation type") {
+    CHECK(act_format_for(GgmlType::Q4_0) == ActFormat::q8_0);
+    CHECK(act_format_for(GgmlType::Q5_1) == ActFormat::q8_1);
+    CHECK(act_format_for(GgmlType::Q4_K) == ActFormat::q8_k);
+    CHECK(act_format_for(GgmlType::IQ4_XS) == ActFormat::q8_k);
+    CHECK(act_format_for(GgmlType::F8_E4M3) == ActFormat::q8_0);
+    CHECK(act_format_for(GgmlType::F16) == ActFormat::f16);
+    CHECK_THROWS_AS(act_format_for(GgmlType::IQ2_XXS), std::invalid_argument);
+    for (ActFormat f : kActFormats) CHECK(act_row_bytes(f, 256) > 0);
+    CHECK(act_row_bytes(ActFormat::q8_k, 512) == 2 * sizeof(BlockQ8_K));
+}
+
+TEST_CASE("Q8_0 activation codes use id = 127/amax and round half to even, like ggml's AVX path") {
+    // amax = 127 makes id exactly 1, so x * id is x: 2.5 -> 2, -3.5 -> -4, 0.5 -> 0, 1.5 -> 2 (the reference
+    // quantizer's roundf would give 3, -4, 1, 2).
+    std::vector<float> x(32, 1.0f);
+    x[0] = 127.0f;
+    x[1] = 2.5f;
+    x[2] = -3.5f;
+    x[3] = 0.5f;
+    x[4] = 1.5f;
+    BlockQ8_0 b{};
+    quantize_act_q8_0_scalar(x.data(), &b, 32);
+    CHECK(b.qs[0] == 127);
+    CHECK(b.qs[1] == 2);
+    CHECK(b.qs[2] == -4);
+    CHECK(b.qs[3] == 0);
+    CHECK(b.qs[4] == 2);
+    CHECK(b.d == f32_to_f16(1.0f));
+    BlockQ8_0 ref{};
+    quantize_block(x.data(), ref);
+    CHECK(ref.qs[1] == 3);   // the documented difference
+    BlockQ8_1 b1{};
+    quantize_act_q8_1_scalar(x.data(), &b1, 32);
+    int sum = 0;
+    for (int8_t q : b1.qs) sum += q;
+    CHECK(sum == 127 + 2 - 4 + 0 + 2 + 27);
+    CHECK(b1.s == f32_to_f16(1.0f * float(sum)));
+    // Q8_K matches the reference quantizer (which is what ggml's x86 build runs) byte for byte.
+    const auto xr = random_row(1024, 7);
+    std::vector<BlockQ8_K> mine(4), theirs(4);
+    quantize_act_q8_k_scalar(xr.data(), mine.data(), 1024);
+    quantize_row(GgmlType::Q8_K, xr.data(), theirs.data(), 1024);
+    CHECK(std::memcmp(mine.data(), theirs.data(), sizeof(BlockQ8_K) * 4) == 0);
+}
+
+TEST_CASE("every ISA's activation quantizer gives the scalar quantizer's bytes") {
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    REQUIRE(scalar);
+    for (CpuIsa isa : kIsas) {
+        const CpuKernels* k = cpu_kernels_for(isa);
+        if (!k) continue;
+        for (ActFormat f : kActFormats)
+            for (int64_t n : {256, 4096, 11008}) {
+                CAPTURE(cpu_isa_name(isa));
+                CAPTURE(act_format_name(f));
+                CAPTURE(n);
+                auto x = random_row(n, static_cast<uint32_t>(n + int(f)));
+                x[5] = 0.0f;   // plus an all-zero block (amax = 0 gives id = 0, not a division by zero)
+                for (int i = 32; i < 64; ++i) x[size_t(i)] = 0.0f;
+                CHECK(quantize_act(*k, f, x) == quantize_act(*scalar, f, x));
+            }
+    }
+}
+
+TEST_CASE("scalar dot twins equal the exact dot of the dequantized rows") {
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    REQUIRE(scalar);
+    for (GgmlType t : kWeightTypes) {
+        const ActFormat af = act_format_for(t);
+        for (int64_t n : sizes_for(t)) {
+            CAPTURE(type_name(t));
+            CAPTURE(n);
+            const auto w = to_weights(t, random_row(n, 100 + uint32_t(t)));
+            const auto a = quantize_act(*scalar, af, random_row(n, 200 + uint32_t(n)));
+            const auto wf = dequant_weights(t, w, n);
+            const auto af32 = dequant_acts(af, a, n);
+            double exact = 0.0, mag = 0.0;
+            for (int64_t i = 0; i < n; ++i) {
+                exact += double(wf[size_t(i)]) * af32[size_t(i)];
+                mag += std::abs(double(wf[size_t(i)]) * af32[size_t(i)]);
+            }
+            REQUIRE(mag > 0.0);
+            const float got = scalar->dot(t)(n, w.data(), a.data());
+            // The integer sums are exact; what is left is f32 rounding of per-block scales and the running sum
+            // (and for Q4_1/Q5_1 the f16-rounded activation sum s).
+            const double tol = (t == GgmlType::Q4_1 || t == GgmlType::Q5_1) ? 2e-3 : 2e-6;
+            CHECK(std::abs(got - exact) / mag < tol);
+        }
+    }
+}
+
+TEST_CASE("every SIMD dot kernel matches its scalar twin by normalised error") {
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    REQUIRE(scalar);
+    int tested = 0;
+    for (CpuIsa isa : kIsas) {
+        const CpuKernels* k = cpu_kernels_for(isa);
+        if (!k) continue;
+        for (GgmlType t : kWeightTypes) {
+            const ActFormat af = act_format_for(t);
+            for (int64_t n : sizes_for(t)) {
+                CAPTURE(cpu_isa_name(isa));
+                CAPTURE(type_name(t));
+                CAPTURE(n);
+                for (uint32_t trial = 0; trial < 3; ++trial) {
+                    const auto w = to_weights(t, random_row(n, 1000 * trial + uint32_t(t)));
+                    const auto a = quantize_act(*scalar, af, random_row(n, 7 + 1000 * trial + uint32_t(n)));
+                    const auto wf = dequant_weights(t, w, n);
+                    const auto af32 = dequant_acts(af, a, n);
+                    double mag = 0.0;
+                    for (int64_t i = 0; i < n; ++i) mag += std::abs(double(wf[size_t(i)]) * af32[size_t(i)]);
+                    const float want = scalar->dot(t)(n, w.data(), a.data());
+                    const float got = k->dot(t)(n, w.data(), a.data());
+                    CHECK(std::abs(double(got) - want) / mag < 1e-5);
+                    ++tested;
+                }
+            }
+        }
+    }
+    MESSAGE("SIMD dot comparisons: " << tested << " (default set: " << std::string(cpu_isa_name(cpu_kernels().isa)) << ")");
+}
+
+TEST_CASE("SIMD dot kernels read unaligned rows") {
+    // Rows of 18-, 22- or 110-byte blocks start at any byte offset inside a tensor.
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    for (CpuIsa isa : kIsas) {
+        const CpuKernels* k = cpu_kernels_for(isa);
+        if (!k) continue;
+        for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q3_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::F32}) {
+            CAPTURE(type_name(t));
+            const int64_t n = 512;
+            const auto w = to_weights(t, random_row(n, 3));
+            const auto a = quantize_act(*scalar, act_format_for(t), random_row(n, 4));
+            std::vector<unsigned char> wu(w.size() + 1), au(a.size() + 1);
+            std::memcpy(wu.data() + 1, w.data(), w.size());
+            std::memcpy(au.data() + 1, a.data(), a.size());
+            CHECK(k->dot(t)(n, wu.data() + 1, au.data() + 1) == k->dot(t)(n, w.data(), a.data()));
+        }
+    }
+}
+
+TEST_CASE("dispatch: TERN_CPU_ISA picks the set, and the best supported set is the default") {
+    const char* env = std::getenv("TERN_CPU_ISA");
+    if (env && *env) {
+        CHECK(std::string(cpu_isa_name(cpu_kernels().isa)) == env);
+    } else {
+        for (CpuIsa isa : {CpuIsa::avx512, CpuIsa::neon, CpuIsa::avx2})
+            if (cpu_kernels_for(isa)) {
+                CHECK(cpu_kernels().isa == isa);
+                break;
+            }
+    }
+    for (GgmlType t : kWeightTypes) CHECK((cpu_kernels().dot(t) != nullptr));
+    CHECK_THROWS_AS(cpu_kernels().dot(GgmlType::IQ2_XS), std::invalid_argument);
+}
+
+} // namespace tern
