@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -65,11 +66,16 @@ std::string read_prompt(const RunFlags& f) {
 }
 
 // Writes one piece to stdout and flushes it, so a reader sees text as it is produced. False once
-// stdout is gone (EPIPE: `tern run | head -c 20`); SIGPIPE is ignored in main().
+// stdout is gone (EPIPE: `tern run | head -c 20`; SIGPIPE is ignored in main()). Any other
+// failure (a full disk) is an error: the user would otherwise get a silently short file.
 bool write_stdout(std::string_view s) {
     if (s.empty()) return true;
-    if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size()) return false;
-    return std::fflush(stdout) == 0;
+    errno = 0;
+    if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0) return true;
+    if (errno == EPIPE) return false;
+    const int err = errno;
+    throw RuntimeFailure(std::string("stdout: write failed: ") + (err ? std::strerror(err) : "unknown error") +
+                         " (disk full?)");
 }
 
 std::string fmt(const char* f, double v) {

@@ -241,6 +241,17 @@ TEST_CASE("a closed stdout (| head -c 5) ends quietly with exit 0") {
     CHECK(read_file(dir / "err") == "");
 }
 
+TEST_CASE("a stdout that fails otherwise (disk full) is an error, exit 3") {
+    if (!shared_available() || access("/dev/full", W_OK) != 0) return;
+    TempDir dir;
+    const std::string cmd = shell_quote(TERN_BIN) + " run -m " + shell_quote(model_path()) +
+                            " --device cpu -p 'Once upon a time' -n 8 >/dev/full 2>" + shell_quote((dir / "err").string());
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 3);
+    CHECK(read_file(dir / "err").find("stdout: write failed") != std::string::npos);
+}
+
 TEST_CASE("Ctrl-C during a long generation flushes what was printed and exits 130") {
     if (!shared_available()) return;
     int out_pipe[2];
