@@ -28,19 +28,20 @@ void project(const WeightRef& w, const std::vector<float>& bias, const float* x,
     matmul_dequant(w.type, w.data, w.n_in(), w.n_out(), x, n_cols, y, n_threads);
     if (bias.empty()) return;
     for (int64_t c = 0; c < n_cols; ++c)
-        for (int64_t r = 0; r < w.n_out(); ++r) y[c * w.n_out() + r] += bias[static_cast<size_t>(r)];
+        for (int64_t r = 0; r < w.n_out(); ++r)
+            y[c * w.n_out() + r] += bias[static_cast<size_t>(r)];
 }
 
 // RMSNorm of each of n_rows rows of width `width`, in place when x == y.
 void rmsnorm_rows(const float* x, const std::vector<float>& w, float* y, int64_t n_rows, int64_t width, float eps) {
-    for (int64_t i = 0; i < n_rows; ++i) rmsnorm_f32(x + i * width, w.data(), y + i * width, width, eps);
+    for (int64_t i = 0; i < n_rows; ++i)
+        rmsnorm_f32(x + i * width, w.data(), y + i * width, width, eps);
 }
 
 } // namespace
 
 void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) {
-    if (options.n_ctx <= 0)
-        throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
+    if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     config_ = config;
     weights_ = weights;
     n_threads_ = options.n_threads > 0 ? options.n_threads : cpu_features().physical_cores;
@@ -67,7 +68,8 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     rope_freqs_ = vector_f32(weights.rope_freqs);
 
     std::vector<int32_t> n_kv_heads;
-    for (const LayerConfig& lc : config.layers) n_kv_heads.push_back(lc.n_kv_heads);
+    for (const LayerConfig& lc : config.layers)
+        n_kv_heads.push_back(lc.n_kv_heads);
     kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx);
     logits_.clear();
     n_logit_rows_ = 0;
@@ -100,11 +102,11 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     const auto rope = c.rope_style == RopeStyle::neox ? rope_neox_f32 : rope_normal_f32;
     const float* freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
 
-    std::vector<float> x(static_cast<size_t>(n * dim));    // (n, dim) residual stream
-    std::vector<float> xn(static_cast<size_t>(n * dim));   // (n, dim) normed input of a sub-block
-    std::vector<float> q, k, v, att;                       // (n, n_heads*head_dim) ... per layer
-    std::vector<float> gate, up;                           // (n, ffn_dim)
-    std::vector<float> out(static_cast<size_t>(n * dim));  // (n, dim) sub-block output
+    std::vector<float> x(static_cast<size_t>(n * dim));   // (n, dim) residual stream
+    std::vector<float> xn(static_cast<size_t>(n * dim));  // (n, dim) normed input of a sub-block
+    std::vector<float> q, k, v, att;                      // (n, n_heads*head_dim) ... per layer
+    std::vector<float> gate, up;                          // (n, ffn_dim)
+    std::vector<float> out(static_cast<size_t>(n * dim)); // (n, dim) sub-block output
 
     // Embeddings: dequantize each token's row (gemma scales it by sqrt(dim)).
     for (int64_t i = 0; i < n; ++i) {
@@ -112,7 +114,8 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         dequantize_row(weights_.token_embd.type, weights_.token_embd.row(batch.tokens[static_cast<size_t>(i)]), xi,
                        dim);
         if (c.embed_scale != 1.0f)
-            for (int64_t d = 0; d < dim; ++d) xi[d] *= c.embed_scale;
+            for (int64_t d = 0; d < dim; ++d)
+                xi[d] *= c.embed_scale;
     }
 
     for (int32_t l = 0; l < c.n_layers; ++l) {
@@ -125,9 +128,9 @@ void CpuBackend::forward(const ForwardBatch& batch) {
 
         // Attention block: q/k/v projections (+ biases).
         rmsnorm_rows(x.data(), lv.attn_norm, xn.data(), n, dim, c.rms_eps);
-        q.resize(static_cast<size_t>(n * q_dim));   // (n, n_heads, head_dim)
-        k.resize(static_cast<size_t>(n * k_dim));   // (n, n_kv_heads, head_dim)
-        v.resize(static_cast<size_t>(n * v_dim));   // (n, n_kv_heads, head_dim_v)
+        q.resize(static_cast<size_t>(n * q_dim)); // (n, n_heads, head_dim)
+        k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
+        v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
         project(lw.wq, lv.bq, xn.data(), n, q.data(), nt);
         project(lw.wk, lv.bk, xn.data(), n, k.data(), nt);
         project(lw.wv, lv.bv, xn.data(), n, v.data(), nt);
@@ -152,12 +155,12 @@ void CpuBackend::forward(const ForwardBatch& batch) {
 
         // Attention over the cache: token i sees positions [lo, pos0+i] (causal; a sliding window
         // keeps only q - k < window). Query head h reads KV head h / (n_heads / n_kv_heads).
-        att.resize(static_cast<size_t>(n * att_dim));   // (n, n_heads, head_dim_v)
+        att.resize(static_cast<size_t>(n * att_dim)); // (n, n_heads, head_dim_v)
         const int64_t group = n_heads / n_kv_heads;
         const int attn_threads = threads_for_work(n * n_heads * (pos0 + n) * (head_dim + head_dim_v), nt);
 #pragma omp parallel num_threads(attn_threads)
         {
-            std::vector<float> scores(static_cast<size_t>(pos0 + n));   // (n_keys) f32
+            std::vector<float> scores(static_cast<size_t>(pos0 + n)); // (n_keys) f32
 #pragma omp for schedule(static) collapse(2)
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t h = 0; h < n_heads; ++h) {
@@ -174,20 +177,24 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         // Output projection (+ bias), gemma's post-attention norm, residual.
         project(lw.wo, lv.bo, att.data(), n, out.data(), nt);
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_attn_norm, out.data(), n, dim, c.rms_eps);
-        for (int64_t e = 0; e < n * dim; ++e) x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
+        for (int64_t e = 0; e < n * dim; ++e)
+            x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
 
         // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
         const int64_t ffn_dim = lc.ffn_dim;
         rmsnorm_rows(x.data(), lv.ffn_norm, xn.data(), n, dim, c.rms_eps);
-        gate.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
-        up.resize(static_cast<size_t>(n * ffn_dim));     // (n, ffn_dim)
+        gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
+        up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
         project(lw.w_gate, lv.b_gate, xn.data(), n, gate.data(), nt);
         project(lw.w_up, lv.b_up, xn.data(), n, up.data(), nt);
-        if (c.ffn_act == FfnActivation::silu) swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
-        else geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
+        if (c.ffn_act == FfnActivation::silu)
+            swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
+        else
+            geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
         project(lw.w_down, lv.b_down, gate.data(), n, out.data(), nt);
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);
-        for (int64_t e = 0; e < n * dim; ++e) x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
+        for (int64_t e = 0; e < n * dim; ++e)
+            x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
     }
     kv_.set_n_past(pos0 + static_cast<int32_t>(n));
 
@@ -195,7 +202,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
     const int64_t rows = n - first;
     rmsnorm_rows(x.data() + first * dim, output_norm_, xn.data(), rows, dim, c.rms_eps);
-    logits_.resize(static_cast<size_t>(rows * c.vocab));   // (rows, vocab)
+    logits_.resize(static_cast<size_t>(rows * c.vocab)); // (rows, vocab)
     matmul_dequant(weights_.output.type, weights_.output.data, dim, c.vocab, xn.data(), rows, logits_.data(), nt);
     if (c.final_softcap > 0.0f) softcap_f32(logits_.data(), rows * c.vocab, c.final_softcap);
     n_logit_rows_ = static_cast<int>(rows);
@@ -217,7 +224,7 @@ void CpuBackend::argmax(std::span<int32_t> per_row) {
         const std::span<const float> row = logits(static_cast<int>(r));
         int32_t best = 0;
         for (int32_t t = 1; t < static_cast<int32_t>(row.size()); ++t)
-            if (row[static_cast<size_t>(t)] > row[static_cast<size_t>(best)]) best = t;   // lowest id wins ties
+            if (row[static_cast<size_t>(t)] > row[static_cast<size_t>(best)]) best = t; // lowest id wins ties
         per_row[r] = best;
     }
 }
@@ -226,11 +233,15 @@ void CpuBackend::kv_truncate(int32_t n_past) {
     if (n_past < 0 || n_past > kv_.n_past())
         throw UsageError("kv_truncate: cannot keep " + std::to_string(n_past) + " positions, the cache holds " +
                          std::to_string(kv_.n_past()));
-    kv_.set_n_past(n_past);   // later writes overwrite the forgotten positions
+    kv_.set_n_past(n_past); // later writes overwrite the forgotten positions
 }
 
-KvSnapshot CpuBackend::kv_save(int32_t n) const { return kv_.save(n); }
+KvSnapshot CpuBackend::kv_save(int32_t n) const {
+    return kv_.save(n);
+}
 
-void CpuBackend::kv_load(const KvSnapshot& snapshot) { kv_.load(snapshot); }
+void CpuBackend::kv_load(const KvSnapshot& snapshot) {
+    kv_.load(snapshot);
+}
 
 } // namespace tern

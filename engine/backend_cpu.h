@@ -39,13 +39,13 @@ private:
     ModelConfig config_;
     ModelWeights weights_;
     std::vector<LayerVectors> layer_vectors_;
-    std::vector<float> output_norm_;   // (dim)
-    std::vector<float> rope_freqs_;    // (n_rot/2), empty when absent
+    std::vector<float> output_norm_; // (dim)
+    std::vector<float> rope_freqs_;  // (n_rot/2), empty when absent
     int n_threads_ = 1;
     bool loaded_ = false;
 
     KvCache kv_;
-    std::vector<float> logits_;   // (n_logit_rows, vocab) f32
+    std::vector<float> logits_; // (n_logit_rows, vocab) f32
     int n_logit_rows_ = 0;
 };
 

@@ -10,8 +10,8 @@ namespace tern {
 namespace {
 
 // Snapshot header: magic "TKV1", then the shape it was taken with, all int32.
-constexpr int32_t kSnapshotMagic = 0x31564B54;   // "TKV1" little-endian
-constexpr int kHeaderInts = 7;                   // magic, kv_type, n_layers, head_dim, head_dim_v, n_ctx, n
+constexpr int32_t kSnapshotMagic = 0x31564B54; // "TKV1" little-endian
+constexpr int kHeaderInts = 7;                 // magic, kv_type, n_layers, head_dim, head_dim_v, n_ctx, n
 
 void store_row(KvElem elem, const float* src, uint8_t* dst, int32_t n) {
     switch (elem) {
@@ -20,12 +20,14 @@ void store_row(KvElem elem, const float* src, uint8_t* dst, int32_t n) {
         return;
     case KvElem::f16: {
         auto* d = reinterpret_cast<uint16_t*>(dst);
-        for (int32_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+        for (int32_t i = 0; i < n; ++i)
+            d[i] = f32_to_f16(src[i]);
         return;
     }
     case KvElem::bf16: {
         auto* d = reinterpret_cast<uint16_t*>(dst);
-        for (int32_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+        for (int32_t i = 0; i < n; ++i)
+            d[i] = f32_to_bf16(src[i]);
         return;
     }
     }
@@ -33,12 +35,21 @@ void store_row(KvElem elem, const float* src, uint8_t* dst, int32_t n) {
 
 } // namespace
 
-void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim,
-                   int32_t head_dim_v, int32_t n_ctx) {
+void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
+                   int32_t n_ctx) {
     switch (type) {
-    case KvType::f32: elem_ = KvElem::f32; elem_size_ = 4; break;
-    case KvType::f16: elem_ = KvElem::f16; elem_size_ = 2; break;
-    case KvType::bf16: elem_ = KvElem::bf16; elem_size_ = 2; break;
+    case KvType::f32:
+        elem_ = KvElem::f32;
+        elem_size_ = 4;
+        break;
+    case KvType::f16:
+        elem_ = KvElem::f16;
+        elem_size_ = 2;
+        break;
+    case KvType::bf16:
+        elem_ = KvElem::bf16;
+        elem_size_ = 2;
+        break;
     default:
         throw UsageError("--kv-type " + std::string(kv_type_name(type)) +
                          " is not yet supported on cpu (supported: f32, f16, bf16)");
@@ -66,7 +77,8 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
 
 size_t KvCache::total_bytes() const {
     size_t n = 0;
-    for (size_t l = 0; l < k_.size(); ++l) n += k_[l].size() + v_[l].size();
+    for (size_t l = 0; l < k_.size(); ++l)
+        n += k_[l].size() + v_[l].size();
     return n;
 }
 
@@ -78,8 +90,12 @@ void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v) 
     }
 }
 
-const void* KvCache::k_head(int32_t layer, int32_t head) const { return k_row(layer, head, 0); }
-const void* KvCache::v_head(int32_t layer, int32_t head) const { return v_row(layer, head, 0); }
+const void* KvCache::k_head(int32_t layer, int32_t head) const {
+    return k_row(layer, head, 0);
+}
+const void* KvCache::v_head(int32_t layer, int32_t head) const {
+    return v_row(layer, head, 0);
+}
 
 size_t KvCache::k_offset(int32_t head, int32_t pos) const {
     const size_t row = static_cast<size_t>(head) * static_cast<size_t>(n_ctx_) + static_cast<size_t>(pos);
@@ -106,12 +122,18 @@ KvSnapshot KvCache::save(int32_t n) const {
     KvSnapshot s;
     s.n_past = n;
     s.kv_type = type_;
-    const int32_t header[kHeaderInts] = {kSnapshotMagic, static_cast<int32_t>(type_),
-                                         static_cast<int32_t>(n_kv_heads_.size()), head_dim_, head_dim_v_, n_ctx_, n};
+    const int32_t header[kHeaderInts] = {kSnapshotMagic,
+                                         static_cast<int32_t>(type_),
+                                         static_cast<int32_t>(n_kv_heads_.size()),
+                                         head_dim_,
+                                         head_dim_v_,
+                                         n_ctx_,
+                                         n};
     const size_t k_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_) * elem_size_;
     const size_t v_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_v_) * elem_size_;
     size_t total = sizeof header;
-    for (int32_t h : n_kv_heads_) total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    for (int32_t h : n_kv_heads_)
+        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
     s.bytes.resize(total);
     uint8_t* out = s.bytes.data();
     std::memcpy(out, header, sizeof header);
@@ -135,15 +157,15 @@ void KvCache::load(const KvSnapshot& s) {
     if (header[0] != kSnapshotMagic || header[1] != static_cast<int32_t>(type_) ||
         header[2] != static_cast<int32_t>(n_kv_heads_.size()) || header[3] != head_dim_ || header[4] != head_dim_v_)
         throw UsageError("kv_load: the snapshot was taken from a different model or KV type (" +
-                         std::string(kv_type_name(s.kv_type)) + ", cache is " + std::string(kv_type_name(type_)) +
-                         ")");
+                         std::string(kv_type_name(s.kv_type)) + ", cache is " + std::string(kv_type_name(type_)) + ")");
     if (n < 0 || n > n_ctx_)
         throw UsageError("kv_load: the snapshot holds " + std::to_string(n) + " positions but the context is " +
                          std::to_string(n_ctx_));
     const size_t k_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_) * elem_size_;
     const size_t v_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_v_) * elem_size_;
     size_t total = sizeof header;
-    for (int32_t h : n_kv_heads_) total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    for (int32_t h : n_kv_heads_)
+        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
     if (s.bytes.size() != total)
         throw UsageError("kv_load: the snapshot has " + std::to_string(s.bytes.size()) + " bytes but " +
                          std::to_string(total) + " were expected");

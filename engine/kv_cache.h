@@ -40,15 +40,15 @@ public:
     void load(const KvSnapshot& snapshot);
 
 private:
-    size_t k_offset(int32_t head, int32_t pos) const;   // bytes into a layer's K buffer
+    size_t k_offset(int32_t head, int32_t pos) const; // bytes into a layer's K buffer
     size_t v_offset(int32_t head, int32_t pos) const;
 
     KvType type_ = KvType::f16;
     KvElem elem_ = KvElem::f16;
     size_t elem_size_ = 2;
     int32_t head_dim_ = 0, head_dim_v_ = 0, n_ctx_ = 0, n_past_ = 0;
-    std::vector<int32_t> n_kv_heads_;          // per layer
-    std::vector<std::vector<uint8_t>> k_, v_;  // per layer: (n_kv_heads, n_ctx, head_dim[_v]) elem
+    std::vector<int32_t> n_kv_heads_;         // per layer
+    std::vector<std::vector<uint8_t>> k_, v_; // per layer: (n_kv_heads, n_ctx, head_dim[_v]) elem
 };
 
 } // namespace tern

@@ -10,9 +10,9 @@
 namespace tern {
 
 struct Model {
-    GgufFile file;          // owns the mmap the weights point into
+    GgufFile file; // owns the mmap the weights point into
     ModelConfig config;
-    ModelWeights weights;   // views into `file`
+    ModelWeights weights; // views into `file`
 };
 
 // Opens and validates a GGUF model. Throws InputError (exit 2) for an unreadable or malformed file,

@@ -75,25 +75,32 @@ private:
 
 } // namespace
 
-std::span<const std::string_view> supported_architectures() { return kArchNames; }
+std::span<const std::string_view> supported_architectures() {
+    return kArchNames;
+}
 
-std::string_view arch_name(Arch arch) { return kArchNames[static_cast<size_t>(arch)]; }
+std::string_view arch_name(Arch arch) {
+    return kArchNames[static_cast<size_t>(arch)];
+}
 
 int32_t ModelConfig::max_n_heads() const {
     int32_t m = 0;
-    for (const LayerConfig& l : layers) m = std::max(m, l.n_heads);
+    for (const LayerConfig& l : layers)
+        m = std::max(m, l.n_heads);
     return m;
 }
 
 int32_t ModelConfig::max_n_kv_heads() const {
     int32_t m = 0;
-    for (const LayerConfig& l : layers) m = std::max(m, l.n_kv_heads);
+    for (const LayerConfig& l : layers)
+        m = std::max(m, l.n_kv_heads);
     return m;
 }
 
 int32_t ModelConfig::max_ffn_dim() const {
     int32_t m = 0;
-    for (const LayerConfig& l : layers) m = std::max(m, l.ffn_dim);
+    for (const LayerConfig& l : layers)
+        m = std::max(m, l.ffn_dim);
     return m;
 }
 
@@ -107,8 +114,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     const std::string arch_str = file.get_string("general.architecture");
     const auto it = std::find(kArchNames.begin(), kArchNames.end(), arch_str);
     if (it == kArchNames.end())
-        throw InputError(file.path() + ": architecture '" + arch_str + "' is not supported (supported: " +
-                         supported_list() + ")");
+        throw InputError(file.path() + ": architecture '" + arch_str +
+                         "' is not supported (supported: " + supported_list() + ")");
     const ArchTraits& traits = kTraits[it - kArchNames.begin()];
     const MetaReader meta(file, arch_str);
 
@@ -126,7 +133,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     c.n_ctx_train = meta.checked_count("context_length", meta.get_int("context_length"));
     c.rms_eps = meta.get_f32("attention.layer_norm_rms_epsilon");
     if (!(c.rms_eps > 0.0f) || !std::isfinite(c.rms_eps))
-        meta.fail("attention.layer_norm_rms_epsilon", "value " + std::to_string(c.rms_eps) + " is not a positive number");
+        meta.fail("attention.layer_norm_rms_epsilon",
+                  "value " + std::to_string(c.rms_eps) + " is not a positive number");
 
     const GgufTensor& embd = file.tensor("token_embd.weight");
     if (embd.n_dims != 2 || embd.ne[0] != c.dim)
@@ -142,8 +150,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     // Head dims: key_length/value_length, defaulting to dim / n_heads of the first layer.
     const int32_t n_heads0 = meta.checked_count("attention.head_count", n_heads[0]);
     c.head_dim = meta.checked_count("attention.key_length", meta.get_int("attention.key_length", c.dim / n_heads0));
-    c.head_dim_v =
-        meta.checked_count("attention.value_length", meta.get_int("attention.value_length", c.head_dim));
+    c.head_dim_v = meta.checked_count("attention.value_length", meta.get_int("attention.value_length", c.head_dim));
     c.n_rot = meta.checked_count("rope.dimension_count", meta.get_int("rope.dimension_count", c.head_dim));
     if (c.n_rot > c.head_dim || c.n_rot % 2 != 0)
         meta.fail("rope.dimension_count", "value " + std::to_string(c.n_rot) +
@@ -153,7 +160,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     const float rope_base = meta.get_f32("rope.freq_base", 10000.0f);
     const std::string scaling = meta.get_string("rope.scaling.type", "linear");
     float factor = meta.get_f32("rope.scaling.factor", 0.0f);
-    if (factor == 0.0f) factor = meta.get_f32("rope.scale_linear", 0.0f);   // older spelling
+    if (factor == 0.0f) factor = meta.get_f32("rope.scale_linear", 0.0f); // older spelling
     float rope_freq_scale = 1.0f;
     if (scaling == "linear") {
         if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
@@ -182,9 +189,9 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         lc.n_kv_heads = meta.checked_count("attention.head_count_kv", n_kv_heads[static_cast<size_t>(l)]);
         lc.ffn_dim = meta.checked_count("feed_forward_length", ffn_dim[static_cast<size_t>(l)]);
         if (lc.n_heads % lc.n_kv_heads != 0)
-            meta.fail("attention.head_count_kv",
-                      "layer " + std::to_string(l) + ": " + std::to_string(lc.n_kv_heads) +
-                          " KV heads do not divide " + std::to_string(lc.n_heads) + " query heads");
+            meta.fail("attention.head_count_kv", "layer " + std::to_string(l) + ": " + std::to_string(lc.n_kv_heads) +
+                                                     " KV heads do not divide " + std::to_string(lc.n_heads) +
+                                                     " query heads");
         lc.rope_base = rope_base;
         lc.rope_freq_scale = rope_freq_scale;
         if (c.arch == Arch::gemma2 && l % 2 == 0) lc.sliding_window = window;

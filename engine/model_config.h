@@ -13,8 +13,8 @@ namespace tern {
 class GgufFile;
 
 enum class Arch { llama, qwen2, qwen3, gemma2, gemma3 };
-enum class RopeStyle { normal, neox };      // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
-enum class FfnActivation { silu, gelu_tanh };   // SwiGLU / GeGLU
+enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
+enum class FfnActivation { silu, gelu_tanh }; // SwiGLU / GeGLU
 
 // The architectures tern runs, by their general.architecture spelling.
 std::span<const std::string_view> supported_architectures();
@@ -25,41 +25,41 @@ struct LayerConfig {
     int32_t n_heads = 0;
     int32_t n_kv_heads = 0;
     int32_t ffn_dim = 0;
-    int32_t sliding_window = 0;   // 0: global attention; w: a query at q sees keys k with q - k < w
+    int32_t sliding_window = 0; // 0: global attention; w: a query at q sees keys k with q - k < w
     float rope_base = 10000.0f;
-    float rope_freq_scale = 1.0f;   // angle multiplier (1 / linear scaling factor)
+    float rope_freq_scale = 1.0f; // angle multiplier (1 / linear scaling factor)
 };
 
 struct ModelConfig {
     Arch arch = Arch::llama;
-    std::string name;   // general.name, or the architecture when absent
+    std::string name; // general.name, or the architecture when absent
 
     int32_t n_layers = 0;
-    int32_t dim = 0;        // embedding width (n_embd)
-    int32_t vocab = 0;      // rows of token_embd.weight
+    int32_t dim = 0;   // embedding width (n_embd)
+    int32_t vocab = 0; // rows of token_embd.weight
     int32_t n_ctx_train = 0;
-    int32_t head_dim = 0;     // key_length
-    int32_t head_dim_v = 0;   // value_length
-    int32_t n_rot = 0;        // rotated dims per head (rope.dimension_count)
+    int32_t head_dim = 0;   // key_length
+    int32_t head_dim_v = 0; // value_length
+    int32_t n_rot = 0;      // rotated dims per head (rope.dimension_count)
     float rms_eps = 1e-5f;
-    std::vector<LayerConfig> layers;   // n_layers entries
+    std::vector<LayerConfig> layers; // n_layers entries
 
     RopeStyle rope_style = RopeStyle::normal;
-    bool rope_freq_factors = false;   // rope_freqs.weight present (Llama 3.1): angle i divided by factor i
-    bool qkv_bias = false;            // q/k/v biases required (qwen2); llama may carry them optionally
-    bool qk_norm = false;             // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
-    bool post_norms = false;          // post_attention_norm / post_ffw_norm before each residual add (gemma)
+    bool rope_freq_factors = false; // rope_freqs.weight present (Llama 3.1): angle i divided by factor i
+    bool qkv_bias = false;          // q/k/v biases required (qwen2); llama may carry them optionally
+    bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
+    bool post_norms = false;        // post_attention_norm / post_ffw_norm before each residual add (gemma)
     FfnActivation ffn_act = FfnActivation::silu;
-    float embed_scale = 1.0f;         // gemma: sqrt(dim), applied right after the lookup
-    float attn_scale = 0.0f;          // multiplies q.k (1/sqrt(head_dim) unless a model says otherwise)
-    float attn_softcap = 0.0f;        // gemma2: scores -> c * tanh(s / c); 0 = off
-    float final_softcap = 0.0f;       // gemma2: logits -> c * tanh(l / c); 0 = off
-    bool tied_output = false;         // no output.weight: token_embd.weight is the lm_head
+    float embed_scale = 1.0f;   // gemma: sqrt(dim), applied right after the lookup
+    float attn_scale = 0.0f;    // multiplies q.k (1/sqrt(head_dim) unless a model says otherwise)
+    float attn_softcap = 0.0f;  // gemma2: scores -> c * tanh(s / c); 0 = off
+    float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off
+    bool tied_output = false;   // no output.weight: token_embd.weight is the lm_head
 
     int32_t max_n_heads() const;
     int32_t max_n_kv_heads() const;
     int32_t max_ffn_dim() const;
-    bool uniform_kv_heads() const;   // every layer has the same n_kv_heads (one KV cache shape)
+    bool uniform_kv_heads() const; // every layer has the same n_kv_heads (one KV cache shape)
 };
 
 // Reads and checks the metadata (and which optional tensors exist: output.weight, rope_freqs.weight).

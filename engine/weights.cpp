@@ -27,8 +27,8 @@ public:
 
 private:
     WeightRef bind(const std::string& name, int64_t n0, int64_t n1, int n_dims, const char* dims, Need need) const {
-        const std::string expected = n_dims == 1 ? "[" + std::to_string(n0) + "]"
-                                                 : "[" + std::to_string(n0) + ", " + std::to_string(n1) + "]";
+        const std::string expected =
+            n_dims == 1 ? "[" + std::to_string(n0) + "]" : "[" + std::to_string(n0) + ", " + std::to_string(n1) + "]";
         const GgufTensor* t = file_.find_tensor(name);
         if (!t) {
             if (need == Need::optional) return WeightRef{name};
@@ -36,8 +36,7 @@ private:
                              dims + ")");
         }
         // Trailing dimensions of size 1 are allowed: some writers store vectors as [n, 1].
-        const bool shape_ok =
-            t->ne[0] == n0 && t->ne[1] == n1 && t->ne[2] == 1 && t->ne[3] == 1 && t->n_dims >= 1;
+        const bool shape_ok = t->ne[0] == n0 && t->ne[1] == n1 && t->ne[2] == 1 && t->ne[3] == 1 && t->n_dims >= 1;
         if (!shape_ok)
             throw InputError(file_.path() + ": tensor " + name + " has shape " + t->shape_string() + " but expected " +
                              expected + " " + dims);

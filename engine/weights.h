@@ -13,10 +13,10 @@ class GgufFile;
 struct ModelConfig;
 
 struct WeightRef {
-    std::string name;                 // GGUF tensor name, for messages
+    std::string name; // GGUF tensor name, for messages
     GgmlType type = GgmlType::F32;
-    int64_t ne[2] = {0, 0};           // (ne[0] = n_in / length, ne[1] = n_out rows; 1 for vectors)
-    const uint8_t* data = nullptr;    // inside the mapping; nullptr for an absent optional tensor
+    int64_t ne[2] = {0, 0};        // (ne[0] = n_in / length, ne[1] = n_out rows; 1 for vectors)
+    const uint8_t* data = nullptr; // inside the mapping; nullptr for an absent optional tensor
 
     bool present() const { return data != nullptr; }
     int64_t n_in() const { return ne[0]; }
@@ -26,25 +26,25 @@ struct WeightRef {
 };
 
 struct LayerWeights {
-    WeightRef attn_norm;                    // (dim)
-    WeightRef wq, wk, wv;                   // (n_heads*head_dim, dim), (n_kv_heads*head_dim, dim), (.. head_dim_v ..)
-    WeightRef bq, bk, bv;                   // optional biases (n_heads*head_dim), (n_kv_heads*head_dim), ...
-    WeightRef q_norm, k_norm;               // (head_dim) when ModelConfig::qk_norm
-    WeightRef wo;                           // (dim, n_heads*head_dim_v)
-    WeightRef bo;                           // optional (dim)
-    WeightRef post_attn_norm;               // (dim) when ModelConfig::post_norms
-    WeightRef ffn_norm;                     // (dim)
-    WeightRef w_gate, w_up;                 // (ffn_dim, dim)
-    WeightRef w_down;                       // (dim, ffn_dim)
-    WeightRef b_gate, b_up, b_down;         // optional
-    WeightRef post_ffn_norm;                // (dim) when ModelConfig::post_norms
+    WeightRef attn_norm;            // (dim)
+    WeightRef wq, wk, wv;           // (n_heads*head_dim, dim), (n_kv_heads*head_dim, dim), (.. head_dim_v ..)
+    WeightRef bq, bk, bv;           // optional biases (n_heads*head_dim), (n_kv_heads*head_dim), ...
+    WeightRef q_norm, k_norm;       // (head_dim) when ModelConfig::qk_norm
+    WeightRef wo;                   // (dim, n_heads*head_dim_v)
+    WeightRef bo;                   // optional (dim)
+    WeightRef post_attn_norm;       // (dim) when ModelConfig::post_norms
+    WeightRef ffn_norm;             // (dim)
+    WeightRef w_gate, w_up;         // (ffn_dim, dim)
+    WeightRef w_down;               // (dim, ffn_dim)
+    WeightRef b_gate, b_up, b_down; // optional
+    WeightRef post_ffn_norm;        // (dim) when ModelConfig::post_norms
 };
 
 struct ModelWeights {
-    WeightRef token_embd;    // (vocab, dim)
-    WeightRef output_norm;   // (dim)
-    WeightRef output;        // (vocab, dim): token_embd itself when the output is tied
-    WeightRef rope_freqs;    // optional (n_rot/2) f32
+    WeightRef token_embd;  // (vocab, dim)
+    WeightRef output_norm; // (dim)
+    WeightRef output;      // (vocab, dim): token_embd itself when the output is tied
+    WeightRef rope_freqs;  // optional (n_rot/2) f32
     std::vector<LayerWeights> layers;
 };
 

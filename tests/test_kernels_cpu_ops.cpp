@@ -2,8 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -19,13 +19,15 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, scale);
     std::vector<float> v(n);
-    for (float& x : v) x = dist(rng);
+    for (float& x : v)
+        x = dist(rng);
     return v;
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
     double m = 0.0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+    for (size_t i = 0; i < a.size(); ++i)
+        m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
     return m;
 }
 
@@ -40,7 +42,8 @@ TEST_CASE("rmsnorm_f32 matches x / sqrt(mean(x^2) + eps) * w") {
         rmsnorm_f32(x.data(), w.data(), y.data(), n, 1e-5f);
         rmsnorm_f32(x.data(), nullptr, y_now.data(), n, 1e-5f);
         double ss = 0.0;
-        for (float v : x) ss += double(v) * v;
+        for (float v : x)
+            ss += double(v) * v;
         const double scale = 1.0 / std::sqrt(ss / n + 1e-5);
         std::vector<double> ref(static_cast<size_t>(n)), ref_now(static_cast<size_t>(n));
         for (int64_t i = 0; i < n; ++i) {
@@ -67,7 +70,8 @@ TEST_CASE("rope_normal_f32 and rope_neox_f32 rotate the right pairs by pos * sca
                     CAPTURE(pos);
                     const auto x = random_vec(static_cast<size_t>(head_dim), 3);
                     std::vector<float> ff(static_cast<size_t>(n_rot / 2));
-                    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.5f * static_cast<float>(i);
+                    for (size_t i = 0; i < ff.size(); ++i)
+                        ff[i] = 1.0f + 0.5f * static_cast<float>(i);
                     const float* fptr = factors ? ff.data() : nullptr;
                     const float base = 10000.0f, scale = 0.25f;
                     std::vector<float> a = x, b = x;
@@ -104,9 +108,12 @@ TEST_CASE("softmax_f32, silu_f32, gelu_tanh_f32, swiglu/geglu and softcap match 
         auto x = random_vec(static_cast<size_t>(n), 4, 8.0f);
         std::vector<double> ref(x.size());
         double m = -1e300, sum = 0.0;
-        for (float v : x) m = std::max(m, double(v));
-        for (size_t i = 0; i < x.size(); ++i) sum += ref[i] = std::exp(double(x[i]) - m);
-        for (double& r : ref) r /= sum;
+        for (float v : x)
+            m = std::max(m, double(v));
+        for (size_t i = 0; i < x.size(); ++i)
+            sum += ref[i] = std::exp(double(x[i]) - m);
+        for (double& r : ref)
+            r /= sum;
         softmax_f32(x.data(), n);
         CHECK(max_abs_diff(x, ref) < 1e-6);
     }
@@ -141,7 +148,7 @@ TEST_CASE("dot_f32 matches a double-precision sum") {
 }
 
 TEST_CASE("matmul_dequant equals dequantize_row + double dot for every format, bit-identical across threads") {
-    const GgmlType types[] = {GgmlType::F32, GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+    const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
                               GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
                               GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
     struct Size {
@@ -158,8 +165,10 @@ TEST_CASE("matmul_dequant equals dequantize_row + double dot for every format, b
             const size_t rb = row_bytes(type, sz.n_in);
             std::vector<uint8_t> w(rb * size_t(sz.n_out));
             for (int64_t r = 0; r < sz.n_out; ++r) {
-                if (type == GgmlType::F32) std::memcpy(w.data() + size_t(r) * rb, wf.data() + r * sz.n_in, rb);
-                else quantize_row(type, wf.data() + r * sz.n_in, w.data() + size_t(r) * rb, sz.n_in);
+                if (type == GgmlType::F32)
+                    std::memcpy(w.data() + size_t(r) * rb, wf.data() + r * sz.n_in, rb);
+                else
+                    quantize_row(type, wf.data() + r * sz.n_in, w.data() + size_t(r) * rb, sz.n_in);
             }
             const auto x = random_vec(size_t(sz.n_in * sz.n_cols), 10);
             std::vector<float> y1(size_t(sz.n_out * sz.n_cols)), y2(y1.size()), y3(y1.size());
@@ -203,11 +212,13 @@ TEST_CASE("attention_head matches softmax(q.K * scale) V for f32, f16 and bf16 c
                     // Store K/V in the cache format; the reference reads back the stored values.
                     std::vector<uint8_t> k, v;
                     std::vector<double> kd(kf.size()), vd(vf.size());
-                    auto store = [&](const std::vector<float>& src, std::vector<uint8_t>& dst, std::vector<double>& back) {
+                    auto store = [&](const std::vector<float>& src, std::vector<uint8_t>& dst,
+                                     std::vector<double>& back) {
                         if (elem == KvElem::f32) {
                             dst.resize(src.size() * 4);
                             std::memcpy(dst.data(), src.data(), dst.size());
-                            for (size_t i = 0; i < src.size(); ++i) back[i] = src[i];
+                            for (size_t i = 0; i < src.size(); ++i)
+                                back[i] = src[i];
                             return;
                         }
                         dst.resize(src.size() * 2);
@@ -227,13 +238,15 @@ TEST_CASE("attention_head matches softmax(q.K * scale) V for f32, f16 and bf16 c
                     double m = -1e300, sum = 0.0;
                     for (int64_t j = 0; j < n_keys; ++j) {
                         double s = 0.0;
-                        for (int64_t d = 0; d < head_dim; ++d) s += double(q[size_t(d)]) * kd[size_t(j * head_dim + d)];
+                        for (int64_t d = 0; d < head_dim; ++d)
+                            s += double(q[size_t(d)]) * kd[size_t(j * head_dim + d)];
                         s *= scale;
                         if (softcap > 0) s = softcap * std::tanh(s / softcap);
                         p[size_t(j)] = s;
                         m = std::max(m, s);
                     }
-                    for (double& s : p) sum += s = std::exp(s - m);
+                    for (double& s : p)
+                        sum += s = std::exp(s - m);
                     for (int64_t j = 0; j < n_keys; ++j)
                         for (int64_t d = 0; d < head_dim_v; ++d)
                             ref[size_t(d)] += p[size_t(j)] / sum * vd[size_t(j * head_dim_v + d)];

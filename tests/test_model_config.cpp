@@ -26,14 +26,15 @@ struct TinySpec {
 };
 
 std::vector<uint8_t> g_zeros(1 << 20, 0);
-bool g_random_weights = false;   // zeros (shape tests) or N(0, 0.5) values (forward tests)
+bool g_random_weights = false; // zeros (shape tests) or N(0, 0.5) values (forward tests)
 
 const std::vector<float>& random_pool() {
     static const std::vector<float> pool = [] {
         std::mt19937 rng(42);
         std::normal_distribution<float> dist(0.0f, 0.5f);
         std::vector<float> v(1 << 18);
-        for (float& x : v) x = dist(rng);
+        for (float& x : v)
+            x = dist(rng);
         return v;
     }();
     return pool;
@@ -41,15 +42,17 @@ const std::vector<float>& random_pool() {
 
 void add(GgufWriter& w, const std::string& name, std::vector<int64_t> ne) {
     int64_t n = 1;
-    for (int64_t d : ne) n *= d;
+    for (int64_t d : ne)
+        n *= d;
     if (!g_random_weights) {
         w.add_tensor(name, GgmlType::F32, std::move(ne), std::span<const uint8_t>(g_zeros.data(), size_t(n) * 4));
         return;
     }
     // Each tensor a different slice of the pool, so no two weights are equal.
     const size_t offset = std::hash<std::string>{}(name) % (random_pool().size() - size_t(n));
-    w.add_tensor(name, GgmlType::F32, std::move(ne),
-                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(random_pool().data() + offset), size_t(n) * 4));
+    w.add_tensor(
+        name, GgmlType::F32, std::move(ne),
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(random_pool().data() + offset), size_t(n) * 4));
 }
 
 GgufWriter tiny_writer(const TinySpec& s) {
@@ -135,7 +138,7 @@ TEST_CASE("gemma3: local/global layer pattern, rope bases, scaling, norms and fl
     s.arch = "gemma3";
     s.n_layers = 12;
     s.qk_norm = s.post_norms = s.tied = true;
-    s.head_dim = 16;   // n_heads * head_dim != dim, as in real gemmas
+    s.head_dim = 16; // n_heads * head_dim != dim, as in real gemmas
     GgufWriter w = tiny_writer(s);
     w.set("gemma3.attention.sliding_window", GgufValue::make_u32(512));
     w.set("gemma3.rope.freq_base", GgufValue::make_f32(1e6f));
@@ -217,9 +220,9 @@ TEST_CASE("missing and mis-shaped tensors, unsupported rope scaling: precise err
     }
     {
         TinySpec bad = s;
-        bad.n_kv_heads = 4;   // the tensors say 4 KV heads ...
+        bad.n_kv_heads = 4; // the tensors say 4 KV heads ...
         GgufWriter w = tiny_writer(bad);
-        w.set("llama.attention.head_count_kv", GgufValue::make_u32(2));   // ... the metadata says 2
+        w.set("llama.attention.head_count_kv", GgufValue::make_u32(2)); // ... the metadata says 2
         const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "shape.gguf")); });
         CHECK(msg.find("tensor blk.0.attn_k.weight has shape [32, 32] but expected [32, 16] "
                        "[dim, n_kv_heads*head_dim]") != std::string::npos);
@@ -259,7 +262,7 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
     g_random_weights = true;
     TinySpec s;
     s.arch = "gemma3";
-    s.n_layers = 1;   // layer 0 is local (0 % 6 < 5)
+    s.n_layers = 1; // layer 0 is local (0 % 6 < 5)
     s.qk_norm = s.post_norms = s.tied = true;
     GgufWriter w = tiny_writer(s);
     const int32_t window = 4;
@@ -277,8 +280,8 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
     for (int32_t p = window - 1; p < static_cast<int32_t>(tokens.size()); ++p) {
         CpuBackend part;
         part.load(m.config, m.weights, RunOptions{32, KvType::f32, 1});
-        part.forward(ForwardBatch{std::span(tokens).subspan(size_t(p - window + 1), size_t(window)), 0,
-                                  LogitsWanted::last});
+        part.forward(
+            ForwardBatch{std::span(tokens).subspan(size_t(p - window + 1), size_t(window)), 0, LogitsWanted::last});
         for (int64_t v = 0; v < vocab; ++v)
             max_d = std::max(max_d, double(std::abs(full.logits(p)[size_t(v)] - part.logits(0)[size_t(v)])));
     }
@@ -291,7 +294,8 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
     g.load(global, m.weights, RunOptions{32, KvType::f32, 1});
     g.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
     for (int64_t v = 0; v < vocab; ++v)
-        max_windowless = std::max(max_windowless, double(std::abs(g.logits(11)[size_t(v)] - full.logits(11)[size_t(v)])));
+        max_windowless =
+            std::max(max_windowless, double(std::abs(g.logits(11)[size_t(v)] - full.logits(11)[size_t(v)])));
     CHECK(max_windowless > 1e-2);
     MESSAGE("window 4: max |Δ| vs the last-4-tokens forward " << max_d << "; without the window " << max_windowless);
 }
@@ -314,8 +318,9 @@ TEST_CASE("backend factory, KV type names, unsupported KV types on the cpu") {
     if (!test::shared_available()) return;
     const Model m = load_model(test::shared_path("models/gguf/stories260K-f32.gguf").string());
     CpuBackend cpu;
-    CHECK(error_of([&] { cpu.load(m.config, m.weights, RunOptions{64, KvType::q8_0, 1}); })
-              .find("not yet supported on cpu") != std::string::npos);
+    CHECK(error_of([&] {
+              cpu.load(m.config, m.weights, RunOptions{64, KvType::q8_0, 1});
+          }).find("not yet supported on cpu") != std::string::npos);
     CHECK_THROWS_AS(cpu.load(m.config, m.weights, RunOptions{64, KvType::f8_e4m3, 1}), UsageError);
     cpu.load(m.config, m.weights, RunOptions{8, KvType::bf16, 1});
     const std::vector<int32_t> toks = {1, 403, 407};
@@ -324,8 +329,9 @@ TEST_CASE("backend factory, KV type names, unsupported KV types on the cpu") {
     CHECK(cpu.n_logit_rows() == 1);
     CHECK_THROWS_AS(cpu.logits(1), UsageError);
     const std::vector<int32_t> too_many(6, 1);
-    CHECK(error_of([&] { cpu.forward(ForwardBatch{too_many, 3, LogitsWanted::last}); })
-              .find("do not fit the context of 8") != std::string::npos);
+    CHECK(error_of([&] {
+              cpu.forward(ForwardBatch{too_many, 3, LogitsWanted::last});
+          }).find("do not fit the context of 8") != std::string::npos);
     const std::vector<int32_t> bad_tok = {512};
     CHECK_THROWS_AS(cpu.forward(ForwardBatch{bad_tok, 3, LogitsWanted::last}), UsageError);
 }

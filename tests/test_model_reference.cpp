@@ -73,7 +73,9 @@ fs::path model_path_for(const std::string& stem) {
     return {};
 }
 
-bool is_f32_file(const std::string& stem) { return stem.size() > 4 && stem.substr(stem.size() - 4) == "-f32"; }
+bool is_f32_file(const std::string& stem) {
+    return stem.size() > 4 && stem.substr(stem.size() - 4) == "-f32";
+}
 
 // Teacher-forced logits of `tokens` in one forward, every row kept: (n, vocab).
 std::vector<float> batch_logits(const Model& m, const std::vector<int32_t>& tokens, KvType kv, int threads) {
@@ -90,9 +92,11 @@ std::vector<float> batch_logits(const Model& m, const std::vector<int32_t>& toke
 
 double log_sum_exp(const float* row, int64_t n) {
     double max = row[0];
-    for (int64_t i = 1; i < n; ++i) max = std::max(max, static_cast<double>(row[i]));
+    for (int64_t i = 1; i < n; ++i)
+        max = std::max(max, static_cast<double>(row[i]));
     double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(row[i]) - max);
+    for (int64_t i = 0; i < n; ++i)
+        sum += std::exp(static_cast<double>(row[i]) - max);
     return max + std::log(sum);
 }
 
@@ -105,9 +109,9 @@ int32_t argmax_row(const float* row, int64_t n) {
 
 // How our logit rows compare with one reference file's steps.
 struct Agreement {
-    double max_top = 0.0;       // max |Δ| over the reference's top-10 entries
-    double max_lse = 0.0;       // max |Δ lse|
-    double max_next = 0.0;      // max |Δ next_logit| (and |Δ log p(next)|)
+    double max_top = 0.0;  // max |Δ| over the reference's top-10 entries
+    double max_lse = 0.0;  // max |Δ lse|
+    double max_next = 0.0; // max |Δ next_logit| (and |Δ log p(next)|)
     int top1_same = 0, steps = 0;
     int greedy_checked = 0;     // gen steps whose argmax was checked (before the first small margin)
     int greedy_mismatch = -1;   // first gen step (0-based) whose argmax differs, -1 if none
@@ -153,14 +157,16 @@ Agreement compare_steps(const json& steps, const std::vector<float>& logits, int
         }
         // Our top-10 may only hold tokens outside the reference's top-10 where the reference's 10th is a near-tie.
         std::vector<int32_t> ours(static_cast<size_t>(vocab));
-        for (int32_t i = 0; i < vocab; ++i) ours[static_cast<size_t>(i)] = i;
+        for (int32_t i = 0; i < vocab; ++i)
+            ours[static_cast<size_t>(i)] = i;
         const size_t k = std::min<size_t>(top.size(), ours.size());
         std::partial_sort(ours.begin(), ours.begin() + static_cast<std::ptrdiff_t>(k), ours.end(),
                           [&](int32_t x, int32_t y) { return row[x] > row[y] || (row[x] == row[y] && x < y); });
         const double ref_last = top.back()[1].get<double>();
         for (size_t j = 0; j < k; ++j) {
             bool found = false;
-            for (const json& e : top) found = found || e[0].get<int32_t>() == ours[j];
+            for (const json& e : top)
+                found = found || e[0].get<int32_t>() == ours[j];
             if (!found && row[ours[j]] > ref_last + tol) ++a.foreign_top;
         }
         const int32_t ref_top1 = top[0][0].get<int32_t>();
@@ -192,7 +198,8 @@ std::string fmt(double v) {
 
 std::vector<int32_t> path_tokens(const json& ref) {
     std::vector<int32_t> t = ref["prompt_tokens"].get<std::vector<int32_t>>();
-    for (int32_t id : ref["generated_tokens"].get<std::vector<int32_t>>()) t.push_back(id);
+    for (int32_t id : ref["generated_tokens"].get<std::vector<int32_t>>())
+        t.push_back(id);
     return t;
 }
 
@@ -224,11 +231,12 @@ TEST_CASE("every model file and prompt agrees with the llama.cpp reference (teac
     }
     const auto t0 = std::chrono::steady_clock::now();
     const auto readme = readme_tolerances();
-    std::string table = "\nmodel                         tol_ref  max|d|ref  top1    greedy(checked/first-miss)  max|d|twin\n";
+    std::string table =
+        "\nmodel                         tol_ref  max|d|ref  top1    greedy(checked/first-miss)  max|d|twin\n";
     int n_files = 0;
     for (const std::string& stem : reference_stems()) {
         const fs::path model_path = model_path_for(stem);
-        if (model_path.empty()) continue;   // a reference folder whose model file is not in shared/models
+        if (model_path.empty()) continue; // a reference folder whose model file is not in shared/models
         CAPTURE(stem);
         const Model m = load_model(model_path.string());
         const bool f32 = is_f32_file(stem);
@@ -244,11 +252,12 @@ TEST_CASE("every model file and prompt agrees with the llama.cpp reference (teac
             const std::vector<int32_t> tokens = path_tokens(ref);
             const std::vector<float> logits = batch_logits(m, tokens, KvType::f32, kThreads);
             const Agreement a = compare_steps(ref["steps"], logits, m.config.vocab, tol_ref, tol_ref);
-            CHECK_MESSAGE(a.max_all() <= tol_ref, stem << "/" << slug << ": max |Δ| " << a.max_all() << " > " << tol_ref);
+            CHECK_MESSAGE(a.max_all() <= tol_ref,
+                          stem << "/" << slug << ": max |Δ| " << a.max_all() << " > " << tol_ref);
             CHECK(a.foreign_top == 0);
-            if (f32) CHECK(a.confident_mismatch == 0);   // argmax agrees wherever the margin exceeds 1e-3
-            CHECK_MESSAGE(a.greedy_mismatch < 0, stem << "/" << slug << ": greedy id differs at gen step "
-                                                       << a.greedy_mismatch);
+            if (f32) CHECK(a.confident_mismatch == 0); // argmax agrees wherever the margin exceeds 1e-3
+            CHECK_MESSAGE(a.greedy_mismatch < 0,
+                          stem << "/" << slug << ": greedy id differs at gen step " << a.greedy_mismatch);
             ref_all.merge(a);
 
             const fs::path twin_path = pf.parent_path() / (slug + ".twin.json");
@@ -306,7 +315,8 @@ TEST_CASE("incremental decode equals the batch forward; f16 KV stays within the 
             compare_row(0, split - 1);
         }
         be.forward(ForwardBatch{std::span(tokens).subspan(split, n_prompt - split), split, LogitsWanted::all});
-        for (int32_t p = split; p < n_prompt; ++p) compare_row(p - split, p);
+        for (int32_t p = split; p < n_prompt; ++p)
+            compare_row(p - split, p);
         for (int32_t p = n_prompt; p < static_cast<int32_t>(tokens.size()); ++p) {
             be.forward(ForwardBatch{std::span(tokens).subspan(p, 1), p, LogitsWanted::last});
             compare_row(0, p);
@@ -367,7 +377,7 @@ TEST_CASE("results are bit-identical across thread counts and KV snapshots resto
         other.forward(ForwardBatch{rest.first(1), n_prompt, LogitsWanted::last});
         CHECK(std::equal(first.begin(), first.end(), other.logits(0).begin()));
 
-        CHECK_THROWS(be.forward(ForwardBatch{rest.first(1), n_prompt, LogitsWanted::last}));   // wrong pos0
+        CHECK_THROWS(be.forward(ForwardBatch{rest.first(1), n_prompt, LogitsWanted::last})); // wrong pos0
         CHECK_THROWS(be.kv_truncate(be.n_past() + 1));
     }
 }
@@ -428,7 +438,7 @@ TEST_CASE("Gemma 3 270M agrees with llama.cpp on the tests/data/gemma3 prompts")
             const Agreement t = compare_steps(twin["steps"], logits, m.config.vocab, tol_twin, -1.0);
             twin_d = t.max_all();
             CHECK(twin_d <= tol_twin);
-            CHECK(t.confident_mismatch == 0);   // the twin's argmax wherever its margin exceeds 0.05
+            CHECK(t.confident_mismatch == 0); // the twin's argmax wherever its margin exceeds 0.05
         }
         char line[256];
         std::snprintf(line, sizeof line, "%-30s %5zu  %9.3g  %9.3g  %10.3g  %5.3f  %6d/%-6d  %4d / %-18s  %.3g\n",

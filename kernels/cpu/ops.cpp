@@ -13,13 +13,16 @@ namespace tern {
 
 void rmsnorm_f32(const float* x, const float* w, float* y, int64_t n, float eps) {
     double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    for (int64_t i = 0; i < n; ++i)
+        sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
     const float mean = static_cast<float>(sum / static_cast<double>(n));
     const float scale = 1.0f / std::sqrt(mean + eps);
     if (w) {
-        for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+        for (int64_t i = 0; i < n; ++i)
+            y[i] = (x[i] * scale) * w[i];
     } else {
-        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+        for (int64_t i = 0; i < n; ++i)
+            y[i] = x[i] * scale;
     }
 }
 
@@ -46,7 +49,7 @@ inline void rotate(float& a, float& b, double theta) {
 
 void rope_normal_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
                      const float* freq_factors) {
-    (void)head_dim;   // dims n_rot.. head_dim-1 pass through unchanged
+    (void)head_dim; // dims n_rot.. head_dim-1 pass through unchanged
     for (int64_t i = 0; i < n_rot / 2; ++i)
         rotate(x[2 * i], x[2 * i + 1], rope_theta(i, n_rot, pos, base, freq_scale, freq_factors));
 }
@@ -61,17 +64,21 @@ void rope_neox_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float
 
 void softmax_f32(float* x, int64_t n) {
     float max = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+    for (int64_t i = 0; i < n; ++i)
+        max = std::max(max, x[i]);
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) {
         x[i] = std::exp(x[i] - max);
         sum += x[i];
     }
     const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+    for (int64_t i = 0; i < n; ++i)
+        x[i] *= inv;
 }
 
-float silu_f32(float x) { return x / (1.0f + std::exp(-x)); }
+float silu_f32(float x) {
+    return x / (1.0f + std::exp(-x));
+}
 
 float gelu_tanh_f32(float x) {
     constexpr float sqrt_2_over_pi = 0.79788456080286535588f;
@@ -80,15 +87,18 @@ float gelu_tanh_f32(float x) {
 }
 
 void swiglu_f32(const float* gate, const float* up, float* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) y[i] = silu_f32(gate[i]) * up[i];
+    for (int64_t i = 0; i < n; ++i)
+        y[i] = silu_f32(gate[i]) * up[i];
 }
 
 void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh_f32(gate[i]) * up[i];
+    for (int64_t i = 0; i < n; ++i)
+        y[i] = gelu_tanh_f32(gate[i]) * up[i];
 }
 
 void softcap_f32(float* x, int64_t n, float cap) {
-    for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+    for (int64_t i = 0; i < n; ++i)
+        x[i] = cap * std::tanh(x[i] / cap);
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -96,44 +106,49 @@ float dot_f32(const float* a, const float* b, int64_t n) {
     float acc[lanes] = {};
     int64_t i = 0;
     for (; i + lanes <= n; i += lanes)
-        for (int l = 0; l < lanes; ++l) acc[l] += a[i + l] * b[i + l];
+        for (int l = 0; l < lanes; ++l)
+            acc[l] += a[i + l] * b[i + l];
     float tail = 0.0f;
-    for (; i < n; ++i) tail += a[i] * b[i];
+    for (; i < n; ++i)
+        tail += a[i] * b[i];
     for (int width = lanes / 2; width >= 1; width /= 2)
-        for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+        for (int l = 0; l < width; ++l)
+            acc[l] += acc[l + width];
     return acc[0] + tail;
 }
 
 namespace {
 
 // Row dequantization for matmul_dequant. The reference decoders are written for clarity; the
-// hottest formats of real files get straight loops here (the SIMD issue replaces them). Q8_0 (the tied lm_head of gemma/qwen files: 2/3 of the
-// weights a Gemma 3 270M token reads) gets an inline loop the compiler vectorises, ~4x the generic
-// per-block path; its values are bit-identical to quant/reference's (the same one f32 product).
+// hottest formats of real files get straight loops here (the SIMD issue replaces them). Q8_0 (the tied lm_head of
+// gemma/qwen files: 2/3 of the weights a Gemma 3 270M token reads) gets an inline loop the compiler vectorises, ~4x the
+// generic per-block path; its values are bit-identical to quant/reference's (the same one f32 product).
 void dequantize_row_for_matmul(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
     if (type == GgmlType::Q8_0) {
-        constexpr int64_t qk = 32, block_size = 34;   // f16 scale + 32 int8 codes
+        constexpr int64_t qk = 32, block_size = 34; // f16 scale + 32 int8 codes
         for (int64_t b = 0; b < n / qk; ++b) {
             const uint8_t* blk = src + b * block_size;
             const float d = f16_to_f32(static_cast<uint16_t>(blk[0] | (blk[1] << 8)));
             const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
-            for (int64_t j = 0; j < qk; ++j) dst[b * qk + j] = static_cast<float>(qs[j]) * d;
+            for (int64_t j = 0; j < qk; ++j)
+                dst[b * qk + j] = static_cast<float>(qs[j]) * d;
         }
         return;
     }
     if (type == GgmlType::Q5_0) {
         // Gemma's attention and gate/up projections. The 5th bits are expanded per block into a small
         // array first so the inner loops have no variable shifts.
-        constexpr int64_t qk = 32, block_size = 22;   // f16 d, qh[4], qs[16]
+        constexpr int64_t qk = 32, block_size = 22; // f16 d, qh[4], qs[16]
         for (int64_t b = 0; b < n / qk; ++b) {
             const uint8_t* blk = src + b * block_size;
             const float d = f16_to_f32(static_cast<uint16_t>(blk[0] | (blk[1] << 8)));
-            const uint32_t qh = uint32_t(blk[2]) | (uint32_t(blk[3]) << 8) | (uint32_t(blk[4]) << 16) |
-                                (uint32_t(blk[5]) << 24);
+            const uint32_t qh =
+                uint32_t(blk[2]) | (uint32_t(blk[3]) << 8) | (uint32_t(blk[4]) << 16) | (uint32_t(blk[5]) << 24);
             const uint8_t* qs = blk + 6;
             int32_t high[32];
 #pragma GCC unroll 32
-            for (int j = 0; j < 32; ++j) high[j] = static_cast<int32_t>((qh >> j) & 1u) << 4;
+            for (int j = 0; j < 32; ++j)
+                high[j] = static_cast<int32_t>((qh >> j) & 1u) << 4;
             float* y = dst + b * qk;
             for (int j = 0; j < 16; ++j) {
                 y[j] = static_cast<float>(((qs[j] & 15) | high[j]) - 16) * d;
@@ -146,7 +161,7 @@ void dequantize_row_for_matmul(GgmlType type, const uint8_t* src, float* dst, in
         // Q6_K's reference decodes element by element with index arithmetic (a third of Gemma 3 270M's
         // decode time); here each of the 4 interleaved 32-element groups of a 128-element half is a
         // straight loop. Same f32 operations, so the same bits: (d * scale) * q.
-        constexpr int64_t qk = 256, block_size = 210;   // ql[128], qh[64], scales[16] (int8), f16 d
+        constexpr int64_t qk = 256, block_size = 210; // ql[128], qh[64], scales[16] (int8), f16 d
         for (int64_t b = 0; b < n / qk; ++b) {
             const uint8_t* blk = src + b * block_size;
             const uint8_t* ql = blk;
@@ -161,7 +176,7 @@ void dequantize_row_for_matmul(GgmlType type, const uint8_t* src, float* dst, in
                 for (int g = 0; g < 4; ++g) {
                     const uint8_t* low = lo + 32 * (g & 1);
                     const int low_shift = g < 2 ? 0 : 4;
-                    for (int half = 0; half < 2; ++half) {   // 16 elements share one scale
+                    for (int half = 0; half < 2; ++half) { // 16 elements share one scale
                         const float ds = d * static_cast<float>(scales[(128 * c + 32 * g + 16 * half) / 16]);
                         for (int l = 16 * half; l < 16 * half + 16; ++l) {
                             const int q = (((low[l] >> low_shift) & 15) | (((hi[l] >> (2 * g)) & 3) << 4)) - 32;
@@ -182,14 +197,14 @@ int threads_for_work(int64_t work, int n_threads) {
     return work < (int64_t{1} << 20) ? 1 : std::max(n_threads, 1);
 }
 
-void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols,
-                    float* y, int n_threads) {
+void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols, float* y,
+                    int n_threads) {
     const size_t row_size = row_bytes(type, n_in);
     const auto* base = static_cast<const uint8_t*>(w);
     const int threads = threads_for_work(n_out * n_in * n_cols, n_threads);
 #pragma omp parallel num_threads(threads)
     {
-        std::vector<float> row_buf(type == GgmlType::F32 ? 0 : static_cast<size_t>(n_in));   // (n_in) f32
+        std::vector<float> row_buf(type == GgmlType::F32 ? 0 : static_cast<size_t>(n_in)); // (n_in) f32
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < n_out; ++r) {
             const uint8_t* src = base + static_cast<size_t>(r) * row_size;
@@ -200,18 +215,21 @@ void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, c
                 dequantize_row_for_matmul(type, src, row_buf.data(), n_in);
                 row = row_buf.data();
             }
-            for (int64_t c = 0; c < n_cols; ++c) y[c * n_out + r] = dot_f32(row, x + c * n_in, n_in);
+            for (int64_t c = 0; c < n_cols; ++c)
+                y[c * n_out + r] = dot_f32(row, x + c * n_in, n_in);
         }
     }
 }
 
 namespace {
 
-template <KvElem E>
-inline float kv_load(const void* base, int64_t i) {
-    if constexpr (E == KvElem::f32) return static_cast<const float*>(base)[i];
-    else if constexpr (E == KvElem::f16) return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    else return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+template <KvElem E> inline float kv_load(const void* base, int64_t i) {
+    if constexpr (E == KvElem::f32)
+        return static_cast<const float*>(base)[i];
+    else if constexpr (E == KvElem::f16)
+        return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    else
+        return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
 }
 
 template <KvElem E>
@@ -223,17 +241,20 @@ void attention_head_impl(const float* q, const void* k, const void* v, int64_t n
             s = dot_f32(q, static_cast<const float*>(k) + j * head_dim, head_dim);
         } else {
             s = 0.0f;
-            for (int64_t d = 0; d < head_dim; ++d) s += q[d] * kv_load<E>(k, j * head_dim + d);
+            for (int64_t d = 0; d < head_dim; ++d)
+                s += q[d] * kv_load<E>(k, j * head_dim + d);
         }
         s *= scale;
         if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
         scores[j] = s;
     }
     softmax_f32(scores, n_keys);
-    for (int64_t d = 0; d < head_dim_v; ++d) out[d] = 0.0f;
+    for (int64_t d = 0; d < head_dim_v; ++d)
+        out[d] = 0.0f;
     for (int64_t j = 0; j < n_keys; ++j) {
         const float p = scores[j];
-        for (int64_t d = 0; d < head_dim_v; ++d) out[d] += p * kv_load<E>(v, j * head_dim_v + d);
+        for (int64_t d = 0; d < head_dim_v; ++d)
+            out[d] += p * kv_load<E>(v, j * head_dim_v + d);
     }
 }
 

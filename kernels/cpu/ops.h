@@ -47,8 +47,8 @@ float dot_f32(const float* a, const float* b, int64_t n);
 //   x: (n_cols, n_in) f32;  y: (n_cols, n_out) f32
 // Each weight row is dequantized once into a thread-local f32 buffer and dotted with every column,
 // so a batch reads the weights once. OpenMP over output rows with n_threads threads.
-void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols,
-                    float* y, int n_threads);
+void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols, float* y,
+                    int n_threads);
 
 // The thread count worth using for `work` multiply-adds: 1 below ~1M (a fork/join plus the idle
 // threads' spin-wait costs more than the ~0.5 ms of scalar work it would split), else n_threads.
@@ -63,7 +63,7 @@ enum class KvElem { f32, f16, bf16 };
 // score_j = (q . k_j) * scale, then c * tanh(score_j / c) when softcap > 0, softmax, out = sum_j p_j v_j.
 // The caller chooses which positions are visible (causal mask, sliding window) by where k/v start
 // and n_keys.
-void attention_head(const float* q, const void* k, const void* v, KvElem elem, int64_t n_keys,
-                    int64_t head_dim, int64_t head_dim_v, float scale, float softcap, float* scores, float* out);
+void attention_head(const float* q, const void* k, const void* v, KvElem elem, int64_t n_keys, int64_t head_dim,
+                    int64_t head_dim_v, float scale, float softcap, float* scores, float* out);
 
 } // namespace tern
