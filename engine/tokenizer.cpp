@@ -3,6 +3,7 @@
 #include "engine/tokenizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 
 #include "engine/tokenizer_impl.h"
@@ -20,12 +21,29 @@ void vocab_error(const VocabSpec& spec, const std::string& what) {
 
 namespace {
 
-// Texts that end a turn in the chat formats we know. When the metadata names no EOT token the
-// first of these present becomes it, and each present one ends generation.
-constexpr const char* kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>",      "<|end|>",   "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>",      "<|end_of_text|>", "_<EOT>",    "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+// Marker texts that llama.cpp treats as control tokens whatever type the vocabulary gives them
+// (converters often type them user-defined or normal). A control token is only recognised in text
+// with parse_special, so following llama.cpp here keeps the ids users compare identical.
+//
+// Turn ends: the first one present becomes EOT when the metadata names none.
+constexpr const char* kEotTexts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "_<EOT>",
+    "<｜end▁of▁sentence｜>", "<end_of_utterance>",
 };
+// Everything that ends generation when present (in addition to EOS, EOT and EOM).
+constexpr const char* kEogTexts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+    "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "</s>",
+};
+// Fill-in-the-middle markers, one role per row: the first text present in each row.
+constexpr std::array<std::array<const char*, 7>, 6> kFimTexts = {{
+    {"<|fim_prefix|>", "<fim-prefix>", "<｜fim▁begin｜>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<|code_prefix|>"},
+    {"<|fim_suffix|>", "<fim-suffix>", "<｜fim▁hole｜>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<|code_suffix|>"},
+    {"<|fim_middle|>", "<fim-middle>", "<｜fim▁end｜>", "<fim_middle>", "<MID>", "▁<MID>", "<|code_middle|>"},
+    {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", nullptr, nullptr, nullptr, nullptr},
+    {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", nullptr, nullptr},
+    {"<|file_sep|>", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
+}};
 
 bool is_space_byte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
 
@@ -63,20 +81,35 @@ VocabTokenizer::VocabTokenizer(VocabSpec spec) : spec_(std::move(spec)) {
     // A repeated text maps to its last id, as llama.cpp's table does, so both agree on ids.
     for (size_t i = 0; i < n; ++i) token_to_id_[spec_.tokens[i]] = static_cast<int32_t>(i);
 
+    auto make_control = [&](int32_t id) { spec_.types[static_cast<size_t>(id)] = static_cast<int32_t>(TokenType::control); };
     if (spec_.eot < 0) {
-        for (const char* t : kEogTexts) {
+        for (const char* t : kEotTexts) {
             if (int32_t id = token_id(t); id >= 0) {
                 spec_.eot = id;
                 break;
             }
         }
     }
-    // An EOT that is typed as plain text would be produced by ordinary text; treat it as control.
-    if (spec_.eot >= 0) spec_.types[static_cast<size_t>(spec_.eot)] = static_cast<int32_t>(TokenType::control);
+    if (spec_.eom < 0) spec_.eom = token_id("<|eom_id|>");
+    for (int32_t id : {spec_.eot, spec_.eom})
+        if (id >= 0) make_control(id);
+    for (const auto& row : kFimTexts) {
+        for (const char* t : row) {
+            if (!t) break;
+            if (int32_t id = token_id(t); id >= 0) {
+                make_control(id);
+                break;
+            }
+        }
+    }
     for (int32_t id : {spec_.eos, spec_.eot, spec_.eom})
         if (id >= 0) eog_.push_back(id);
-    for (const char* t : kEogTexts)
-        if (int32_t id = token_id(t); id >= 0 && type_of(id) == TokenType::control) eog_.push_back(id);
+    for (const char* t : kEogTexts) {
+        if (int32_t id = token_id(t); id >= 0) {
+            make_control(id);
+            eog_.push_back(id);
+        }
+    }
     std::sort(eog_.begin(), eog_.end());
     eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
 

@@ -310,6 +310,36 @@ TEST_CASE("arbitrary bytes never crash and byte-complete vocabularies give them 
     }
 }
 
+TEST_CASE("unicode helpers: categories from PCRE2, accent stripping, GPT-2 byte map, UTF-8 tails") {
+    using namespace unicode;
+    CHECK((cp_flags('A') & cp_letter));
+    CHECK((cp_flags(0x4E2D) & cp_letter));       // 中
+    CHECK((cp_flags('7') & cp_number));
+    CHECK((cp_flags(0x00BD) & cp_number));       // ½
+    CHECK((cp_flags('!') & cp_punct));
+    CHECK((cp_flags('$') & cp_symbol));
+    CHECK((cp_flags(0x3000) & cp_whitespace));   // ideographic space
+    CHECK((cp_flags(0x200D) & cp_control));      // ZWJ is Cf
+    CHECK((cp_flags(0x0301) & cp_nonspacing));
+    CHECK(to_lower('Q') == 'q');
+    CHECK(to_lower(0x0416) == 0x0436);            // Ж -> ж
+    std::u32string s;
+    append_stripped_nfd(s, 0x00C4);               // Ä -> A
+    append_stripped_nfd(s, 0x0301);               // a lone combining acute disappears
+    append_stripped_nfd(s, 0xD55C);               // 한 -> jamo
+    CHECK(s == std::u32string{U'A', 0x1112, 0x1161, 0x11AB});
+    CHECK(bytes_to_bpe(" \n") == "\xC4\xA0\xC4\x8A");   // Ġ Ċ
+    CHECK(bpe_to_bytes("\xC4\xA0\xC4\x8A") == " \n");
+    for (int b = 0; b < 256; ++b) {
+        size_t pos = 0;
+        CHECK(bpe_char_to_byte(decode_utf8(byte_to_bpe_char(static_cast<uint8_t>(b)), pos)) == b);
+    }
+    CHECK(incomplete_utf8_tail("a\xE2\x82") == 2);
+    CHECK(incomplete_utf8_tail("a\xE2\x82\xAC") == 0);
+    CHECK(incomplete_utf8_tail("\xFF") == 0);
+    CHECK(sanitize_utf8("a\xFF" "b\xC3") == "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+}
+
 TEST_CASE("errors name the file and key") {
     VocabSpec spec;
     spec.source = "x.gguf";
