@@ -86,7 +86,8 @@ std::string fmt(const char* f, double v) {
 
 int run(const RunFlags& f) {
     const SamplingParams sampling = resolve_sampling(f.sampling);
-    if (f.system_opt->count() > 0 && !f.chat) throw UsageError("--system: only with --chat (the system turn of the chat template)");
+    if (f.system_opt->count() > 0 && !f.chat)
+        throw UsageError("--system: only with --chat (the system turn of the chat template)");
     if (!f.chat_template.empty() && !f.chat) throw UsageError("--chat-template: only with --chat");
     std::string prompt = read_prompt(f);
     if (f.prompt_opt->count() > 0 && !f.no_escape) prompt = process_escapes(prompt);
@@ -106,7 +107,8 @@ int run(const RunFlags& f) {
     if (tokens.empty()) {
         // Only a vocabulary without BOS (or --no-bos) gets here with an empty prompt.
         const int32_t bos = session.tokenizer().bos();
-        if (bos < 0 || f.no_bos) throw UsageError("-p: the prompt is empty and the model has no BOS token to start from");
+        if (bos < 0 || f.no_bos)
+            throw UsageError("-p: the prompt is empty and the model has no BOS token to start from");
         tokens.push_back(bos);
     }
     if (static_cast<int32_t>(tokens.size()) > loaded.n_ctx)
@@ -179,7 +181,8 @@ Command add_run_command(CLI::App& root) {
     f->prompt_opt = cmd->add_option("-p,--prompt", f->prompt, "prompt text");
     f->file_opt = cmd->add_option("-f,--file", f->file, "read the prompt from a file (one trailing newline dropped)");
     f->prompt_opt->excludes(f->file_opt);
-    cmd->add_option("-n,--n-predict", f->n_predict, "tokens to generate; -1 = until EOS or the context is full (default 256)");
+    cmd->add_option("-n,--n-predict", f->n_predict,
+                    "tokens to generate; -1 = until EOS or the context is full (default 256)");
     add_sampling_options(*cmd, f->sampling);
     cmd->add_option("--stop", f->stop, "stop when this text appears; it is not printed (repeatable)")
         ->allow_extra_args(false);
@@ -192,7 +195,8 @@ Command add_run_command(CLI::App& root) {
                     "chat format for --chat instead of the model's template: " + names);
     cmd->add_flag("--json", f->json, "print one JSON document (text, tokens, timings, ...) instead of the text");
     cmd->add_flag("--no-bos", f->no_bos, "do not add the BOS token (nor EOS) to the prompt");
-    cmd->add_flag("--no-escape", f->no_escape, "take -p and --stop literally (default: \\n, \\t, \\xHH... are escapes)");
+    cmd->add_flag("--no-escape", f->no_escape,
+                  "take -p and --stop literally (default: \\n, \\t, \\xHH... are escapes)");
     return {cmd, [f] { return run(*f); }};
 }
 

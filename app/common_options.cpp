@@ -186,8 +186,8 @@ std::string render_chat_prompt(const Session& session, const std::string& system
         const std::string arch = model->file.get_string("general.architecture", "");
         if (arch.starts_with("gemma")) {
             if (std::optional<ChatTemplate> t = ChatTemplate::from_name("gemma")) {
-                std::cerr << "tern: the model has no chat template (tokenizer.chat_template); using gemma, the format of "
-                             "its architecture (choose another with --chat-template NAME)\n";
+                std::cerr << "tern: the model has no chat template (tokenizer.chat_template); using gemma, the "
+                             "format of its architecture (choose another with --chat-template NAME)\n";
                 return t->render_prompt(system, user);
             }
         }

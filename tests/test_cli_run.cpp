@@ -105,7 +105,8 @@ TEST_CASE("a stop string ends the text before it, and is never printed") {
         CAPTURE(stop);
         const size_t at = full.find(stop);
         REQUIRE(at != std::string::npos);
-        const json j = run_json({"-p", "Once upon a time", "--temp", "0", "-n", "64", "--kv-type", "f32", "--stop", stop});
+        const json j =
+            run_json({"-p", "Once upon a time", "--temp", "0", "-n", "64", "--kv-type", "f32", "--stop", stop});
         CHECK(j["stop_reason"] == "stop");
         CHECK(j["text"] == full.substr(0, at));
         const CommandResult plain =
@@ -117,7 +118,8 @@ TEST_CASE("a stop string ends the text before it, and is never printed") {
                              "park", "--stop", "girl", "--stop", "zebra-never"});
     CHECK(j["text"] == full.substr(0, full.find("girl")));
     // Escapes as in llama.cpp: "\x2e" is ".".
-    const json k = run_json({"-p", "Once upon a time", "--temp", "0", "-n", "64", "--kv-type", "f32", "--stop", "\\x2e"});
+    const json k =
+        run_json({"-p", "Once upon a time", "--temp", "0", "-n", "64", "--kv-type", "f32", "--stop", "\\x2e"});
     CHECK(k["text"] == full.substr(0, full.find('.')));
 }
 
@@ -191,9 +193,12 @@ TEST_CASE("--chat wraps the prompt in the chat template (chatml when the model h
     if (!shared_available()) return;
     const CommandResult r = run({"-p", "Hi", "--chat", "--system", "Be nice", "-n", "2", "--temp", "0", "--echo"});
     CHECK(r.exit_code == 0);
-    CHECK(r.out.rfind("<|im_start|>system\nBe nice<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", 0) == 0);
+    CHECK(r.out.rfind("<|im_start|>system\nBe nice<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                      "<|im_start|>assistant\n",
+                      0) == 0);
     CHECK(r.err.find("chatml") != std::string::npos);   // the fallback is said once
-    const CommandResult l = run({"-p", "Hi", "--chat", "--chat-template", "llama3", "-n", "2", "--temp", "0", "--echo"});
+    const CommandResult l =
+        run({"-p", "Hi", "--chat", "--chat-template", "llama3", "-n", "2", "--temp", "0", "--echo"});
     CHECK(l.exit_code == 0);
     CHECK(l.out.find("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>") != std::string::npos);
     const json j = run_json({"-p", "Hi", "--chat", "-n", "2"});
@@ -235,7 +240,8 @@ TEST_CASE("a closed stdout (| head -c 5) ends quietly with exit 0") {
     TempDir dir;
     const std::string cmd = "set -o pipefail; " + shell_quote(TERN_BIN) + " run -m " + shell_quote(model_path()) +
                             " --device cpu -p 'Once upon a time' -n -1 -c 2048 -t 1 2>" +
-                            shell_quote((dir / "err").string()) + " | head -c 5 >" + shell_quote((dir / "out").string());
+                            shell_quote((dir / "err").string()) + " | head -c 5 >" +
+                            shell_quote((dir / "out").string());
     const int status = std::system(("bash -c " + shell_quote(cmd)).c_str());
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);   // pipefail: tern's own status
@@ -247,7 +253,8 @@ TEST_CASE("a stdout that fails otherwise (disk full) is an error, exit 3") {
     if (!shared_available() || access("/dev/full", W_OK) != 0) return;
     TempDir dir;
     const std::string cmd = shell_quote(TERN_BIN) + " run -m " + shell_quote(model_path()) +
-                            " --device cpu -p 'Once upon a time' -n 8 >/dev/full 2>" + shell_quote((dir / "err").string());
+                            " --device cpu -p 'Once upon a time' -n 8 >/dev/full 2>" +
+                            shell_quote((dir / "err").string());
     const int status = std::system(cmd.c_str());
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 3);

@@ -175,7 +175,8 @@ TEST_CASE("top-p on a large vocabulary (quickselect on mass) matches the definit
         all.push_back({l[i], static_cast<int32_t>(i)});
         z += std::exp(static_cast<double>(l[i]) - mx);
     }
-    std::sort(all.begin(), all.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+    std::sort(all.begin(), all.end(),
+              [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
     size_t n = 0;
     double cum = 0;
     while (n < all.size()) {
@@ -310,7 +311,8 @@ TEST_CASE("the whole chain equals a literal sort-everything implementation on ra
         apply_penalties(l, hist, p);
         std::vector<std::pair<float, int32_t>> c;
         for (size_t i = 0; i < l.size(); ++i) c.push_back({l[i], static_cast<int32_t>(i)});
-        std::sort(c.begin(), c.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+        std::sort(c.begin(), c.end(),
+                  [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
         if (p.top_k > 0 && static_cast<size_t>(p.top_k) < c.size()) c.resize(static_cast<size_t>(p.top_k));
         const double mx = c[0].first;
         double z = 0;
