@@ -4,6 +4,7 @@
 
 #include "engine/backend_cpu.h"
 #include "formats/error.h"
+#include "kernels/gpu_info.h"
 
 namespace tern {
 
@@ -11,7 +12,13 @@ std::unique_ptr<Backend> make_backend(std::string_view device, std::string* note
     if (note) note->clear();
     if (device == "cpu") return std::make_unique<CpuBackend>();
     if (device == "auto") {
-        if (note) *note = "device auto: this build has no CUDA backend yet, running on the cpu";
+        // Only worth a word when a GPU is there to be disappointed about.
+        if (note && cuda_compiled()) {
+            const size_t n_gpus = list_cuda_devices(nullptr).size();
+            if (n_gpus > 0)
+                *note = "device auto: " + std::to_string(n_gpus) +
+                        " CUDA GPU(s) found but tern has no CUDA backend yet; running on the cpu";
+        }
         return std::make_unique<CpuBackend>();
     }
     if (device == "cuda" || device.starts_with("cuda:"))

@@ -303,8 +303,7 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
 TEST_CASE("backend factory, KV type names, unsupported KV types on the cpu") {
     std::string note;
     auto be = make_backend("auto", &note);
-    CHECK(be->device_name() == "cpu");
-    CHECK_FALSE(note.empty());
+    CHECK(be->device_name() == "cpu");   // a note only when a GPU is present but unusable
     CHECK(make_backend("cpu", &note)->device_name() == "cpu");
     CHECK(note.empty());
     CHECK(error_of([] { make_backend("cuda"); }).find("without a CUDA backend") != std::string::npos);
