@@ -61,13 +61,15 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
     n_ctx_ = n_ctx;
     n_past_ = 0;
     n_kv_heads_ = n_kv_heads_per_layer;
-    k_.assign(n_kv_heads_.size(), {});
-    v_.assign(n_kv_heads_.size(), {});
+    k_.clear();
+    v_.clear();
+    k_.resize(n_kv_heads_.size());
+    v_.resize(n_kv_heads_.size());
     try {
         for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
             const size_t rows = static_cast<size_t>(n_kv_heads_[l]) * static_cast<size_t>(n_ctx);
-            k_[l].assign(rows * static_cast<size_t>(head_dim) * elem_size_, 0);
-            v_[l].assign(rows * static_cast<size_t>(head_dim_v) * elem_size_, 0);
+            k_[l].allocate(rows * static_cast<size_t>(head_dim) * elem_size_);
+            v_[l].allocate(rows * static_cast<size_t>(head_dim_v) * elem_size_);
         }
     } catch (const std::bad_alloc&) {
         throw RuntimeFailure("out of memory allocating the KV cache for " + std::to_string(n_ctx) +

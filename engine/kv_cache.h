@@ -3,6 +3,7 @@
 // Layout per layer: K (n_kv_heads, n_ctx, head_dim), V (n_kv_heads, n_ctx, head_dim_v), so one head's
 // keys are contiguous rows for the attention kernel.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/backend.h"
@@ -47,8 +48,21 @@ private:
     KvElem elem_ = KvElem::f16;
     size_t elem_size_ = 2;
     int32_t head_dim_ = 0, head_dim_v_ = 0, n_ctx_ = 0, n_past_ = 0;
-    std::vector<int32_t> n_kv_heads_;         // per layer
-    std::vector<std::vector<uint8_t>> k_, v_; // per layer: (n_kv_heads, n_ctx, head_dim[_v]) elem
+    std::vector<int32_t> n_kv_heads_; // per layer
+    // Uninitialised storage: a default-sized context of a small model is hundreds of MB (Gemma 3 270M
+    // at 32768 positions: 604 MB in f16) and only positions < n_past are ever read, so the pages are
+    // left for the OS to commit as the cache fills instead of being zeroed up front.
+    struct Buffer {
+        std::unique_ptr<uint8_t[]> bytes;
+        size_t n = 0;
+        void allocate(size_t size) {
+            bytes.reset(new uint8_t[size]);
+            n = size;
+        }
+        uint8_t* data() const { return bytes.get(); }
+        size_t size() const { return n; }
+    };
+    std::vector<Buffer> k_, v_; // per layer: (n_kv_heads, n_ctx, head_dim[_v]) elem
 };
 
 } // namespace tern
