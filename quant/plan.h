@@ -16,7 +16,9 @@
 //   applies only to tensors that would be quantized, also with --pure, and the width fallback below
 //   still applies to the type it names.
 // * The width fallback (§5.4) is applied to every chosen type, including under --pure and for
-//   overrides (llama-quantize would abort there instead).
+//   overrides. A type §5.4 has no fallback for (the legacy types, Q8_0, IQ4_NL) becomes F16, as in
+//   llama-quantize since 2025 (0c1e57098); the baseline c392e5094 stopped with "Unsupported tensor
+//   size" instead. Every fallback is reported once per (type, width).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -105,9 +107,7 @@ bool more_bits(int64_t i, int64_t n);
 // The output order: (layer from "blk.N.", -1 without; then the name bytewise).
 bool tensor_order_less(std::string_view a, std::string_view b);
 
-// Throws UsageError for an override whose regex does not compile, and InputError naming the
-// tensor, its width and the type for a width no format of the rules can hold ("Unsupported tensor
-// size", e.g. width 172 with q4_0).
+// Throws UsageError for an override whose regex does not compile.
 QuantPlan make_quant_plan(const std::vector<PlanInput>& tensors, const ModelFacts& facts, const PlanOptions& options);
 
 } // namespace tern
