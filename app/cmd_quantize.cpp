@@ -33,6 +33,9 @@ namespace tern::app {
 
 namespace {
 
+// The writer removes OUT.tmp when the fill callback throws, so nothing is left behind.
+constexpr const char* kInterrupted = "quantize: interrupted; OUT was not written and its temporary file was removed";
+
 struct QuantizeArgs {
     std::string in;
     std::string out;
@@ -172,7 +175,7 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
     const int64_t slab = std::max<int64_t>(int64_t{n_threads} * 4, std::min<int64_t>(rows, (1 << 22) / width + 1));
     std::string error;
     for (int64_t r0 = 0; r0 < rows; r0 += slab) {
-        if (cancel && cancel->load()) throw TernError(ExitCode::interrupted, "quantize: interrupted");
+        if (cancel && cancel->load()) throw TernError(ExitCode::interrupted, kInterrupted);
         const int64_t r1 = std::min(rows, r0 + slab);
         const int nt = static_cast<int>(std::min<int64_t>(n_threads, r1 - r0));
 #pragma omp parallel num_threads(nt)
@@ -280,7 +283,7 @@ int run_quantize(QuantizeArgs& a) {
         const PlannedTensor& t = plan.tensors[i];
         bar.set_label("quantizing " + std::string(fi.name) + " " + t.name);
         convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done);
-        if (guard.interrupted()) throw TernError(ExitCode::interrupted, "quantize: interrupted");
+        if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
     });
     bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
