@@ -39,11 +39,21 @@ std::string quote_piece(std::string_view piece) {
         for (size_t i = pos; i < pos + valid; ++i) {
             const char c = piece[i];
             switch (c) {
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
-            case '\\': out += "\\\\"; break;
-            case '\'': out += "\\'"; break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\'':
+                out += "\\'";
+                break;
             default:
                 if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
                     char buf[8];
@@ -98,13 +108,15 @@ Command add_tokenize_command(CLI::App& root) {
                 const std::vector<int32_t> ids = tok->encode(text, EncodeOptions{!a->no_bos, a->parse_special});
                 std::string out;
                 if (a->ids) {
-                    for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
+                    for (size_t i = 0; i < ids.size(); ++i)
+                        out += (i ? " " : "") + std::to_string(ids[i]);
                     out += "\n";
                 } else {
-                    for (int32_t id : ids) out += std::to_string(id) + "\t" + quote_piece(tok->token_to_piece(id, true)) + "\n";
+                    for (int32_t id : ids)
+                        out += std::to_string(id) + "\t" + quote_piece(tok->token_to_piece(id, true)) + "\n";
                 }
                 std::cout << out;
-                std::cout.flush();   // a closed pipe (`| head`) just ends the output
+                std::cout.flush(); // a closed pipe (`| head`) just ends the output
                 return 0;
             }};
 }

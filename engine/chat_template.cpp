@@ -30,7 +30,9 @@ constexpr std::array<FamilyName, 16> kFamilies = {{
     {ChatTemplate::Family::command_r, "command-r"},
 }};
 
-bool has(std::string_view text, std::string_view what) { return text.find(what) != std::string_view::npos; }
+bool has(std::string_view text, std::string_view what) {
+    return text.find(what) != std::string_view::npos;
+}
 
 std::string trim(std::string_view s) {
     const char* ws = " \t\n\r\f\v";
@@ -43,7 +45,8 @@ std::string trim(std::string_view s) {
 // "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n". Take its text when it is a
 // plain literal (no expression inside).
 std::string literal_default_system(std::string_view jinja) {
-    for (std::string_view open : {std::string_view("<|im_start|>system\\n"), std::string_view("<|im_start|>system\n")}) {
+    for (std::string_view open :
+         {std::string_view("<|im_start|>system\\n"), std::string_view("<|im_start|>system\n")}) {
         for (size_t at = jinja.find(open); at != std::string_view::npos; at = jinja.find(open, at + 1)) {
             const size_t start = at + open.size();
             const size_t end = jinja.find("<|im_end|>", start);
@@ -72,8 +75,10 @@ std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& messages, b
     std::string system;
     std::vector<ChatMessage> out;
     for (const ChatMessage& m : messages) {
-        if (m.role == "system") system += (system.empty() ? "" : "\n\n") + m.content;
-        else out.push_back(m);
+        if (m.role == "system")
+            system += (system.empty() ? "" : "\n\n") + m.content;
+        else
+            out.push_back(m);
     }
     if (system.empty()) return out;
     ChatMessage* target = nullptr;
@@ -82,8 +87,10 @@ std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& messages, b
         target = &m;
         if (!into_last_user) break;
     }
-    if (target) target->content = system + "\n\n" + target->content;
-    else out.insert(out.begin(), ChatMessage{"user", system});
+    if (target)
+        target->content = system + "\n\n" + target->content;
+    else
+        out.insert(out.begin(), ChatMessage{"user", system});
     return out;
 }
 
@@ -92,7 +99,8 @@ std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& messages, b
 const std::vector<std::string>& ChatTemplate::names() {
     static const std::vector<std::string> list = [] {
         std::vector<std::string> v;
-        for (const FamilyName& f : kFamilies) v.emplace_back(f.name);
+        for (const FamilyName& f : kFamilies)
+            v.emplace_back(f.name);
         return v;
     }();
     return list;
@@ -152,7 +160,8 @@ ChatTemplate::Detection ChatTemplate::resolve(std::string_view override_name, st
         Detection d = detect(override_name);
         if (!d.warning.empty()) {
             std::string known;
-            for (const std::string& n : names()) known += (known.empty() ? "" : ", ") + n;
+            for (const std::string& n : names())
+                known += (known.empty() ? "" : ", ") + n;
             d.warning = "--chat-template '" + std::string(override_name.substr(0, 40)) +
                         "' is neither a template name nor a template tern recognises; using chatml (names: " + known +
                         ")";
@@ -169,7 +178,8 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     case Family::qwen: {
         if (family_ == Family::qwen && (messages.empty() || messages.front().role != "system"))
             out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
-        for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+        for (const ChatMessage& m : messages)
+            out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
         if (add_generation_prompt) out += "<|im_start|>assistant\n";
         break;
     }
@@ -200,16 +210,20 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     }
     case Family::mistral_v1:
         for (const ChatMessage& m : fold_system(messages, false)) {
-            if (m.role == "assistant") out += " " + m.content + "</s>";
-            else out += " [INST] " + m.content + " [/INST]";
+            if (m.role == "assistant")
+                out += " " + m.content + "</s>";
+            else
+                out += " [INST] " + m.content + " [/INST]";
         }
         break;
     case Family::mistral_v3:
     case Family::mistral_v3_tekken: {
         const bool tekken = family_ == Family::mistral_v3_tekken;
         for (const ChatMessage& m : fold_system(messages, true)) {
-            if (m.role == "assistant") out += (tekken ? "" : " ") + m.content + "</s>";
-            else out += (tekken ? "[INST]" : "[INST] ") + m.content + "[/INST]";
+            if (m.role == "assistant")
+                out += (tekken ? "" : " ") + m.content + "</s>";
+            else
+                out += (tekken ? "[INST]" : "[INST] ") + m.content + "[/INST]";
         }
         break;
     }
@@ -217,9 +231,12 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     case Family::mistral_v7_tekken: {
         const std::string sp = family_ == Family::mistral_v7 ? " " : "";
         for (const ChatMessage& m : messages) {
-            if (m.role == "system") out += "[SYSTEM_PROMPT]" + sp + m.content + "[/SYSTEM_PROMPT]";
-            else if (m.role == "assistant") out += sp + m.content + "</s>";
-            else out += "[INST]" + sp + m.content + "[/INST]";
+            if (m.role == "system")
+                out += "[SYSTEM_PROMPT]" + sp + m.content + "[/SYSTEM_PROMPT]";
+            else if (m.role == "assistant")
+                out += sp + m.content + "</s>";
+            else
+                out += "[INST]" + sp + m.content + "[/INST]";
         }
         break;
     }
@@ -230,36 +247,47 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
         if (add_generation_prompt) out += "<start_of_turn>model\n";
         break;
     case Family::phi3:
-        for (const ChatMessage& m : messages) out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+        for (const ChatMessage& m : messages)
+            out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
         if (add_generation_prompt) out += "<|assistant|>\n";
         break;
     case Family::phi4:
-        for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "<|im_sep|>" + m.content + "<|im_end|>";
+        for (const ChatMessage& m : messages)
+            out += "<|im_start|>" + m.role + "<|im_sep|>" + m.content + "<|im_end|>";
         if (add_generation_prompt) out += "<|im_start|>assistant<|im_sep|>";
         break;
     case Family::zephyr:
-        for (const ChatMessage& m : messages) out += "<|" + m.role + "|>\n" + m.content + "</s>\n";
+        for (const ChatMessage& m : messages)
+            out += "<|" + m.role + "|>\n" + m.content + "</s>\n";
         if (add_generation_prompt) out += "<|assistant|>\n";
         break;
     case Family::deepseek:
         for (const ChatMessage& m : messages) {
-            if (m.role == "system") out += m.content + "\n\n";
-            else if (m.role == "assistant") out += "Assistant: " + m.content + "<｜end▁of▁sentence｜>";
-            else out += "User: " + m.content + "\n\n";
+            if (m.role == "system")
+                out += m.content + "\n\n";
+            else if (m.role == "assistant")
+                out += "Assistant: " + m.content + "<｜end▁of▁sentence｜>";
+            else
+                out += "User: " + m.content + "\n\n";
         }
         if (add_generation_prompt) out += "Assistant:";
         break;
     case Family::deepseek3:
         for (const ChatMessage& m : messages) {
-            if (m.role == "system") out += m.content;
-            else if (m.role == "assistant") out += "<｜Assistant｜>" + m.content + "<｜end▁of▁sentence｜>";
-            else out += "<｜User｜>" + m.content;
+            if (m.role == "system")
+                out += m.content;
+            else if (m.role == "assistant")
+                out += "<｜Assistant｜>" + m.content + "<｜end▁of▁sentence｜>";
+            else
+                out += "<｜User｜>" + m.content;
         }
         if (add_generation_prompt) out += "<｜Assistant｜>";
         break;
     case Family::command_r:
         for (const ChatMessage& m : messages) {
-            const char* who = m.role == "system" ? "<|SYSTEM_TOKEN|>" : m.role == "assistant" ? "<|CHATBOT_TOKEN|>" : "<|USER_TOKEN|>";
+            const char* who = m.role == "system"      ? "<|SYSTEM_TOKEN|>"
+                              : m.role == "assistant" ? "<|CHATBOT_TOKEN|>"
+                                                      : "<|USER_TOKEN|>";
             out += std::string("<|START_OF_TURN_TOKEN|>") + who + m.content + "<|END_OF_TURN_TOKEN|>";
         }
         if (add_generation_prompt) out += "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>";

@@ -13,15 +13,29 @@ namespace tern {
 struct ChatTemplateDetection;
 
 struct ChatMessage {
-    std::string role;      // "system", "user" or "assistant"
+    std::string role; // "system", "user" or "assistant"
     std::string content;
 };
 
 class ChatTemplate {
 public:
     enum class Family {
-        chatml, qwen, llama2, llama3, mistral_v1, mistral_v3, mistral_v3_tekken, mistral_v7, mistral_v7_tekken,
-        gemma, phi3, phi4, zephyr, deepseek, deepseek3, command_r,
+        chatml,
+        qwen,
+        llama2,
+        llama3,
+        mistral_v1,
+        mistral_v3,
+        mistral_v3_tekken,
+        mistral_v7,
+        mistral_v7_tekken,
+        gemma,
+        phi3,
+        phi4,
+        zephyr,
+        deepseek,
+        deepseek3,
+        command_r,
     };
 
     // Every name from_name accepts, in a stable order (for --help and error messages).
@@ -60,7 +74,7 @@ private:
 
 struct ChatTemplateDetection {
     ChatTemplate tmpl;
-    std::string warning;   // "" when recognised; else one line for the caller to show once
+    std::string warning; // "" when recognised; else one line for the caller to show once
 };
 
 } // namespace tern

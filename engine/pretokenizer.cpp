@@ -19,16 +19,20 @@ namespace {
 constexpr const char* kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
 
 // Llama 3 (tiktoken cl100k style): case-insensitive contractions, numbers in groups of up to 3.
-constexpr const char* kLlama3 = R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kLlama3 =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // Qwen2: as Llama 3 but every digit on its own.
-constexpr const char* kQwen2 = R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwen2 =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // GPT-4o / Llama 4: case-aware letter runs with optional contractions.
-constexpr const char* kGpt4o = R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt4o =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // Mistral's Tekken: like GPT-4o without contractions.
-constexpr const char* kTekken = R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kTekken =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // CJK ideographs, a wide block below them, and Hangul, as DeepSeek's tokenizers isolate them.
 constexpr const char* kDeepseekCjk = R"([一-龥ࠀ-一가-퟿]+)";
@@ -70,8 +74,7 @@ const std::vector<PreEntry>& pre_table() {
         {{"qwen2", "stablelm2", "hunyuan", "deepseek-r1-qwen", "megrez", "qwen35"}, {kQwen2}},
         {{"gpt-4o", "llama4", "minimax-m2"}, {kGpt4o}},
         {{"tekken"}, {kTekken}},
-        {{"deepseek-llm"},
-         {R"([\r\n])", kDeepseekLetters, kDeepseekPunct, R"(\s+$)", kDeepseekCjk, R"(\p{N}+)"}},
+        {{"deepseek-llm"}, {R"([\r\n])", kDeepseekLetters, kDeepseekPunct, R"(\s+$)", kDeepseekCjk, R"(\p{N}+)"}},
         {{"deepseek-coder"}, {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepseekCjk, R"(\p{N})"}},
         {{"deepseek-v3"},
          {R"(\p{N}{1,3})", R"([一-龥぀-ゟ゠-ヿ]+)",
@@ -97,7 +100,8 @@ std::vector<std::string> Pretokenizer::patterns_for(std::string_view pre) {
 
 std::vector<std::string> Pretokenizer::known_names() {
     std::vector<std::string> out;
-    for (const PreEntry& e : pre_table()) out.insert(out.end(), e.names.begin(), e.names.end());
+    for (const PreEntry& e : pre_table())
+        out.insert(out.end(), e.names.begin(), e.names.end());
     return out;
 }
 
@@ -114,8 +118,8 @@ Pretokenizer::Pretokenizer(const std::vector<std::string>& patterns) {
         int err = 0;
         PCRE2_SIZE err_off = 0;
         auto c = std::make_unique<Compiled>();
-        c->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), PCRE2_UTF | PCRE2_UCP, &err,
-                                &err_off, nullptr);
+        c->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), PCRE2_UTF | PCRE2_UCP, &err, &err_off,
+                                nullptr);
         if (!c->code) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(err, msg, sizeof(msg));
@@ -132,7 +136,7 @@ Pretokenizer::~Pretokenizer() = default;
 std::vector<PretokenizerSpan> Pretokenizer::split(std::string_view text) const {
     struct Piece {
         size_t offset, length;
-        bool raw;   // an invalid UTF-8 byte: kept whole, never given to PCRE2
+        bool raw; // an invalid UTF-8 byte: kept whole, never given to PCRE2
     };
     std::vector<Piece> pieces;
     for (size_t pos = 0; pos < text.size();) {
@@ -162,13 +166,13 @@ std::vector<PretokenizerSpan> Pretokenizer::split(std::string_view text) const {
             const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data() + piece.offset);
             size_t start = 0, emitted = 0;
             while (start < piece.length) {
-                const int rc = re->jit ? pcre2_jit_match(re->code, subject, piece.length, start, 0, md, nullptr)
-                                       : pcre2_match(re->code, subject, piece.length, start, PCRE2_NO_UTF_CHECK, md,
-                                                     nullptr);
-                if (rc < 0) break;   // no further match (or a resource limit: keep the rest whole)
+                const int rc =
+                    re->jit ? pcre2_jit_match(re->code, subject, piece.length, start, 0, md, nullptr)
+                            : pcre2_match(re->code, subject, piece.length, start, PCRE2_NO_UTF_CHECK, md, nullptr);
+                if (rc < 0) break; // no further match (or a resource limit: keep the rest whole)
                 const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
                 const size_t m0 = ov[0], m1 = ov[1];
-                if (m1 == m0) {   // an empty match: step over one character
+                if (m1 == m0) { // an empty match: step over one character
                     start = m0 + unicode::utf8_seq_len(static_cast<unsigned char>(text[piece.offset + m0]));
                     continue;
                 }
@@ -184,7 +188,8 @@ std::vector<PretokenizerSpan> Pretokenizer::split(std::string_view text) const {
 
     std::vector<PretokenizerSpan> out;
     out.reserve(pieces.size());
-    for (const Piece& p : pieces) out.push_back({p.offset, p.length});
+    for (const Piece& p : pieces)
+        out.push_back({p.offset, p.length});
     return out;
 }
 

@@ -27,13 +27,14 @@ namespace {
 //
 // Turn ends: the first one present becomes EOT when the metadata names none.
 constexpr const char* kEotTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "_<EOT>",
-    "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<|eot_id|>",         "<|im_end|>", "<|end|>", "<end_of_turn>",
+    "<|endoftext|>",      "<EOT>",      "_<EOT>",  "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
 };
 // Everything that ends generation when present (in addition to EOS, EOT and EOM).
 constexpr const char* kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
-    "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "</s>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>",      "<|call|>",           "<end_of_turn>", "<|endoftext|>",
+    "<|eom_id|>", "<EOT>",      "_<EOT>",  "<|end_of_text|>", "<end_of_utterance>", "</s>",
 };
 // Fill-in-the-middle markers, one role per row: the first text present in each row.
 constexpr std::array<std::array<const char*, 7>, 6> kFimTexts = {{
@@ -45,7 +46,9 @@ constexpr std::array<std::array<const char*, 7>, 6> kFimTexts = {{
     {"<|file_sep|>", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
 }};
 
-bool is_space_byte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
+bool is_space_byte(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
 
 } // namespace
 
@@ -56,11 +59,13 @@ VocabTokenizer::VocabTokenizer(VocabSpec spec) : spec_(std::move(spec)) {
     if (spec_.scores.empty()) spec_.scores.assign(n, 0.0f);
     if (spec_.types.empty()) spec_.types.assign(n, static_cast<int32_t>(TokenType::normal));
     if (spec_.scores.size() != n)
-        vocab_error(spec_, "tokenizer.ggml.scores has " + std::to_string(spec_.scores.size()) + " entries but there are " +
-                               std::to_string(n) + " tokens (corrupt or mismatched metadata)");
+        vocab_error(spec_, "tokenizer.ggml.scores has " + std::to_string(spec_.scores.size()) +
+                               " entries but there are " + std::to_string(n) +
+                               " tokens (corrupt or mismatched metadata)");
     if (spec_.types.size() != n)
         vocab_error(spec_, "tokenizer.ggml.token_type has " + std::to_string(spec_.types.size()) +
-                               " entries but there are " + std::to_string(n) + " tokens (corrupt or mismatched metadata)");
+                               " entries but there are " + std::to_string(n) +
+                               " tokens (corrupt or mismatched metadata)");
     for (int32_t& t : spec_.types)
         if (t < 0 || t > static_cast<int32_t>(TokenType::byte)) t = static_cast<int32_t>(TokenType::normal);
 
@@ -79,9 +84,12 @@ VocabTokenizer::VocabTokenizer(VocabSpec spec) : spec_(std::move(spec)) {
 
     token_to_id_.reserve(n);
     // A repeated text maps to its last id, as llama.cpp's table does, so both agree on ids.
-    for (size_t i = 0; i < n; ++i) token_to_id_[spec_.tokens[i]] = static_cast<int32_t>(i);
+    for (size_t i = 0; i < n; ++i)
+        token_to_id_[spec_.tokens[i]] = static_cast<int32_t>(i);
 
-    auto make_control = [&](int32_t id) { spec_.types[static_cast<size_t>(id)] = static_cast<int32_t>(TokenType::control); };
+    auto make_control = [&](int32_t id) {
+        spec_.types[static_cast<size_t>(id)] = static_cast<int32_t>(TokenType::control);
+    };
     if (spec_.eot < 0) {
         for (const char* t : kEotTexts) {
             if (int32_t id = token_id(t); id >= 0) {
@@ -135,7 +143,8 @@ void VocabTokenizer::build_specials() {
     std::string name = spec_.general_name;
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
     if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
-        for (int32_t id : specials_) rstrip_[static_cast<size_t>(id)] = 1;
+        for (int32_t id : specials_)
+            rstrip_[static_cast<size_t>(id)] = 1;
         for (const char* t : {"<unk>", "<s>", "<|endoftext|>"})
             if (int32_t id = token_id(t); id >= 0) rstrip_[static_cast<size_t>(id)] = 0;
         if (int32_t id = token_id("</s>"); id >= 0) rstrip_[static_cast<size_t>(id)] = 1;
@@ -211,12 +220,14 @@ std::vector<Fragment> VocabTokenizer::partition(std::string_view text, bool pars
                 if (at == std::string_view::npos) break;
                 std::string_view left = rest.substr(0, at);
                 if (lstrip_[static_cast<size_t>(id)])
-                    while (!left.empty() && is_space_byte(left.back())) left.remove_suffix(1);
+                    while (!left.empty() && is_space_byte(left.back()))
+                        left.remove_suffix(1);
                 if (!left.empty()) next.push_back({left, -1});
                 next.push_back({{}, id});
                 rest.remove_prefix(at + tok.size());
                 if (rstrip_[static_cast<size_t>(id)])
-                    while (!rest.empty() && is_space_byte(rest.front())) rest.remove_prefix(1);
+                    while (!rest.empty() && is_space_byte(rest.front()))
+                        rest.remove_prefix(1);
             }
             if (!rest.empty()) next.push_back({rest, -1});
         }
@@ -239,9 +250,12 @@ std::string VocabTokenizer::token_to_piece(int32_t id, bool special) const {
     const std::string& text = spec_.tokens[static_cast<size_t>(id)];
     switch (type_of(id)) {
     case TokenType::normal:
-    case TokenType::undefined: return normal_piece(id);
-    case TokenType::user_defined: return text;
-    case TokenType::unknown: return special ? text : std::string("\xE2\x96\x85");   // U+2585, as llama.cpp shows it
+    case TokenType::undefined:
+        return normal_piece(id);
+    case TokenType::user_defined:
+        return text;
+    case TokenType::unknown:
+        return special ? text : std::string("\xE2\x96\x85"); // U+2585, as llama.cpp shows it
     case TokenType::byte: {
         // "<0xAB>" -> the byte 0xAB
         if (text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>') {
@@ -252,19 +266,24 @@ std::string VocabTokenizer::token_to_piece(int32_t id, bool special) const {
         return normal_piece(id);
     }
     case TokenType::control:
-    case TokenType::unused: return special ? text : std::string();
+    case TokenType::unused:
+        return special ? text : std::string();
     }
     return {};
 }
 
-bool VocabTokenizer::is_eog(int32_t id) const { return std::binary_search(eog_.begin(), eog_.end(), id); }
+bool VocabTokenizer::is_eog(int32_t id) const {
+    return std::binary_search(eog_.begin(), eog_.end(), id);
+}
 
 int32_t VocabTokenizer::token_id(std::string_view text) const {
     auto it = token_to_id_.find(text);
     return it == token_to_id_.end() ? -1 : it->second;
 }
 
-TokenType VocabTokenizer::token_type(int32_t id) const { return valid_id(id) ? type_of(id) : TokenType::undefined; }
+TokenType VocabTokenizer::token_type(int32_t id) const {
+    return valid_id(id) ? type_of(id) : TokenType::undefined;
+}
 
 std::string_view VocabTokenizer::token_text(int32_t id) const {
     return valid_id(id) ? std::string_view(spec_.tokens[static_cast<size_t>(id)]) : std::string_view();
@@ -276,21 +295,25 @@ VocabSpec Tokenizer::read_vocab(const GgufFile& file) {
     VocabSpec s;
     s.source = file.path();
     if (!file.has("tokenizer.ggml.model"))
-        throw InputError(file.path() + ": no tokenizer.ggml.model key, so the file has no vocabulary (a vocabulary-less "
-                                       "export? use the model's full GGUF)");
+        throw InputError(file.path() +
+                         ": no tokenizer.ggml.model key, so the file has no vocabulary (a vocabulary-less "
+                         "export? use the model's full GGUF)");
     s.model = file.get_string("tokenizer.ggml.model");
     s.pre = file.get_string("tokenizer.ggml.pre", "");
     s.general_name = file.get_string("general.name", "");
     if (!file.has("tokenizer.ggml.tokens"))
-        throw InputError(file.path() + ": no tokenizer.ggml.tokens key (the vocabulary is missing; re-convert the model)");
-    for (std::string_view t : file.get_string_array("tokenizer.ggml.tokens")) s.tokens.emplace_back(t);
+        throw InputError(file.path() +
+                         ": no tokenizer.ggml.tokens key (the vocabulary is missing; re-convert the model)");
+    for (std::string_view t : file.get_string_array("tokenizer.ggml.tokens"))
+        s.tokens.emplace_back(t);
     if (file.has("tokenizer.ggml.scores")) s.scores = file.get_f32_array("tokenizer.ggml.scores");
     if (file.has("tokenizer.ggml.token_type")) {
         for (int64_t t : file.get_int_array("tokenizer.ggml.token_type"))
             s.types.push_back(t < 0 || t > 6 ? static_cast<int32_t>(TokenType::normal) : static_cast<int32_t>(t));
     }
     if (file.has("tokenizer.ggml.merges"))
-        for (std::string_view m : file.get_string_array("tokenizer.ggml.merges")) s.merges.emplace_back(m);
+        for (std::string_view m : file.get_string_array("tokenizer.ggml.merges"))
+            s.merges.emplace_back(m);
     auto id = [&](const char* key) {
         const int64_t v = file.get_int(key, -1);
         return v < -1 || v > INT32_MAX ? static_cast<int32_t>(INT32_MAX) : static_cast<int32_t>(v);
@@ -311,11 +334,14 @@ VocabSpec Tokenizer::read_vocab(const GgufFile& file) {
         if (*opt >= n) *opt = -1;
     if (file.has("tokenizer.ggml.add_bos_token")) s.add_bos = file.get_bool("tokenizer.ggml.add_bos_token");
     if (file.has("tokenizer.ggml.add_eos_token")) s.add_eos = file.get_bool("tokenizer.ggml.add_eos_token");
-    if (file.has("tokenizer.ggml.add_space_prefix")) s.add_space_prefix = file.get_bool("tokenizer.ggml.add_space_prefix");
+    if (file.has("tokenizer.ggml.add_space_prefix"))
+        s.add_space_prefix = file.get_bool("tokenizer.ggml.add_space_prefix");
     return s;
 }
 
-std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) { return from_vocab(read_vocab(file)); }
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& file) {
+    return from_vocab(read_vocab(file));
+}
 
 std::unique_ptr<Tokenizer> Tokenizer::from_vocab(VocabSpec spec) {
     if (spec.model == "llama") return detail::make_spm_tokenizer(std::move(spec));

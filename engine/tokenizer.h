@@ -18,30 +18,30 @@ enum class TokenType : int32_t {
     undefined = 0,
     normal = 1,
     unknown = 2,
-    control = 3,        // BOS, EOS, <start_of_turn>...: only parsed from text with parse_special
-    user_defined = 4,   // always matched in text as a whole (Gemma's "\n\n", runs of spaces)
+    control = 3,      // BOS, EOS, <start_of_turn>...: only parsed from text with parse_special
+    user_defined = 4, // always matched in text as a whole (Gemma's "\n\n", runs of spaces)
     unused = 5,
-    byte = 6,           // SentencePiece byte fallback <0xXX>
+    byte = 6, // SentencePiece byte fallback <0xXX>
 };
 
 // Everything a tokenizer is built from, in plain form: what from_gguf reads from the
 // tokenizer.ggml.* keys, and what tests or `synth` can fill in by hand.
 struct VocabSpec {
-    std::string source;             // file name, for error messages
-    std::string model;              // "llama" (SentencePiece), "gpt2" (byte-level BPE), "bert" (WordPiece)
-    std::string pre;                // pre-tokenizer name; "" = "default"
-    std::string general_name;       // general.name (a few per-model quirks key on it, e.g. phi-3)
+    std::string source;       // file name, for error messages
+    std::string model;        // "llama" (SentencePiece), "gpt2" (byte-level BPE), "bert" (WordPiece)
+    std::string pre;          // pre-tokenizer name; "" = "default"
+    std::string general_name; // general.name (a few per-model quirks key on it, e.g. phi-3)
     std::vector<std::string> tokens;
-    std::vector<float> scores;      // may be empty (all 0)
-    std::vector<int32_t> types;     // TokenType values; may be empty (all normal)
-    std::vector<std::string> merges;   // "left right", BPE only, best first
+    std::vector<float> scores;       // may be empty (all 0)
+    std::vector<int32_t> types;      // TokenType values; may be empty (all normal)
+    std::vector<std::string> merges; // "left right", BPE only, best first
     int32_t bos = -1, eos = -1, unk = -1, pad = -1, eot = -1, eom = -1, sep = -1, cls = -1, mask = -1;
-    std::optional<bool> add_bos, add_eos, add_space_prefix;   // unset = the model kind's default
+    std::optional<bool> add_bos, add_eos, add_space_prefix; // unset = the model kind's default
 };
 
 struct EncodeOptions {
-    bool add_bos = true;          // also subject to the vocabulary's add_bos rule (see Tokenizer::encode)
-    bool parse_special = false;   // recognise control/user-defined token texts like "<start_of_turn>"
+    bool add_bos = true;        // also subject to the vocabulary's add_bos rule (see Tokenizer::encode)
+    bool parse_special = false; // recognise control/user-defined token texts like "<start_of_turn>"
 };
 
 class Tokenizer {
@@ -65,19 +65,19 @@ public:
     std::string decode(const std::vector<int32_t>& ids, bool special = false) const;
 
     virtual int32_t vocab_size() const = 0;
-    virtual std::string_view kind() const = 0;     // "llama" / "gpt2"
-    virtual std::string_view pre() const = 0;      // pre-tokenizer name ("default", "llama-bpe", ...)
-    virtual int32_t bos() const = 0;               // -1 when none
-    virtual int32_t eos() const = 0;               // -1 when none
-    virtual bool is_eog(int32_t id) const = 0;     // end of generation: EOS, EOT, EOM, <end_of_turn>...
-    virtual int32_t token_id(std::string_view text) const = 0;   // exact vocab entry, -1 if none
+    virtual std::string_view kind() const = 0;                 // "llama" / "gpt2"
+    virtual std::string_view pre() const = 0;                  // pre-tokenizer name ("default", "llama-bpe", ...)
+    virtual int32_t bos() const = 0;                           // -1 when none
+    virtual int32_t eos() const = 0;                           // -1 when none
+    virtual bool is_eog(int32_t id) const = 0;                 // end of generation: EOS, EOT, EOM, <end_of_turn>...
+    virtual int32_t token_id(std::string_view text) const = 0; // exact vocab entry, -1 if none
 
     // Additions (not pure, so fakes in other tests need not implement them).
-    virtual int32_t unk() const { return -1; }                          // -1 when none
-    virtual bool add_bos_token() const { return false; }                // the vocabulary's rule
+    virtual int32_t unk() const { return -1; }           // -1 when none
+    virtual bool add_bos_token() const { return false; } // the vocabulary's rule
     virtual bool add_eos_token() const { return false; }
     virtual TokenType token_type(int32_t /*id*/) const { return TokenType::normal; }
-    virtual std::string_view token_text(int32_t /*id*/) const { return {}; }   // raw vocab entry
+    virtual std::string_view token_text(int32_t /*id*/) const { return {}; } // raw vocab entry
     // True when encoding puts a space before the text (SentencePiece's add_space_prefix);
     // decode() then drops one leading space from the first piece so decode(encode(x)) == x.
     virtual bool add_space_prefix() const { return false; }

@@ -21,7 +21,8 @@ public:
         const std::vector<std::string> patterns = Pretokenizer::patterns_for(spec_.pre);
         if (patterns.empty()) {
             std::string known;
-            for (const std::string& n : Pretokenizer::known_names()) known += (known.empty() ? "" : ", ") + n;
+            for (const std::string& n : Pretokenizer::known_names())
+                known += (known.empty() ? "" : ", ") + n;
             vocab_error(spec_, "tokenizer.ggml.pre '" + spec_.pre +
                                    "' is not a known pre-tokenizer, so its ids would be wrong (known: " + known + ")");
         }
@@ -31,8 +32,9 @@ public:
         // words that are vocabulary entries this can differ from what the merges would build.
         ignore_merges_ = Pretokenizer::patterns_for(spec_.pre) == Pretokenizer::patterns_for("llama3");
 
-        if (spec_.merges.empty()) vocab_error(spec_, "tokenizer.ggml.merges is missing or empty (a byte-level BPE "
-                                                     "vocabulary needs its merge list; re-convert the model)");
+        if (spec_.merges.empty())
+            vocab_error(spec_, "tokenizer.ggml.merges is missing or empty (a byte-level BPE "
+                               "vocabulary needs its merge list; re-convert the model)");
         ranks_.reserve(spec_.merges.size());
         for (size_t rank = 0; rank < spec_.merges.size(); ++rank) {
             const std::string& m = spec_.merges[rank];
@@ -43,9 +45,9 @@ public:
                                        "' is not two parts separated by a space (corrupt metadata)");
             const int32_t l = token_id(std::string_view(m).substr(0, sp));
             const int32_t r = token_id(std::string_view(m).substr(sp + 1));
-            if (l < 0 || r < 0) continue;   // cannot apply: a part is not in the vocabulary
+            if (l < 0 || r < 0) continue; // cannot apply: a part is not in the vocabulary
             const int32_t result = token_id(m.substr(0, sp) + m.substr(sp + 1));
-            ranks_.emplace(pair_key(l, r), Merge{static_cast<int32_t>(rank), result});   // first rank wins
+            ranks_.emplace(pair_key(l, r), Merge{static_cast<int32_t>(rank), result}); // first rank wins
         }
     }
 
@@ -72,23 +74,27 @@ protected:
         }
     }
 
-    std::string normal_piece(int32_t id) const override { return unicode::bpe_to_bytes(spec_.tokens[static_cast<size_t>(id)]); }
+    std::string normal_piece(int32_t id) const override {
+        return unicode::bpe_to_bytes(spec_.tokens[static_cast<size_t>(id)]);
+    }
 
 private:
     struct Merge {
         int32_t rank;
-        int32_t result;   // -1 when the merged text is not itself an entry (a malformed vocabulary)
+        int32_t result; // -1 when the merged text is not itself an entry (a malformed vocabulary)
     };
-    static uint64_t pair_key(int32_t l, int32_t r) { return (static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(r); }
+    static uint64_t pair_key(int32_t l, int32_t r) {
+        return (static_cast<uint64_t>(l) << 32) | static_cast<uint32_t>(r);
+    }
 
     struct Symbol {
         int32_t prev, next;
-        uint32_t start, len;   // bytes of the encoded word; len 0 = merged away
-        int32_t id;            // vocabulary id of the text, -1 when it has none
+        uint32_t start, len; // bytes of the encoded word; len 0 = merged away
+        int32_t id;          // vocabulary id of the text, -1 when it has none
     };
     struct Candidate {
         int32_t rank, left, right;
-        uint32_t len;   // left.len + right.len when queued: stale entries no longer match
+        uint32_t len; // left.len + right.len when queued: stale entries no longer match
         bool operator>(const Candidate& o) const { return rank > o.rank || (rank == o.rank && left > o.left); }
     };
 
@@ -123,7 +129,8 @@ private:
             if (it == ranks_.end()) return;
             queue.push({it->second.rank, l, r, a.len + b.len});
         };
-        for (size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+        for (size_t i = 1; i < sym.size(); ++i)
+            try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
 
         while (!queue.empty()) {
             const Candidate c = queue.top();
@@ -162,6 +169,8 @@ private:
 
 } // namespace
 
-std::unique_ptr<Tokenizer> make_bpe_tokenizer(VocabSpec spec) { return std::make_unique<BpeTokenizer>(std::move(spec)); }
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(VocabSpec spec) {
+    return std::make_unique<BpeTokenizer>(std::move(spec));
+}
 
 } // namespace tern::detail

@@ -21,7 +21,7 @@ using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal
 // A piece of the input after special tokens were cut out: either plain text or one token.
 struct Fragment {
     std::string_view text;
-    int32_t token = -1;   // >= 0: a special token found in the text
+    int32_t token = -1; // >= 0: a special token found in the text
 };
 
 class VocabTokenizer : public Tokenizer {
@@ -60,22 +60,22 @@ protected:
     bool valid_id(int32_t id) const { return id >= 0 && id < vocab_size(); }
     TokenType type_of(int32_t id) const { return static_cast<TokenType>(spec_.types[static_cast<size_t>(id)]); }
 
-    VocabSpec spec_;   // types and scores always sized like tokens after construction
+    VocabSpec spec_; // types and scores always sized like tokens after construction
     TokenMap token_to_id_;
     bool add_bos_ = false;
     bool add_eos_ = false;
 
 private:
     struct TrieNode {
-        std::vector<std::pair<uint8_t, int32_t>> next;   // sorted by byte
+        std::vector<std::pair<uint8_t, int32_t>> next; // sorted by byte
         int32_t token = -1;
     };
     void build_specials();
     int32_t trie_step(int32_t node, uint8_t byte) const;
 
-    std::vector<int32_t> specials_;       // ids, longest text first
-    std::vector<TrieNode> trie_;          // over the texts of specials_
-    std::vector<uint8_t> lstrip_, rstrip_;   // per id: eat whitespace left / right of the token
+    std::vector<int32_t> specials_;        // ids, longest text first
+    std::vector<TrieNode> trie_;           // over the texts of specials_
+    std::vector<uint8_t> lstrip_, rstrip_; // per id: eat whitespace left / right of the token
     std::vector<int32_t> eog_;
 };
 

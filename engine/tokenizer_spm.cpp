@@ -13,7 +13,7 @@ namespace tern::detail {
 
 namespace {
 
-constexpr std::string_view kSpace = "\xE2\x96\x81";   // U+2581 LOWER ONE EIGHTH BLOCK
+constexpr std::string_view kSpace = "\xE2\x96\x81"; // U+2581 LOWER ONE EIGHTH BLOCK
 
 class SpmTokenizer final : public VocabTokenizer {
 public:
@@ -25,7 +25,7 @@ public:
             static const char hex[] = "0123456789ABCDEF";
             const std::string name = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
             int32_t id = token_id(name);
-            if (id < 0) id = token_id(std::string(1, static_cast<char>(b)));   // a few vocabs list raw bytes
+            if (id < 0) id = token_id(std::string(1, static_cast<char>(b))); // a few vocabs list raw bytes
             byte_ids_[b] = id;
         }
         // Which characters some entry joins to a following U+2581 ("d▁" in "end▁of", Gemma's
@@ -35,7 +35,8 @@ public:
         for (const std::string& t : spec_.tokens) {
             for (size_t at = t.find(kSpace, 1); at != std::string::npos; at = t.find(kSpace, at + 1)) {
                 size_t start = at - 1;
-                while (start > 0 && (static_cast<unsigned char>(t[start]) & 0xC0) == 0x80) --start;
+                while (start > 0 && (static_cast<unsigned char>(t[start]) & 0xC0) == 0x80)
+                    --start;
                 size_t pos = start;
                 const uint32_t cp = unicode::decode_utf8(t, pos);
                 if (t.compare(start, kSpace.size(), kSpace) != 0) joins_space_.insert(cp);
@@ -61,8 +62,10 @@ protected:
             escaped.clear();
             if (add_space_prefix_ && after_special) escaped += kSpace;
             for (char c : f.text) {
-                if (c == ' ') escaped += kSpace;
-                else escaped += c;
+                if (c == ' ')
+                    escaped += kSpace;
+                else
+                    escaped += c;
             }
             encode_words(escaped, cache, out);
             after_special = false;
@@ -87,12 +90,12 @@ protected:
 private:
     struct Symbol {
         int32_t prev, next;
-        uint32_t start, len;   // bytes of the escaped text; len 0 = merged away
+        uint32_t start, len; // bytes of the escaped text; len 0 = merged away
     };
     struct Bigram {
         int32_t left, right;
         float score;
-        uint32_t len;   // left.len + right.len when queued: stale entries no longer match
+        uint32_t len; // left.len + right.len when queued: stale entries no longer match
         bool operator<(const Bigram& o) const {
             // priority_queue pops the largest: best score first, then the leftmost pair
             return score < o.score || (score == o.score && left > o.left);
@@ -146,7 +149,8 @@ private:
             if (id < 0) return;
             queue.push({l, r, spec_.scores[static_cast<size_t>(id)], a.len + b.len});
         };
-        for (size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
+        for (size_t i = 1; i < sym.size(); ++i)
+            try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
 
         while (!queue.empty()) {
             const Bigram bg = queue.top();
@@ -172,9 +176,11 @@ private:
                 continue;
             }
             bool all_bytes = true;
-            for (char c : piece) all_bytes = all_bytes && byte_ids_[static_cast<uint8_t>(c)] >= 0;
+            for (char c : piece)
+                all_bytes = all_bytes && byte_ids_[static_cast<uint8_t>(c)] >= 0;
             if (all_bytes) {
-                for (char c : piece) out.push_back(byte_ids_[static_cast<uint8_t>(c)]);
+                for (char c : piece)
+                    out.push_back(byte_ids_[static_cast<uint8_t>(c)]);
             } else if (spec_.unk >= 0) {
                 out.push_back(spec_.unk);
             }
@@ -188,6 +194,8 @@ private:
 
 } // namespace
 
-std::unique_ptr<Tokenizer> make_spm_tokenizer(VocabSpec spec) { return std::make_unique<SpmTokenizer>(std::move(spec)); }
+std::unique_ptr<Tokenizer> make_spm_tokenizer(VocabSpec spec) {
+    return std::make_unique<SpmTokenizer>(std::move(spec));
+}
 
 } // namespace tern::detail

@@ -10,8 +10,8 @@ namespace tern::detail {
 
 namespace {
 
-constexpr std::string_view kSpace = "\xE2\x96\x81";   // U+2581
-constexpr size_t kMaxWordChars = 100;                   // BERT's max_input_chars_per_word
+constexpr std::string_view kSpace = "\xE2\x96\x81"; // U+2581
+constexpr size_t kMaxWordChars = 100;               // BERT's max_input_chars_per_word
 
 bool is_cjk(uint32_t cp) {
     return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x20000 && cp <= 0x2A6DF) ||
@@ -26,7 +26,8 @@ public:
         if (spec_.bos < 0) spec_.bos = spec_.cls;
         add_bos_ = spec_.add_bos.value_or(spec_.bos >= 0);
         add_eos_ = spec_.add_eos.value_or(appended_eos() >= 0);
-        for (const std::string& t : spec_.tokens) max_token_len_ = std::max(max_token_len_, t.size());
+        for (const std::string& t : spec_.tokens)
+            max_token_len_ = std::max(max_token_len_, t.size());
     }
 
     bool add_space_prefix() const override { return true; }
@@ -36,9 +37,11 @@ protected:
 
     void encode_fragments(const std::vector<Fragment>& fragments, std::vector<int32_t>& out) const override {
         for (const Fragment& f : fragments) {
-            if (f.token >= 0) out.push_back(f.token);
+            if (f.token >= 0)
+                out.push_back(f.token);
             else
-                for (const std::u32string& w : split_words(f.text)) encode_word(w, out);
+                for (const std::u32string& w : split_words(f.text))
+                    encode_word(w, out);
         }
     }
 
@@ -61,7 +64,8 @@ private:
             }
             if (cp == 0 || cp == 0xFFFD || (flags & unicode::cp_control)) continue;
             // Punctuation in BERT's sense includes the ASCII symbols ($, +, <, ^, `...).
-            const bool isolate = is_cjk(cp) || (flags & unicode::cp_punct) || (cp < 0x80 && (flags & unicode::cp_symbol));
+            const bool isolate =
+                is_cjk(cp) || (flags & unicode::cp_punct) || (cp < 0x80 && (flags & unicode::cp_symbol));
             stripped.clear();
             unicode::append_stripped_nfd(stripped, cp);
             for (char32_t c : stripped) {
@@ -85,13 +89,13 @@ private:
             return;
         }
         std::string utf8(kSpace);
-        std::vector<size_t> char_end;   // byte offset after each character
+        std::vector<size_t> char_end; // byte offset after each character
         for (char32_t c : word) {
             unicode::append_utf8(utf8, static_cast<uint32_t>(c));
             char_end.push_back(utf8.size());
         }
         const size_t before = out.size();
-        size_t start = 0;   // byte offset; the first piece includes the U+2581 prefix
+        size_t start = 0; // byte offset; the first piece includes the U+2581 prefix
         size_t first_char = 0;
         while (first_char < word.size()) {
             int32_t found = -1;
@@ -102,7 +106,7 @@ private:
                 found = token_id(std::string_view(utf8).substr(start, len));
                 if (found >= 0) break;
             }
-            if (found < 0) {   // a piece matches nothing: the whole word is unknown
+            if (found < 0) { // a piece matches nothing: the whole word is unknown
                 out.resize(before);
                 if (spec_.unk >= 0) out.push_back(spec_.unk);
                 return;
@@ -118,6 +122,8 @@ private:
 
 } // namespace
 
-std::unique_ptr<Tokenizer> make_wpm_tokenizer(VocabSpec spec) { return std::make_unique<WpmTokenizer>(std::move(spec)); }
+std::unique_ptr<Tokenizer> make_wpm_tokenizer(VocabSpec spec) {
+    return std::make_unique<WpmTokenizer>(std::move(spec));
+}
 
 } // namespace tern::detail

@@ -32,8 +32,9 @@ size_t valid_seq_at(std::string_view s, size_t pos, bool& incomplete) {
     const auto b0 = static_cast<unsigned char>(s[pos]);
     if (b0 < 0x80) return 1;
     size_t n;
-    unsigned char lo = 0x80, hi = 0xBF;   // allowed range of the second byte
-    if (b0 >= 0xC2 && b0 <= 0xDF) n = 2;
+    unsigned char lo = 0x80, hi = 0xBF; // allowed range of the second byte
+    if (b0 >= 0xC2 && b0 <= 0xDF)
+        n = 2;
     else if (b0 >= 0xE0 && b0 <= 0xEF) {
         n = 3;
         if (b0 == 0xE0) lo = 0xA0;
@@ -69,10 +70,18 @@ uint32_t decode_utf8(std::string_view s, size_t& pos) {
     const auto* p = reinterpret_cast<const unsigned char*>(s.data() + pos);
     uint32_t cp;
     switch (n) {
-    case 1: cp = p[0]; break;
-    case 2: cp = ((p[0] & 0x1Fu) << 6) | (p[1] & 0x3Fu); break;
-    case 3: cp = ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu); break;
-    default: cp = ((p[0] & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu); break;
+    case 1:
+        cp = p[0];
+        break;
+    case 2:
+        cp = ((p[0] & 0x1Fu) << 6) | (p[1] & 0x3Fu);
+        break;
+    case 3:
+        cp = ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu);
+        break;
+    default:
+        cp = ((p[0] & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
+        break;
     }
     pos += n;
     return cp;
@@ -143,7 +152,7 @@ namespace {
 
 struct ByteMap {
     std::array<std::string, 256> to_char;
-    std::array<int16_t, 512> from_cp;   // every stand-in is below U+0200
+    std::array<int16_t, 512> from_cp; // every stand-in is below U+0200
 
     ByteMap() {
         from_cp.fill(-1);
@@ -164,15 +173,20 @@ const ByteMap& byte_map() {
 
 } // namespace
 
-const std::string& byte_to_bpe_char(uint8_t byte) { return byte_map().to_char[byte]; }
+const std::string& byte_to_bpe_char(uint8_t byte) {
+    return byte_map().to_char[byte];
+}
 
-int bpe_char_to_byte(uint32_t cp) { return cp < 512 ? byte_map().from_cp[cp] : -1; }
+int bpe_char_to_byte(uint32_t cp) {
+    return cp < 512 ? byte_map().from_cp[cp] : -1;
+}
 
 std::string bytes_to_bpe(std::string_view bytes) {
     const ByteMap& m = byte_map();
     std::string out;
     out.reserve(bytes.size() * 2);
-    for (char c : bytes) out += m.to_char[static_cast<uint8_t>(c)];
+    for (char c : bytes)
+        out += m.to_char[static_cast<uint8_t>(c)];
     return out;
 }
 
@@ -184,8 +198,10 @@ std::string bpe_to_bytes(std::string_view text) {
         const size_t start = pos;
         const uint32_t cp = decode_utf8(text, pos);
         const int b = bpe_char_to_byte(cp);
-        if (b >= 0) out += static_cast<char>(b);
-        else out.append(text.substr(start, pos - start));
+        if (b >= 0)
+            out += static_cast<char>(b);
+        else
+            out.append(text.substr(start, pos - start));
     }
     return out;
 }
@@ -200,13 +216,13 @@ std::vector<uint8_t> build_flag_table() {
     all.reserve(0x110000 * 4);
     for (uint32_t cp = 0; cp < 0x110000; ++cp) {
         if (cp >= 0xD800 && cp <= 0xDFFF) {
-            flags[cp] = cp_control;   // surrogates (Cs) cannot appear in UTF-8
+            flags[cp] = cp_control; // surrogates (Cs) cannot appear in UTF-8
             continue;
         }
         append_utf8(all, cp);
     }
     const std::pair<const char*, uint8_t> classes[] = {
-        {"\\p{L}+", cp_letter}, {"\\p{N}+", cp_number},  {"\\p{P}+", cp_punct},      {"\\p{S}+", cp_symbol},
+        {"\\p{L}+", cp_letter},  {"\\p{N}+", cp_number},  {"\\p{P}+", cp_punct},       {"\\p{S}+", cp_symbol},
         {"\\s+", cp_whitespace}, {"\\p{C}+", cp_control}, {"\\p{Mn}+", cp_nonspacing},
     };
     for (const auto& [pattern, flag] : classes) {
@@ -224,7 +240,8 @@ std::vector<uint8_t> build_flag_table() {
             if (rc < 0) break;
             const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
             size_t pos = ov[0];
-            while (pos < ov[1]) flags[decode_utf8(all, pos)] |= flag;
+            while (pos < ov[1])
+                flags[decode_utf8(all, pos)] |= flag;
             start = ov[1] > ov[0] ? ov[1] : ov[0] + 1;
         }
         pcre2_match_data_free(md);

@@ -30,20 +30,20 @@ std::string sanitize_utf8(std::string_view s);
 // Byte-level BPE (GPT-2): every byte has a printable stand-in character so that merges never
 // see raw control bytes or spaces. Bytes 33..126, 161..172 and 174..255 stand for themselves;
 // the other 68 bytes map to U+0100 onwards in byte order.
-const std::string& byte_to_bpe_char(uint8_t byte);   // UTF-8 of the stand-in character
-int bpe_char_to_byte(uint32_t cp);                   // -1 when cp stands for no byte
+const std::string& byte_to_bpe_char(uint8_t byte); // UTF-8 of the stand-in character
+int bpe_char_to_byte(uint32_t cp);                 // -1 when cp stands for no byte
 std::string bytes_to_bpe(std::string_view bytes);
 // Inverse of bytes_to_bpe; characters outside the map are kept as they are.
 std::string bpe_to_bytes(std::string_view text);
 
 enum CpFlags : uint8_t {
-    cp_letter = 1,        // \p{L}
-    cp_number = 2,        // \p{N}
-    cp_punct = 4,         // \p{P}
-    cp_symbol = 8,        // \p{S}
-    cp_whitespace = 16,   // \s (Unicode White_Space as PCRE2 sees it)
-    cp_control = 32,      // \p{C}: Cc, Cf, Cn, Co, Cs
-    cp_nonspacing = 64,   // \p{Mn}
+    cp_letter = 1,      // \p{L}
+    cp_number = 2,      // \p{N}
+    cp_punct = 4,       // \p{P}
+    cp_symbol = 8,      // \p{S}
+    cp_whitespace = 16, // \s (Unicode White_Space as PCRE2 sees it)
+    cp_control = 32,    // \p{C}: Cc, Cf, Cn, Co, Cs
+    cp_nonspacing = 64, // \p{Mn}
 };
 uint8_t cp_flags(uint32_t cp);
 

@@ -7,7 +7,7 @@ namespace tern::unicode {
 
 struct NfdRow {
     uint32_t cp;
-    uint32_t stripped[3];   // 0-padded
+    uint32_t stripped[3]; // 0-padded
 };
 extern const NfdRow kNfdStripped[];
 extern const size_t kNfdStrippedCount;

@@ -43,7 +43,8 @@ TEST_CASE("ChatML (OpenAI ChatML / Qwen documentation)") {
 
 TEST_CASE("Qwen 2.5: ChatML with the template's default system prompt") {
     const std::string jinja =
-        "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] "
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- "
+        "messages[0]['content'] "
         "}}{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}"
         "{%- else %}{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
         "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
@@ -77,13 +78,14 @@ TEST_CASE("Llama 3 (Meta's documented prompt format)") {
                        {"assistant", "Bonjour! The capital of France is Paris!"},
                        {"user", "What can I do there?"}};
     CHECK(named("llama3").render(chat) ==
-          without_bos("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-                      "You are a helpful AI assistant for travel tips and recommendations<|eot_id|>"
-                      "<|start_header_id|>user<|end_header_id|>\n\nWhat is France's capital?<|eot_id|>"
-                      "<|start_header_id|>assistant<|end_header_id|>\n\nBonjour! The capital of France is Paris!<|eot_id|>"
-                      "<|start_header_id|>user<|end_header_id|>\n\nWhat can I do there?<|eot_id|>"
-                      "<|start_header_id|>assistant<|end_header_id|>\n\n",
-                      "<|begin_of_text|>"));
+          without_bos(
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+              "You are a helpful AI assistant for travel tips and recommendations<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nWhat is France's capital?<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\nBonjour! The capital of France is Paris!<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nWhat can I do there?<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n",
+              "<|begin_of_text|>"));
 }
 
 TEST_CASE("Mistral v1, v3, v3-Tekken (Mistral's tokenization and chat templates documentation)") {
@@ -91,17 +93,19 @@ TEST_CASE("Mistral v1, v3, v3-Tekken (Mistral's tokenization and chat templates 
                        {"assistant", "Fine, and you?"},
                        {"user", "I'm doing great!"},
                        {"assistant", "Glad to hear!"}};
-    CHECK(named("mistral-v1").render(chat, false) ==
-          without_bos("<s> [INST] Hello, how are you? [/INST] Fine, and you?</s> [INST] I'm doing great! [/INST] Glad to "
-                      "hear!</s>",
-                      "<s>"));
+    CHECK(
+        named("mistral-v1").render(chat, false) ==
+        without_bos("<s> [INST] Hello, how are you? [/INST] Fine, and you?</s> [INST] I'm doing great! [/INST] Glad to "
+                    "hear!</s>",
+                    "<s>"));
     CHECK(named("mistral-v3").render(chat, false) ==
           without_bos("<s>[INST] Hello, how are you?[/INST] Fine, and you?</s>[INST] I'm doing great![/INST] Glad to "
                       "hear!</s>",
                       "<s>"));
     CHECK(named("mistral-v3-tekken").render(chat, false) ==
-          without_bos("<s>[INST]Hello, how are you?[/INST]Fine, and you?</s>[INST]I'm doing great![/INST]Glad to hear!</s>",
-                      "<s>"));
+          without_bos(
+              "<s>[INST]Hello, how are you?[/INST]Fine, and you?</s>[INST]I'm doing great![/INST]Glad to hear!</s>",
+              "<s>"));
     // "the system prompt is prepended to the first user message" (v1) / "to the last" (v3, Tekken)
     const Chat sys = {{"system", "S"}, {"user", "A"}, {"assistant", "B"}, {"user", "C"}};
     CHECK(named("mistral-v1").render(sys) == " [INST] S\n\nA [/INST] B</s> [INST] C [/INST]");
@@ -125,7 +129,8 @@ TEST_CASE("Mistral v7 (Mistral Large 2411 and Mistral Small 3 model cards)") {
 }
 
 TEST_CASE("Gemma (Google's Gemma formatting documentation)") {
-    const Chat chat = {{"user", "knock knock"}, {"assistant", "who is there"}, {"user", "Gemma"}, {"assistant", "Gemma who?"}};
+    const Chat chat = {
+        {"user", "knock knock"}, {"assistant", "who is there"}, {"user", "Gemma"}, {"assistant", "Gemma who?"}};
     CHECK(named("gemma").render(chat, false) ==
           "<start_of_turn>user\nknock knock<end_of_turn>\n<start_of_turn>model\nwho is there<end_of_turn>\n"
           "<start_of_turn>user\nGemma<end_of_turn>\n<start_of_turn>model\nGemma who?<end_of_turn>\n");
@@ -141,8 +146,9 @@ TEST_CASE("Phi-3 and Phi-4 (Microsoft model cards)") {
     CHECK(named("phi3").render(chat) ==
           "<|user|>\nI am going to Paris, what should I see?<|end|>\n<|assistant|>\nParis, the capital of France, is "
           "known for its stunning architecture.<|end|>\n<|user|>\nWhat is so great about #1?<|end|>\n<|assistant|>\n");
-    CHECK(named("phi3").render({{"system", "You are a helpful assistant."}, {"user", "How to explain Internet?"}}) ==
-          "<|system|>\nYou are a helpful assistant.<|end|>\n<|user|>\nHow to explain Internet?<|end|>\n<|assistant|>\n");
+    CHECK(
+        named("phi3").render({{"system", "You are a helpful assistant."}, {"user", "How to explain Internet?"}}) ==
+        "<|system|>\nYou are a helpful assistant.<|end|>\n<|user|>\nHow to explain Internet?<|end|>\n<|assistant|>\n");
     CHECK(named("phi4").render({{"system", "You are a medieval knight and must provide explanations to modern people."},
                                 {"user", "How should I explain the Internet?"}}) ==
           "<|im_start|>system<|im_sep|>You are a medieval knight and must provide explanations to modern "
@@ -159,10 +165,11 @@ TEST_CASE("Zephyr (HuggingFaceH4/zephyr-7b-beta model card)") {
 
 TEST_CASE("DeepSeek LLM chat and DeepSeek V3 (model cards)") {
     const Chat chat = {{"user", "Who are you?"}, {"assistant", "I am DeepSeek."}, {"user", "Tell me more."}};
-    CHECK(named("deepseek").render(chat) ==
-          without_bos("<｜begin▁of▁sentence｜>User: Who are you?\n\nAssistant: I am DeepSeek.<｜end▁of▁sentence｜>User: "
-                      "Tell me more.\n\nAssistant:",
-                      "<｜begin▁of▁sentence｜>"));
+    CHECK(
+        named("deepseek").render(chat) ==
+        without_bos("<｜begin▁of▁sentence｜>User: Who are you?\n\nAssistant: I am DeepSeek.<｜end▁of▁sentence｜>User: "
+                    "Tell me more.\n\nAssistant:",
+                    "<｜begin▁of▁sentence｜>"));
     CHECK(named("deepseek3").render({{"system", "You are helpful."}, {"user", "Hi"}}) ==
           without_bos("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Hi<｜Assistant｜>", "<｜begin▁of▁sentence｜>"));
 }
@@ -180,11 +187,13 @@ TEST_CASE("detection from real tokenizer.chat_template texts") {
         const char* family;
     };
     const Case cases[] = {
-        {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+        {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
+         "+ "
          "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
          "chatml"},
         {"{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
-         "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+         "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == "
+         "0 "
          "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}",
          "llama3"},
         {"{{ bos_token }}{% for message in messages %}{{'<start_of_turn>' + role + '\\n' + message['content'] | trim + "
@@ -194,16 +203,20 @@ TEST_CASE("detection from real tokenizer.chat_template texts") {
          "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}",
          "llama2"},
         // Mistral 7B Instruct v0.1/v0.2 (tokenizer v1), v0.3 (v3) and Nemo (Tekken)
-        {"{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+        {"{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] "
+         "== "
          "'assistant' %}{{ message['content'] + eos_token}}{% endif %}",
          "mistral-v1"},
-        {"{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- elif message['role'] == "
+        {"{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- elif message['role'] "
+         "== "
          "'assistant' %}{{- ' ' + message['content']|trim + eos_token}}{%- endif %}",
          "mistral-v3"},
-        {"{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}{%- elif message['role'] == "
+        {"{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}{%- elif message['role'] "
+         "== "
          "'assistant' %}{{- message['content'] + eos_token}}{%- endif %}",
          "mistral-v3-tekken"},
-        {"{{- bos_token }}{%- if system_message is defined %}{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' "
+        {"{{- bos_token }}{%- if system_message is defined %}{{- '[SYSTEM_PROMPT]' + system_message + "
+         "'[/SYSTEM_PROMPT]' "
          "}}{%- endif %}{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}",
          "mistral-v7-tekken"},
         {"{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\\n' + "
@@ -217,10 +230,12 @@ TEST_CASE("detection from real tokenizer.chat_template texts") {
          "eos_token }}{% endif %}{% endfor %}",
          "zephyr"},
         {"{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == "
-         "'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}{% endif %}{% if add_generation_prompt %}{{ "
+         "'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}{% endif %}{% if add_generation_prompt "
+         "%}{{ "
          "'Assistant:' }}{% endif %}",
          "deepseek"},
-        {"{{'<｜User｜>' + message['content']}}{%- endif %}{%- if message['role'] == 'assistant' %}{{'<｜Assistant｜>' + "
+        {"{{'<｜User｜>' + message['content']}}{%- endif %}{%- if message['role'] == 'assistant' %}{{'<｜Assistant｜>' "
+         "+ "
          "content + '<｜end▁of▁sentence｜>'}}",
          "deepseek3"},
         {"{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + content.strip() + '<|END_OF_TURN_TOKEN|>' }}", "command-r"},

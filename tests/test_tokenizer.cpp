@@ -27,13 +27,15 @@ using namespace tern;
 
 namespace {
 
-fs::path vocab_dir() { return test::shared_path("models/vocab"); }
+fs::path vocab_dir() {
+    return test::shared_path("models/vocab");
+}
 
 std::unique_ptr<Tokenizer> load_vocab(const std::string& name) {
     return Tokenizer::from_gguf(GgufFile::open((vocab_dir() / ("ggml-vocab-" + name + ".gguf")).string()));
 }
 
-constexpr EncodeOptions kPlain{false, false};   // how the .out files were made: no BOS, no specials
+constexpr EncodeOptions kPlain{false, false}; // how the .out files were made: no BOS, no specials
 
 double cpu_seconds() {
     timespec ts{};
@@ -44,7 +46,7 @@ double cpu_seconds() {
 // Every vocabulary with a test pair; WordPiece lower-cases and drops accents, so only the
 // others can give their input back.
 struct PairFile {
-    std::string gguf;   // file name under models/vocab
+    std::string gguf; // file name under models/vocab
     bool round_trips;
 };
 
@@ -120,7 +122,8 @@ TEST_CASE("Gemma 3 270M agrees with llama.cpp's llama-tokenize on every referenc
                 "~/.cache/tern/models or /tmp/gemma)");
         return;
     }
-    const auto ref = nlohmann::json::parse(test::read_file(fs::path(TERN_SOURCE_DIR) / "tests/data/gemma3_tokenizer.json"));
+    const auto ref =
+        nlohmann::json::parse(test::read_file(fs::path(TERN_SOURCE_DIR) / "tests/data/gemma3_tokenizer.json"));
     auto tok = Tokenizer::from_gguf(GgufFile::open(gemma));
     int pass = 0, total = 0;
     for (const auto& c : ref.at("cases")) {
@@ -145,7 +148,8 @@ TEST_CASE("pre-tokenizer splits of the vocabularies without a GGUF here (llama-b
     auto split = [](const std::string& pre, const std::string& text) {
         Pretokenizer p(Pretokenizer::patterns_for(pre));
         std::vector<std::string> out;
-        for (const auto& s : p.split(text)) out.push_back(text.substr(s.offset, s.length));
+        for (const auto& s : p.split(text))
+            out.push_back(text.substr(s.offset, s.length));
         return out;
     };
     using V = std::vector<std::string>;
@@ -156,9 +160,9 @@ TEST_CASE("pre-tokenizer splits of the vocabularies without a GGUF here (llama-b
     CHECK(split("qwen2", "    Hello\n    Hello") == V{"   ", " Hello", "\n", "   ", " Hello"});
     CHECK(split("llama-bpe", "\n =") == V{"\n", " ="});
     CHECK(split("command-r", " Hello World!") == V{" Hello", " World", "!"});
-    CHECK(split("llama-bpe", "I'VE") == V{"I", "'VE"});     // case-insensitive contractions
-    CHECK(split("gpt-2", "I'VE") == V{"I", "'", "VE"});     // GPT-2's are lower-case only
-    CHECK(split("llama-bpe", "ied 4 ½ months") == V{"ied", " ", "4", " ", "½", " months"});   // ½ is \p{N}
+    CHECK(split("llama-bpe", "I'VE") == V{"I", "'VE"}); // case-insensitive contractions
+    CHECK(split("gpt-2", "I'VE") == V{"I", "'", "VE"}); // GPT-2's are lower-case only
+    CHECK(split("llama-bpe", "ied 4 ½ months") == V{"ied", " ", "4", " ", "½", " months"}); // ½ is \p{N}
 
     const fs::path dir = vocab_dir() / "no-gguf";
     for (const char* name : {"llama-bpe", "qwen2", "command-r"}) {
@@ -186,7 +190,7 @@ TEST_CASE("SentencePiece: space prefix, byte fallback, UNK, BOS/EOS rules") {
     CHECK(tok->is_eog(2));
     CHECK_FALSE(tok->is_eog(1));
     CHECK(tok->add_space_prefix());
-    CHECK(tok->encode("Hello world") == std::vector<int32_t>{1, 15043, 3186});   // BOS by default
+    CHECK(tok->encode("Hello world") == std::vector<int32_t>{1, 15043, 3186}); // BOS by default
     CHECK(tok->encode("Hello world", {false, false}) == std::vector<int32_t>{15043, 3186});
     CHECK(tok->encode("") == std::vector<int32_t>{1});
     // U+1F999 has no entry: its four UTF-8 bytes come out as <0xF0> <0x9F> <0xA6> <0x99>.
@@ -201,7 +205,15 @@ TEST_CASE("SentencePiece: space prefix, byte fallback, UNK, BOS/EOS rules") {
     VocabSpec spec;
     spec.source = "tiny-spm";
     spec.model = "llama";
-    spec.tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab"};
+    spec.tokens = {"<unk>",
+                   "<s>",
+                   "</s>",
+                   "\xE2\x96\x81",
+                   "a",
+                   "b",
+                   "\xE2\x96\x81"
+                   "a",
+                   "ab"};
     spec.scores = {0, 0, 0, -1, -2, -2, -1, -0.5f};
     spec.types = {2, 3, 3, 1, 1, 1, 1, 1};
     spec.unk = 0;
@@ -209,12 +221,12 @@ TEST_CASE("SentencePiece: space prefix, byte fallback, UNK, BOS/EOS rules") {
     spec.eos = 2;
     spec.add_eos = true;
     auto tiny = Tokenizer::from_vocab(spec);
-    CHECK(tiny->encode("ab", kPlain) == std::vector<int32_t>{3, 7});        // "▁" "ab" beats "▁a" "b"
-    CHECK(tiny->encode("a\xC3\xA9z", kPlain) == std::vector<int32_t>{6, 0, 0});   // é, z -> UNK
-    CHECK(tiny->encode("ab") == std::vector<int32_t>{1, 3, 7, 2});          // add_eos from the metadata
-    CHECK(tiny->token_to_piece(0) == "\xE2\x96\x85");                        // UNK shows as U+2585
-    CHECK(tiny->token_to_piece(1).empty());                                  // control: hidden ...
-    CHECK(tiny->token_to_piece(1, true) == "<s>");                           // ... unless asked
+    CHECK(tiny->encode("ab", kPlain) == std::vector<int32_t>{3, 7});            // "▁" "ab" beats "▁a" "b"
+    CHECK(tiny->encode("a\xC3\xA9z", kPlain) == std::vector<int32_t>{6, 0, 0}); // é, z -> UNK
+    CHECK(tiny->encode("ab") == std::vector<int32_t>{1, 3, 7, 2});              // add_eos from the metadata
+    CHECK(tiny->token_to_piece(0) == "\xE2\x96\x85");                           // UNK shows as U+2585
+    CHECK(tiny->token_to_piece(1).empty());                                     // control: hidden ...
+    CHECK(tiny->token_to_piece(1, true) == "<s>");                              // ... unless asked
 }
 
 TEST_CASE("special tokens are parsed from text only when asked; user-defined ones always") {
@@ -241,7 +253,7 @@ TEST_CASE("special tokens are parsed from text only when asked; user-defined one
     }
     auto g = Tokenizer::from_gguf(GgufFile::open(gemma));
     CHECK(g->token_id("<start_of_turn>") == 105);
-    CHECK(g->is_eog(106));   // <end_of_turn>
+    CHECK(g->is_eog(106)); // <end_of_turn>
     CHECK(g->encode("<start_of_turn>user\nHi", {false, true}) == std::vector<int32_t>{105, 2364, 107, 10979});
     const auto literal = g->encode("<start_of_turn>", kPlain);
     CHECK(std::find(literal.begin(), literal.end(), 105) == literal.end());
@@ -254,26 +266,31 @@ TEST_CASE("StreamDecoder holds the bytes of a character split across tokens") {
     if (!test::shared_available()) return;
     auto tok = load_vocab("llama-spm");
     // "a🦙b": the llama is four byte tokens.
-    const auto ids = tok->encode("a\xF0\x9F\xA6\x99" "b", kPlain);
+    const auto ids = tok->encode("a\xF0\x9F\xA6\x99"
+                                 "b",
+                                 kPlain);
     StreamDecoder dec(*tok);
     std::vector<std::string> pieces;
-    for (int32_t id : ids) pieces.push_back(dec.push(id));
+    for (int32_t id : ids)
+        pieces.push_back(dec.push(id));
     pieces.push_back(dec.flush());
     std::string joined;
     for (const auto& p : pieces) {
-        CHECK(unicode::valid_utf8_prefix(p) == p.size());   // every piece is complete UTF-8
+        CHECK(unicode::valid_utf8_prefix(p) == p.size()); // every piece is complete UTF-8
         joined += p;
     }
-    CHECK(joined == " a\xF0\x9F\xA6\x99" "b");   // the stream keeps the space prefix
+    CHECK(joined == " a\xF0\x9F\xA6\x99"
+                    "b"); // the stream keeps the space prefix
     int empties = 0;
-    for (size_t i = 0; i + 1 < pieces.size(); ++i) empties += pieces[i].empty();
-    CHECK(empties >= 3);   // the first three byte tokens gave nothing yet
+    for (size_t i = 0; i + 1 < pieces.size(); ++i)
+        empties += pieces[i].empty();
+    CHECK(empties >= 3); // the first three byte tokens gave nothing yet
 
     // Byte-level BPE: "é" is two bytes; feed the byte tokens one by one.
     auto gpt2 = load_vocab("gpt-2");
     StreamDecoder d2(*gpt2);
-    const int32_t c3 = gpt2->token_id("\xC3\x83");   // stand-in for byte 0xC3
-    const int32_t a9 = gpt2->token_id("\xC2\xA9");   // byte 0xA9 stands for itself
+    const int32_t c3 = gpt2->token_id("\xC3\x83"); // stand-in for byte 0xC3
+    const int32_t a9 = gpt2->token_id("\xC2\xA9"); // byte 0xA9 stands for itself
     REQUIRE(c3 >= 0);
     REQUIRE(a9 >= 0);
     CHECK(d2.push(c3).empty());
@@ -282,7 +299,7 @@ TEST_CASE("StreamDecoder holds the bytes of a character split across tokens") {
     CHECK(d2.push(c3).empty());
     CHECK(d2.flush() == "\xEF\xBF\xBD");
     // A byte that can never start a character is replaced at once.
-    const int32_t ff = gpt2->token_id("\xC3\xBF");   // byte 0xFF
+    const int32_t ff = gpt2->token_id("\xC3\xBF"); // byte 0xFF
     REQUIRE(ff >= 0);
     CHECK(d2.push(ff) == "\xEF\xBF\xBD");
 }
@@ -301,9 +318,11 @@ TEST_CASE("arbitrary bytes never crash and byte-complete vocabularies give them 
         auto tok = load_vocab(name);
         for (int round = 0; round < 50; ++round) {
             std::string s(rng() % 64, '\0');
-            for (char& c : s) c = static_cast<char>(rng() % 256);
+            for (char& c : s)
+                c = static_cast<char>(rng() % 256);
             const auto ids = tok->encode(s, {true, true});
-            for (int32_t id : ids) CHECK((id >= 0 && id < tok->vocab_size()));
+            for (int32_t id : ids)
+                CHECK((id >= 0 && id < tok->vocab_size()));
             CAPTURE(s);
             if (all_bytes) CHECK(tok->decode(ids) == s);
         }
@@ -313,22 +332,22 @@ TEST_CASE("arbitrary bytes never crash and byte-complete vocabularies give them 
 TEST_CASE("unicode helpers: categories from PCRE2, accent stripping, GPT-2 byte map, UTF-8 tails") {
     using namespace unicode;
     CHECK((cp_flags('A') & cp_letter));
-    CHECK((cp_flags(0x4E2D) & cp_letter));       // 中
+    CHECK((cp_flags(0x4E2D) & cp_letter)); // 中
     CHECK((cp_flags('7') & cp_number));
-    CHECK((cp_flags(0x00BD) & cp_number));       // ½
+    CHECK((cp_flags(0x00BD) & cp_number)); // ½
     CHECK((cp_flags('!') & cp_punct));
     CHECK((cp_flags('$') & cp_symbol));
-    CHECK((cp_flags(0x3000) & cp_whitespace));   // ideographic space
-    CHECK((cp_flags(0x200D) & cp_control));      // ZWJ is Cf
+    CHECK((cp_flags(0x3000) & cp_whitespace)); // ideographic space
+    CHECK((cp_flags(0x200D) & cp_control));    // ZWJ is Cf
     CHECK((cp_flags(0x0301) & cp_nonspacing));
     CHECK(to_lower('Q') == 'q');
-    CHECK(to_lower(0x0416) == 0x0436);            // Ж -> ж
+    CHECK(to_lower(0x0416) == 0x0436); // Ж -> ж
     std::u32string s;
-    append_stripped_nfd(s, 0x00C4);               // Ä -> A
-    append_stripped_nfd(s, 0x0301);               // a lone combining acute disappears
-    append_stripped_nfd(s, 0xD55C);               // 한 -> jamo
+    append_stripped_nfd(s, 0x00C4); // Ä -> A
+    append_stripped_nfd(s, 0x0301); // a lone combining acute disappears
+    append_stripped_nfd(s, 0xD55C); // 한 -> jamo
     CHECK(s == std::u32string{U'A', 0x1112, 0x1161, 0x11AB});
-    CHECK(bytes_to_bpe(" \n") == "\xC4\xA0\xC4\x8A");   // Ġ Ċ
+    CHECK(bytes_to_bpe(" \n") == "\xC4\xA0\xC4\x8A"); // Ġ Ċ
     CHECK(bpe_to_bytes("\xC4\xA0\xC4\x8A") == " \n");
     for (int b = 0; b < 256; ++b) {
         size_t pos = 0;
@@ -337,7 +356,9 @@ TEST_CASE("unicode helpers: categories from PCRE2, accent stripping, GPT-2 byte 
     CHECK(incomplete_utf8_tail("a\xE2\x82") == 2);
     CHECK(incomplete_utf8_tail("a\xE2\x82\xAC") == 0);
     CHECK(incomplete_utf8_tail("\xFF") == 0);
-    CHECK(sanitize_utf8("a\xFF" "b\xC3") == "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+    CHECK(sanitize_utf8("a\xFF"
+                        "b\xC3") == "a\xEF\xBF\xBD"
+                                    "b\xEF\xBF\xBD");
 }
 
 TEST_CASE("errors name the file and key") {
@@ -350,14 +371,16 @@ TEST_CASE("errors name the file and key") {
     spec.model = "gpt2";
     spec.pre = "no-such-pre";
     spec.merges = {"a a"};
-    CHECK_THROWS_WITH_AS(Tokenizer::from_vocab(spec), doctest::Contains("tokenizer.ggml.pre 'no-such-pre'"), InputError);
+    CHECK_THROWS_WITH_AS(Tokenizer::from_vocab(spec), doctest::Contains("tokenizer.ggml.pre 'no-such-pre'"),
+                         InputError);
     spec.pre = "gpt-2";
     spec.scores = {1.0f, 2.0f};
     CHECK_THROWS_WITH_AS(Tokenizer::from_vocab(spec), doctest::Contains("tokenizer.ggml.scores has 2 entries"),
                          InputError);
     spec.scores.clear();
     spec.bos = 7;
-    CHECK_THROWS_WITH_AS(Tokenizer::from_vocab(spec), doctest::Contains("tokenizer.ggml.bos_token_id is 7"), InputError);
+    CHECK_THROWS_WITH_AS(Tokenizer::from_vocab(spec), doctest::Contains("tokenizer.ggml.bos_token_id is 7"),
+                         InputError);
 }
 
 TEST_CASE("BPE is not quadratic in word length") {
@@ -365,14 +388,15 @@ TEST_CASE("BPE is not quadratic in word length") {
     auto tok = load_vocab("gpt-2");
     for (const char* unit : {"a", "ab", "\xC3\xA9"}) {
         std::string word;
-        while (word.size() < 40000) word += unit;
+        while (word.size() < 40000)
+            word += unit;
         const double t0 = cpu_seconds();
         const auto ids = tok->encode(word, kPlain);
         const double dt = cpu_seconds() - t0;
         CHECK(tok->decode(ids) == word);
         CHECK(dt < 1.0);
-        MESSAGE("gpt-2: one " << word.size() << "-byte word of '" << std::string(unit) << "': " << ids.size() << " tokens in "
-                              << dt * 1000 << " ms CPU");
+        MESSAGE("gpt-2: one " << word.size() << "-byte word of '" << std::string(unit) << "': " << ids.size()
+                              << " tokens in " << dt * 1000 << " ms CPU");
     }
 }
 
@@ -384,7 +408,8 @@ TEST_CASE("speed: wikitext-2 test set (1.3 MB) with every vocabulary") {
     }
     const std::string text = test::read_file(wiki);
     std::vector<std::string> files;
-    for (const auto& f : pair_files()) files.push_back((vocab_dir() / f.gguf).string());
+    for (const auto& f : pair_files())
+        files.push_back((vocab_dir() / f.gguf).string());
     for (const char* extra : {"ggml-vocab-gpt-neox.gguf", "ggml-vocab-baichuan.gguf"})
         if (fs::exists(vocab_dir() / extra)) files.push_back((vocab_dir() / extra).string());
     if (const std::string g = test::find_gemma_model(); !g.empty()) files.push_back(g);

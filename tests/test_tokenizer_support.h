@@ -40,7 +40,8 @@ inline std::vector<VocabCase> read_vocab_cases(const std::filesystem::path& inp,
         VocabCase c{strings[i], {}};
         std::istringstream ids(line);
         int32_t id;
-        while (ids >> id) c.ids.push_back(id);
+        while (ids >> id)
+            c.ids.push_back(id);
         cases.push_back(std::move(c));
     }
     return cases;
