@@ -196,7 +196,9 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
             if (m.role == "system") {
                 system = trim(m.content);
             } else if (m.role == "assistant") {
-                out += " " + trim(m.content) + " </s>";
+                out += ' ';
+                out += trim(m.content);
+                out += " </s>";
             } else {
                 if (!first) out += "<s>";
                 out += "[INST] ";

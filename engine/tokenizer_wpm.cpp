@@ -47,8 +47,10 @@ protected:
 
     std::string normal_piece(int32_t id) const override {
         const std::string& text = spec_.tokens[static_cast<size_t>(id)];
-        if (text.compare(0, kSpace.size(), kSpace) == 0) return " " + text.substr(kSpace.size());
-        return text;
+        if (text.compare(0, kSpace.size(), kSpace) != 0) return text;
+        std::string out(" ");
+        out.append(text, kSpace.size(), std::string::npos);
+        return out;
     }
 
 private:
