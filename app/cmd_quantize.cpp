@@ -12,20 +12,26 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "app/commands.h"
 #include "app/console.h"
 #include "app/signals.h"
+#include "engine/calibration.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
 #include "formats/error.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "kernels/cpu_features.h"
+#include "quant/imatrix.h"
 #include "quant/plan.h"
 #include "quant/reference.h"
 
@@ -46,6 +52,7 @@ struct QuantizeArgs {
     bool dry_run = false;
     bool pure = false;
     std::vector<std::string> tensor_types;
+    std::string calibrate;   // text file for --calibrate
 };
 
 std::string join_names(const std::vector<std::string_view>& names) {
@@ -163,7 +170,8 @@ void check_paths(const QuantizeArgs& a) {
 // Converts one tensor: rows are independent, so OpenMP over rows gives the same bytes for every
 // thread count. Rows go in slabs so the progress bar and Ctrl-C are served between slabs.
 void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uint8_t> out, int n_threads,
-                    const std::atomic<bool>* cancel, ProgressBar& bar, uint64_t& done_elems) {
+                    const std::atomic<bool>* cancel, ProgressBar& bar, uint64_t& done_elems,
+                    const std::vector<float>* importance) {
     if (!t.converted()) {
         std::memcpy(out.data(), src.data, src.n_bytes);
         done_elems += static_cast<uint64_t>(t.n_elements());
@@ -185,7 +193,9 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
             for (int64_t r = r0; r < r1; ++r) {
                 try {
                     dequantize_row(src.type, src.data + static_cast<size_t>(r) * in_row, buf.data(), width);
-                    quantize_row(t.to, buf.data(), out.data() + static_cast<size_t>(r) * out_row, width);
+                    uint8_t* dst = out.data() + static_cast<size_t>(r) * out_row;
+                    if (importance) quantize_row_importance(t.to, buf.data(), dst, width, importance->data());
+                    else quantize_row(t.to, buf.data(), dst, width);
                 } catch (const std::exception& e) {
 #pragma omp critical(tern_quantize_error)
                     if (error.empty()) error = "tensor " + t.name + ", row " + std::to_string(r) + ": " + e.what();
@@ -196,6 +206,28 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
         done_elems += static_cast<uint64_t>((r1 - r0) * width);
         bar.update(done_elems);
     }
+}
+
+// --calibrate: run the input model over the text (at most 64 chunks of up to 512 tokens) and
+// collect each matrix's mean squared input per column (engine/calibration.h).
+ImportanceMatrix calibrate(const QuantizeArgs& a, int n_threads) {
+    std::ifstream f(a.calibrate, std::ios::binary);
+    if (!f) throw InputError(a.calibrate + ": cannot read the calibration text (--calibrate): " + std::strerror(errno));
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    const Model model = load_model(a.in);
+    const std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model.file);
+    std::vector<int32_t> tokens = tok->encode(ss.str(), EncodeOptions{true, false});
+    const int32_t n_ctx = model.config.n_ctx_train > 0 ? std::min(512, model.config.n_ctx_train) : 512;
+    if (tokens.size() < 16) throw InputError(a.calibrate + ": the calibration text is too short (" +
+                                             std::to_string(tokens.size()) + " tokens; give it a few thousand)");
+    if (tokens.size() > static_cast<size_t>(64 * n_ctx)) tokens.resize(static_cast<size_t>(64 * n_ctx));
+    const auto t0 = std::chrono::steady_clock::now();
+    ImportanceMatrix im = collect_importance(model, tokens, n_ctx, tok->add_bos_token() ? tok->bos() : -1, n_threads);
+    std::fprintf(stderr, "tern: quantize: --calibrate: %lld tokens in chunks of %d, %s\n",
+                 static_cast<long long>(im.tokens), n_ctx,
+                 format_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).c_str());
+    return im;
 }
 
 int run_quantize(QuantizeArgs& a) {
@@ -276,13 +308,23 @@ int run_quantize(QuantizeArgs& a) {
     for (const PlannedTensor& t : plan.tensors)
         writer.add_tensor(t.name, t.to, std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)));
 
+    ImportanceMatrix imatrix;
+    if (!a.calibrate.empty()) imatrix = calibrate(a, n_threads);
+    size_t n_weighted = 0;
+
     InterruptGuard guard;
     ProgressBar bar("quantizing " + std::string(fi.name), sizes.elements);
     uint64_t done = 0;
     writer.write(a.out, [&](size_t i, std::span<uint8_t> out) {
         const PlannedTensor& t = plan.tensors[i];
         bar.set_label("quantizing " + std::string(fi.name) + " " + t.name);
-        convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done);
+        const std::vector<float>* imp = nullptr;
+        if (auto it = imatrix.columns.find(t.name); it != imatrix.columns.end() && t.converted() &&
+                                                    supports_importance(t.to) &&
+                                                    static_cast<int64_t>(it->second.size()) == t.ne[0])
+            imp = &it->second;
+        n_weighted += imp != nullptr;
+        convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done, imp);
         if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
     });
     bar.finish();
@@ -296,8 +338,11 @@ int run_quantize(QuantizeArgs& a) {
                  a.in.c_str(), a.out.c_str(), std::string(fi.name).c_str(), format_bytes(in.file_size()).c_str(),
                  sizes.in_bpw(), format_bytes(out_size).c_str(), sizes.out_bpw(), n_converted, plan.tensors.size(),
                  format_duration(secs).c_str(), n_threads);
+    if (!a.calibrate.empty())
+        std::fprintf(stderr, "tern: quantize: --calibrate: %zu tensors quantized with importance weights (%lld tokens)\n",
+                     n_weighted, static_cast<long long>(imatrix.tokens));
     if (a.json) {
-        nlohmann::json j = {{"input", a.in}, {"output", a.out}, {"type", fi.name}, {"file_type", fi.file_type},
+        nlohmann::json j = {{"input", a.in}, {"output", a.out}, {"calibrated_tensors", n_weighted}, {"type", fi.name}, {"file_type", fi.file_type},
                             {"input_bytes", in.file_size()}, {"output_bytes", out_size},
                             {"input_bpw", sizes.in_bpw()}, {"output_bpw", sizes.out_bpw()},
                             {"n_tensors", plan.tensors.size()}, {"n_converted", n_converted},
@@ -324,6 +369,8 @@ Command add_quantize_command(CLI::App& root) {
     cmd->add_option("--tensor-type", a->tensor_types,
                     "PATTERN=TYPE: tensors whose name matches the regex PATTERN get tensor format TYPE (repeatable; "
                     "the first match wins)");
+    cmd->add_option("--calibrate", a->calibrate,
+                    "TEXT file: run the model on it and weight q2_K/q3_K quantization by each column's activations");
     return {cmd, [a] { return run_quantize(*a); }};
 }
 

@@ -183,3 +183,21 @@ TEST_CASE("quantize to f8_e4m3: the file loads and runs in tern") {
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j["n_gen"].get<int>() >= 1);
 }
+
+TEST_CASE("quantize --calibrate: weights q2_K/q3_K tensors, leaves other types byte-identical") {
+    if (!tern::test::shared_available()) return;
+    TempDir dir;
+    const std::string text = tern::test::shared_path("data/tinystories/cs336-tinystories_sample.txt").string();
+    auto r = run_tern({"quantize", synth("synth-k256-f32.gguf"), (dir / "c.gguf").string(), "--type", "q2_k",
+                       "--calibrate", text, "--json"});
+    REQUIRE(r.exit_code == 0);
+    CHECK(nlohmann::json::parse(r.out)["calibrated_tensors"] == 14);   // all but token_embd (Q2_K) and output (Q6_K)
+    CHECK_FALSE(same_bytes(dir / "c.gguf", synth("synth-k256-q2_k.gguf")));
+    r = run_tern({"quantize", synth("synth-k256-f32.gguf"), (dir / "d.gguf").string(), "--type", "q4_k_m",
+                  "--calibrate", text});
+    REQUIRE(r.exit_code == 0);
+    CHECK(same_bytes(dir / "d.gguf", synth("synth-k256-q4_k_m.gguf")));
+    CHECK(run_tern({"quantize", synth("synth-k256-f32.gguf"), (dir / "e.gguf").string(), "--type", "q2_k",
+                    "--calibrate", (dir / "missing.txt").string()})
+              .exit_code == 2);
+}

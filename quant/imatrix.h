@@ -1,0 +1,21 @@
+#pragma once
+// Importance-weighted quantizers for the low-bit k-quants (`tern quantize --calibrate`). An
+// importance vector holds, per input column c of a weight matrix, the mean of x_c^2 over the
+// calibration activations: the output error of a row, E[(sum_c (w_c - q_c) x_c)^2], is close to
+// sum_c (w_c - q_c)^2 E[x_c^2] when the columns are weakly correlated, so the searches weight each
+// element's error by imp_c on top of their own heuristics. With a constant importance the searches
+// pick the same codes as the reference quantizers (up to float rounding).
+#include <cstdint>
+
+#include "quant/types.h"
+
+namespace tern {
+
+// Q2_K and Q3_K (the types where calibration pays; the others are accurate enough).
+bool supports_importance(GgmlType type);
+
+// n elements (a multiple of 256) of one row with its n importance values (>= 0) to `dst` blocks.
+// Throws InputError for a type without an importance-aware quantizer or a non-finite value.
+void quantize_row_importance(GgmlType type, const float* src, void* dst, int64_t n, const float* importance);
+
+} // namespace tern
