@@ -79,9 +79,15 @@ ppl_text() {
 }
 # llama-perplexity's asynchronous log sometimes loses its last line ("Final estimate") at exit; the
 # running value after the last chunk ("[N]x") is the same number, so take that.
+# Sometimes both are lost, so try up to three times.
 llama_ppl() {
-    "$LLAMA_CPP_BIN/llama-perplexity" -m "$1" -f "$(ppl_text "$1")" -c 128 -b 512 -t 2 --chunks "$PPL_CHUNKS" 2>&1 |
-        grep -o "\[$PPL_CHUNKS\][0-9.]*" | tail -1 | sed 's/.*\]//'
+    local v=""
+    for _ in 1 2 3; do
+        v=$("$LLAMA_CPP_BIN/llama-perplexity" -m "$1" -f "$(ppl_text "$1")" -c 128 -b 512 -t 2 --chunks "$PPL_CHUNKS" 2>&1 |
+            grep -o -e "\[$PPL_CHUNKS\][0-9.]*" -e "Final estimate: PPL = [0-9.]*" | tail -1 | sed 's/.*[]=] *//')
+        [ -n "$v" ] && break
+    done
+    echo "${v:-nan}"
 }
 tern_ppl() {
     "$TERN" perplexity -m "$1" -f "$(ppl_text "$1")" -c 128 -b 512 --chunks "$PPL_CHUNKS" --device cpu 2>/dev/null |

@@ -129,8 +129,11 @@ GgmlType width_fallback(const PlanInput& t, GgmlType type, std::string& note) {
     if (width % block_elems(type) == 0) return type;
     GgmlType fb;
     switch (type) {
+    // Q2_K/Q3_K: llama-quantize 0c1e57098 (the peer build) falls back to Q4_0; the FORMATS.md
+    // baseline c392e5094 used IQ4_NL. Q4_0 keeps the files byte-identical with today's llama.cpp and
+    // its RMS error on embeddings is lower (bench/results: IQ4_NL was up to 4% worse there).
     case GgmlType::Q2_K:
-    case GgmlType::Q3_K:
+    case GgmlType::Q3_K: fb = GgmlType::Q4_0; break;
     case GgmlType::IQ4_XS: fb = GgmlType::IQ4_NL; break;
     case GgmlType::Q4_K: fb = GgmlType::Q5_0; break;
     case GgmlType::Q5_K: fb = GgmlType::Q5_1; break;

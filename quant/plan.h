@@ -16,7 +16,8 @@
 //   applies only to tensors that would be quantized, also with --pure, and the width fallback below
 //   still applies to the type it names.
 // * The width fallback (§5.4) is applied to every chosen type, including under --pure and for
-//   overrides. A type §5.4 has no fallback for (the legacy types, Q8_0, IQ4_NL) becomes F16, as in
+//   overrides. Q2_K/Q3_K fall back to Q4_0 as in llama-quantize 0c1e57098 (§5.4, from the
+//   c392e5094 baseline, says IQ4_NL). A type §5.4 has no fallback for (the legacy types, Q8_0, IQ4_NL) becomes F16, as in
 //   llama-quantize since 2025 (0c1e57098); the baseline c392e5094 stopped with "Unsupported tensor
 //   size" instead. Every fallback is reported once per (type, width).
 #include <cstdint>

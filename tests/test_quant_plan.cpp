@@ -149,7 +149,7 @@ TEST_CASE("q3_k_m / q4_k_s / q2_k counters and GQA rules") {
     CHECK(layers_with(q5s, "ffn_down", GgmlType::Q5_K).size() == 16);
 }
 
-TEST_CASE("width 320: q4_k_m bulk q5_0, bumps and output q8_0; q2_k bulk iq4_nl") {
+TEST_CASE("width 320: q4_k_m bulk q5_0, bumps and output q8_0; q2_k bulk q4_0 (0c1e57098; iq4_nl before)") {
     const auto t = llama_tensors(12, 320, 640, 320, 512, false);
     const QuantPlan p = plan_for(t, QuantFtype::q4_k_m, 12);
     const auto m = plan_types(p);
@@ -161,8 +161,8 @@ TEST_CASE("width 320: q4_k_m bulk q5_0, bumps and output q8_0; q2_k bulk iq4_nl"
     CHECK(m.at("output.weight") == GgmlType::Q8_0);
     CHECK_FALSE(p.fallback_notes.empty());
     const auto m2 = plan_types(plan_for(t, QuantFtype::q2_k, 12));
-    CHECK(m2.at("blk.1.attn_q.weight") == GgmlType::IQ4_NL);
-    CHECK(m2.at("blk.1.attn_v.weight") == GgmlType::IQ4_NL);   // Q3_K -> IQ4_NL
+    CHECK(m2.at("blk.1.attn_q.weight") == GgmlType::Q4_0);
+    CHECK(m2.at("blk.1.attn_v.weight") == GgmlType::Q4_0);   // Q3_K -> Q4_0
     const auto m5 = plan_types(plan_for(t, QuantFtype::q5_k_m, 12));
     CHECK(m5.at("blk.1.attn_q.weight") == GgmlType::Q5_1);
 }
