@@ -158,8 +158,13 @@ void q3_k_block(const float* x, const float* imp, BlockQ3_K& b) {
     int l[QK_K];
     uint8_t L[QK_K];
     float sc[16], w[16], max_scale = 0.0f, amax = 0.0f;
+    // As for Q2_K: importance times sqrt(sigma^2 + x^2) rather than the reference's x^2, which lets
+    // the small weights of an important column vanish from the fit.
+    float sigma2 = 0.0f;
+    for (int i = 0; i < QK_K; ++i) sigma2 += x[i] * x[i];
+    sigma2 = 2.0f * sigma2 / QK_K;
     for (int j = 0; j < 16; ++j) {
-        for (int i = 0; i < 16; ++i) w[i] = imp[16 * j + i] * x[16 * j + i] * x[16 * j + i];
+        for (int i = 0; i < 16; ++i) w[i] = imp[16 * j + i] * std::sqrt(sigma2 + x[16 * j + i] * x[16 * j + i]);
         sc[j] = fit_q3(x + 16 * j, w, l + 16 * j);
         if (std::fabs(sc[j]) > amax) {
             amax = std::fabs(sc[j]);
