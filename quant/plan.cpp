@@ -253,9 +253,11 @@ QuantPlan make_quant_plan(const std::vector<PlanInput>& tensors, const ModelFact
             const bool is_output =
                 t.name == "output.weight" || (!counters.has_output && t.name == "token_embd.weight");
             to = fi.default_type;
-            if (options.ftype == QuantFtype::f8_e4m3 && is_output) {
+            if (options.ftype == QuantFtype::f8_e4m3 && (is_output || t.name == "token_embd.weight")) {
+                // FP8 pays off in matrix products; the embedding is a row lookup (no FP8 compute to
+                // gain) and the output is the most sensitive matrix, so both stay f16.
                 to = GgmlType::F16;
-                p.reason = "output tensor (f8_e4m3 keeps it f16)";
+                p.reason = is_output ? "output tensor (f8_e4m3 keeps it f16)" : "token_embd (f8_e4m3 keeps it f16)";
             } else if (!is_plain_float(options.ftype) && options.ftype != QuantFtype::f8_e4m3 && !options.pure) {
                 to = mixture_type(t, facts, options.ftype, fi.default_type, counters, p.reason);
             }

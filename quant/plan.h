@@ -6,10 +6,11 @@
 // its --dry-run, and the tests, all call make_quant_plan.
 //
 // tern's own choices (documented in models.md, "Quantization and perplexity"):
-// * f8_e4m3: every quantizable tensor becomes F8_E4M3 except the output tensor (output.weight, or
-//   token_embd.weight when the output is tied), which becomes F16 - the same idea as llama's
-//   Q6_K/Q8_0 output rule: the last projection is the most sensitive one. Widths that are not a
-//   multiple of 32 fall back to F16. general.file_type = 1000 (outside llama.cpp's ids).
+// * f8_e4m3: every quantizable tensor becomes F8_E4M3 except output.weight and token_embd.weight,
+//   which become F16: the output is the most sensitive projection (llama's Q6_K/Q8_0 output rule),
+//   and the embedding is a row lookup with no FP8 compute to gain (keeping it f16 halved the PPL
+//   cost on babyllama). Widths that are not a multiple of 32 fall back to F16.
+//   general.file_type = 1000 (outside llama.cpp's ids).
 // * --tensor-type PATTERN=TYPE: PATTERN is an ECMAScript regular expression searched anywhere in the
 //   tensor name (std::regex_search, as llama-quantize does), so "attn_v" matches every
 //   blk.N.attn_v.weight and "^output\.weight$" one tensor. The first matching override wins. It
