@@ -21,6 +21,10 @@ struct RunOptions {
     int32_t n_ctx = 0;            // KV cache positions to allocate (> 0)
     KvType kv_type = KvType::f16;
     int n_threads = 0;            // 0 = physical cores
+    // Dequantize weights and multiply in f32 (slow; the twin-reference check uses it). The default
+    // quantizes the activations as ggml does (Q8_0/Q8_1/Q8_K, f16/bf16 for 16-bit weights) and runs the
+    // SIMD dot kernels of kernels/cpu/matmul_quant.h, which tracks llama.cpp's own numbers.
+    bool exact_matmul = false;
 };
 
 // Which logit rows a forward keeps: the last token's only (decode, prefill), or every token's

@@ -7,7 +7,9 @@
 #include <string>
 
 #include "formats/error.h"
+#include "kernels/cpu/matmul_quant.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quantize_act.h"
 #include "kernels/cpu_features.h"
 #include "quant/reference.h"
 
@@ -22,14 +24,37 @@ std::vector<float> vector_f32(const WeightRef& w) {
     return out;
 }
 
-// y = W x for n_cols columns (x: (n_cols, W.n_in), y: (n_cols, W.n_out)), plus an optional bias.
-void project(const WeightRef& w, const std::vector<float>& bias, const float* x, int64_t n_cols, float* y,
-             int n_threads) {
-    matmul_dequant(w.type, w.data, w.n_in(), w.n_out(), x, n_cols, y, n_threads);
+// Whether weights of format t with rows of n_in elements have a dot kernel (else: matmul_dequant).
+bool has_dot_kernel(GgmlType t, int64_t n_in) {
+    switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
+    case GgmlType::F8_E4M3:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+    case GgmlType::F32:
+        break;
+    default:
+        return false;
+    }
+    return n_in > 0 && n_in % block_elems(t) == 0 && n_in % act_block_elems(act_format_for(t)) == 0;
+}
+
+void add_bias(const std::vector<float>& bias, int64_t n_out, int64_t n_cols, float* y) {
     if (bias.empty()) return;
     for (int64_t c = 0; c < n_cols; ++c)
-        for (int64_t r = 0; r < w.n_out(); ++r)
-            y[c * w.n_out() + r] += bias[static_cast<size_t>(r)];
+        for (int64_t r = 0; r < n_out; ++r)
+            y[c * n_out + r] += bias[static_cast<size_t>(r)];
 }
 
 // RMSNorm of each of n_rows rows of width `width`, in place when x == y.
@@ -40,11 +65,40 @@ void rmsnorm_rows(const float* x, const std::vector<float>& w, float* y, int64_t
 
 } // namespace
 
+void CpuBackend::MatmulInput::reset(const float* x_new, int64_t n_in_new, int64_t n_cols_new) {
+    x = x_new;
+    n_in = n_in_new;
+    n_cols = n_cols_new;
+    ready.fill(false);
+}
+
+const void* CpuBackend::MatmulInput::acts(ActFormat f) {
+    const size_t i = static_cast<size_t>(f);
+    if (!ready[i]) {
+        bytes[i].resize(act_row_bytes(f, n_in) * static_cast<size_t>(n_cols));
+        quantize_acts(f, x, n_in, n_cols, bytes[i].data());
+        ready[i] = true;
+    }
+    return bytes[i].data();
+}
+
+void CpuBackend::project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y) {
+    if (exact_matmul_ || !has_dot_kernel(w.type, w.n_in())) {
+        matmul_dequant(w.type, w.data, w.n_in(), w.n_out(), in.x, in.n_cols, y, n_threads_);
+    } else {
+        const ActFormat f = act_format_for(w.type);
+        const QuantizedActs acts{f, in.acts(f), in.n_in, in.n_cols, 0};
+        matmul_q(WeightMatrixView{w.type, w.data, w.n_in(), w.n_out(), 0}, acts, y, n_threads_);
+    }
+    add_bias(bias, w.n_out(), in.n_cols, y);
+}
+
 void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) {
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     config_ = config;
     weights_ = weights;
     n_threads_ = options.n_threads > 0 ? options.n_threads : cpu_features().physical_cores;
+    exact_matmul_ = options.exact_matmul;
 
     layer_vectors_.assign(weights.layers.size(), {});
     for (size_t l = 0; l < weights.layers.size(); ++l) {
@@ -131,9 +185,10 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         q.resize(static_cast<size_t>(n * q_dim)); // (n, n_heads, head_dim)
         k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
         v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
-        project(lw.wq, lv.bq, xn.data(), n, q.data(), nt);
-        project(lw.wk, lv.bk, xn.data(), n, k.data(), nt);
-        project(lw.wv, lv.bv, xn.data(), n, v.data(), nt);
+        input_.reset(xn.data(), dim, n);          // q, k and v share one quantized input
+        project(lw.wq, lv.bq, input_, q.data());
+        project(lw.wk, lv.bk, input_, k.data());
+        project(lw.wv, lv.bv, input_, v.data());
 
         // Per-head q/k norm (qwen3, gemma3), then RoPE at each token's position, then the KV write.
         const int rope_threads = threads_for_work(n * (n_heads + n_kv_heads) * head_dim * 16, nt);
@@ -175,7 +230,8 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         }
 
         // Output projection (+ bias), gemma's post-attention norm, residual.
-        project(lw.wo, lv.bo, att.data(), n, out.data(), nt);
+        input_.reset(att.data(), att_dim, n);
+        project(lw.wo, lv.bo, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_attn_norm, out.data(), n, dim, c.rms_eps);
         for (int64_t e = 0; e < n * dim; ++e)
             x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
@@ -185,13 +241,15 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         rmsnorm_rows(x.data(), lv.ffn_norm, xn.data(), n, dim, c.rms_eps);
         gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
         up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
-        project(lw.w_gate, lv.b_gate, xn.data(), n, gate.data(), nt);
-        project(lw.w_up, lv.b_up, xn.data(), n, up.data(), nt);
+        input_.reset(xn.data(), dim, n);               // gate and up share one quantized input
+        project(lw.w_gate, lv.b_gate, input_, gate.data());
+        project(lw.w_up, lv.b_up, input_, up.data());
         if (c.ffn_act == FfnActivation::silu)
             swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
         else
             geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
-        project(lw.w_down, lv.b_down, gate.data(), n, out.data(), nt);
+        input_.reset(gate.data(), ffn_dim, n);
+        project(lw.w_down, lv.b_down, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);
         for (int64_t e = 0; e < n * dim; ++e)
             x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
@@ -203,7 +261,8 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     const int64_t rows = n - first;
     rmsnorm_rows(x.data() + first * dim, output_norm_, xn.data(), rows, dim, c.rms_eps);
     logits_.resize(static_cast<size_t>(rows * c.vocab)); // (rows, vocab)
-    matmul_dequant(weights_.output.type, weights_.output.data, dim, c.vocab, xn.data(), rows, logits_.data(), nt);
+    input_.reset(xn.data(), dim, rows);
+    project(weights_.output, {}, input_, logits_.data());
     if (c.final_softcap > 0.0f) softcap_f32(logits_.data(), rows * c.vocab, c.final_softcap);
     n_logit_rows_ = static_cast<int>(rows);
 }

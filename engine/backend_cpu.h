@@ -1,6 +1,10 @@
 #pragma once
-// The CPU backend: weights stay in their GGUF formats inside the mapping and are dequantized row by
-// row inside the matrix products; activations are f32; the KV cache is f32, f16 or bf16.
+// The CPU backend: weights stay in their GGUF formats inside the mapping. By default every projection and
+// the lm_head quantize their input activations once (ggml's pairing: Q8_0/Q8_1/Q8_K, f16/bf16, f32) and
+// run the SIMD dot kernels (kernels/cpu/matmul_quant.h); RunOptions::exact_matmul dequantizes weight
+// rows to f32 instead (kernels/cpu/ops.h matmul_dequant). Other activations are f32; the KV cache is
+// f32, f16 or bf16.
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -10,6 +14,7 @@
 #include "engine/kv_cache.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
+#include "kernels/cpu/dot.h"
 
 namespace tern {
 
@@ -28,6 +33,7 @@ public:
 
     int n_logit_rows() const { return n_logit_rows_; }
     int n_threads() const { return n_threads_; }
+    bool exact_matmul() const { return exact_matmul_; }
 
 private:
     // The small 1-D tensors (norm weights, biases) converted once to f32; empty when absent.
@@ -42,7 +48,24 @@ private:
     std::vector<float> output_norm_; // (dim)
     std::vector<float> rope_freqs_;  // (n_rot/2), empty when absent
     int n_threads_ = 1;
+    bool exact_matmul_ = false;
     bool loaded_ = false;
+
+    // One matmul input (n_cols, n_in) f32 and its quantized forms, each made at most once and shared by
+    // every matmul that reads that input (q/k/v; gate/up).
+    struct MatmulInput {
+        const float* x = nullptr;
+        int64_t n_in = 0, n_cols = 0;
+        std::array<bool, 6> ready{};                     // indexed by ActFormat
+        std::array<std::vector<unsigned char>, 6> bytes; // (n_cols, act_row_bytes(format, n_in)) per format
+        void reset(const float* x_new, int64_t n_in_new, int64_t n_cols_new);
+        const void* acts(ActFormat f);
+    };
+    // y (n_cols, w.n_out) = W x (+ bias): the SIMD matmul, or matmul_dequant when exact_matmul_ or when
+    // the weight format has no dot kernel.
+    void project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y);
+
+    MatmulInput input_;
 
     KvCache kv_;
     std::vector<float> logits_; // (n_logit_rows, vocab) f32

@@ -1,9 +1,12 @@
 // The CPU engine against llama.cpp's reference logits (../shared/reference, README "How to read
-// tolerances"): every model file x every prompt, teacher-forced in one batch with an F32 KV cache.
-// Our matrix products use the exactly dequantized weights with f32 activations, so:
-//   F32 files vs <slug>.json and every file vs <slug>.twin.json: exact math, ~1e-3;
-//   F16/BF16/quantized files vs <slug>.json: llama.cpp's activation rounding, column (c) of the
-//   README's table (we allow 1.5x its max + 0.01 and print what we measure).
+// tolerances"): every model file x every prompt, teacher-forced in one batch with an F32 KV cache, in
+// both matmul modes of the CPU backend:
+//   default (SIMD): activations quantized as ggml quantizes them (Q8_0/Q8_1/Q8_K, f16/bf16), integer dot
+//     products: held against <slug>.json at about llama.cpp's own noise (README column (b)) plus a small
+//     margin per file group (default_tolerance below, measured);
+//   exact (RunOptions::exact_matmul, dequantized weights x f32 activations): held against
+//     <slug>.twin.json (and the F32 files against <slug>.json) at F32 accuracy, ~1e-3, on the prompts
+//     that have twins; its distance to <slug>.json (column (c)) is printed for comparison.
 // Also: incremental decode == batch, f16 KV within column (a), thread-count independence,
 // kv_save/kv_load/kv_truncate, and the Gemma 3 270M file against tests/data/gemma3 when present.
 #include <doctest/doctest.h>
@@ -37,9 +40,10 @@ json read_json(const fs::path& p) {
     return json::parse(f);
 }
 
-// The README's tolerance table: model stem -> (column (a) max, column (c) max). (c) is 0 for F32 files.
+// The README's tolerance table: model stem -> (column (a), (b), (c) max). (c) is 0 for F32 files.
 struct ReadmeTolerance {
     double kv_f16 = 0.0;
+    double batch_vs_incr = 0.0;
     double twin_vs_ref = 0.0;
 };
 
@@ -59,6 +63,7 @@ std::map<std::string, ReadmeTolerance> readme_tolerances() {
         if (cells.size() < 5 || cells[1].empty() || !(std::isdigit(cells[1][0]))) continue;
         ReadmeTolerance t;
         t.kv_f16 = std::atof(cells[1].c_str());
+        t.batch_vs_incr = std::atof(cells[2].c_str());
         if (std::isdigit(static_cast<unsigned char>(cells[3][0]))) t.twin_vs_ref = std::atof(cells[3].c_str());
         out[cells[0]] = t;
     }
@@ -73,14 +78,46 @@ fs::path model_path_for(const std::string& stem) {
     return {};
 }
 
-bool is_f32_file(const std::string& stem) {
-    return stem.size() > 4 && stem.substr(stem.size() - 4) == "-f32";
+bool ends_with(const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// Teacher-forced logits of `tokens` in one forward, every row kept: (n, vocab).
-std::vector<float> batch_logits(const Model& m, const std::vector<int32_t>& tokens, KvType kv, int threads) {
+bool is_f32_file(const std::string& stem) {
+    return ends_with(stem, "-f32");
+}
+
+bool is_16bit_file(const std::string& stem) {
+    return ends_with(stem, "-f16") || ends_with(stem, "-bf16");
+}
+
+// Default (SIMD) mode vs <slug>.json: llama.cpp's own batch-vs-incremental noise (column (b)) plus a margin
+// per file group. Measured on an AVX-512 VNNI x86 (max over the 5 prompts, worst file of the group):
+//   F32 5.1e-5 (tol 1e-3); F16/BF16 0.016 llama2xs-f16 (b 0.0075), 0.10 synth-bf16 (b 0.082): tol 2(b) + 0.01;
+//   quantized real models 0.24 stories260K-q6_k (b 0.017), 0.20 llama2xs-q4_0 (b 0): tol (b) + 0.3;
+//   quantized synth models 0.83 synth-k256-q4_k_m (b 2e-5), 0.72 q8_0 (b 0): tol (b) + 1.0.
+// Most prompts agree to ~1e-5 (the same integer dot products); the rest carry one flipped rounding of an
+// activation quantization, which the random-weight synth models amplify most (their logits' std is ~2x).
+double default_tolerance(const std::string& stem, const ReadmeTolerance& rt) {
+    if (is_f32_file(stem)) return 1e-3;
+    if (is_16bit_file(stem)) return 2.0 * rt.batch_vs_incr + 0.01;
+    if (stem.rfind("synth-", 0) == 0) return rt.batch_vs_incr + 1.0;
+    return rt.batch_vs_incr + 0.3;
+}
+
+// Exact mode vs <slug>.json: column (c), as the README predicts for exact dequantization.
+double exact_vs_ref_tolerance(const std::string& stem, const ReadmeTolerance& rt) {
+    return is_f32_file(stem) ? 1e-3 : 1.5 * rt.twin_vs_ref + 0.01;
+}
+
+bool has_twin_prompt(const std::string& slug) {
+    return slug == "once-upon-a-time" || slug == "lily-and-ben-went-to-the-park-they";
+}
+
+// Teacher-forced logits of `tokens` in one forward, every row kept: (n, vocab). exact: RunOptions::exact_matmul.
+std::vector<float> batch_logits(const Model& m, const std::vector<int32_t>& tokens, KvType kv, int threads,
+                                bool exact = false) {
     CpuBackend be;
-    be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), kv, threads});
+    be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), kv, threads, exact});
     be.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
     std::vector<float> out;
     for (size_t r = 0; r < tokens.size(); ++r) {
@@ -190,12 +227,6 @@ Agreement compare_steps(const json& steps, const std::vector<float>& logits, int
     return a;
 }
 
-std::string fmt(double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2g", v);
-    return buf;
-}
-
 std::vector<int32_t> path_tokens(const json& ref) {
     std::vector<int32_t> t = ref["prompt_tokens"].get<std::vector<int32_t>>();
     for (int32_t id : ref["generated_tokens"].get<std::vector<int32_t>>())
@@ -224,65 +255,111 @@ std::vector<fs::path> prompt_files(const fs::path& dir) {
 
 } // namespace
 
-TEST_CASE("every model file and prompt agrees with the llama.cpp reference (teacher-forced, F32 KV)") {
+TEST_CASE("default (SIMD) mode: every model file and prompt agrees with the llama.cpp reference") {
     if (!test::shared_available()) {
         MESSAGE("../shared not found: skipped");
         return;
     }
     const auto t0 = std::chrono::steady_clock::now();
     const auto readme = readme_tolerances();
-    std::string table =
-        "\nmodel                         tol_ref  max|d|ref  top1    greedy(checked/first-miss)  max|d|twin\n";
+    std::string table = "\ndefault (SIMD) vs <slug>.json, teacher-forced, F32 KV\n"
+                        "model                          (b)readme   tol  max|d|ref  median  top1   "
+                        "greedy(checked/first-miss)\n";
     int n_files = 0;
     for (const std::string& stem : reference_stems()) {
         const fs::path model_path = model_path_for(stem);
         if (model_path.empty()) continue; // a reference folder whose model file is not in shared/models
         CAPTURE(stem);
         const Model m = load_model(model_path.string());
-        const bool f32 = is_f32_file(stem);
         REQUIRE_MESSAGE(readme.count(stem), "no tolerance row for " << stem << " in reference/README.md");
         const ReadmeTolerance rt = readme.at(stem);
-        const double tol_ref = f32 ? 1e-3 : 1.5 * rt.twin_vs_ref + 0.01;
-        const double tol_twin = 1e-3;
-        Agreement ref_all, twin_all;
+        const double tol = default_tolerance(stem, rt);
+        Agreement all;
+        std::vector<double> per_prompt;
         for (const fs::path& pf : prompt_files(test::shared_path("reference/" + stem))) {
             const std::string slug = pf.stem().string();
             CAPTURE(slug);
             const json ref = read_json(pf);
-            const std::vector<int32_t> tokens = path_tokens(ref);
-            const std::vector<float> logits = batch_logits(m, tokens, KvType::f32, kThreads);
-            const Agreement a = compare_steps(ref["steps"], logits, m.config.vocab, tol_ref, tol_ref);
-            CHECK_MESSAGE(a.max_all() <= tol_ref,
-                          stem << "/" << slug << ": max |Δ| " << a.max_all() << " > " << tol_ref);
+            const std::vector<float> logits = batch_logits(m, path_tokens(ref), KvType::f32, kThreads);
+            const Agreement a = compare_steps(ref["steps"], logits, m.config.vocab, tol, tol);
+            CHECK_MESSAGE(a.max_all() <= tol, stem << "/" << slug << ": max |Δ| " << a.max_all() << " > " << tol);
             CHECK(a.foreign_top == 0);
-            if (f32) CHECK(a.confident_mismatch == 0); // argmax agrees wherever the margin exceeds 1e-3
+            CHECK(a.confident_mismatch == 0); // argmax agrees wherever the reference's margin exceeds tol
             CHECK_MESSAGE(a.greedy_mismatch < 0,
                           stem << "/" << slug << ": greedy id differs at gen step " << a.greedy_mismatch);
-            ref_all.merge(a);
-
-            const fs::path twin_path = pf.parent_path() / (slug + ".twin.json");
-            if (fs::exists(twin_path)) {
-                const json twin = read_json(twin_path);
-                REQUIRE(twin["tokens"].get<std::vector<int32_t>>() == tokens);
-                const Agreement t = compare_steps(twin["steps"], logits, m.config.vocab, tol_twin, -1.0);
-                CHECK_MESSAGE(t.max_all() <= tol_twin, stem << "/" << slug << " twin: max |Δ| " << t.max_all());
-                // Exact math picks the twin's argmax wherever its top-2 margin exceeds the twin tolerance.
-                CHECK(t.confident_mismatch == 0);
-                twin_all.merge(t);
-            }
+            per_prompt.push_back(a.max_all());
+            all.merge(a);
         }
+        std::sort(per_prompt.begin(), per_prompt.end());
         ++n_files;
         char line[256];
-        std::snprintf(line, sizeof line, "%-30s %7.3g  %9.3g  %5.3f   %4d / %-20s  %s\n", stem.c_str(), tol_ref,
-                      ref_all.max_all(), ref_all.steps ? double(ref_all.top1_same) / ref_all.steps : 1.0,
-                      ref_all.greedy_checked,
-                      ref_all.greedy_mismatch < 0 ? "none" : std::to_string(ref_all.greedy_mismatch).c_str(),
-                      twin_all.steps ? fmt(twin_all.max_all()).c_str() : "-");
+        std::snprintf(line, sizeof line, "%-30s %9.2g  %6.3g  %9.3g  %6.3g  %5.3f   %4d / %s\n", stem.c_str(),
+                      rt.batch_vs_incr, tol, all.max_all(),
+                      per_prompt.empty() ? 0.0 : per_prompt[per_prompt.size() / 2],
+                      all.steps ? double(all.top1_same) / all.steps : 1.0, all.greedy_checked,
+                      all.greedy_mismatch < 0 ? "none" : std::to_string(all.greedy_mismatch).c_str());
         table += line;
     }
     CHECK(n_files >= 40);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MESSAGE(table << n_files << " model files in " << secs << " s");
+}
+
+TEST_CASE("exact mode (dequantized weights, f32 activations) agrees with the F32 twins") {
+    if (!test::shared_available()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto readme = readme_tolerances();
+    std::string table =
+        "\nexact mode on the twin prompts: vs <slug>.twin.json (F32 files: vs <slug>.json), and vs "
+        "<slug>.json\nmodel                          max|d|twin  top1twin   (c)tol  max|d|ref  top1ref\n";
+    const double tol_twin = 1e-3;
+    for (const std::string& stem : reference_stems()) {
+        const fs::path model_path = model_path_for(stem);
+        if (model_path.empty()) continue;
+        CAPTURE(stem);
+        const Model m = load_model(model_path.string());
+        const bool f32 = is_f32_file(stem);
+        const double tol_ref = exact_vs_ref_tolerance(stem, readme.at(stem));
+        Agreement ref_all, twin_all;
+        for (const fs::path& pf : prompt_files(test::shared_path("reference/" + stem))) {
+            const std::string slug = pf.stem().string();
+            if (!has_twin_prompt(slug)) continue;
+            CAPTURE(slug);
+            const json ref = read_json(pf);
+            const std::vector<int32_t> tokens = path_tokens(ref);
+            const std::vector<float> logits = batch_logits(m, tokens, KvType::f32, kThreads, true);
+            // Against llama.cpp's quantized path: column (c); greedy ids only up to a margin of tol_ref.
+            const Agreement a = compare_steps(ref["steps"], logits, m.config.vocab, tol_ref, tol_ref);
+            CHECK_MESSAGE(a.max_all() <= tol_ref,
+                          stem << "/" << slug << ": max |Δ| " << a.max_all() << " > " << tol_ref);
+            CHECK(a.foreign_top == 0);
+            CHECK(a.greedy_mismatch < 0);
+            if (f32) CHECK(a.confident_mismatch == 0);
+            ref_all.merge(a);
+            const fs::path twin_path = pf.parent_path() / (slug + ".twin.json");
+            if (f32) {
+                CHECK_FALSE(fs::exists(twin_path));
+                twin_all.merge(a);
+                continue;
+            }
+            REQUIRE(fs::exists(twin_path));
+            const json twin = read_json(twin_path);
+            REQUIRE(twin["tokens"].get<std::vector<int32_t>>() == tokens);
+            const Agreement t = compare_steps(twin["steps"], logits, m.config.vocab, tol_twin, -1.0);
+            CHECK_MESSAGE(t.max_all() <= tol_twin, stem << "/" << slug << " twin: max |Δ| " << t.max_all());
+            CHECK(t.foreign_top == 0);
+            // Exact math picks the twin's argmax wherever its top-2 margin exceeds the twin tolerance.
+            CHECK(t.confident_mismatch == 0);
+            twin_all.merge(t);
+        }
+        char line[256];
+        std::snprintf(line, sizeof line, "%-30s %10.3g  %8.3f  %7.3g  %9.3g  %7.3f\n", stem.c_str(), twin_all.max_all(),
+                      twin_all.steps ? double(twin_all.top1_same) / twin_all.steps : 1.0, tol_ref, ref_all.max_all(),
+                      ref_all.steps ? double(ref_all.top1_same) / ref_all.steps : 1.0);
+        table += line;
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE(table << "exact mode in " << secs << " s");
 }
 
 TEST_CASE("incremental decode equals the batch forward; f16 KV stays within the README's column (a)") {
@@ -323,9 +400,9 @@ TEST_CASE("incremental decode equals the batch forward; f16 KV stays within the 
         }
         CHECK(max_d <= 1e-4);
 
-        // f16 KV cache vs the reference: exact-math noise plus the KV rounding of column (a).
+        // f16 KV cache vs the reference: the default mode's noise plus the KV rounding of column (a).
         const ReadmeTolerance rt = readme.at(stem);
-        const double tol = (is_f32_file(stem) ? 1e-3 : 1.5 * rt.twin_vs_ref + 0.01) + 1.5 * rt.kv_f16;
+        const double tol = default_tolerance(stem, rt) + 1.5 * rt.kv_f16;
         const std::vector<float> f16 = batch_logits(m, tokens, KvType::f16, kThreads);
         const Agreement a = compare_steps(ref["steps"], f16, vocab, tol, -1.0);
         CHECK(a.max_all() <= tol);
@@ -348,6 +425,7 @@ TEST_CASE("results are bit-identical across thread counts and KV snapshots resto
         const std::vector<float> three = batch_logits(m, tokens, KvType::f16, 3);
         CHECK(one == two);
         CHECK(one == three);
+        CHECK(batch_logits(m, tokens, KvType::f16, 1, true) == batch_logits(m, tokens, KvType::f16, 2, true));
 
         // Snapshot after the prompt, run ahead, roll back with kv_truncate and with kv_load.
         const int32_t n_prompt = static_cast<int32_t>(ref["prompt_tokens"].size());
@@ -383,12 +461,13 @@ TEST_CASE("results are bit-identical across thread counts and KV snapshots resto
 }
 
 // Gemma 3 270M (Q4_K_M) against llama.cpp 0c1e57098 references (tests/data/gemma3/<slug>.json, llama.cpp's
-// default CPU path; <slug>.norepack.json, the same without weight repacking, is not used here to keep the
-// test short). The two llama.cpp runs differ from each other by up to 1.44 in top-10 logits on their
-// common token path (activations quantized to Q8 by different kernels, an f16 GELU table), so our
-// exact-dequant f32 math is held to about twice that noise: |Δ| <= 3. (A wrong local rope base, for
-// scale, gives |Δ| ~ 9 and 62% top-1 agreement.) Greedy: wherever the reference's top-2 margin exceeds
-// the tolerance our argmax must agree; the greedy prefix is reported up to the first margin below 1.
+// default CPU path with weight repacking; <slug>.norepack.json, the same without repacking, is llama.cpp's
+// second path). The two llama.cpp runs differ from each other by up to 1.04 in top-10 logits on prompt steps
+// (activations quantized to Q8 by different kernels, an f16 GELU table). The default (SIMD) mode quantizes
+// activations as ggml does and is held to GEMMA_TOL-MEASURE; the exact mode (dequantized weights, f32 activations)
+// is held to the dequantized-F32 twin (*.twin.json) at 0.05. (A wrong local rope base, for scale, gives
+// |Δ| ~ 9 and 62% top-1 agreement.) Greedy: wherever the reference's top-2 margin exceeds the tolerance our
+// argmax must agree; the greedy prefix is reported up to the first margin below 1.
 fs::path gemma_model_path() {
     if (const char* env = std::getenv("TERN_GEMMA"); env && *env) return env;
     if (const char* home = std::getenv("HOME"); home && *home) {
@@ -409,10 +488,11 @@ TEST_CASE("Gemma 3 270M agrees with llama.cpp on the tests/data/gemma3 prompts")
     }
     const Model m = load_model(model_path.string());
     CHECK(m.config.arch == Arch::gemma3);
-    const double tol = 3.0;
+    const double tol = 3.5;       // default mode; measured 3.23 (chat-poem-sea), <= 1.8 on the other prompts
+    const double tol_exact = 3.0; // exact mode vs <slug>.json; measured 1.4
     const double tol_twin = 0.05;
-    std::string table = "\nprompt (gemma-3-270m-q4_k_m)   n_tok  max|d|top  max|d|lse  max|d|next  top1   "
-                        "margin>3 agree  greedy(checked/first-miss)  max|d|twin\n";
+    std::string table = "\nprompt (gemma-3-270m-q4_k_m)   n_tok  mode     max|d|top  max|d|lse  max|d|next  top1   "
+                        "margin>tol agree  greedy(checked/first-miss)  max|d|twin  max|d|norepack(prompt steps)\n";
     // The prompts are prompts.json's slugs; other files there (norepack runs, perplexity, tokenizer) are not steps.
     std::vector<fs::path> files;
     const json prompts = read_json(data / "prompts.json");
@@ -425,27 +505,44 @@ TEST_CASE("Gemma 3 270M agrees with llama.cpp on the tests/data/gemma3 prompts")
         CAPTURE(slug);
         const json ref = read_json(pf);
         const std::vector<int32_t> tokens = path_tokens(ref);
-        const std::vector<float> logits = batch_logits(m, tokens, KvType::f32, kThreads);
-        const Agreement a = compare_steps(ref["steps"], logits, m.config.vocab, tol, 1.0);
-        CHECK(a.max_all() <= tol);
-        CHECK(a.confident_mismatch == 0);
-        // The dequantized-F32 twin, teacher-forced on the same path: exact math on both sides.
-        double twin_d = -1.0;
-        const fs::path twin_path = data / (slug + ".twin.json");
-        if (fs::exists(twin_path)) {
-            const json twin = read_json(twin_path);
-            REQUIRE(twin["tokens"].get<std::vector<int32_t>>() == tokens);
-            const Agreement t = compare_steps(twin["steps"], logits, m.config.vocab, tol_twin, -1.0);
-            twin_d = t.max_all();
-            CHECK(twin_d <= tol_twin);
-            CHECK(t.confident_mismatch == 0); // the twin's argmax wherever its margin exceeds 0.05
+        for (const bool exact : {false, true}) {
+            CAPTURE(exact);
+            const double tol_ref = exact ? tol_exact : tol;
+            const std::vector<float> logits = batch_logits(m, tokens, KvType::f32, kThreads, exact);
+            const Agreement a = compare_steps(ref["steps"], logits, m.config.vocab, tol_ref, 1.0);
+            CHECK(a.max_all() <= tol_ref);
+            CHECK(a.confident_mismatch == 0);
+            // The dequantized-F32 twin, teacher-forced on the same path: exact math on both sides.
+            double twin_d = -1.0;
+            const fs::path twin_path = data / (slug + ".twin.json");
+            if (exact && fs::exists(twin_path)) {
+                const json twin = read_json(twin_path);
+                REQUIRE(twin["tokens"].get<std::vector<int32_t>>() == tokens);
+                const Agreement t = compare_steps(twin["steps"], logits, m.config.vocab, tol_twin, -1.0);
+                twin_d = t.max_all();
+                CHECK(twin_d <= tol_twin);
+                CHECK(t.confident_mismatch == 0); // the twin's argmax wherever its margin exceeds 0.05
+            }
+            // llama.cpp's second path (no weight repacking) on the prompt steps, where both feed the same tokens.
+            double norepack_d = -1.0;
+            const fs::path norepack_path = data / (slug + ".norepack.json");
+            if (fs::exists(norepack_path)) {
+                const json norepack = read_json(norepack_path);
+                json prompt_steps = json::array();
+                for (const json& st : norepack["steps"])
+                    if (st["kind"] == "prompt") prompt_steps.push_back(st);
+                if (!prompt_steps.empty())
+                    norepack_d = compare_steps(prompt_steps, logits, m.config.vocab, tol_ref, -1.0).max_all();
+            }
+            char line[256];
+            std::snprintf(line, sizeof line,
+                          "%-30s %5zu  %-7s %9.3g  %9.3g  %10.3g  %5.3f  %6d/%-6d     %4d / %-18s  %-10.3g  %.3g\n",
+                          slug.c_str(), tokens.size(), exact ? "exact" : "default", a.max_top, a.max_lse, a.max_next,
+                          double(a.top1_same) / a.steps, a.confident_steps - a.confident_mismatch, a.confident_steps,
+                          a.greedy_checked, a.greedy_mismatch < 0 ? "none" : std::to_string(a.greedy_mismatch).c_str(),
+                          twin_d, norepack_d);
+            table += line;
         }
-        char line[256];
-        std::snprintf(line, sizeof line, "%-30s %5zu  %9.3g  %9.3g  %10.3g  %5.3f  %6d/%-6d  %4d / %-18s  %.3g\n",
-                      slug.c_str(), tokens.size(), a.max_top, a.max_lse, a.max_next, double(a.top1_same) / a.steps,
-                      a.confident_steps - a.confident_mismatch, a.confident_steps, a.greedy_checked,
-                      a.greedy_mismatch < 0 ? "none" : std::to_string(a.greedy_mismatch).c_str(), twin_d);
-        table += line;
     }
     MESSAGE(table);
 }
