@@ -24,39 +24,6 @@ std::vector<float> vector_f32(const WeightRef& w) {
     return out;
 }
 
-// Whether weights of format t with rows of n_in elements have a dot kernel (else: matmul_dequant).
-bool has_dot_kernel(GgmlType t, int64_t n_in) {
-    switch (t) {
-    case GgmlType::Q4_0:
-    case GgmlType::Q4_1:
-    case GgmlType::Q5_0:
-    case GgmlType::Q5_1:
-    case GgmlType::Q8_0:
-    case GgmlType::Q2_K:
-    case GgmlType::Q3_K:
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K:
-    case GgmlType::Q6_K:
-    case GgmlType::IQ4_NL:
-    case GgmlType::IQ4_XS:
-    case GgmlType::F8_E4M3:
-    case GgmlType::F16:
-    case GgmlType::BF16:
-    case GgmlType::F32:
-        break;
-    default:
-        return false;
-    }
-    return n_in > 0 && n_in % block_elems(t) == 0 && n_in % act_block_elems(act_format_for(t)) == 0;
-}
-
-void add_bias(const std::vector<float>& bias, int64_t n_out, int64_t n_cols, float* y) {
-    if (bias.empty()) return;
-    for (int64_t c = 0; c < n_cols; ++c)
-        for (int64_t r = 0; r < n_out; ++r)
-            y[c * n_out + r] += bias[static_cast<size_t>(r)];
-}
-
 // RMSNorm of each of n_rows rows of width `width`, in place when x == y.
 void rmsnorm_rows(const float* x, const std::vector<float>& w, float* y, int64_t n_rows, int64_t width, float eps) {
     for (int64_t i = 0; i < n_rows; ++i)
@@ -64,34 +31,6 @@ void rmsnorm_rows(const float* x, const std::vector<float>& w, float* y, int64_t
 }
 
 } // namespace
-
-void CpuBackend::MatmulInput::reset(const float* x_new, int64_t n_in_new, int64_t n_cols_new) {
-    x = x_new;
-    n_in = n_in_new;
-    n_cols = n_cols_new;
-    ready.fill(false);
-}
-
-const void* CpuBackend::MatmulInput::acts(ActFormat f) {
-    const size_t i = static_cast<size_t>(f);
-    if (!ready[i]) {
-        bytes[i].resize(act_row_bytes(f, n_in) * static_cast<size_t>(n_cols));
-        quantize_acts(f, x, n_in, n_cols, bytes[i].data());
-        ready[i] = true;
-    }
-    return bytes[i].data();
-}
-
-void CpuBackend::project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y) {
-    if (exact_matmul_ || !has_dot_kernel(w.type, w.n_in())) {
-        matmul_dequant(w.type, w.data, w.n_in(), w.n_out(), in.x, in.n_cols, y, n_threads_);
-    } else {
-        const ActFormat f = act_format_for(w.type);
-        const QuantizedActs acts{f, in.acts(f), in.n_in, in.n_cols, 0};
-        matmul_q(WeightMatrixView{w.type, w.data, w.n_in(), w.n_out(), 0}, acts, y, n_threads_);
-    }
-    add_bias(bias, w.n_out(), in.n_cols, y);
-}
 
 void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) {
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
@@ -208,26 +147,9 @@ void CpuBackend::forward(const ForwardBatch& batch) {
             kv_.write(l, pos, k.data() + i * k_dim, v.data() + i * v_dim);
         }
 
-        // Attention over the cache: token i sees positions [lo, pos0+i] (causal; a sliding window
-        // keeps only q - k < window). Query head h reads KV head h / (n_heads / n_kv_heads).
+        // Attention over the cache (backend_cpu_attention.cpp).
         att.resize(static_cast<size_t>(n * att_dim)); // (n, n_heads, head_dim_v)
-        const int64_t group = n_heads / n_kv_heads;
-        const int attn_threads = threads_for_work(n * n_heads * (pos0 + n) * (head_dim + head_dim_v), nt);
-#pragma omp parallel num_threads(attn_threads)
-        {
-            std::vector<float> scores(static_cast<size_t>(pos0 + n)); // (n_keys) f32
-#pragma omp for schedule(static) collapse(2)
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t h = 0; h < n_heads; ++h) {
-                    const int32_t pos = pos0 + static_cast<int32_t>(i);
-                    const int32_t lo = lc.sliding_window > 0 ? std::max(0, pos - lc.sliding_window + 1) : 0;
-                    const int32_t g = static_cast<int32_t>(h / group);
-                    attention_head(q.data() + i * q_dim + h * head_dim, kv_.k_row(l, g, lo), kv_.v_row(l, g, lo),
-                                   kv_.elem(), pos - lo + 1, head_dim, head_dim_v, c.attn_scale, c.attn_softcap,
-                                   scores.data(), att.data() + i * att_dim + h * head_dim_v);
-                }
-            }
-        }
+        attend(l, pos0, n, q.data(), att.data());
 
         // Output projection (+ bias), gemma's post-attention norm, residual.
         input_.reset(att.data(), att_dim, n);

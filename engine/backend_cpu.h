@@ -63,7 +63,11 @@ private:
     };
     // y (n_cols, w.n_out) = W x (+ bias): the SIMD matmul, or matmul_dequant when exact_matmul_ or when
     // the weight format has no dot kernel.
+    // Defined in backend_cpu_matmul.cpp.
     void project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y);
+    // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
+    // l's cache, which already holds those positions. Defined in backend_cpu_attention.cpp.
+    void attend(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);
 
     MatmulInput input_;
 

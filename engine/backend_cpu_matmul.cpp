@@ -1,0 +1,76 @@
+// The CPU backend's projections: y = W x (+ bias) through the SIMD quantized matmul, each input's
+// quantized form made once and shared by every projection that reads it.
+#include <string>
+
+#include "engine/backend_cpu.h"
+#include "kernels/cpu/matmul_quant.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quantize_act.h"
+
+namespace tern {
+namespace {
+
+// Whether weights of format t with rows of n_in elements have a dot kernel (else: matmul_dequant).
+bool has_dot_kernel(GgmlType t, int64_t n_in) {
+    switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
+    case GgmlType::F8_E4M3:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+    case GgmlType::F32:
+        break;
+    default:
+        return false;
+    }
+    return n_in > 0 && n_in % block_elems(t) == 0 && n_in % act_block_elems(act_format_for(t)) == 0;
+}
+
+void add_bias(const std::vector<float>& bias, int64_t n_out, int64_t n_cols, float* y) {
+    if (bias.empty()) return;
+    for (int64_t c = 0; c < n_cols; ++c)
+        for (int64_t r = 0; r < n_out; ++r)
+            y[c * n_out + r] += bias[static_cast<size_t>(r)];
+}
+
+} // namespace
+
+void CpuBackend::MatmulInput::reset(const float* x_new, int64_t n_in_new, int64_t n_cols_new) {
+    x = x_new;
+    n_in = n_in_new;
+    n_cols = n_cols_new;
+    ready.fill(false);
+}
+
+const void* CpuBackend::MatmulInput::acts(ActFormat f) {
+    const size_t i = static_cast<size_t>(f);
+    if (!ready[i]) {
+        bytes[i].resize(act_row_bytes(f, n_in) * static_cast<size_t>(n_cols));
+        quantize_acts(f, x, n_in, n_cols, bytes[i].data());
+        ready[i] = true;
+    }
+    return bytes[i].data();
+}
+
+void CpuBackend::project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y) {
+    if (exact_matmul_ || !has_dot_kernel(w.type, w.n_in())) {
+        matmul_dequant(w.type, w.data, w.n_in(), w.n_out(), in.x, in.n_cols, y, n_threads_);
+    } else {
+        const ActFormat f = act_format_for(w.type);
+        const QuantizedActs acts{f, in.acts(f), in.n_in, in.n_cols, 0};
+        matmul_q(WeightMatrixView{w.type, w.data, w.n_in(), w.n_out(), 0}, acts, y, n_threads_);
+    }
+    add_bias(bias, w.n_out(), in.n_cols, y);
+}
+
+} // namespace tern
