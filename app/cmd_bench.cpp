@@ -1,0 +1,189 @@
+// tern bench (-m MODEL | --synthetic SHAPE:TYPE) [-p 512] [-n 128] [-r 5] [--depth D] [--json]
+// (../shared/CLI.md): prefill and decode speed on pseudo-random tokens (engine/bench.h), the bytes a
+// decoded token reads, and that traffic against the read bandwidth this machine measures for the
+// same thread count (kernels/cpu/membw.h). stdout: a small table, or one JSON object.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "app/commands.h"
+#include "app/common_options.h"
+#include "app/console.h"
+#include "app/model_summary.h"
+#include "engine/backend.h"
+#include "engine/backend_factory.h"
+#include "engine/bench.h"
+#include "engine/model.h"
+#include "formats/error.h"
+#include "kernels/cpu/membw.h"
+#include "kernels/cpu_features.h"
+
+namespace tern::app {
+
+namespace {
+
+struct BenchArgs {
+    ModelOptions model;
+    std::string synthetic;   // SHAPE:TYPE
+    BenchOptions bench;
+    double peak_gbps = 0;    // 0: measure
+    bool json = false;
+};
+
+std::string cpu_model_name() {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("model name", 0) == 0) {
+            const size_t colon = line.find(':');
+            if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+        }
+    return "unknown CPU";
+}
+
+// The file's declared type (general.file_type), else the format holding the most bytes.
+std::string model_format(const GgufFile& file) {
+    const ModelSummary s = summarize_model(file);
+    if (!s.file_type.empty()) return s.file_type;
+    return s.formats.empty() ? "unknown" : s.formats.front().name;
+}
+
+double share_of(double gbps, double peak) { return peak > 0 ? gbps / peak : 0.0; }
+
+void print_table(const BenchArgs& a, const std::string& model_label, const std::string& format, uint64_t file_bytes,
+                 const std::string& device, int threads, const BenchResult& r, double bytes_per_token,
+                 double decode_gbps, double peak, const std::string& peak_method) {
+    std::printf("model    %s (%s, %s)\n", model_label.c_str(), format.c_str(), format_bytes(file_bytes).c_str());
+    std::printf("device   %s, %d thread%s (%s), KV %s, depth %d\n", device.c_str(), threads, threads == 1 ? "" : "s",
+                cpu_model_name().c_str(), a.model.kv_type.c_str(), a.bench.depth);
+    std::printf("\n%-8s %7s %12s %10s %9s %7s\n", "test", "tokens", "median ms", "tok/s", "GB/s", "peak");
+    if (a.bench.n_prompt > 0)
+        std::printf("%-8s %7d %12.2f %10.2f %9s %7s\n", "prefill", a.bench.n_prompt, r.prefill_ms_median, r.prefill_tps,
+                    "-", "-");
+    if (a.bench.n_gen > 0) {
+        char share[16] = "-";
+        if (peak > 0) std::snprintf(share, sizeof share, "%.0f%%", 100.0 * share_of(decode_gbps, peak));
+        std::printf("%-8s %7d %12.2f %10.2f %9.2f %7s\n", "decode", a.bench.n_gen, r.decode_ms_median, r.decode_tps,
+                    decode_gbps, share);
+    }
+    std::printf("\nmedian of %d runs after a warm-up; decode reads %s per token (weights + KV)\n", a.bench.repetitions,
+                format_bytes(static_cast<uint64_t>(bytes_per_token)).c_str());
+    if (peak > 0)
+        std::printf("peak read bandwidth %.2f GB/s (%s)\n", peak, peak_method.c_str());
+}
+
+int run_bench_command(BenchArgs& a) {
+    // Flag errors before any model is opened or written.
+    if (a.model.model.empty() == a.synthetic.empty())
+        throw UsageError("bench: give exactly one of -m/--model and --synthetic SHAPE:TYPE");
+    if (a.model.threads < 0) throw UsageError("--threads: must be > 0 (or 0 for the number of physical cores)");
+    if (a.model.ctx_size < 0) throw UsageError("--ctx-size: must be > 0 (or 0 for what the benchmark needs)");
+    if (a.bench.n_prompt < 0) throw UsageError("-p/--n-prompt: must be >= 0");
+    if (a.bench.n_gen < 0) throw UsageError("-n/--n-gen: must be >= 0");
+    if (a.bench.n_prompt == 0 && a.bench.n_gen == 0) throw UsageError("-p/-n: nothing to measure (both are 0)");
+    if (a.bench.repetitions < 1) throw UsageError("-r/--repetitions: must be >= 1");
+    if (a.bench.depth < 0) throw UsageError("--depth: must be >= 0");
+    if (a.peak_gbps < 0) throw UsageError("--peak-gbps: must be > 0 (or 0 to measure it)");
+    if (!a.synthetic.empty()) throw UsageError("--synthetic: not available in this build yet (use -m)");
+
+    RunOptions run;
+    run.kv_type = kv_type_from_name(a.model.kv_type);
+    run.n_threads = a.model.threads;
+    run.n_ctx = std::max(a.model.ctx_size, bench_context_size(a.bench));
+    std::string note;
+    std::unique_ptr<Backend> backend = make_backend(a.model.device, &note);
+    if (!note.empty()) std::cerr << "tern: " << note << "\n";
+
+    const std::string model_label = a.model.model;
+    Model model = load_model(a.model.model);
+    backend->load(model.config, model.weights, run);
+    const std::string device = backend->device_name();
+    const bool on_cpu = device == "cpu";
+    const int threads = run.n_threads > 0 ? run.n_threads : cpu_features().physical_cores;
+
+    ProgressBar bar("bench", static_cast<uint64_t>(a.bench.repetitions + 1));
+    a.bench.progress = [&](int run_index, int) { bar.update(static_cast<uint64_t>(run_index + 1)); };
+    const BenchResult r = run_bench(*backend, model.config.vocab, a.bench);
+    bar.finish();
+
+    const double bytes_per_token =
+        a.bench.n_gen > 0 ? decode_bytes_per_token(model.weights, model.config, run.kv_type, a.bench.depth, a.bench.n_gen)
+                          : static_cast<double>(weight_bytes_per_token(model.weights, model.config));
+    const double decode_gbps = bytes_per_token * r.decode_tps / 1e9;
+
+    // The CPU's ceiling, measured after the timed runs so its buffer never competes with them. A GPU's
+    // peak is not what this probe measures; there it is only reported when given.
+    double peak = a.peak_gbps;
+    std::string peak_method = peak > 0 ? "given (--peak-gbps)" : "";
+    if (peak == 0 && on_cpu) {
+        const ReadBandwidth bw = measure_read_bandwidth(threads);
+        peak = bw.best_gbps;
+        peak_method = bw.method;
+    }
+
+    const std::string format = model_format(model.file);
+    if (a.json) {
+        nlohmann::json j = {
+            {"model", model_label},
+            {"format", format},
+            {"model_bytes", model.file.file_size()},
+            {"device", device},
+            {"cpu", cpu_model_name()},
+            {"threads", threads},
+            {"kv_type", a.model.kv_type},
+            {"depth", a.bench.depth},
+            {"repetitions", a.bench.repetitions},
+            {"prefill_tokens", a.bench.n_prompt},
+            {"prefill_tps", r.prefill_tps},
+            {"prefill_ms_median", r.prefill_ms_median},
+            {"prefill_ms", r.prefill_ms},
+            {"decode_tokens", a.bench.n_gen},
+            {"decode_tps", r.decode_tps},
+            {"decode_ms_median", r.decode_ms_median},
+            {"decode_ms", r.decode_ms},
+            {"weight_bytes_per_token", weight_bytes_per_token(model.weights, model.config)},
+            {"bytes_per_token", bytes_per_token},
+            {"decode_gbps", decode_gbps},
+            {"peak_gbps", peak > 0 ? nlohmann::json(peak) : nlohmann::json(nullptr)},
+            {"peak_method", peak_method},
+            {"bandwidth_share", peak > 0 ? nlohmann::json(share_of(decode_gbps, peak)) : nlohmann::json(nullptr)},
+        };
+        std::cout << j.dump() << "\n";
+    } else {
+        print_table(a, model_label, format, model.file.file_size(), device, threads, r, bytes_per_token, decode_gbps,
+                    peak, peak_method);
+    }
+    return 0;
+}
+
+} // namespace
+
+Command add_bench_command(CLI::App& root) {
+    auto* cmd = root.add_subcommand("bench", "prefill/decode speed and memory bandwidth use (like llama-bench)");
+    auto a = std::make_shared<BenchArgs>();
+    add_model_options(*cmd, a->model);
+    CLI::Option* model = cmd->get_option("--model");
+    model->required(false);
+    model->description("GGUF model file (or --synthetic)");
+    cmd->get_option("--ctx-size")->description("KV positions to allocate (default: --depth + max(-p, -n))");
+    cmd->add_option("--synthetic", a->synthetic, "bench a random-weight model of a named shape, e.g. llama-1b:q4_0")
+        ->excludes(model);
+    cmd->add_option("-p,--n-prompt", a->bench.n_prompt, "prefill tokens, one forward (default 512; 0 = skip)");
+    cmd->add_option("-n,--n-gen", a->bench.n_gen, "decoded tokens, one forward each (default 128; 0 = skip)");
+    cmd->add_option("-r,--repetitions", a->bench.repetitions, "timed runs after a warm-up; medians reported (default 5)");
+    cmd->add_option("-d,--depth", a->bench.depth, "KV cache positions filled before measuring (default 0)");
+    cmd->add_option("--peak-gbps", a->peak_gbps, "peak read bandwidth to compare with (default: measure it)");
+    cmd->add_flag("--json", a->json, "print one JSON object on stdout");
+    return {cmd, [a] { return run_bench_command(*a); }};
+}
+
+} // namespace tern::app

@@ -1,0 +1,202 @@
+// `tern bench`: the bytes a decoded token reads (hand-counted on two small files), the memory
+// bandwidth probe and its SIMD loop against the scalar twin, the measurement loop driven directly,
+// and the command's JSON fields and exit codes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "engine/backend_factory.h"
+#include "engine/bench.h"
+#include "engine/model.h"
+#include "formats/error.h"
+#include "kernels/cpu/membw.h"
+#include "tests/test_support.h"
+
+using tern::test::run_tern;
+using tern::test::shared_path;
+
+namespace {
+
+const char* kLlama2xs = "models/gguf/llama2xs-tok512-q4_0.gguf";
+const char* kTied = "models/synth/synth-k256-tied-q4_0.gguf";
+
+} // namespace
+
+TEST_CASE("weight bytes per token: llama2xs q4_0 (untied output), counted by hand") {
+    const tern::Model m = tern::load_model(shared_path(kLlama2xs).string());
+    // 5 layers, dim 64, ffn 192, 8 heads / 4 KV heads of 8, vocab 512. Q4_0 is 18 bytes per 32 weights.
+    // Per layer: wq 64x64 -> 2304, wk and wv 32x64 -> 1152 each, wo 2304, gate/up/down 192x64 -> 6912
+    // each: 27648; two f32 norms of 64: 512.
+    const uint64_t layers = 5 * (27648 + 512);
+    const uint64_t output_norm = 64 * 4;
+    const uint64_t output = 512 * (64 / 32 * 34);   // q8_0 lm_head, every row
+    const uint64_t embedding_row = 64 / 32 * 18;    // one q4_0 row of token_embd
+    CHECK(tern::weight_bytes_per_token(m.weights, m.config) == layers + output_norm + output + embedding_row);
+    CHECK(layers + output_norm + output + embedding_row == 175908);
+
+    // KV, f16: 5 layers * 4 heads * (8 + 8) * 2 bytes = 640 bytes per position attended.
+    CHECK(tern::kv_bytes_read_at(m.config, tern::KvType::f16, 0) == doctest::Approx(640));
+    CHECK(tern::kv_bytes_read_at(m.config, tern::KvType::f16, 9) == doctest::Approx(6400));
+    CHECK(tern::kv_bytes_read_at(m.config, tern::KvType::f32, 9) == doctest::Approx(12800));
+    // Decoding 8 tokens from depth 0 attends to 1..8 positions: 4.5 on average.
+    CHECK(tern::decode_bytes_per_token(m.weights, m.config, tern::KvType::f16, 0, 8) == doctest::Approx(175908 + 2880));
+    // From depth 100: positions 101..108, 104.5 on average.
+    CHECK(tern::decode_bytes_per_token(m.weights, m.config, tern::KvType::f16, 100, 8) ==
+          doctest::Approx(175908 + 640 * 104.5));
+}
+
+TEST_CASE("weight bytes per token: a tied embedding counts once, in full") {
+    const tern::Model m = tern::load_model(shared_path(kTied).string());
+    REQUIRE(m.config.tied_output);
+    // 2 layers, dim 256, ffn 768, 4 heads / 2 KV heads of 64. Per layer, q4_0: wq and wo 256x256 ->
+    // 36864 each, wk and wv 128x256 -> 18432 each, gate/up/down 768x256 -> 110592 each: 442368, plus
+    // two f32 norms of 256: 2048. token_embd (the lm_head) is q6_K, 210 bytes per 256: 512 rows.
+    const uint64_t expected = 2 * (442368 + 2048) + 256 * 4 + 512 * 210;
+    CHECK(expected == 997376);
+    CHECK(tern::weight_bytes_per_token(m.weights, m.config) == expected);
+}
+
+TEST_CASE("KV bytes read honour sliding windows and the KV format") {
+    tern::ModelConfig c;
+    c.n_layers = 2;
+    c.head_dim = 4;
+    c.head_dim_v = 4;
+    c.layers.resize(2);
+    c.layers[0].n_kv_heads = 2;
+    c.layers[0].sliding_window = 4;   // sees at most 4 positions
+    c.layers[1].n_kv_heads = 1;       // global
+    // At position 9: layer 0 reads 4 positions * 2 heads * 8 = 64 elements, layer 1 10 * 1 * 8 = 80.
+    CHECK(tern::kv_bytes_read_at(c, tern::KvType::f32, 9) == doctest::Approx(144 * 4));
+    CHECK(tern::kv_bytes_read_at(c, tern::KvType::q8_0, 9) == doctest::Approx(144 * 34.0 / 32.0));
+    // At position 1 the window does not bite yet: 2 positions everywhere, 2*2*8 + 2*1*8 = 48 elements.
+    CHECK(tern::kv_bytes_read_at(c, tern::KvType::f16, 1) == doctest::Approx(48 * 2));
+}
+
+TEST_CASE("read bandwidth probe: the SIMD sum equals its scalar twin on random words") {
+    std::mt19937_64 rng(7);
+    for (size_t n : {size_t(0), size_t(1), size_t(3), size_t(15), size_t(16), size_t(17), size_t(1000), size_t(4099)}) {
+        std::vector<uint64_t> w(n);
+        for (uint64_t& x : w) x = rng();
+        uint64_t expected = 0;
+        for (uint64_t x : w) expected += x;
+        CHECK(tern::read_sum_scalar(w.data(), n) == expected);
+        CHECK(tern::read_sum_simd(w.data(), n) == expected);
+    }
+}
+
+TEST_CASE("read bandwidth probe: finite positive GB/s on a small buffer, both loops") {
+    for (bool scalar : {false, true}) {
+        const tern::ReadBandwidth bw = tern::measure_read_bandwidth(1, 8u << 20, 2, scalar);
+        CHECK(std::isfinite(bw.best_gbps));
+        CHECK(bw.best_gbps > 0);
+        CHECK(bw.median_gbps > 0);
+        CHECK(bw.median_gbps <= bw.best_gbps);
+        CHECK(bw.buffer_bytes == (8u << 20));
+        CHECK(bw.n_threads == 1);
+        CHECK_FALSE(bw.method.empty());
+    }
+    CHECK_THROWS(tern::measure_read_bandwidth(1, 100, 1));
+    CHECK_THROWS(tern::measure_read_bandwidth(1, 1u << 20, 0));
+    // The default buffer is far beyond any cache (>= 64 MiB even on a tiny machine).
+    CHECK(tern::default_read_probe_bytes() >= (64u << 20));
+}
+
+TEST_CASE("run_bench drives a backend: one time per run, from the depth context") {
+    const tern::Model m = tern::load_model(shared_path(kLlama2xs).string());
+    tern::BenchOptions o;
+    o.n_prompt = 6;
+    o.n_gen = 4;
+    o.repetitions = 3;
+    o.depth = 20;
+    CHECK(tern::bench_context_size(o) == 26);
+    tern::RunOptions run;
+    run.n_ctx = tern::bench_context_size(o);
+    run.n_threads = 1;
+    auto backend = tern::make_backend("cpu");
+    backend->load(m.config, m.weights, run);
+    int calls = 0;
+    o.progress = [&](int, int n_runs) {
+        ++calls;
+        CHECK(n_runs == 4);
+    };
+    const tern::BenchResult r = tern::run_bench(*backend, m.config.vocab, o);
+    CHECK(calls == 4);   // warm-up + 3
+    CHECK(r.prefill_ms.size() == 3);
+    CHECK(r.decode_ms.size() == 3);
+    CHECK(r.prefill_tps > 0);
+    CHECK(r.decode_tps > 0);
+    CHECK(r.decode_tps == doctest::Approx(4 / (r.decode_ms_median / 1000.0)));
+    CHECK(backend->n_past() == 0);
+
+    // Too small a context: the backend refuses, the error reaches the caller.
+    o.depth = 30;
+    CHECK_THROWS(tern::run_bench(*backend, m.config.vocab, o));
+    o.depth = 0;
+    o.repetitions = 0;
+    CHECK_THROWS_AS(tern::run_bench(*backend, m.config.vocab, o), tern::UsageError);
+}
+
+TEST_CASE("tern bench --json: every field present, speeds and bandwidths positive") {
+    const auto r = run_tern({"bench", "-m", shared_path(kLlama2xs).string(), "-p", "16", "-n", "8", "-r", "1", "-t",
+                             "1", "--json"});
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    for (const char* key : {"model", "format", "device", "cpu", "peak_method", "kv_type"}) {
+        REQUIRE_MESSAGE(j.contains(key), key);
+        CHECK(j[key].is_string());
+        CHECK_FALSE(j[key].get<std::string>().empty());
+    }
+    for (const char* key : {"threads", "prefill_tokens", "prefill_tps", "decode_tokens", "decode_tps", "decode_gbps",
+                            "peak_gbps", "bandwidth_share", "bytes_per_token", "weight_bytes_per_token",
+                            "prefill_ms_median", "decode_ms_median", "model_bytes"}) {
+        REQUIRE_MESSAGE(j.contains(key), key);
+        REQUIRE_MESSAGE(j[key].is_number(), key);
+        CHECK_MESSAGE(j[key].get<double>() > 0, key);
+    }
+    CHECK(j["format"] == "Q4_0");
+    CHECK(j["device"] == "cpu");
+    CHECK(j["threads"] == 1);
+    CHECK(j["prefill_tokens"] == 16);
+    CHECK(j["decode_tokens"] == 8);
+    CHECK(j["weight_bytes_per_token"] == 175908);
+    CHECK(j["decode_gbps"].get<double>() ==
+          doctest::Approx(j["bytes_per_token"].get<double>() * j["decode_tps"].get<double>() / 1e9));
+    CHECK(j["bandwidth_share"].get<double>() ==
+          doctest::Approx(j["decode_gbps"].get<double>() / j["peak_gbps"].get<double>()));
+}
+
+TEST_CASE("tern bench: the plain table") {
+    const auto r = run_tern({"bench", "-m", shared_path(kLlama2xs).string(), "-p", "8", "-n", "4", "-r", "1",
+                             "--peak-gbps", "10"});
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out.find("prefill") != std::string::npos);
+    CHECK(r.out.find("decode") != std::string::npos);
+    CHECK(r.out.find("peak read bandwidth 10.00 GB/s") != std::string::npos);
+}
+
+TEST_CASE("tern bench: usage errors exit 1, a missing model exits 2") {
+    const std::string model = shared_path(kLlama2xs).string();
+    for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+             {"bench"},
+             {"bench", "-m", model, "--bogus"},
+             {"bench", "-m", model, "-p", "-1"},
+             {"bench", "-m", model, "-n", "-2"},
+             {"bench", "-m", model, "-p", "0", "-n", "0"},
+             {"bench", "-m", model, "-r", "0"},
+             {"bench", "-m", model, "--depth", "-1"},
+             {"bench", "-m", model, "-t", "-1"},
+             {"bench", "-m", model, "--kv-type", "q3"},
+             {"bench", "-m", model, "--synthetic", "llama-1b:q4_0"},
+         }) {
+        const auto r = run_tern(args);
+        CHECK_MESSAGE(r.exit_code == 1, args.back(), ": ", r.err);
+        CHECK_FALSE(r.err.empty());
+    }
+    const auto r = run_tern({"bench", "-m", "/nonexistent/model.gguf", "-p", "4", "-n", "2", "-r", "1"});
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("/nonexistent/model.gguf") != std::string::npos);
+}
