@@ -50,7 +50,7 @@ double kv_element_bytes(KvType t) {
     case KvType::f16:
     case KvType::bf16: return 2.0;
     case KvType::q8_0: return 34.0 / 32.0;   // 32 int8 + one f16 scale
-    case KvType::f8_e4m3: return 1.0;
+    case KvType::f8_e4m3: return 34.0 / 32.0;   // tern F8_E4M3 blocks: 32 e4m3 bytes + one f16 scale
     }
     return 4.0;
 }

@@ -4,58 +4,43 @@
 #include <string>
 
 #include "formats/error.h"
-#include "quant/half.h"
 
 namespace tern {
 namespace {
 
-// Snapshot header: magic "TKV1", then the shape it was taken with, all int32.
-constexpr int32_t kSnapshotMagic = 0x31564B54; // "TKV1" little-endian
-constexpr int kHeaderInts = 7;                 // magic, kv_type, n_layers, head_dim, head_dim_v, n_ctx, n
+// Snapshot header: magic, then the shape it was taken with, all int32. "TKV2" snapshots hold each head's
+// first n rows in the cache's stored row format (kv_row_bytes), which for f32/f16/bf16 is byte for byte
+// what "TKV1" (before the block formats existed) held, so both load.
+constexpr int32_t kSnapshotMagicV1 = 0x31564B54; // "TKV1" little-endian
+constexpr int32_t kSnapshotMagic = 0x32564B54;   // "TKV2"
+constexpr int kHeaderInts = 7;                   // magic, kv_type, n_layers, head_dim, head_dim_v, n_ctx, n
 
-void store_row(KvElem elem, const float* src, uint8_t* dst, int32_t n) {
-    switch (elem) {
-    case KvElem::f32:
-        std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
-        return;
-    case KvElem::f16: {
-        auto* d = reinterpret_cast<uint16_t*>(dst);
-        for (int32_t i = 0; i < n; ++i)
-            d[i] = f32_to_f16(src[i]);
-        return;
+KvFormat format_for(KvType type) {
+    switch (type) {
+    case KvType::f32: return KvFormat::f32;
+    case KvType::f16: return KvFormat::f16;
+    case KvType::bf16: return KvFormat::bf16;
+    case KvType::q8_0: return KvFormat::q8_0;
+    case KvType::f8_e4m3: return KvFormat::f8_e4m3;
     }
-    case KvElem::bf16: {
-        auto* d = reinterpret_cast<uint16_t*>(dst);
-        for (int32_t i = 0; i < n; ++i)
-            d[i] = f32_to_bf16(src[i]);
-        return;
-    }
-    }
+    return KvFormat::f16;
 }
 
 } // namespace
 
 void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
                    int32_t n_ctx) {
-    switch (type) {
-    case KvType::f32:
-        elem_ = KvElem::f32;
-        elem_size_ = 4;
-        break;
-    case KvType::f16:
-        elem_ = KvElem::f16;
-        elem_size_ = 2;
-        break;
-    case KvType::bf16:
-        elem_ = KvElem::bf16;
-        elem_size_ = 2;
-        break;
-    default:
-        throw UsageError("--kv-type " + std::string(kv_type_name(type)) +
-                         " is not yet supported on cpu (supported: f32, f16, bf16)");
-    }
+    const KvFormat format = format_for(type);
+    const int64_t block = kv_block_elems(format);
+    if (head_dim % block != 0 || head_dim_v % block != 0)
+        throw UsageError("--kv-type " + std::string(kv_type_name(type)) + " needs head dimensions that are multiples of " +
+                         std::to_string(block) + ", this model has " + std::to_string(head_dim) + " (K) and " +
+                         std::to_string(head_dim_v) + " (V); use --kv-type f16");
     if (n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(n_ctx));
     type_ = type;
+    format_ = format;
+    k_row_bytes_ = kv_row_bytes(format, head_dim);
+    v_row_bytes_ = kv_row_bytes(format, head_dim_v);
     head_dim_ = head_dim;
     head_dim_v_ = head_dim_v;
     n_ctx_ = n_ctx;
@@ -68,8 +53,8 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
     try {
         for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
             const size_t rows = static_cast<size_t>(n_kv_heads_[l]) * static_cast<size_t>(n_ctx);
-            k_[l].allocate(rows * static_cast<size_t>(head_dim) * elem_size_);
-            v_[l].allocate(rows * static_cast<size_t>(head_dim_v) * elem_size_);
+            k_[l].allocate(rows * k_row_bytes_);
+            v_[l].allocate(rows * v_row_bytes_);
         }
     } catch (const std::bad_alloc&) {
         throw RuntimeFailure("out of memory allocating the KV cache for " + std::to_string(n_ctx) +
@@ -87,8 +72,8 @@ size_t KvCache::total_bytes() const {
 void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v) {
     const size_t l = static_cast<size_t>(layer);
     for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
-        store_row(elem_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(h, pos), head_dim_);
-        store_row(elem_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(h, pos), head_dim_v_);
+        kv_store_row(format_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(h, pos), head_dim_);
+        kv_store_row(format_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(h, pos), head_dim_v_);
     }
 }
 
@@ -101,12 +86,12 @@ const void* KvCache::v_head(int32_t layer, int32_t head) const {
 
 size_t KvCache::k_offset(int32_t head, int32_t pos) const {
     const size_t row = static_cast<size_t>(head) * static_cast<size_t>(n_ctx_) + static_cast<size_t>(pos);
-    return row * static_cast<size_t>(head_dim_) * elem_size_;
+    return row * k_row_bytes_;
 }
 
 size_t KvCache::v_offset(int32_t head, int32_t pos) const {
     const size_t row = static_cast<size_t>(head) * static_cast<size_t>(n_ctx_) + static_cast<size_t>(pos);
-    return row * static_cast<size_t>(head_dim_v_) * elem_size_;
+    return row * v_row_bytes_;
 }
 
 const void* KvCache::k_row(int32_t layer, int32_t head, int32_t pos) const {
@@ -131,8 +116,8 @@ KvSnapshot KvCache::save(int32_t n) const {
                                          head_dim_v_,
                                          n_ctx_,
                                          n};
-    const size_t k_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_) * elem_size_;
-    const size_t v_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_v_) * elem_size_;
+    const size_t k_bytes = static_cast<size_t>(n) * k_row_bytes_;
+    const size_t v_bytes = static_cast<size_t>(n) * v_row_bytes_;
     size_t total = sizeof header;
     for (int32_t h : n_kv_heads_)
         total += static_cast<size_t>(h) * (k_bytes + v_bytes);
@@ -156,15 +141,17 @@ void KvCache::load(const KvSnapshot& s) {
     if (s.bytes.size() < sizeof header) throw UsageError("kv_load: the snapshot is too short to be a KV snapshot");
     std::memcpy(header, s.bytes.data(), sizeof header);
     const int32_t n = header[6];
-    if (header[0] != kSnapshotMagic || header[1] != static_cast<int32_t>(type_) ||
+    const bool v1 = header[0] == kSnapshotMagicV1 &&
+                    (type_ == KvType::f32 || type_ == KvType::f16 || type_ == KvType::bf16);
+    if ((header[0] != kSnapshotMagic && !v1) || header[1] != static_cast<int32_t>(type_) ||
         header[2] != static_cast<int32_t>(n_kv_heads_.size()) || header[3] != head_dim_ || header[4] != head_dim_v_)
         throw UsageError("kv_load: the snapshot was taken from a different model or KV type (" +
                          std::string(kv_type_name(s.kv_type)) + ", cache is " + std::string(kv_type_name(type_)) + ")");
     if (n < 0 || n > n_ctx_)
         throw UsageError("kv_load: the snapshot holds " + std::to_string(n) + " positions but the context is " +
                          std::to_string(n_ctx_));
-    const size_t k_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_) * elem_size_;
-    const size_t v_bytes = static_cast<size_t>(n) * static_cast<size_t>(head_dim_v_) * elem_size_;
+    const size_t k_bytes = static_cast<size_t>(n) * k_row_bytes_;
+    const size_t v_bytes = static_cast<size_t>(n) * v_row_bytes_;
     size_t total = sizeof header;
     for (int32_t h : n_kv_heads_)
         total += static_cast<size_t>(h) * (k_bytes + v_bytes);

@@ -1,5 +1,6 @@
 #pragma once
-// The CPU KV cache: per layer, K and V of every position, stored as f32, f16 or bf16.
+// The CPU KV cache: per layer, K and V of every position, stored as f32, f16, bf16, q8_0 or f8_e4m3 rows
+// (kernels/cpu/attention.h KvFormat; the block formats halve f16's bytes, models.md "KV cache formats").
 // Layout per layer: K (n_kv_heads, n_ctx, head_dim), V (n_kv_heads, n_ctx, head_dim_v), so one head's
 // keys are contiguous rows for the attention kernel.
 #include <cstdint>
@@ -7,18 +8,18 @@
 #include <vector>
 
 #include "engine/backend.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/attention.h"
 
 namespace tern {
 
 class KvCache {
 public:
-    // Throws UsageError for a KV type the CPU cannot store yet (q8_0, f8_e4m3).
+    // Throws UsageError when head_dim or head_dim_v is not a multiple of 32 for q8_0 / f8_e4m3.
     void init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
               int32_t n_ctx);
 
     KvType type() const { return type_; }
-    KvElem elem() const { return elem_; }
+    KvFormat format() const { return format_; }
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_past() const { return n_past_; }
     void set_n_past(int32_t n) { n_past_ = n; }
@@ -26,8 +27,8 @@ public:
 
     // Stores one position of a layer: k (n_kv_heads, head_dim) f32, v (n_kv_heads, head_dim_v) f32.
     void write(int32_t layer, int32_t pos, const float* k, const float* v);
-    // One head's rows: (n_ctx, head_dim) / (n_ctx, head_dim_v) elements of elem(); row `pos` is
-    // at element offset pos * head_dim.
+    // One head's rows: (n_ctx, head_dim) / (n_ctx, head_dim_v) elements in format(); row `pos` is
+    // at byte offset pos * kv_row_bytes(format(), head_dim).
     const void* k_head(int32_t layer, int32_t head) const;
     const void* v_head(int32_t layer, int32_t head) const;
     // The address of row `pos` inside a head block returned above.
@@ -45,8 +46,8 @@ private:
     size_t v_offset(int32_t head, int32_t pos) const;
 
     KvType type_ = KvType::f16;
-    KvElem elem_ = KvElem::f16;
-    size_t elem_size_ = 2;
+    KvFormat format_ = KvFormat::f16;
+    size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
     int32_t head_dim_ = 0, head_dim_v_ = 0, n_ctx_ = 0, n_past_ = 0;
     std::vector<int32_t> n_kv_heads_; // per layer
     // Uninitialised storage: a default-sized context of a small model is hundreds of MB (Gemma 3 270M
@@ -62,7 +63,7 @@ private:
         uint8_t* data() const { return bytes.get(); }
         size_t size() const { return n; }
     };
-    std::vector<Buffer> k_, v_; // per layer: (n_kv_heads, n_ctx, head_dim[_v]) elem
+    std::vector<Buffer> k_, v_; // per layer: (n_kv_heads, n_ctx) rows
 };
 
 } // namespace tern

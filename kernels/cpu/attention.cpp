@@ -1,0 +1,249 @@
+// Flash-style attention: row formats, the scalar chunk kernel (the twin of attention_avx2.cpp), the
+// chunk merge and the drivers that walk absolute-position chunks (see attention.h for why they are absolute).
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/ops.h"
+#include "quant/half.h"
+#include "quant/reference.h"
+
+namespace tern {
+
+size_t kv_row_bytes(KvFormat f, int64_t n) {
+    switch (f) {
+    case KvFormat::f32: return 4 * static_cast<size_t>(n);
+    case KvFormat::f16:
+    case KvFormat::bf16: return 2 * static_cast<size_t>(n);
+    case KvFormat::q8_0:
+    case KvFormat::f8_e4m3: return 34 * static_cast<size_t>(n / 32); // f16 scale + 32 bytes
+    }
+    return 0;
+}
+
+int64_t kv_block_elems(KvFormat f) { return f == KvFormat::q8_0 || f == KvFormat::f8_e4m3 ? 32 : 1; }
+
+void kv_store_row(KvFormat f, const float* src, void* dst, int64_t n) {
+    switch (f) {
+    case KvFormat::f32: std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n)); return;
+    case KvFormat::f16: {
+        auto* d = static_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < n; ++i)
+            d[i] = f32_to_f16(src[i]);
+        return;
+    }
+    case KvFormat::bf16: {
+        auto* d = static_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < n; ++i)
+            d[i] = f32_to_bf16(src[i]);
+        return;
+    }
+    case KvFormat::q8_0: quantize_row(GgmlType::Q8_0, src, dst, n); return;
+    case KvFormat::f8_e4m3: quantize_row(GgmlType::F8_E4M3, src, dst, n); return;
+    }
+}
+
+void kv_load_row(KvFormat f, const void* src, float* dst, int64_t n) {
+    switch (f) {
+    case KvFormat::f32: std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n)); return;
+    case KvFormat::f16: {
+        const auto* s = static_cast<const uint16_t*>(src);
+        for (int64_t i = 0; i < n; ++i)
+            dst[i] = f16_to_f32(s[i]);
+        return;
+    }
+    case KvFormat::bf16: {
+        const auto* s = static_cast<const uint16_t*>(src);
+        for (int64_t i = 0; i < n; ++i)
+            dst[i] = bf16_to_f32(s[i]);
+        return;
+    }
+    case KvFormat::q8_0: dequantize_row(GgmlType::Q8_0, src, dst, n); return;
+    case KvFormat::f8_e4m3: dequantize_row(GgmlType::F8_E4M3, src, dst, n); return;
+    }
+}
+
+void attn_chunk_scalar(const AttnParams& p, const float* q, int64_t q_stride, const void* k, const void* v,
+                       int64_t n_keys, float* scores, float* m, float* l, float* acc) {
+    const size_t k_bytes = kv_row_bytes(p.format, p.head_dim), v_bytes = kv_row_bytes(p.format, p.head_dim_v);
+    std::vector<float> row(static_cast<size_t>(std::max(p.head_dim, p.head_dim_v)));
+    const auto* kb = static_cast<const uint8_t*>(k);
+    const auto* vb = static_cast<const uint8_t*>(v);
+    for (int64_t j = 0; j < n_keys; ++j) {
+        kv_load_row(p.format, kb + static_cast<size_t>(j) * k_bytes, row.data(), p.head_dim);
+        for (int64_t h = 0; h < p.group; ++h) {
+            float s = dot_f32(q + h * q_stride, row.data(), p.head_dim) * p.scale;
+            if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+            scores[h * kAttnChunk + j] = s;
+        }
+    }
+    for (int64_t h = 0; h < p.group; ++h) {
+        float* s = scores + h * kAttnChunk;
+        const float mx = *std::max_element(s, s + n_keys);
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n_keys; ++j) {
+            s[j] = std::exp(s[j] - mx);
+            sum += s[j];
+        }
+        m[h] = mx;
+        l[h] = sum;
+        std::fill(acc + h * p.head_dim_v, acc + (h + 1) * p.head_dim_v, 0.0f);
+    }
+    for (int64_t j = 0; j < n_keys; ++j) {
+        kv_load_row(p.format, vb + static_cast<size_t>(j) * v_bytes, row.data(), p.head_dim_v);
+        for (int64_t h = 0; h < p.group; ++h) {
+            const float w = scores[h * kAttnChunk + j];
+            float* a = acc + h * p.head_dim_v;
+            for (int64_t d = 0; d < p.head_dim_v; ++d)
+                a[d] += w * row[static_cast<size_t>(d)];
+        }
+    }
+}
+
+AttnChunkFn attn_chunk_kernel(const AttnParams& p) {
+    if (p.head_dim % 8 != 0 || p.head_dim_v % 8 != 0) return attn_chunk_scalar;
+    if (cpu_kernels().isa == CpuIsa::avx2 || cpu_kernels().isa == CpuIsa::avx512) {
+        if (AttnChunkFn f = attn_chunk_avx2_kernel()) return f;
+    }
+    return attn_chunk_scalar;
+}
+
+void attn_merge(const AttnParams& p, float* m, float* l, float* acc, const float* mc, const float* lc,
+                const float* accc) {
+    for (int64_t h = 0; h < p.group; ++h) {
+        const float mn = std::max(m[h], mc[h]);
+        const float a = std::exp(m[h] - mn), b = std::exp(mc[h] - mn);
+        m[h] = mn;
+        l[h] = l[h] * a + lc[h] * b;
+        float* x = acc + h * p.head_dim_v;
+        const float* y = accc + h * p.head_dim_v;
+        for (int64_t d = 0; d < p.head_dim_v; ++d)
+            x[d] = x[d] * a + y[d] * b;
+    }
+}
+
+namespace {
+
+// Chunk states: m (group), l (group), acc (group * head_dim_v), packed.
+size_t state_floats(const AttnParams& p) { return static_cast<size_t>(p.group * (2 + p.head_dim_v)); }
+
+struct ChunkRange {
+    int32_t begin, end; // [begin, end)
+};
+
+// Chunk c of the visible range [lo, hi]: the absolute chunk c0 + c clipped to it.
+ChunkRange chunk_range(int32_t lo, int32_t hi, int64_t c) {
+    const int64_t start = (lo / kAttnChunk + c) * kAttnChunk;
+    return {static_cast<int32_t>(std::max<int64_t>(start, lo)),
+            static_cast<int32_t>(std::min<int64_t>(start + kAttnChunk, int64_t{hi} + 1))};
+}
+
+int64_t n_chunks(int32_t lo, int32_t hi) { return hi / kAttnChunk - lo / kAttnChunk + 1; }
+
+void run_chunk(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, const void* k_head,
+               const void* v_head, ChunkRange r, float* scores, float* state) {
+    const auto* k = static_cast<const uint8_t*>(k_head) + static_cast<size_t>(r.begin) * kv_row_bytes(p.format, p.head_dim);
+    const auto* v =
+        static_cast<const uint8_t*>(v_head) + static_cast<size_t>(r.begin) * kv_row_bytes(p.format, p.head_dim_v);
+    kernel(p, q, q_stride, k, v, r.end - r.begin, scores, state, state + p.group, state + 2 * p.group);
+}
+
+// state (already holding chunks 0..c) / l -> out.
+void finish(const AttnParams& p, const float* state, float* out, int64_t out_stride) {
+    const float* l = state + p.group;
+    const float* acc = state + 2 * p.group;
+    for (int64_t h = 0; h < p.group; ++h) {
+        const float inv = 1.0f / l[h];
+        for (int64_t d = 0; d < p.head_dim_v; ++d)
+            out[h * out_stride + d] = acc[h * p.head_dim_v + d] * inv;
+    }
+}
+
+void merge_state(const AttnParams& p, float* running, const float* chunk) {
+    attn_merge(p, running, running + p.group, running + 2 * p.group, chunk, chunk + p.group, chunk + 2 * p.group);
+}
+
+int32_t window_lo(int32_t pos, int32_t window) { return window > 0 ? std::max(0, pos - window + 1) : 0; }
+
+} // namespace
+
+size_t attn_scratch_floats(const AttnParams& p) {
+    return static_cast<size_t>(p.group * kAttnChunk) + 2 * state_floats(p);
+}
+
+void attend_group(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, const void* k_head,
+                  const void* v_head, int32_t lo, int32_t hi, float* scratch, float* out, int64_t out_stride) {
+    float* scores = scratch;
+    float* running = scores + p.group * kAttnChunk;
+    float* chunk = running + state_floats(p);
+    const int64_t nc = n_chunks(lo, hi);
+    run_chunk(p, kernel, q, q_stride, k_head, v_head, chunk_range(lo, hi, 0), scores, running);
+    for (int64_t c = 1; c < nc; ++c) {
+        run_chunk(p, kernel, q, q_stride, k_head, v_head, chunk_range(lo, hi, c), scores, chunk);
+        merge_state(p, running, chunk);
+    }
+    finish(p, running, out, out_stride);
+}
+
+void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const void* const* k_heads,
+                   const void* const* v_heads, int32_t pos0, int64_t n, int32_t window, const float* q,
+                   int64_t q_token_stride, float* out, int64_t out_token_stride, int n_threads) {
+    const int32_t last = pos0 + static_cast<int32_t>(n) - 1;
+    const int64_t visible = window > 0 ? std::min<int64_t>(window, last + 1) : last + 1;
+    const int64_t work = n * n_kv_heads * p.group * visible * (p.head_dim + p.head_dim_v);
+    const int threads = threads_for_work(work, n_threads);
+    const int64_t pairs = n * n_kv_heads;
+    if (pairs >= threads) {
+        // Enough (token, KV head) pairs to share out: each walks its chunks in order.
+#pragma omp parallel num_threads(threads)
+        {
+            std::vector<float> scratch(attn_scratch_floats(p));
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < pairs; ++t) {
+                const int64_t i = t / n_kv_heads, g = t % n_kv_heads;
+                const int32_t pos = pos0 + static_cast<int32_t>(i);
+                attend_group(p, kernel, q + i * q_token_stride + g * p.group * p.head_dim, p.head_dim, k_heads[g],
+                             v_heads[g], window_lo(pos, window), pos, scratch.data(),
+                             out + i * out_token_stride + g * p.group * p.head_dim_v, p.head_dim_v);
+            }
+        }
+        return;
+    }
+    // Decode: fewer pairs than threads (Gemma 3 has one KV head), so the chunks of each pair are computed
+    // in parallel into their own states and then merged in chunk order: the same arithmetic as above.
+    std::vector<int64_t> first(static_cast<size_t>(pairs) + 1, 0); // first chunk index of each pair
+    for (int64_t t = 0; t < pairs; ++t) {
+        const int32_t pos = pos0 + static_cast<int32_t>(t / n_kv_heads);
+        first[static_cast<size_t>(t) + 1] = first[static_cast<size_t>(t)] + n_chunks(window_lo(pos, window), pos);
+    }
+    const int64_t total = first.back();
+    const size_t sf = state_floats(p);
+    std::vector<float> states(static_cast<size_t>(total) * sf);
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> scores(static_cast<size_t>(p.group * kAttnChunk));
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < total; ++c) {
+            const int64_t t = std::upper_bound(first.begin(), first.end(), c) - first.begin() - 1;
+            const int64_t i = t / n_kv_heads, g = t % n_kv_heads;
+            const int32_t pos = pos0 + static_cast<int32_t>(i);
+            run_chunk(p, kernel, q + i * q_token_stride + g * p.group * p.head_dim, p.head_dim, k_heads[g], v_heads[g],
+                      chunk_range(window_lo(pos, window), pos, c - first[static_cast<size_t>(t)]), scores.data(),
+                      states.data() + static_cast<size_t>(c) * sf);
+        }
+    }
+    for (int64_t t = 0; t < pairs; ++t) {
+        const int64_t i = t / n_kv_heads, g = t % n_kv_heads;
+        float* running = states.data() + static_cast<size_t>(first[static_cast<size_t>(t)]) * sf;
+        for (int64_t c = first[static_cast<size_t>(t)] + 1; c < first[static_cast<size_t>(t) + 1]; ++c)
+            merge_state(p, running, states.data() + static_cast<size_t>(c) * sf);
+        finish(p, running, out + i * out_token_stride + g * p.group * p.head_dim_v, p.head_dim_v);
+    }
+}
+
+} // namespace tern

@@ -1,0 +1,83 @@
+#pragma once
+// Flash-style attention over a KV cache stored as f32, f16, bf16, q8_0 or f8_e4m3 rows.
+//
+// One call handles the `group` query heads that share one KV head (GQA), so each K/V row is read and
+// converted once per group, not once per query head. Keys are walked in chunks of kAttnChunk positions
+// aligned to ABSOLUTE positions (chunk c covers [c * kAttnChunk, (c + 1) * kAttnChunk), clipped to the
+// visible range). Each chunk yields a partial softmax state (max, sum of exponentials, weighted V sum)
+// computed from scratch, and the chunk states are merged strictly left to right.
+//
+// Batch invariance: that definition depends only on the query, its visible range [lo, hi] and the cache,
+// never on which other tokens are in the batch nor on the thread count. A token decoded alone and the
+// same token inside a prefill or a draft-verification batch therefore get bit-identical outputs, and the
+// decode path may compute the chunk states of one query on different threads (attend_tokens does, when
+// there are fewer (token, KV head) pairs than threads) and still merge them in the same order.
+//
+// Row formats (kv_row_bytes):
+//   f32 / f16 / bf16  one element per 4 / 2 / 2 bytes
+//   q8_0              GGUF Q8_0 blocks: f16 scale d + 32 int8 codes, x = d * q (quant/blocks.h BlockQ8_0)
+//   f8_e4m3           tern's F8_E4M3 blocks: f16 scale d + 32 e4m3 bytes, x = d * e4m3(q) (models.md)
+// Both quantized formats need head dims that are multiples of 32.
+#include <cstddef>
+#include <cstdint>
+
+namespace tern {
+
+enum class KvFormat : uint8_t { f32, f16, bf16, q8_0, f8_e4m3 };
+
+// Bytes of one row of n elements (n a multiple of 32 for the block formats).
+size_t kv_row_bytes(KvFormat f, int64_t n);
+// Elements per block of the format (1 for the float formats, 32 for q8_0 / f8_e4m3).
+int64_t kv_block_elems(KvFormat f);
+// One row, f32 <-> stored format. The block formats use quant/reference's quantizers (round to nearest).
+void kv_store_row(KvFormat f, const float* src, void* dst, int64_t n);
+void kv_load_row(KvFormat f, const void* src, float* dst, int64_t n);
+
+inline constexpr int64_t kAttnChunk = 128; // positions per chunk state (and per decode work item)
+
+struct AttnParams {
+    KvFormat format = KvFormat::f16;
+    int64_t head_dim = 0, head_dim_v = 0;
+    int64_t group = 1;    // query heads per KV head
+    float scale = 1.0f;   // score = (q . k) * scale
+    float softcap = 0.0f; // > 0: score = softcap * tanh(score / softcap) (gemma2)
+};
+
+// The softmax state of one chunk for `group` heads: m[h] the largest score, l[h] = sum_j exp(s_j - m[h]),
+// acc[h * head_dim_v + d] = sum_j exp(s_j - m[h]) * v_j[d].
+// Kernel: q row h at q + h * q_stride (head_dim f32); k, v point at the chunk's first row, rows contiguous;
+// 1 <= n_keys <= kAttnChunk; scores is group * kAttnChunk floats of scratch.
+using AttnChunkFn = void (*)(const AttnParams& p, const float* q, int64_t q_stride, const void* k, const void* v,
+                             int64_t n_keys, float* scores, float* m, float* l, float* acc);
+
+// The scalar twin (each row converted to f32, then dot_f32 / std::exp) and the AVX2 + FMA + F16C kernel
+// (attention_avx2.cpp; nullptr where this build or CPU has none, or when head dims are not multiples of 8).
+void attn_chunk_scalar(const AttnParams& p, const float* q, int64_t q_stride, const void* k, const void* v,
+                       int64_t n_keys, float* scores, float* m, float* l, float* acc);
+AttnChunkFn attn_chunk_avx2_kernel();
+// The kernel this process uses for p: AVX2 unless the CPU lacks it, TERN_CPU_ISA=scalar asks for the
+// scalar set (kernels/cpu/dispatch.h), or the head dims are not multiples of 8.
+AttnChunkFn attn_chunk_kernel(const AttnParams& p);
+
+// Folds a chunk state (mc, lc, accc) into a running one (m, l, acc), in that order. Fixed arithmetic,
+// compiled once, so every path merges the same way.
+void attn_merge(const AttnParams& p, float* m, float* l, float* acc, const float* mc, const float* lc,
+                const float* accc);
+
+// Full attention for one query group over visible positions [lo, hi] of one KV head:
+// k_head / v_head point at row 0 (position 0); out row h at out + h * out_stride (head_dim_v f32).
+// scratch: attn_scratch_floats(p) floats.
+size_t attn_scratch_floats(const AttnParams& p);
+void attend_group(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, const void* k_head,
+                  const void* v_head, int32_t lo, int32_t hi, float* scratch, float* out, int64_t out_stride);
+
+// Attention for n query tokens at positions pos0 .. pos0 + n - 1 over a cache of n_kv_heads heads
+// (row 0 of head g at k_heads[g] / v_heads[g]). Token i, query head h = g * group + r is at
+// q + i * q_token_stride + h * head_dim; its output at out + i * out_token_stride + h * head_dim_v.
+// Token i sees [lo, pos0 + i] with lo = max(0, pos - window + 1) when window > 0, else 0.
+// OpenMP with up to n_threads threads; the result is the same for any n_threads and any n.
+void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const void* const* k_heads,
+                   const void* const* v_heads, int32_t pos0, int64_t n, int32_t window, const float* q,
+                   int64_t q_token_stride, float* out, int64_t out_token_stride, int n_threads);
+
+} // namespace tern

@@ -1,0 +1,199 @@
+// Flash-style attention (kernels/cpu/attention.h): the AVX2 chunk kernel and its scalar twin against the
+// two-pass attention_head (kernels/cpu/ops.h) on the dequantized cache, for every KV format, on random
+// data at several sizes; and batch invariance: a token's output is the same bits alone and inside a batch,
+// for any thread count.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/ops.h"
+
+namespace tern {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v)
+        x = dist(rng);
+    return v;
+}
+
+const char* format_name(KvFormat f) {
+    switch (f) {
+    case KvFormat::f32: return "f32";
+    case KvFormat::f16: return "f16";
+    case KvFormat::bf16: return "bf16";
+    case KvFormat::q8_0: return "q8_0";
+    case KvFormat::f8_e4m3: return "f8_e4m3";
+    }
+    return "?";
+}
+
+constexpr KvFormat kFormats[] = {KvFormat::f32, KvFormat::f16, KvFormat::bf16, KvFormat::q8_0, KvFormat::f8_e4m3};
+
+// n_rows rows of n random elements stored in format f, plus the f32 values the stored rows decode to.
+struct StoredRows {
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;
+};
+
+StoredRows store_rows(KvFormat f, int64_t n_rows, int64_t n, uint32_t seed, float scale) {
+    const auto src = random_vec(static_cast<size_t>(n_rows * n), seed, scale);
+    const size_t rb = kv_row_bytes(f, n);
+    StoredRows s;
+    s.bytes.resize(rb * static_cast<size_t>(n_rows));
+    s.values.resize(src.size());
+    for (int64_t r = 0; r < n_rows; ++r) {
+        kv_store_row(f, src.data() + r * n, s.bytes.data() + static_cast<size_t>(r) * rb, n);
+        kv_load_row(f, s.bytes.data() + static_cast<size_t>(r) * rb, s.values.data() + r * n, n);
+    }
+    return s;
+}
+
+} // namespace
+
+TEST_CASE("kv rows: the block formats round-trip within their quantization step") {
+    for (KvFormat f : kFormats) {
+        for (int64_t n : {32, 64, 256}) {
+            CAPTURE(format_name(f));
+            CAPTURE(n);
+            const auto src = random_vec(static_cast<size_t>(n), 5, 3.0f);
+            std::vector<uint8_t> row(kv_row_bytes(f, n));
+            std::vector<float> back(static_cast<size_t>(n));
+            kv_store_row(f, src.data(), row.data(), n);
+            kv_load_row(f, row.data(), back.data(), n);
+            for (int64_t b = 0; b < n; b += 32) {
+                float amax = 0.0f;
+                for (int64_t i = b; i < b + 32; ++i)
+                    amax = std::max(amax, std::fabs(src[size_t(i)]));
+                for (int64_t i = b; i < b + 32; ++i) {
+                    const float x = src[size_t(i)], err = std::fabs(back[size_t(i)] - x);
+                    switch (f) {
+                    case KvFormat::f32: CHECK(err == 0.0f); break;
+                    case KvFormat::f16: CHECK(err <= std::fabs(x) * 0x1p-11f); break;
+                    case KvFormat::bf16: CHECK(err <= std::fabs(x) * 0x1p-8f); break;
+                    // half a step of amax / 127, plus the f16 rounding of the scale (2^-11 of |x|)
+                    case KvFormat::q8_0: CHECK(err <= amax / 127.0f * 0.5f + std::fabs(x) * 0x1p-10f); break;
+                    // 3 mantissa bits: half an ulp is 2^-4 relative; subnormals are steps of amax / 448 * 2^-9
+                    case KvFormat::f8_e4m3:
+                        CHECK(err <= std::fabs(x) * 0x1p-4f * 1.01f + amax / 448.0f * 0x1p-9f + std::fabs(x) * 0x1p-10f);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    CHECK(kv_row_bytes(KvFormat::q8_0, 256) == 8 * 34);
+    CHECK(kv_row_bytes(KvFormat::f8_e4m3, 64) == 2 * 34);
+}
+
+TEST_CASE("flash attention (AVX2 and scalar chunk kernels) matches two-pass attention on the dequantized cache") {
+    const AttnChunkFn avx2 = attn_chunk_avx2_kernel();
+    if (avx2 == nullptr) MESSAGE("no AVX2 attention kernel in this build: checking the scalar twin only");
+    for (KvFormat f : kFormats) {
+        for (int64_t head_dim : {64, 128, 256}) {
+            for (int64_t n_keys : {1, 7, 33, 64, 257, 1000}) {
+                for (int64_t group : {1, 4, 8}) {
+                    for (int window_case = 0; window_case < 2; ++window_case) {
+                        const float softcap = window_case == 1 ? 30.0f : 0.0f;
+                        // The window case also starts the visible range off a chunk boundary.
+                        const int32_t hi = static_cast<int32_t>(n_keys - 1);
+                        const int32_t lo = window_case == 1 ? static_cast<int32_t>(n_keys / 3) : 0;
+                        CAPTURE(format_name(f));
+                        CAPTURE(head_dim);
+                        CAPTURE(n_keys);
+                        CAPTURE(group);
+                        CAPTURE(lo);
+                        const int64_t head_dim_v = head_dim;
+                        const auto q = random_vec(size_t(group * head_dim), 21 + uint32_t(group), 2.0f);
+                        const StoredRows k = store_rows(f, n_keys, head_dim, 22, 1.0f);
+                        const StoredRows v = store_rows(f, n_keys, head_dim_v, 23, 1.0f);
+                        AttnParams p;
+                        p.format = f;
+                        p.head_dim = head_dim;
+                        p.head_dim_v = head_dim_v;
+                        p.group = group;
+                        p.scale = 1.0f / std::sqrt(float(head_dim));
+                        p.softcap = softcap;
+                        // Oracle: two-pass attention over the decoded f32 rows lo .. hi.
+                        const int64_t visible = hi - lo + 1;
+                        std::vector<float> ref(static_cast<size_t>(group * head_dim_v)), scores(static_cast<size_t>(visible));
+                        for (int64_t h = 0; h < group; ++h)
+                            attention_head(q.data() + h * head_dim, k.values.data() + lo * head_dim,
+                                           v.values.data() + lo * head_dim_v, KvElem::f32, visible, head_dim, head_dim_v,
+                                           p.scale, p.softcap, scores.data(), ref.data() + h * head_dim_v);
+                        std::vector<float> scratch(attn_scratch_floats(p));
+                        for (AttnChunkFn kernel : {AttnChunkFn(attn_chunk_scalar), avx2}) {
+                            if (kernel == nullptr) continue;
+                            CAPTURE(kernel == avx2);
+                            std::vector<float> out(ref.size(), -7.0f);
+                            attend_group(p, kernel, q.data(), head_dim, k.bytes.data(), v.bytes.data(), lo, hi,
+                                         scratch.data(), out.data(), head_dim_v);
+                            double worst = 0.0;
+                            for (size_t i = 0; i < out.size(); ++i)
+                                worst = std::max(worst, std::fabs(double(out[i]) - ref[i]));
+                            CHECK(worst < 1e-5); // the f32 oracle itself is off by up to ~4e-6 at 1000 keys
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("flash attention: a token's output is the same bits alone, in any batch and for any thread count") {
+    for (KvFormat f : {KvFormat::f16, KvFormat::q8_0, KvFormat::f8_e4m3}) {
+        for (int64_t n_kv_heads : {1, 2}) {
+            for (int32_t window : {0, 300}) {
+                CAPTURE(format_name(f));
+                CAPTURE(n_kv_heads);
+                CAPTURE(window);
+                const int64_t head_dim = 256, group = 8, n_ctx = 700; // big enough for 2 threads in decode
+                AttnParams p;
+                p.format = f;
+                p.head_dim = p.head_dim_v = head_dim;
+                p.group = group;
+                p.scale = 0.088f;
+                const StoredRows k = store_rows(f, n_kv_heads * n_ctx, head_dim, 31, 1.0f);
+                const StoredRows v = store_rows(f, n_kv_heads * n_ctx, head_dim, 32, 1.0f);
+                const size_t head_bytes = kv_row_bytes(f, head_dim) * size_t(n_ctx);
+                std::vector<const void*> kh, vh;
+                for (int64_t g = 0; g < n_kv_heads; ++g) {
+                    kh.push_back(k.bytes.data() + size_t(g) * head_bytes);
+                    vh.push_back(v.bytes.data() + size_t(g) * head_bytes);
+                }
+                const int64_t q_stride = n_kv_heads * group * head_dim; // per token
+                const auto q = random_vec(size_t(n_ctx * q_stride), 33, 3.0f);
+                const AttnChunkFn kernel = attn_chunk_kernel(p);
+                auto run = [&](int32_t pos0, int64_t n, int threads) {
+                    std::vector<float> out(size_t(n * q_stride));
+                    attend_tokens(p, kernel, n_kv_heads, kh.data(), vh.data(), pos0, n, window,
+                                  q.data() + pos0 * q_stride, q_stride, out.data(), q_stride, threads);
+                    return out;
+                };
+                const auto all = run(0, n_ctx, 2); // a prefill of every position
+                const auto tail = run(450, 120, 1); // a verification batch in the middle, one thread
+                for (int32_t pos : {0, 5, 127, 128, 129, 300, 455, 569, 699}) {
+                    CAPTURE(pos);
+                    const float* batched = all.data() + pos * q_stride;
+                    for (int threads : {1, 2}) {
+                        const auto alone = run(pos, 1, threads); // decode: chunks may go to different threads
+                        CHECK(std::memcmp(alone.data(), batched, sizeof(float) * size_t(q_stride)) == 0);
+                    }
+                    if (pos >= 450 && pos < 570)
+                        CHECK(std::memcmp(tail.data() + (pos - 450) * q_stride, batched,
+                                          sizeof(float) * size_t(q_stride)) == 0);
+                }
+            }
+        }
+    }
+}
+
+} // namespace tern

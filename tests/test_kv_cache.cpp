@@ -1,0 +1,155 @@
+// The CPU KV cache (engine/kv_cache.h) for every --kv-type: rows written and read back in the stored
+// format, the head-dim rule of the block formats, and snapshots (save/load round trips, mismatches, TKV1).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "formats/error.h"
+
+namespace tern {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 2.0f);
+    std::vector<float> v(n);
+    for (float& x : v)
+        x = dist(rng);
+    return v;
+}
+
+constexpr KvType kTypes[] = {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3};
+
+// A 3-layer cache with 2, 1 and 2 KV heads (per-layer head counts differ in some models), filled with
+// random rows at positions 0 .. n - 1.
+struct Filled {
+    KvCache cache;
+    std::vector<std::vector<float>> k, v; // per layer: (n, n_kv_heads, dim) f32 as written
+};
+
+void fill(Filled& f, KvType type, int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int32_t n) {
+    const std::vector<int32_t> heads = {2, 1, 2};
+    f.cache.init(type, heads, head_dim, head_dim_v, n_ctx);
+    for (size_t l = 0; l < heads.size(); ++l) {
+        f.k.push_back(random_vec(size_t(n * heads[l] * head_dim), 100 + uint32_t(l)));
+        f.v.push_back(random_vec(size_t(n * heads[l] * head_dim_v), 200 + uint32_t(l)));
+        for (int32_t pos = 0; pos < n; ++pos)
+            f.cache.write(int32_t(l), pos, f.k[l].data() + size_t(pos * heads[l] * head_dim),
+                          f.v[l].data() + size_t(pos * heads[l] * head_dim_v));
+    }
+    f.cache.set_n_past(n);
+}
+
+} // namespace
+
+TEST_CASE("KvCache stores rows in the --kv-type format and returns them at k_row / v_row") {
+    for (KvType type : kTypes) {
+        CAPTURE(std::string(kv_type_name(type)));
+        const int32_t head_dim = 64, head_dim_v = 96, n = 9;
+        Filled f;
+        fill(f, type, head_dim, head_dim_v, 16, n);
+        const KvFormat fmt = f.cache.format();
+        CHECK(f.cache.total_bytes() == 5 * 16 * (kv_row_bytes(fmt, head_dim) + kv_row_bytes(fmt, head_dim_v)));
+        std::vector<float> back(head_dim_v), expect(head_dim_v);
+        for (int32_t l = 0; l < 3; ++l) {
+            const int32_t heads = l == 1 ? 1 : 2;
+            for (int32_t h = 0; h < heads; ++h) {
+                for (int32_t pos = 0; pos < n; ++pos) {
+                    // The stored row is exactly what the format's own encoder makes of the input row.
+                    const float* src = f.v[size_t(l)].data() + size_t((pos * heads + h) * head_dim_v);
+                    std::vector<uint8_t> row(kv_row_bytes(fmt, head_dim_v));
+                    kv_store_row(fmt, src, row.data(), head_dim_v);
+                    CHECK(std::memcmp(row.data(), f.cache.v_row(l, h, pos), row.size()) == 0);
+                    // And decodes to within a few percent of it (f8_e4m3, the coarsest, keeps 3 mantissa bits).
+                    kv_load_row(fmt, f.cache.v_row(l, h, pos), back.data(), head_dim_v);
+                    for (int32_t d = 0; d < head_dim_v; ++d)
+                        CHECK(std::fabs(back[size_t(d)] - src[d]) <= 0.07f * std::fabs(src[d]) + 0.04f);
+                    const float* ksrc = f.k[size_t(l)].data() + size_t((pos * heads + h) * head_dim);
+                    std::vector<uint8_t> krow(kv_row_bytes(fmt, head_dim));
+                    kv_store_row(fmt, ksrc, krow.data(), head_dim);
+                    CHECK(std::memcmp(krow.data(), f.cache.k_row(l, h, pos), krow.size()) == 0);
+                    CHECK(static_cast<const uint8_t*>(f.cache.k_row(l, h, pos)) ==
+                          static_cast<const uint8_t*>(f.cache.k_head(l, h)) + size_t(pos) * krow.size());
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("q8_0 and f8_e4m3 KV caches need head dims that are multiples of 32") {
+    for (KvType type : {KvType::q8_0, KvType::f8_e4m3}) {
+        KvCache c;
+        bool threw = false;
+        try {
+            c.init(type, {1}, 80, 80, 8);
+        } catch (const UsageError& e) {
+            threw = true;
+            CHECK(std::string(e.what()).find("--kv-type") != std::string::npos);
+        }
+        CHECK(threw);
+        CHECK_NOTHROW(c.init(type, {1}, 64, 128, 8));
+    }
+    KvCache c;
+    CHECK_NOTHROW(c.init(KvType::f16, {1}, 80, 80, 8)); // the float formats take any head dim
+}
+
+TEST_CASE("KvCache snapshots round-trip for every type and refuse a different type or shape") {
+    for (KvType type : kTypes) {
+        CAPTURE(std::string(kv_type_name(type)));
+        Filled f;
+        fill(f, type, 64, 64, 32, 20);
+        const KvSnapshot snap = f.cache.save(12);
+        CHECK(snap.n_past == 12);
+        CHECK(snap.kv_type == type);
+
+        KvCache other;
+        other.init(type, {2, 1, 2}, 64, 64, 32);
+        other.load(snap);
+        CHECK(other.n_past() == 12);
+        const size_t rb = kv_row_bytes(other.format(), 64);
+        for (int32_t l = 0; l < 3; ++l)
+            for (int32_t h = 0; h < (l == 1 ? 1 : 2); ++h) {
+                CHECK(std::memcmp(other.k_head(l, h), f.cache.k_head(l, h), 12 * rb) == 0);
+                CHECK(std::memcmp(other.v_head(l, h), f.cache.v_head(l, h), 12 * rb) == 0);
+            }
+        // Same bytes again from the restored cache.
+        CHECK(other.save(12).bytes == snap.bytes);
+
+        KvCache wrong_type;
+        wrong_type.init(type == KvType::q8_0 ? KvType::f8_e4m3 : KvType::q8_0, {2, 1, 2}, 64, 64, 32);
+        CHECK_THROWS_AS(wrong_type.load(snap), UsageError);
+        KvCache wrong_shape;
+        wrong_shape.init(type, {2, 1, 2}, 96, 64, 32);
+        CHECK_THROWS_AS(wrong_shape.load(snap), UsageError);
+        KvSnapshot cut = snap;
+        cut.bytes.pop_back();
+        CHECK_THROWS_AS(other.load(cut), UsageError);
+    }
+}
+
+TEST_CASE("KvCache loads version-1 (TKV1) snapshots of the float types, not of the block types") {
+    for (KvType type : kTypes) {
+        CAPTURE(std::string(kv_type_name(type)));
+        Filled f;
+        fill(f, type, 32, 32, 8, 5);
+        KvSnapshot snap = f.cache.save(5);
+        const int32_t v1 = 0x31564B54;
+        std::memcpy(snap.bytes.data(), &v1, sizeof v1);
+        KvCache other;
+        other.init(type, {2, 1, 2}, 32, 32, 8);
+        const bool float_type = type == KvType::f32 || type == KvType::f16 || type == KvType::bf16;
+        if (float_type) {
+            other.load(snap);
+            CHECK(other.n_past() == 5);
+        } else {
+            CHECK_THROWS_AS(other.load(snap), UsageError);
+        }
+    }
+}
+
+} // namespace tern
