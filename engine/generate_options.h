@@ -10,7 +10,7 @@
 
 namespace tern {
 
-class Drafter;   // speculative decoding (a later issue); see GenerateOptions::drafter
+class Drafter;   // speculative decoding (engine/drafter.h); see GenerateOptions::drafter
 
 enum class StopReason {
     eos,          // the model produced an end-of-generation token (EOS, EOT, <end_of_turn>, ...)
@@ -30,8 +30,9 @@ struct GenerateOptions {
     // Checked before every decode step and between prefill chunks; set from a signal handler.
     const std::atomic<bool>* cancel = nullptr;
     int32_t prefill_chunk = 512;   // prompt tokens per forward: bounds the activation memory
-    // Seam for speculative decoding: a drafter proposes tokens that one forward of 1+K tokens
-    // verifies (DESIGN.md). Not implemented yet: generate() rejects a non-null drafter.
+    // Speculative decoding: a drafter proposes tokens that one forward of 1+K tokens verifies
+    // (DESIGN.md). Null: plain decoding. Greedy or sampled, the output is the same either way (a
+    // draft is kept only where the sampler, with the same RNG draws, picked that very token).
     Drafter* drafter = nullptr;
 };
 
@@ -44,8 +45,8 @@ struct GenerateResult {
     int32_t n_prefilled = 0;       // prompt tokens run through the model in this call
     double prefill_ms = 0.0;
     double decode_ms = 0.0;        // from the first sample to the end, sampling included
-    int32_t n_drafted = 0;         // speculative decoding statistics (0 until it exists)
-    int32_t n_accepted = 0;
+    int32_t n_drafted = 0;         // speculative decoding: tokens drafted and verified
+    int32_t n_accepted = 0;        // drafted tokens that were kept
 
     int32_t n_prompt() const { return static_cast<int32_t>(prompt_tokens.size()); }
     int32_t n_gen() const { return static_cast<int32_t>(tokens.size()); }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "engine/drafter.h"
 #include "formats/error.h"
 
 namespace tern {
@@ -111,7 +112,6 @@ void Session::prefill(std::span<const int32_t> tokens, const GenerateOptions& op
 
 GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                                  const TextCallback& on_text) {
-    if (options.drafter) throw std::logic_error("Session::generate: speculative decoding is not implemented yet");
     if (prompt.empty()) throw UsageError("the prompt is empty (no tokens to start from; give some text or keep BOS)");
     if (static_cast<int64_t>(prompt.size()) > n_ctx_)
         throw UsageError("--ctx-size: the prompt has " + std::to_string(prompt.size()) +
@@ -140,9 +140,9 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
         return r;
     }
 
-    // --- decode: sample -> stop checks -> stream -> forward the token.
-    // A speculative step would replace "forward 1 token" by "draft K, verify 1+K, accept a
-    // prefix, kv_truncate the rest"; the stop checks then run over each accepted token.
+    // --- decode: sample -> stop checks -> stream -> forward the token. With a drafter the forward
+    // also carries the drafted tokens; the following rows of its logits then give the tokens
+    // after each draft, and a draft is kept while it is exactly the token sampled there.
     const auto t_decode = Clock::now();
     Sampler sampler(options.sampling);
     // Greedy without penalties needs no logits on the host: the backend's argmax can stay on
@@ -158,51 +158,111 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
         if (on_text && !on_text(piece)) output_open = false;
         return output_open;
     };
-
-    for (;;) {
-        if (cancelled(options)) {
-            r.stop_reason = StopReason::cancelled;
-            break;
-        }
-        if (options.n_predict >= 0 && r.n_gen() >= options.n_predict) {
-            r.stop_reason = StopReason::length;
-            break;
-        }
-        int32_t token = 0;
-        if (device_argmax) backend_->argmax(std::span<int32_t>(&token, 1));
-        else token = sampler.sample(backend_->logits(0), history);
-
-        if (tokenizer_->is_eog(token)) {
-            r.stop_reason = StopReason::eos;
-            break;
-        }
+    // Appends one generated token (not an end-of-generation one) and streams it; false once a
+    // stop rule fired, with r.stop_reason set.
+    auto commit = [&](int32_t token) {
         r.tokens.push_back(token);
         history.push_back(token);
-
         const std::string piece = filter.push(decoder.push(token));
         if (!emit(piece)) {
             r.stop_reason = StopReason::cancelled;
-            break;
+            return false;
         }
         if (filter.matched()) {
             r.stop_reason = StopReason::stop;
-            break;
+            return false;
         }
-        // Checked here, not only at the top, so the last token is not forwarded for nothing.
         if (options.n_predict >= 0 && r.n_gen() >= options.n_predict) {
             r.stop_reason = StopReason::length;
-            break;
+            return false;
         }
-        if (static_cast<int32_t>(kv_tokens_.size()) >= n_ctx_) {
+        // The token would go to position n_prompt + n_gen - 1 of the cache: full means done.
+        if (static_cast<int64_t>(prompt.size() + r.tokens.size()) > n_ctx_) {
             r.stop_reason = StopReason::context;
-            break;
+            return false;
+        }
+        return true;
+    };
+
+    Drafter* drafter = options.drafter;
+    if (drafter) drafter->begin(prompt);
+    std::vector<int32_t> step;         // the last forward's tokens: one generated token, then drafts
+    std::vector<int32_t> row_argmax;   // device_argmax: the argmax of each of its logit rows
+    std::vector<int32_t> drafts;
+    if (device_argmax) {
+        row_argmax.resize(1);
+        backend_->argmax(row_argmax);
+    }
+    bool done = false;
+    while (!done) {
+        // Tokens from the rows of the last forward: row i follows step[0..i]. Each sampled token
+        // is committed exactly as plain decoding would (same RNG draws, same stop checks); it
+        // confirms draft step[i+1] when equal, and the first one that does not is the next
+        // step[0]. So the output does not depend on the drafts, only the number of forwards.
+        const size_t n_drafts = step.empty() ? 0 : step.size() - 1;
+        size_t accepted = 0;
+        for (;;) {
+            if (cancelled(options)) {
+                r.stop_reason = StopReason::cancelled;
+                done = true;
+                break;
+            }
+            if (options.n_predict >= 0 && r.n_gen() >= options.n_predict) {
+                r.stop_reason = StopReason::length;
+                done = true;
+                break;
+            }
+            const size_t row = accepted;
+            const int32_t token =
+                device_argmax ? row_argmax[row] : sampler.sample(backend_->logits(static_cast<int>(row)), history);
+            if (tokenizer_->is_eog(token)) {
+                r.stop_reason = StopReason::eos;
+                done = true;
+                break;
+            }
+            const bool confirms = accepted < n_drafts && token == step[accepted + 1];
+            const bool more = commit(token);
+            if (confirms) ++accepted;   // its K/V, written by the last forward, are right: keep them
+            if (!more) {
+                done = true;
+                break;
+            }
+            if (!confirms) break;   // a new token, not in the cache yet
+        }
+        // Forget the K/V of the rejected drafts.
+        if (accepted < n_drafts) {
+            kv_tokens_.resize(kv_tokens_.size() - (n_drafts - accepted));
+            backend_->kv_truncate(static_cast<int32_t>(kv_tokens_.size()));
+        }
+        if (drafter && n_drafts > 0) {
+            r.n_drafted += static_cast<int32_t>(n_drafts);
+            r.n_accepted += static_cast<int32_t>(accepted);
+            drafter->observe(static_cast<int32_t>(n_drafts), static_cast<int32_t>(accepted));
+        }
+        if (done) break;
+
+        // Forward the new token and what the drafter guesses follows it. At most as many drafts as
+        // could still be generated after it (-n) and as fit in the cache behind it.
+        step.assign(1, r.tokens.back());
+        if (drafter) {
+            int64_t room = static_cast<int64_t>(n_ctx_) - static_cast<int64_t>(kv_tokens_.size()) - 1;
+            if (options.n_predict >= 0) room = std::min<int64_t>(room, options.n_predict - r.n_gen() - 1);
+            if (room > 0) {
+                drafter->propose(history, static_cast<int32_t>(std::min<int64_t>(room, INT32_MAX)), drafts);
+                if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
+                step.insert(step.end(), drafts.begin(), drafts.end());
+            }
         }
         ForwardBatch batch;
-        batch.tokens = std::span<const int32_t>(&r.tokens.back(), 1);
+        batch.tokens = step;
         batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
-        batch.wanted = LogitsWanted::last;
+        batch.wanted = step.size() > 1 ? LogitsWanted::all : LogitsWanted::last;
         backend_->forward(batch);
-        kv_tokens_.push_back(token);
+        kv_tokens_.insert(kv_tokens_.end(), step.begin(), step.end());
+        if (device_argmax) {
+            row_argmax.resize(step.size());
+            backend_->argmax(row_argmax);
+        }
     }
 
     // Release what the decoder and the filter still hold (a trailing partial character becomes
