@@ -150,8 +150,8 @@ for r in rows:
     k = (r["file"], r["threads"])
     if k not in keys: keys.append(k)
 def med(v): return statistics.median(v) if v else float("nan")
-def llama(r, test):
-    for e in r["data"]:
+def llama(data, test):   # llama-bench -o json: one entry per test (pp: n_gen 0, tg: n_prompt 0)
+    for e in data:
         if (test == "pp" and e["n_prompt"] > 0 and e["n_gen"] == 0) or (test == "tg" and e["n_gen"] > 0 and e["n_prompt"] == 0):
             return statistics.median(e["samples_ts"])
     return float("nan")
@@ -167,11 +167,16 @@ for f, t in keys:
     ld, lp = med([llama(d, "tg") for d in lr]), med([llama(d, "pp") for d in lr])
     print("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |" % (
         os.path.basename(f), t, td, ld, ratio(td, ld), gb, 100 * share, tp, lp, ratio(tp, lp)))
-peaks = sorted({(r["threads"], round(r["data"]["peak_gbps"], 2)) for r in rows if r["tool"] == "tern" and r["data"].get("peak_gbps")})
+peaks = {}
+for r in rows:
+    if r["tool"] == "tern" and r["data"].get("peak_gbps"):
+        peaks.setdefault(r["threads"], []).append(r["data"]["peak_gbps"])
 if peaks:
     print()
-    print("Measured peak read bandwidth (tern's probe, per run): " + ", ".join("-t %d: %.2f GB/s" % p for p in peaks))
+    print("Peak read bandwidth measured by each tern run (min-max): " +
+          ", ".join("-t %d: %.2f-%.2f GB/s" % (t, min(v), max(v)) for t, v in sorted(peaks.items())))
 PY
+[ $? = 0 ] || { echo "cpu_vs_llamacpp.sh: could not build the table from $results" >&2; exit 3; }
 cat "$work/table.md"
 
 if [ -n "$out" ]; then
