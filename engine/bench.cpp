@@ -46,8 +46,9 @@ double kv_element_bytes(KvType type) {
     case KvType::f32: return 4.0;
     case KvType::f16:
     case KvType::bf16: return 2.0;
-    case KvType::q8_0: return 34.0 / 32.0;   // 32 int8 + one f16 scale per block
-    case KvType::f8_e4m3: return 1.0;
+    // The block formats of kernels/cpu/attention.h: an f16 scale + 32 one-byte codes per 32 elements.
+    case KvType::q8_0:
+    case KvType::f8_e4m3: return 34.0 / 32.0;
     }
     return 4.0;
 }

@@ -15,7 +15,8 @@ namespace tern {
 struct ModelConfig;
 struct ModelWeights;
 
-// Bytes of one stored K or V element (q8_0: 34 bytes per 32 elements).
+// Bytes of one stored K or V element as the CPU KV cache stores it (q8_0 and f8_e4m3: 34 bytes per
+// block of 32).
 double kv_element_bytes(KvType type);
 
 // Weight bytes one decoded token reads, at the tensors' file sizes: every tensor of every layer
