@@ -19,6 +19,7 @@ Command add_run_command(CLI::App& root);
 Command add_tokenize_command(CLI::App& root);
 Command add_quantize_command(CLI::App& root);
 Command add_perplexity_command(CLI::App& root);
+Command add_synth_command(CLI::App& root);
 Command add_bench_command(CLI::App& root);
 
 } // namespace tern::app

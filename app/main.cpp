@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
         tern::app::add_tokenize_command(app),
         tern::app::add_quantize_command(app),
         tern::app::add_perplexity_command(app),
+        tern::app::add_synth_command(app),
         tern::app::add_bench_command(app),
     };
 

@@ -1,0 +1,86 @@
+// tern synth OUT.gguf --shape NAME --type TYPE [--vocab-from GGUF] [--seed S] (../shared/CLI.md):
+// writes a random-weight model of a real model's shape (engine/synth.h) as a GGUF file that tern
+// and other GGUF tools load, for benchmarks without downloads. An existing OUT is replaced (benchmark
+// scripts regenerate their files); it is written as OUT.tmp and renamed, so OUT is never half-written.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "app/commands.h"
+#include "app/console.h"
+#include "engine/synth.h"
+#include "formats/error.h"
+#include "kernels/cpu_features.h"
+
+namespace tern::app {
+
+namespace {
+
+struct SynthArgs {
+    SynthOptions options;
+    std::string out;
+    bool json = false;
+};
+
+std::string joined_shapes() {
+    std::string s;
+    for (const std::string& n : synth_shape_names()) s += (s.empty() ? "" : ", ") + n;
+    return s;
+}
+
+void check_out_path(const std::string& out) {
+    struct stat st {};
+    if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        throw UsageError(out + ": is a directory (give a file name for OUT)");
+    const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent))
+        throw UsageError(out + ": the directory " + parent.string() + " does not exist (create it first)");
+}
+
+int run_synth(SynthArgs& a) {
+    if (a.options.n_threads < 0) throw UsageError("--threads: must be > 0 (or 0 for the number of physical cores)");
+    check_out_path(a.out);
+    const int n_threads = a.options.n_threads > 0 ? a.options.n_threads : std::max(1, cpu_features().physical_cores);
+    a.options.n_threads = n_threads;
+    a.options.on_warning = [](const std::string& note) { std::cerr << "tern: warning: " << note << "\n"; };
+    const auto t0 = std::chrono::steady_clock::now();
+    write_synth_model(a.options, a.out);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const uint64_t bytes = std::filesystem::file_size(a.out);
+    std::fprintf(stderr, "tern: synth: wrote %s (%s, %s, seed %llu): %s in %s with %d threads\n", a.out.c_str(),
+                 a.options.shape.c_str(), a.options.type.c_str(), static_cast<unsigned long long>(a.options.seed),
+                 format_bytes(bytes).c_str(), format_duration(secs).c_str(), n_threads);
+    if (a.json) {
+        nlohmann::json j = {{"output", a.out},     {"shape", a.options.shape}, {"type", a.options.type},
+                            {"seed", a.options.seed}, {"bytes", bytes},       {"seconds", secs},
+                            {"threads", n_threads}};
+        if (!a.options.vocab_from.empty()) j["vocab_from"] = a.options.vocab_from;
+        std::cout << j.dump() << "\n";
+    }
+    return 0;
+}
+
+} // namespace
+
+Command add_synth_command(CLI::App& root) {
+    auto* cmd = root.add_subcommand("synth", "write a random-weight GGUF model of a real model's shape (for benchmarks)");
+    auto a = std::make_shared<SynthArgs>();
+    cmd->add_option("OUT", a->out, "output GGUF file (written as OUT.tmp, then renamed; replaces OUT)")->required();
+    cmd->add_option("--shape", a->options.shape, "model shape: " + joined_shapes())->required();
+    cmd->add_option("--type", a->options.type, "file type, as for tern quantize (q4_k_m, q8_0, f16, ...)")->required();
+    cmd->add_option("--vocab-from", a->options.vocab_from,
+                    "GGUF file whose tokenizer (all tokenizer.* keys) and vocabulary size the model gets "
+                    "(default: a built-in SentencePiece vocabulary of the shape's size)");
+    cmd->add_option("--seed", a->options.seed, "random seed (same seed: same bytes)");
+    cmd->add_option("-t,--threads", a->options.n_threads, "threads (default: physical cores)");
+    cmd->add_flag("--json", a->json, "print a JSON summary on stdout");
+    return {cmd, [a] { return run_synth(*a); }};
+}
+
+} // namespace tern::app

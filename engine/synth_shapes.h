@@ -1,0 +1,35 @@
+#pragma once
+// The named model shapes `tern synth` (and `tern bench --synthetic`) builds random-weight models
+// of: the hyper-parameters of real published models, so a synthetic file costs what the real one
+// costs to run (same matrices, same KV cache, same lm_head), without downloading anything.
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace tern {
+
+struct SynthShape {
+    std::string_view name;          // "llama-1b"
+    std::string_view arch;          // general.architecture: llama, qwen2, qwen3, gemma3
+    std::string_view model;         // the real model it copies, for general.name and --help
+    int32_t dim = 0;                // embedding_length
+    int32_t n_layers = 0;
+    int32_t n_heads = 0;
+    int32_t n_kv_heads = 0;
+    int32_t head_dim = 0;           // key_length = value_length
+    int32_t ffn_dim = 0;
+    int32_t vocab = 0;              // the real model's vocabulary size (the built-in vocab is padded to it)
+    int32_t n_ctx_train = 0;        // context_length
+    float rope_base = 10000.0f;
+    float rms_eps = 1e-5f;
+    bool tied_output = false;       // no output.weight: token_embd is the lm_head
+    bool qkv_bias = false;          // qwen2: attn_{q,k,v}.bias
+    bool qk_norm = false;           // qwen3, gemma3: attn_{q,k}_norm.weight
+    bool post_norms = false;        // gemma: post_attention_norm / post_ffw_norm
+    int32_t sliding_window = 0;     // gemma3: the local layers' window (5 local : 1 global)
+};
+
+std::span<const SynthShape> synth_shapes();
+const SynthShape* find_synth_shape(std::string_view name);   // nullptr when unknown
+
+} // namespace tern
