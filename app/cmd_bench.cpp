@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "app/commands.h"
 #include "app/common_options.h"
@@ -23,8 +26,10 @@
 #include "engine/backend_factory.h"
 #include "engine/bench.h"
 #include "engine/model.h"
+#include "engine/synth.h"
 #include "formats/error.h"
 #include "kernels/cpu/membw.h"
+#include "quant/plan.h"
 #include "kernels/cpu_features.h"
 
 namespace tern::app {
@@ -55,6 +60,83 @@ std::string model_format(const GgufFile& file) {
     const ModelSummary s = summarize_model(file);
     if (!s.file_type.empty()) return s.file_type;
     return s.formats.empty() ? "unknown" : s.formats.front().name;
+}
+
+// --synthetic: the model is written to a file under $TMPDIR (default /tmp) that is unlinked as soon as it
+// is mapped, so it never outlives the process. While it is being written (the only window in which it
+// has a name), fatal signals unlink it -- and the writer's PATH.tmp -- before the default action runs.
+namespace synth_file {
+
+char g_path[4096] = "";
+char g_tmp_path[4100] = "";
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
+
+extern "C" void unlink_and_reraise(int sig) {
+    if (g_path[0]) unlink(g_path);      // async-signal-safe
+    if (g_tmp_path[0]) unlink(g_tmp_path);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+}
+
+// Owns the temporary name from creation to unlink; the handlers are installed for exactly that span.
+class Guard {
+public:
+    Guard() {
+        const char* dir = std::getenv("TMPDIR");
+        std::string pattern = std::string(dir && *dir ? dir : "/tmp") + "/tern-bench-synth-XXXXXX.gguf";
+        if (pattern.size() >= sizeof g_path) throw UsageError("TMPDIR: path too long for --synthetic's temporary model");
+        std::snprintf(g_path, sizeof g_path, "%s", pattern.c_str());
+        const int fd = mkstemps(g_path, 5);
+        if (fd < 0) {
+            const std::string why = std::strerror(errno);
+            g_path[0] = 0;
+            throw RuntimeFailure(pattern + ": cannot create the temporary model for --synthetic: " + why +
+                                 " (set TMPDIR to a writable directory)");
+        }
+        close(fd);
+        std::snprintf(g_tmp_path, sizeof g_tmp_path, "%s.tmp", g_path);
+        for (int sig : kSignals) std::signal(sig, unlink_and_reraise);
+    }
+    ~Guard() { release(); }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+    std::string path() const { return g_path; }
+    // Removes the name (the mapping, if any, stays valid) and restores the default handlers.
+    void release() {
+        if (!g_path[0]) return;
+        for (int sig : kSignals) std::signal(sig, SIG_DFL);
+        unlink(g_path);
+        unlink(g_tmp_path);
+        g_path[0] = g_tmp_path[0] = 0;
+    }
+};
+
+} // namespace synth_file
+
+// "llama-1b:q4_0" -> a mapped random-weight model whose file is already gone.
+Model load_synthetic(const std::string& spec, int threads) {
+    const size_t colon = spec.rfind(':');
+    std::string shapes, types;
+    for (const std::string& n : synth_shape_names()) shapes += (shapes.empty() ? "" : ", ") + n;
+    for (std::string_view n : ftype_names()) types += (types.empty() ? "" : ", ") + std::string(n);
+    if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
+        throw UsageError("--synthetic " + spec + ": expected SHAPE:TYPE, e.g. llama-1b:q4_0 (shapes: " + shapes + ")");
+    SynthOptions o;
+    o.shape = spec.substr(0, colon);
+    o.type = spec.substr(colon + 1);
+    const std::vector<std::string> names = synth_shape_names();
+    if (std::find(names.begin(), names.end(), o.shape) == names.end())
+        throw UsageError("--synthetic " + spec + ": unknown shape '" + o.shape + "' (shapes: " + shapes + ")");
+    if (!ftype_from_name(o.type))
+        throw UsageError("--synthetic " + spec + ": unknown type '" + o.type + "' (types: " + types + ")");
+    o.n_threads = threads;
+    synth_file::Guard file;
+    std::cerr << "tern: bench: writing the random-weight " << o.shape << " " << o.type << " model to " << file.path()
+              << " (removed once mapped)\n";
+    write_synth_model(o, file.path());
+    Model model = load_model(file.path());
+    file.release();
+    return model;
 }
 
 double share_of(double gbps, double peak) { return peak > 0 ? gbps / peak : 0.0; }
@@ -93,7 +175,6 @@ int run_bench_command(BenchArgs& a) {
     if (a.bench.repetitions < 1) throw UsageError("-r/--repetitions: must be >= 1");
     if (a.bench.depth < 0) throw UsageError("--depth: must be >= 0");
     if (a.peak_gbps < 0) throw UsageError("--peak-gbps: must be > 0 (or 0 to measure it)");
-    if (!a.synthetic.empty()) throw UsageError("--synthetic: not available in this build yet (use -m)");
 
     RunOptions run;
     run.kv_type = kv_type_from_name(a.model.kv_type);
@@ -103,8 +184,8 @@ int run_bench_command(BenchArgs& a) {
     std::unique_ptr<Backend> backend = make_backend(a.model.device, &note);
     if (!note.empty()) std::cerr << "tern: " << note << "\n";
 
-    const std::string model_label = a.model.model;
-    Model model = load_model(a.model.model);
+    const std::string model_label = a.synthetic.empty() ? a.model.model : "synthetic " + a.synthetic;
+    Model model = a.synthetic.empty() ? load_model(a.model.model) : load_synthetic(a.synthetic, a.model.threads);
     backend->load(model.config, model.weights, run);
     const std::string device = backend->device_name();
     const bool on_cpu = device == "cpu";
@@ -134,6 +215,7 @@ int run_bench_command(BenchArgs& a) {
     if (a.json) {
         nlohmann::json j = {
             {"model", model_label},
+            {"synthetic", a.synthetic.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.synthetic)},
             {"format", format},
             {"model_bytes", model.file.file_size()},
             {"device", device},

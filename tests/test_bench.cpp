@@ -5,6 +5,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <utility>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
@@ -13,16 +17,39 @@
 #include "engine/bench.h"
 #include "engine/model.h"
 #include "formats/error.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/membw.h"
 #include "tests/test_support.h"
 
 using tern::test::run_tern;
+using tern::test::TempDir;
 using tern::test::shared_path;
 
 namespace {
 
 const char* kLlama2xs = "models/gguf/llama2xs-tok512-q4_0.gguf";
 const char* kTied = "models/synth/synth-k256-tied-q4_0.gguf";
+
+// TMPDIR for the tern processes this test starts (they inherit the environment).
+class TmpdirOverride {
+public:
+    explicit TmpdirOverride(const std::filesystem::path& dir) {
+        if (const char* old = std::getenv("TMPDIR")) old_ = old, had_ = true;
+        setenv("TMPDIR", dir.c_str(), 1);
+    }
+    ~TmpdirOverride() {
+        if (had_) setenv("TMPDIR", old_.c_str(), 1);
+        else unsetenv("TMPDIR");
+    }
+
+private:
+    std::string old_;
+    bool had_ = false;
+};
+
+bool dir_empty(const std::filesystem::path& dir) {
+    return std::filesystem::directory_iterator(dir) == std::filesystem::directory_iterator();
+}
 
 } // namespace
 
@@ -74,6 +101,16 @@ TEST_CASE("KV bytes read honour sliding windows and the KV format") {
     CHECK(tern::kv_bytes_read_at(c, tern::KvType::q8_0, 9) == doctest::Approx(144 * 34.0 / 32.0));
     // At position 1 the window does not bite yet: 2 positions everywhere, 2*2*8 + 2*1*8 = 48 elements.
     CHECK(tern::kv_bytes_read_at(c, tern::KvType::f16, 1) == doctest::Approx(48 * 2));
+}
+
+TEST_CASE("KV element bytes match the row sizes the KV cache stores") {
+    const std::pair<tern::KvType, tern::KvFormat> pairs[] = {
+        {tern::KvType::f32, tern::KvFormat::f32},   {tern::KvType::f16, tern::KvFormat::f16},
+        {tern::KvType::bf16, tern::KvFormat::bf16}, {tern::KvType::q8_0, tern::KvFormat::q8_0},
+        {tern::KvType::f8_e4m3, tern::KvFormat::f8_e4m3}};
+    for (const auto& [type, format] : pairs)
+        CHECK_MESSAGE(tern::kv_element_bytes(type) * 128 == doctest::Approx(tern::kv_row_bytes(format, 128)),
+                      tern::kv_type_name(type));
 }
 
 TEST_CASE("read bandwidth probe: the SIMD sum equals its scalar twin on random words") {
@@ -199,4 +236,45 @@ TEST_CASE("tern bench: usage errors exit 1, a missing model exits 2") {
     const auto r = run_tern({"bench", "-m", "/nonexistent/model.gguf", "-p", "4", "-n", "2", "-r", "1"});
     CHECK(r.exit_code == 2);
     CHECK(r.err.find("/nonexistent/model.gguf") != std::string::npos);
+}
+
+TEST_CASE("tern bench --synthetic: benches a random-weight shape and leaves no file behind") {
+    TempDir tmp;
+    TmpdirOverride env(tmp.path());
+    const auto r = run_tern({"bench", "--synthetic", "tiny:q4_0", "-p", "8", "-n", "4", "-r", "1", "-t", "1", "--json",
+                             "--peak-gbps", "10"});
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    CHECK(j["model"] == "synthetic tiny:q4_0");
+    CHECK(j["synthetic"] == "tiny:q4_0");
+    CHECK(j["format"] == "Q4_0");
+    CHECK(j["decode_tps"].get<double>() > 0);
+    // "tiny" is the synth-k256-tied shape: q4_0 layers, q6_K tied embedding, the same hand count.
+    CHECK(j["weight_bytes_per_token"] == 997376);
+    CHECK(dir_empty(tmp.path()));
+
+    for (const char* bad : {"tiny", ":q4_0", "tiny:", "no-such-shape:q4_0", "tiny:q9"}) {
+        const auto e = run_tern({"bench", "--synthetic", bad, "-p", "4", "-n", "2", "-r", "1"});
+        CHECK_MESSAGE(e.exit_code == 1, bad, ": ", e.err);
+        CHECK(e.err.find("--synthetic") != std::string::npos);
+    }
+    CHECK(dir_empty(tmp.path()));
+}
+
+TEST_CASE("tern bench --synthetic: Ctrl-C while the model is written removes it") {
+    TempDir tmp, scripts;
+    // Start a large write (llama-1b in f16 is 2.5 GB), wait until its file exists, interrupt it: the
+    // process must die of SIGINT (status 130) and leave nothing in TMPDIR.
+    const std::string script = "d='" + tmp.path().string() + "'\n"
+                               "TMPDIR=\"$d\" '" TERN_BIN "' bench --synthetic llama-1b:f16 -p 1 -n 1 -r 1 -t 1 2>/dev/null &\n"
+                               "pid=$!\n"
+                               "for i in $(seq 400); do [ -n \"$(ls -A \"$d\")\" ] && break; sleep 0.05; done\n"
+                               "[ -n \"$(ls -A \"$d\")\" ] || { kill -9 $pid; exit 3; }\n"
+                               "sleep 0.2\n"
+                               "kill -INT $pid\n"
+                               "wait $pid\n"
+                               "[ $? -eq 130 ] || exit 4\n";
+    tern::test::write_file(scripts / "interrupt.sh", script);
+    CHECK(std::system(("bash '" + (scripts / "interrupt.sh").string() + "'").c_str()) == 0);
+    CHECK(dir_empty(tmp.path()));
 }
