@@ -66,6 +66,8 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx);
     logits_.clear();
     n_logit_rows_ = 0;
+    packed_.clear();
+    if (!exact_matmul_) pack_weights();
     loaded_ = true;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/backend.h"
@@ -65,6 +66,12 @@ private:
     // the weight format has no dot kernel.
     // Defined in backend_cpu_matmul.cpp.
     void project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y);
+    // At load: row-interleaved copies (quant/repack.h) of the projections whose format has a packed SIMD
+    // kernel on this CPU, keyed by the weight's data pointer; the mapped pages of each packed tensor are
+    // released (the file stays mapped), so resident memory stays about one copy of the weights.
+    // Defined in backend_cpu_matmul.cpp.
+    void pack_weights();
+    std::unordered_map<const uint8_t*, std::vector<uint8_t>> packed_;
     // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
     // l's cache, which already holds those positions. Defined in backend_cpu_attention.cpp.
     void attend(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);

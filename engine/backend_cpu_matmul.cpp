@@ -1,11 +1,18 @@
 // The CPU backend's projections: y = W x (+ bias) through the SIMD quantized matmul, each input's
 // quantized form made once and shared by every projection that reads it.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "engine/backend_cpu.h"
+#include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/matmul_quant.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quantize_act.h"
+#include "quant/repack.h"
 
 namespace tern {
 namespace {
@@ -43,7 +50,36 @@ void add_bias(const std::vector<float>& bias, int64_t n_out, int64_t n_cols, flo
             y[c * n_out + r] += bias[static_cast<size_t>(r)];
 }
 
+// Drops the resident pages of [p, p + n) that lie wholly inside it: the mapping is private and read-only, so
+// the kernel just forgets them (a later read, e.g. a tied embedding's row lookup, faults the page back in
+// from the page cache). Failure only costs memory, so it is ignored.
+void release_pages(const uint8_t* p, size_t n) {
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 } // namespace
+
+void CpuBackend::pack_weights() {
+    const CpuKernels& k = cpu_kernels();
+    std::vector<const WeightRef*> todo;
+    for (const LayerWeights& lw : weights_.layers)
+        for (const WeightRef* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) todo.push_back(w);
+    todo.push_back(&weights_.output);
+    for (const WeightRef* w : todo) {
+        if (!w->present() || packed_.count(w->data) || !packing_pays(w->type, w->n_in(), k)) continue;
+        const int64_t n_out = w->n_out(), n_in = w->n_in();
+        std::vector<uint8_t>& dst = packed_[w->data];
+        dst.resize(packed_bytes(w->type, n_out, n_in));
+        const int64_t groups = (n_out + kPackRows - 1) / kPackRows;
+#pragma omp parallel for schedule(static) num_threads(n_threads_)
+        for (int64_t g = 0; g < groups; ++g)
+            repack_rows(w->type, w->data, n_out, n_in, dst.data(), g * kPackRows, std::min(n_out, (g + 1) * kPackRows));
+        release_pages(w->data, w->row_size() * static_cast<size_t>(n_out));
+    }
+}
 
 void CpuBackend::MatmulInput::reset(const float* x_new, int64_t n_in_new, int64_t n_cols_new) {
     x = x_new;
@@ -65,6 +101,9 @@ const void* CpuBackend::MatmulInput::acts(ActFormat f) {
 void CpuBackend::project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y) {
     if (exact_matmul_ || !has_dot_kernel(w.type, w.n_in())) {
         matmul_dequant(w.type, w.data, w.n_in(), w.n_out(), in.x, in.n_cols, y, n_threads_);
+    } else if (const auto it = packed_.find(w.data); it != packed_.end()) {
+        const QuantizedActs acts{ActFormat::q8_0, in.acts(ActFormat::q8_0), in.n_in, in.n_cols, 0};
+        matmul_packed(PackedMatrixView{w.type, it->second.data(), w.n_in(), w.n_out()}, acts, y, n_threads_);
     } else {
         const ActFormat f = act_format_for(w.type);
         const QuantizedActs acts{f, in.acts(f), in.n_in, in.n_cols, 0};

@@ -1,0 +1,57 @@
+#pragma once
+// y = W x for weights in a row-interleaved packed layout (quant/repack.h: Q4_0x16, Q8_0x16) and Q8_0
+// activations: the CPU's decode matvec and prefill GEMM in one kernel family.
+//
+// One microkernel computes a tile of 16 rows (one packed group) x C columns, C = 1..kTileCols. Output
+// (row r, column c) is, for any C, any tiling and any thread count, exactly
+//     acc = 0;  for each block b in order:  isum = sum_i u_i * a_i - off * sum_i a_i      (exact integers)
+//                                           acc  = fma(f32(d_w) * f32(d_x), float(isum), acc)
+// with u the unsigned packed code (Q4_0: the nibble, off 8; Q8_0: code + 128, off 128). Each column's
+// arithmetic in the tile is the same instruction sequence whatever the other columns are, so decode
+// (1 column) and draft verification / prefill (many) give bit-identical results per token: speculative
+// decoding relies on that. The scalar twin (packed_tile_scalar) computes the same formula with std::fma
+// and is bit-identical to the SIMD kernel, which the tests check.
+//
+// Loop nest (matmul_packed): column chunks sized so their activations stay in L2; inside a chunk the
+// threads split the groups, and each group (16 rows, e.g. 18 KiB of Q4_0 at n_in = 2048) stays in L1
+// while the chunk's columns pass over it kTileCols at a time. Decode is the same nest with one column:
+// the weights stream through once, 16 rows per step, with no horizontal sums.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/matmul_quant.h"
+#include "quant/types.h"
+
+namespace tern {
+
+inline constexpr int kTileCols = 4;
+
+// A packed matrix: packed_bytes(type, n_out, n_in) bytes at data (quant/repack.h).
+struct PackedMatrixView {
+    GgmlType type = GgmlType::Q4_0;
+    const void* data = nullptr;
+    int64_t n_in = 0;
+    int64_t n_out = 0;
+};
+
+// One tile: nb blocks of one group at `group`; column c's Q8_0 blocks at x + c * x_stride and its per-block
+// corrections (-off * sum of the block's codes) at corr + c * corr_stride; out[c * 16 + r] for c < n_cols.
+using PackedTileFn = void (*)(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+                              size_t corr_stride, int n_cols, float* out);
+
+// The scalar twin (any CPU) and the SIMD kernel for the set k (nullptr when k's ISA has none: then the
+// caller keeps the plain layout and matmul_q).
+void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride,
+                        const int32_t* corr, size_t corr_stride, int n_cols, float* out);
+PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k);
+
+// Whether weights of format t (rows of n_in) are worth packing for the set k: a SIMD tile kernel exists.
+bool packing_pays(GgmlType t, int64_t n_in, const CpuKernels& k);
+
+// y (n_cols, n_out) = W x with x Q8_0 activations (act_format_for(w.type)). kernels: nullptr = cpu_kernels();
+// a set without a packed kernel runs the scalar twin (tests). Throws std::invalid_argument on shape errors.
+void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, int n_threads,
+                   const CpuKernels* kernels = nullptr);
+
+} // namespace tern

@@ -1,0 +1,206 @@
+// kernels/cpu/gemm_packed: the packed (row-interleaved) matmul against its scalar twin (bit-exact), against
+// matmul_q on the plain layout (normalised error), batch invariance (each of N = 1..40 columns equals the
+// 1-column result bit for bit, 1 and 2 threads, packed Q4_0/Q8_0 and matmul_q for every format), and with
+// TERN_BENCH=1 decode GB/s and prefill GMAC/s on llama-1b shapes (printed, never asserted).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/gemm_packed.h"
+#include "kernels/cpu/matmul_quant.h"
+#include "kernels/cpu/quantize_act.h"
+#include "quant/reference.h"
+#include "quant/repack.h"
+#include "quant/types.h"
+
+namespace tern {
+namespace {
+
+constexpr GgmlType kAllTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,   GgmlType::Q5_1,
+                                  GgmlType::Q8_0, GgmlType::Q2_K,   GgmlType::Q3_K,   GgmlType::Q4_K,
+                                  GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                                  GgmlType::F8_E4M3, GgmlType::F16, GgmlType::BF16,   GgmlType::F32};
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::uniform_real_distribution<float> mag(-1.0f, 1.0f);
+    std::vector<float> v(n);
+    float scale = 1.0f;
+    for (size_t i = 0; i < n; ++i) {
+        if (i % 32 == 0) scale = std::pow(10.0f, mag(rng));   // blocks of different ranges
+        v[i] = dist(rng) * scale;
+    }
+    return v;
+}
+
+struct Weights {
+    std::vector<uint8_t> plain, packed;
+    WeightMatrixView view;
+    PackedMatrixView pview;
+};
+
+Weights random_weights(GgmlType t, int64_t n_out, int64_t n_in, uint32_t seed) {
+    Weights w;
+    const auto x = random_vec(size_t(n_out * n_in), seed);
+    const size_t rb = row_bytes(t, n_in);
+    w.plain.resize(rb * size_t(n_out));
+    for (int64_t r = 0; r < n_out; ++r) quantize_row(t, x.data() + r * n_in, w.plain.data() + size_t(r) * rb, n_in);
+    w.view = WeightMatrixView{t, w.plain.data(), n_in, n_out, 0};
+    if (packable(t, n_in)) {
+        w.packed.resize(packed_bytes(t, n_out, n_in));
+        repack_rows(t, w.plain.data(), n_out, n_in, w.packed.data());
+        w.pview = PackedMatrixView{t, w.packed.data(), n_in, n_out};
+    }
+    return w;
+}
+
+// Q8_0-family activations quantized by the scalar set (every set gives the same bytes).
+std::vector<uint8_t> acts(GgmlType t, const std::vector<float>& x, int64_t n_in, int64_t n_cols) {
+    const ActFormat f = act_format_for(t);
+    std::vector<uint8_t> a(act_row_bytes(f, n_in) * size_t(n_cols));
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    for (int64_t c = 0; c < n_cols; ++c)
+        scalar->quantizer(f)(x.data() + c * n_in, a.data() + size_t(c) * act_row_bytes(f, n_in), n_in);
+    return a;
+}
+
+} // namespace
+
+TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged groups, 1..9 columns)") {
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    REQUIRE(scalar);
+    int simd_sets = 0;
+    for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon}) {
+        const CpuKernels* k = cpu_kernels_for(isa);
+        if (!k || !packed_tile_for(GgmlType::Q4_0, *k)) continue;
+        ++simd_sets;
+        for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+            for (int64_t n_in : {32, 96, 2048}) {
+                for (int64_t n_out : {16, 37}) {
+                    const Weights w = random_weights(t, n_out, n_in, uint32_t(n_in + n_out));
+                    for (int64_t n_cols : {1, 2, 3, 4, 5, 9}) {
+                        CAPTURE(type_name(t));
+                        CAPTURE(n_in);
+                        CAPTURE(n_out);
+                        CAPTURE(n_cols);
+                        const auto x = random_vec(size_t(n_in * n_cols), uint32_t(n_cols));
+                        const auto a = acts(t, x, n_in, n_cols);
+                        const QuantizedActs qa{ActFormat::q8_0, a.data(), n_in, n_cols, 0};
+                        std::vector<float> want(size_t(n_out * n_cols), -1.0f), got(want.size(), -2.0f);
+                        matmul_packed(w.pview, qa, want.data(), 1, scalar);
+                        matmul_packed(w.pview, qa, got.data(), 2, k);
+                        CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+                    }
+                }
+            }
+        }
+    }
+    MESSAGE("SIMD sets with packed kernels on this CPU: " << simd_sets);
+}
+
+TEST_CASE("the packed matmul agrees with matmul_q on the plain rows (normalised error)") {
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+        const int64_t n_in = 1024, n_out = 70, n_cols = 6;
+        const Weights w = random_weights(t, n_out, n_in, 9);
+        const auto x = random_vec(size_t(n_in * n_cols), 10);
+        const auto a = acts(t, x, n_in, n_cols);
+        const QuantizedActs qa{ActFormat::q8_0, a.data(), n_in, n_cols, 0};
+        std::vector<float> want(size_t(n_out * n_cols)), got(want.size());
+        matmul_q(w.view, qa, want.data(), 1, scalar);
+        matmul_packed(w.pview, qa, got.data(), 2);
+        double scale = 0.0, err = 0.0;
+        for (size_t i = 0; i < want.size(); ++i) {
+            scale = std::max(scale, double(std::abs(want[i])));
+            err = std::max(err, std::abs(double(got[i]) - want[i]));
+        }
+        CAPTURE(type_name(t));
+        CHECK(scale > 1.0);
+        CHECK(err / scale < 1e-5);
+    }
+}
+
+TEST_CASE("batch invariance: each of N = 1..40 columns equals its 1-column result bit for bit, 1 and 2 threads") {
+    const int64_t n_in = 512, n_out = 300;   // above the single-thread threshold, ragged last group/chunk
+    const int64_t max_cols = 40;
+    for (GgmlType t : kAllTypes) {
+        const Weights w = random_weights(t, n_out, n_in, 50 + uint32_t(t));
+        const auto x = random_vec(size_t(n_in * max_cols), 51);
+        const auto a = acts(t, x, n_in, max_cols);
+        const size_t cb = act_row_bytes(act_format_for(t), n_in);
+        // Runs whichever path the backend would take: packed when the CPU has a kernel, else matmul_q.
+        const bool packed = packing_pays(t, n_in, cpu_kernels());
+        auto run = [&](int64_t col0, int64_t n_cols, int threads, float* y) {
+            const QuantizedActs qa{act_format_for(t), a.data() + size_t(col0) * cb, n_in, n_cols, 0};
+            if (packed)
+                matmul_packed(w.pview, qa, y, threads);
+            else
+                matmul_q(w.view, qa, y, threads);
+        };
+        std::vector<float> single(size_t(n_out * max_cols));
+        for (int64_t c = 0; c < max_cols; ++c) run(c, 1, 1, single.data() + c * n_out);
+        bool same = true;
+        for (int threads : {1, 2})
+            for (int64_t n = 1; n <= max_cols; ++n) {
+                std::vector<float> y(size_t(n_out * n));
+                run(0, n, threads, y.data());
+                same &= std::memcmp(y.data(), single.data(), y.size() * 4) == 0;
+            }
+        CAPTURE(type_name(t));
+        CAPTURE(packed);
+        CHECK(same);
+    }
+}
+
+// TERN_BENCH=1: llama-1b shapes (rows x n_in), decode (1 column, GB/s of weights) and prefill (512 columns,
+// GMAC/s), plain matmul_q vs the packed kernel, 1 and 2 threads. Printed, never asserted.
+TEST_CASE("bench: packed vs plain on llama-1b shapes" * doctest::skip(std::getenv("TERN_BENCH") == nullptr)) {
+    using clock = std::chrono::steady_clock;
+    struct Shape { int64_t n_out, n_in; };
+    const Shape shapes[] = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}};
+    const int reps = std::getenv("TERN_BENCH_REPS") ? std::atoi(std::getenv("TERN_BENCH_REPS")) : 5;
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+        for (const Shape& s : shapes) {
+            const Weights w = random_weights(t, s.n_out, s.n_in, 77);
+            for (int64_t n_cols : {int64_t(1), int64_t(512)}) {
+                const auto x = random_vec(size_t(s.n_in * n_cols), 78);
+                const auto a = acts(t, x, s.n_in, n_cols);
+                const QuantizedActs qa{ActFormat::q8_0, a.data(), s.n_in, n_cols, 0};
+                std::vector<float> y(size_t(s.n_out * n_cols));
+                for (int nt : {1, 2}) {
+                    double best_plain = 1e30, best_packed = 1e30;
+                    const int inner = n_cols == 1 ? 50 : 1;
+                    for (int r = 0; r < reps; ++r) {
+                        auto t0 = clock::now();
+                        for (int i = 0; i < inner; ++i) matmul_q(w.view, qa, y.data(), nt);
+                        best_plain = std::min(best_plain, std::chrono::duration<double>(clock::now() - t0).count() / inner);
+                        t0 = clock::now();
+                        for (int i = 0; i < inner; ++i) matmul_packed(w.pview, qa, y.data(), nt);
+                        best_packed = std::min(best_packed, std::chrono::duration<double>(clock::now() - t0).count() / inner);
+                    }
+                    const double bytes = double(w.plain.size()), macs = double(s.n_out * s.n_in * n_cols);
+                    if (n_cols == 1)
+                        std::printf("bench: %-4s %5lldx%-5lld decode  %d thr: plain %6.1f GB/s  packed %6.1f GB/s\n",
+                                    std::string(type_name(t)).c_str(), (long long)s.n_out, (long long)s.n_in, nt,
+                                    bytes / best_plain / 1e9, bytes / best_packed / 1e9);
+                    else
+                        std::printf("bench: %-4s %5lldx%-5lld prefill %d thr: plain %6.1f GMAC/s packed %6.1f GMAC/s\n",
+                                    std::string(type_name(t)).c_str(), (long long)s.n_out, (long long)s.n_in, nt,
+                                    macs / best_plain / 1e9, macs / best_packed / 1e9);
+                }
+            }
+        }
+    }
+}
+
+} // namespace tern
