@@ -106,6 +106,7 @@ elif [ "$quick" = 1 ]; then
     files=${files%% *}
 fi
 
+load_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)   # other work on the machine skews both tools
 work=$(mktemp -d "${TMPDIR:-/tmp}/tern-cpubench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 results=$work/results.jsonl
@@ -191,6 +192,7 @@ if [ -n "$out" ]; then
         echo "- device: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs online, $(lscpu | sed -n 's/^Core(s) per socket: *//p' | head -1) cores per socket"
         echo "- tern: $tern_commit ($("$TERN" --version 2>/dev/null | head -1))"
         echo "- llama.cpp: $llama_commit ($LLAMA_BENCH)"
+        echo "- load average (1/5/15 min) at start: $load_start, at end: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) on $(nproc) CPUs"
         echo "- mode: $([ "$quick" = 1 ] && echo 'quick (smoke test; not a comparison)' || echo full), -p $n_prompt -n $n_gen -r $reps, $rounds round(s), interleaved tern/llama, OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
         echo "- ratio = tern / llama.cpp; GB/s = (weights + KV bytes read per decoded token) x decode tok/s"
         echo
