@@ -19,7 +19,8 @@
 # llama.cpp: $LLAMA_CPP_BIN, else /work/peer/llama.cpp/build/bin, else $LLAMA_CPP_HOME/build/bin
 # (default ~/.cache/tern/llama.cpp) - built there on first use from the llama.cpp that the PyPI sdist
 # of llama-cpp-python vendors (cmake -DGGML_NATIVE=ON). That build takes ~25 minutes on 2 cores.
-# tern: $TERN, else build-bench/bin/tern, else build/bin/tern.
+# tern: $TERN, else build-bench/bin/tern, else build/bin/tern. For a machine shared with other work, export
+# OMP_WAIT_POLICY=passive (recorded in --out); a quiet machine gives the numbers worth comparing.
 set -u -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -111,7 +112,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/tern-cpubench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 results=$work/results.jsonl
 commands=$work/commands.txt
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}   # idle OpenMP threads must not spin on the other tool's cores
+# tern runs with the OpenMP settings a user gets unless OMP_WAIT_POLICY is set; on a machine shared with
+# other busy processes, OMP_WAIT_POLICY=passive avoids spinning threads that steal the cores they wait for.
+omp_policy=${OMP_WAIT_POLICY:-unset (libgomp default)}
 
 # One line of JSON per invocation: {"tool", "file", "threads", "round", "data": <the tool's JSON>}.
 record() {   # tool file threads round json-file
@@ -193,7 +196,7 @@ if [ -n "$out" ]; then
         echo "- tern: $tern_commit ($("$TERN" --version 2>/dev/null | head -1))"
         echo "- llama.cpp: $llama_commit ($LLAMA_BENCH)"
         echo "- load average (1/5/15 min) at start: $load_start, at end: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) on $(nproc) CPUs"
-        echo "- mode: $([ "$quick" = 1 ] && echo 'quick (smoke test; not a comparison)' || echo full), -p $n_prompt -n $n_gen -r $reps, $rounds round(s), interleaved tern/llama, OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
+        echo "- mode: $([ "$quick" = 1 ] && echo 'quick (smoke test; not a comparison)' || echo full), -p $n_prompt -n $n_gen -r $reps, $rounds round(s), interleaved tern/llama, OMP_WAIT_POLICY=$omp_policy"
         echo "- ratio = tern / llama.cpp; GB/s = (weights + KV bytes read per decoded token) x decode tok/s"
         echo
         cat "$work/table.md"
