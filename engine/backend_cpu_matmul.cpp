@@ -102,7 +102,8 @@ void CpuBackend::project(const WeightRef& w, const std::vector<float>& bias, Mat
     if (exact_matmul_ || !has_dot_kernel(w.type, w.n_in())) {
         matmul_dequant(w.type, w.data, w.n_in(), w.n_out(), in.x, in.n_cols, y, n_threads_);
     } else if (const auto it = packed_.find(w.data); it != packed_.end()) {
-        const QuantizedActs acts{ActFormat::q8_0, in.acts(ActFormat::q8_0), in.n_in, in.n_cols, 0};
+        const ActFormat f = act_format_for(w.type);
+        const QuantizedActs acts{f, in.acts(f), in.n_in, in.n_cols, 0};
         matmul_packed(PackedMatrixView{w.type, it->second.data(), w.n_in(), w.n_out()}, acts, y, n_threads_);
     } else {
         const ActFormat f = act_format_for(w.type);

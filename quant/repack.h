@@ -1,5 +1,5 @@
 #pragma once
-// Row-interleaved ("packed") copies of Q4_0 and Q8_0 weight matrices for the CPU's packed matmul
+// Row-interleaved ("packed") copies of Q4_0, Q8_0, Q4_K and Q6_K weight matrices for the CPU's packed matmul
 // (kernels/cpu/gemm_packed.h). Pure functions: bytes in, bytes out, and an exact inverse for the tests.
 //
 // Why: the plain layout keeps each row's blocks together, so a SIMD kernel must reduce one row's lanes
@@ -14,6 +14,17 @@
 //     so lane r of chunk s holds elements 4s..4s+3 in its low nibbles and 16+4s..16+4s+3 in its high ones.
 //   Q8_0x16 block (544 bytes = 16 * 34):  d[16], then chunks s = 0..7 of 64 bytes: row r's qs[4s .. 4s+3]
 //     XOR 0x80 (the code + 128, as unsigned bytes) at 4r.
+//   Q4_Kx16 super-block (2368 bytes = 16 * 144 + 64; 256 elements): d[16], dmin[16] (f16 bits), then
+//     scales: sub-block j = 0..7: 16 bytes, row r's 6-bit scale at 16j + r;
+//     mins: pair k = 0..3: 32 bytes, row r's mins of sub-blocks 2k, 2k+1 at 32k + 2r, 32k + 2r + 1;
+//     codes: c = 0..3, s = 0..7: chunks of 64 bytes, row r's qs[32c + 4s .. 32c + 4s + 3] at 4r, so the low
+//     nibbles are elements 64c + 4s.. (sub-block 2c) and the high ones 64c + 32 + 4s.. (sub-block 2c + 1).
+//     The scales are unpacked from their 6-bit packing (a bijection, so unpack_rows restores the bytes).
+//   Q6_Kx16 super-block (3360 bytes = 16 * 210): d[16], then scales: pair k = 0..7: 32 bytes, row r's signed
+//     scales of sub-blocks 2k, 2k + 1 at 32k + 2r, +1; then low nibbles: c = 0..3, s = 0..7: chunks of 64 bytes,
+//     lane r byte t = low4(64c + 4s + t) | low4(64c + 32 + 4s + t) << 4; then top bits: c = 0..3, s' = 0..3:
+//     chunks of 64 bytes, lane r byte t holds the top two bits of elements 64c + 4s' + t, 64c + 16 + 4s' + t,
+//     64c + 32 + 4s' + t, 64c + 48 + 4s' + t in bit pairs 0-1, 2-3, 4-5, 6-7 (codes 0..63, value q - 32).
 // Groups follow each other; a last group with fewer than 16 rows is padded with zero bytes (rows whose
 // scale is 0, so their outputs are 0 and are never stored).
 #include <cstddef>
@@ -25,7 +36,8 @@ namespace tern {
 
 inline constexpr int kPackRows = 16;
 
-// Whether a (n_out, n_in) matrix of format t has a packed layout (Q4_0 and Q8_0, n_in a multiple of 32).
+// Whether a (n_out, n_in) matrix of format t has a packed layout (Q4_0, Q8_0: n_in a multiple of 32;
+// Q4_K, Q6_K: of 256).
 bool packable(GgmlType t, int64_t n_in);
 // Bytes of the packed copy of n_out rows (rounded up to whole groups) and of one group.
 size_t packed_group_bytes(GgmlType t, int64_t n_in);

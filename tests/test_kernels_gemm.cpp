@@ -1,6 +1,6 @@
-// kernels/cpu/gemm_packed: the packed (row-interleaved) matmul against its scalar twin (bit-exact), against
+// kernels/cpu/gemm_packed: the packed (row-interleaved) Q4_0 / Q8_0 / Q4_K / Q6_K matmul against its scalar twin (bit-exact), against
 // matmul_q on the plain layout (normalised error), batch invariance (each of N = 1..40 columns equals the
-// 1-column result bit for bit, 1 and 2 threads, packed Q4_0/Q8_0 and matmul_q for every format), and with
+// 1-column result bit for bit, 1 and 2 threads, the packed path where the CPU has one, else matmul_q, for every format), and with
 // TERN_BENCH=1 decode GB/s and prefill GMAC/s on llama-1b shapes (printed, never asserted).
 #include <doctest/doctest.h>
 
@@ -76,7 +76,7 @@ std::vector<uint8_t> acts(GgmlType t, const std::vector<float>& x, int64_t n_in,
 
 } // namespace
 
-TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged groups, 1..9 columns)") {
+TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged groups, 1..9 columns, 1 and 2 threads)") {
     const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
     REQUIRE(scalar);
     int simd_sets = 0;
@@ -84,8 +84,8 @@ TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged group
         const CpuKernels* k = cpu_kernels_for(isa);
         if (!k || !packed_tile_for(GgmlType::Q4_0, *k)) continue;
         ++simd_sets;
-        for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
-            for (int64_t n_in : {32, 96, 2048}) {
+        for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+            for (int64_t n_in : {256, 768, 2048}) {
                 for (int64_t n_out : {16, 37}) {
                     const Weights w = random_weights(t, n_out, n_in, uint32_t(n_in + n_out));
                     for (int64_t n_cols : {1, 2, 3, 4, 5, 9}) {
@@ -95,7 +95,7 @@ TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged group
                         CAPTURE(n_cols);
                         const auto x = random_vec(size_t(n_in * n_cols), uint32_t(n_cols));
                         const auto a = acts(t, x, n_in, n_cols);
-                        const QuantizedActs qa{ActFormat::q8_0, a.data(), n_in, n_cols, 0};
+                        const QuantizedActs qa{act_format_for(t), a.data(), n_in, n_cols, 0};
                         std::vector<float> want(size_t(n_out * n_cols), -1.0f), got(want.size(), -2.0f);
                         matmul_packed(w.pview, qa, want.data(), 1, scalar);
                         matmul_packed(w.pview, qa, got.data(), 2, k);
@@ -110,12 +110,12 @@ TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged group
 
 TEST_CASE("the packed matmul agrees with matmul_q on the plain rows (normalised error)") {
     const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
-    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
         const int64_t n_in = 1024, n_out = 70, n_cols = 6;
         const Weights w = random_weights(t, n_out, n_in, 9);
         const auto x = random_vec(size_t(n_in * n_cols), 10);
         const auto a = acts(t, x, n_in, n_cols);
-        const QuantizedActs qa{ActFormat::q8_0, a.data(), n_in, n_cols, 0};
+        const QuantizedActs qa{act_format_for(t), a.data(), n_in, n_cols, 0};
         std::vector<float> want(size_t(n_out * n_cols)), got(want.size());
         matmul_q(w.view, qa, want.data(), 1, scalar);
         matmul_packed(w.pview, qa, got.data(), 2);
@@ -169,13 +169,15 @@ TEST_CASE("bench: packed vs plain on llama-1b shapes" * doctest::skip(std::geten
     struct Shape { int64_t n_out, n_in; };
     const Shape shapes[] = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}};
     const int reps = std::getenv("TERN_BENCH_REPS") ? std::atoi(std::getenv("TERN_BENCH_REPS")) : 5;
-    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+    const char* only = std::getenv("TERN_BENCH_TYPE");
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+        if (only && std::string(only) != type_name(t)) continue;
         for (const Shape& s : shapes) {
             const Weights w = random_weights(t, s.n_out, s.n_in, 77);
             for (int64_t n_cols : {int64_t(1), int64_t(512)}) {
                 const auto x = random_vec(size_t(s.n_in * n_cols), 78);
                 const auto a = acts(t, x, s.n_in, n_cols);
-                const QuantizedActs qa{ActFormat::q8_0, a.data(), s.n_in, n_cols, 0};
+                const QuantizedActs qa{act_format_for(t), a.data(), s.n_in, n_cols, 0};
                 std::vector<float> y(size_t(s.n_out * n_cols));
                 for (int nt : {1, 2}) {
                     double best_plain = 1e30, best_packed = 1e30;

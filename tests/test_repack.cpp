@@ -1,4 +1,4 @@
-// quant/repack: the row-interleaved layouts round-trip exactly (random rows, ragged last groups, split
+// quant/repack: the row-interleaved layouts (Q4_0, Q8_0, Q4_K, Q6_K) round-trip exactly (random rows, ragged last groups, split
 // work ranges), hold the documented bytes where the kernels read them, and refuse what has no layout.
 #include <doctest/doctest.h>
 
@@ -56,6 +56,32 @@ TEST_CASE("repack_rows / unpack_rows round-trip Q4_0 and Q8_0 exactly, ragged gr
     }
 }
 
+TEST_CASE("repack_rows / unpack_rows round-trip Q4_K and Q6_K exactly (scales and codes re-encoded)") {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+    CAPTURE(type_name(t));
+    for (int64_t n_out : {3, 16, 33}) {
+        for (int64_t n_in : {256, 768}) {
+            CAPTURE(n_out);
+            CAPTURE(n_in);
+            const auto w = random_rows(t, n_out, n_in, uint32_t(n_out + n_in));
+            std::vector<uint8_t> packed(packed_bytes(t, n_out, n_in), 0xAB);
+            repack_rows(t, w.data(), n_out, n_in, packed.data());
+            std::vector<uint8_t> back(w.size(), 0xCD);
+            unpack_rows(t, packed.data(), n_out, n_in, back.data());
+            CHECK(std::memcmp(back.data(), w.data(), w.size()) == 0);
+        }
+    }
+    // Random bytes: every bit of every scale / code field survives (quantized rows rarely reach the extremes).
+    std::vector<uint8_t> w(row_bytes(t, 256) * 16);
+    std::mt19937 rng(5);
+    for (uint8_t& b : w) b = uint8_t(rng());
+    std::vector<uint8_t> packed(packed_bytes(t, 16, 256)), back(w.size());
+    repack_rows(t, w.data(), 16, 256, packed.data());
+    unpack_rows(t, packed.data(), 16, 256, back.data());
+    CHECK(back == w);
+  }
+}
+
 TEST_CASE("packed Q4_0 and Q8_0 blocks hold the scales and codes where repack.h says") {
     const int64_t n_out = 20, n_in = 64;   // two groups (the second padded), two blocks per row
     for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
@@ -84,11 +110,12 @@ TEST_CASE("packed Q4_0 and Q8_0 blocks hold the scales and codes where repack.h 
 }
 
 TEST_CASE("repack refuses formats without a packed layout and ranges that split a group") {
-    CHECK_FALSE(packable(GgmlType::Q4_K, 256));
+    CHECK_FALSE(packable(GgmlType::Q5_K, 256));
+    CHECK_FALSE(packable(GgmlType::Q4_K, 128));
     CHECK_FALSE(packable(GgmlType::Q4_0, 48));
     CHECK(packable(GgmlType::Q8_0, 64));
-    std::vector<uint8_t> src(row_bytes(GgmlType::Q4_K, 256)), dst(4096);
-    CHECK_THROWS_AS(repack_rows(GgmlType::Q4_K, src.data(), 1, 256, dst.data()), std::invalid_argument);
+    std::vector<uint8_t> src(row_bytes(GgmlType::Q5_K, 256)), dst(4096);
+    CHECK_THROWS_AS(repack_rows(GgmlType::Q5_K, src.data(), 1, 256, dst.data()), std::invalid_argument);
     const auto w = random_rows(GgmlType::Q4_0, 40, 32, 1);
     std::vector<uint8_t> p(packed_bytes(GgmlType::Q4_0, 40, 32));
     CHECK_THROWS_AS(repack_rows(GgmlType::Q4_0, w.data(), 40, 32, p.data(), 8, 40), std::invalid_argument);

@@ -42,11 +42,40 @@ int packed_code(GgmlType t, const uint8_t* codes, int r, int i) {
     return codes[(i / 4) * 64 + 4 * r + i % 4];
 }
 
-// Per (column, block): -offset * (sum of the block's activation codes), the integer correction that
-// turns sum(u * a) into sum((u - offset) * a).
-void act_corrections(const QuantizedActs& x, int64_t nb, size_t xstride, int offset, std::vector<int32_t>& corr) {
-    corr.resize(static_cast<size_t>(x.n_cols * nb));
+// Q4_0 / Q8_0, per (column, block): -offset * (sum of the block's activation codes), the integer correction
+// that turns sum(u * a) into sum((u - offset) * a).
+// Q4_K, per (column, super-block), 4 words: word k holds the activation sums of sub-blocks 2k and 2k + 1
+// (each bsums[2j] + bsums[2j + 1], |.| <= 2 * 16 * 127) as two i16, the multiplicands of the mins.
+void act_corrections(GgmlType t, const QuantizedActs& x, int64_t nb, size_t xstride, int offset, std::vector<int32_t>& corr) {
     const auto* base = static_cast<const uint8_t*>(x.data);
+    if (t == GgmlType::Q6_K) {   // 8 words: the raw pairs (bsums[2k], bsums[2k + 1])
+        corr.resize(static_cast<size_t>(x.n_cols * nb * 8));
+        for (int64_t c = 0; c < x.n_cols; ++c) {
+            const auto* xb = reinterpret_cast<const BlockQ8_K*>(base + static_cast<size_t>(c) * xstride);
+            for (int64_t b = 0; b < nb; ++b)
+                for (int k = 0; k < 8; ++k)
+                    corr[static_cast<size_t>((c * nb + b) * 8 + k)] =
+                        static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(xb[b].bsums[2 * k])) |
+                                             (static_cast<uint32_t>(static_cast<uint16_t>(xb[b].bsums[2 * k + 1])) << 16));
+        }
+        return;
+    }
+    if (t == GgmlType::Q4_K) {
+        corr.resize(static_cast<size_t>(x.n_cols * nb * 4));
+        for (int64_t c = 0; c < x.n_cols; ++c) {
+            const auto* xb = reinterpret_cast<const BlockQ8_K*>(base + static_cast<size_t>(c) * xstride);
+            for (int64_t b = 0; b < nb; ++b)
+                for (int k = 0; k < 4; ++k) {
+                    const int lo = xb[b].bsums[4 * k] + xb[b].bsums[4 * k + 1];
+                    const int hi = xb[b].bsums[4 * k + 2] + xb[b].bsums[4 * k + 3];
+                    corr[static_cast<size_t>((c * nb + b) * 4 + k)] =
+                        static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
+                                             (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
+                }
+        }
+        return;
+    }
+    corr.resize(static_cast<size_t>(x.n_cols * nb));
     for (int64_t c = 0; c < x.n_cols; ++c) {
         const auto* xb = reinterpret_cast<const BlockQ8_0*>(base + static_cast<size_t>(c) * xstride);
         for (int64_t b = 0; b < nb; ++b) {
@@ -64,8 +93,87 @@ constexpr size_t kChunkActBytes = 1u << 20;
 
 } // namespace
 
+namespace {
+
+// Q4_K: per super-block  isum = sum_j sc_j * sum_{i in j} q_i a_i,  msum = sum_j m_j * (sum_{i in j} a_i),
+// acc = fma(f32(d) * d_x, float(isum), acc),  acc = fma(-(f32(dmin) * d_x), float(msum), acc).
+void packed_tile_q4_k_scalar(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+                             size_t corr_stride, int n_cols, float* out) {
+    constexpr size_t kBlock = 64 + 128 + 128 + 2048;
+    for (int c = 0; c < n_cols; ++c) {
+        const auto* xb = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride);
+        for (int r = 0; r < kPackRows; ++r) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t* blk = group + static_cast<size_t>(b) * kBlock;
+                uint16_t dw, dm;
+                std::memcpy(&dw, blk + 2 * r, 2);
+                std::memcpy(&dm, blk + 32 + 2 * r, 2);
+                int32_t isum = 0, msum = 0;
+                for (int j = 0; j < 8; ++j) {
+                    int32_t sj = 0;
+                    for (int i = 0; i < 32; ++i) {
+                        const int e = 32 * j + i;                   // element of the super-block
+                        const int byte = 32 * (e / 64) + e % 32;    // its qs byte (Q4_K order)
+                        const uint8_t v = blk[320 + (byte / 4) * 64 + 4 * r + byte % 4];
+                        sj += ((e % 64) < 32 ? (v & 0x0F) : (v >> 4)) * xb[b].qs[e];
+                    }
+                    isum += blk[64 + 16 * j + r] * sj;
+                    const uint32_t w = static_cast<uint32_t>(corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b) * 4 + j / 2]);
+                    const int16_t bs = static_cast<int16_t>(j % 2 ? w >> 16 : w & 0xFFFF);
+                    msum += blk[192 + 32 * (j / 2) + 2 * r + j % 2] * bs;
+                }
+                const float dx = xb[b].d;
+                acc = std::fma(f16_to_f32(dw) * dx, static_cast<float>(isum), acc);
+                acc = std::fma(-(f16_to_f32(dm) * dx), static_cast<float>(msum), acc);
+            }
+            out[c * kPackRows + r] = acc;
+        }
+    }
+}
+
+// Q6_K: per super-block  isum = sum_j sc_j * sum_{i in j} q_i a_i + sum_j (-32 sc_j) * (sum_{i in j} a_i) over
+// the 16 sub-blocks of 16 (q the unsigned 6-bit code), acc = fma(f32(d) * d_x, float(isum), acc).
+void packed_tile_q6_k_scalar(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+                             size_t corr_stride, int n_cols, float* out) {
+    constexpr size_t kBlock = 32 + 256 + 2048 + 1024;
+    for (int c = 0; c < n_cols; ++c) {
+        const auto* xb = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride);
+        for (int r = 0; r < kPackRows; ++r) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t* blk = group + static_cast<size_t>(b) * kBlock;
+                uint16_t dw;
+                std::memcpy(&dw, blk + 2 * r, 2);
+                int32_t isum = 0;
+                for (int j = 0; j < 16; ++j) {
+                    int32_t sj = 0;
+                    for (int i = 0; i < 16; ++i) {
+                        const int e = 16 * j + i;
+                        const int pc = e / 64, w = e % 64, half = w / 32, s = (w % 32) / 4, t = w % 4;
+                        const uint8_t lo = blk[288 + (8 * pc + s) * 64 + 4 * r + t];
+                        const uint8_t hi = blk[288 + 2048 + (4 * pc + s % 4) * 64 + 4 * r + t];
+                        const int q = ((lo >> (4 * half)) & 0x0F) | (((hi >> (4 * half + 2 * (s / 4))) & 3) << 4);
+                        sj += q * xb[b].qs[e];
+                    }
+                    const int sc = static_cast<int8_t>(blk[32 + 32 * (j / 2) + 2 * r + j % 2]);
+                    const uint32_t wd = static_cast<uint32_t>(corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b) * 8 + j / 2]);
+                    const int16_t bs = static_cast<int16_t>(j % 2 ? wd >> 16 : wd & 0xFFFF);
+                    isum += sc * sj + (-32 * sc) * bs;
+                }
+                acc = std::fma(f16_to_f32(dw) * xb[b].d, static_cast<float>(isum), acc);
+            }
+            out[c * kPackRows + r] = acc;
+        }
+    }
+}
+
+} // namespace
+
 void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride,
                         const int32_t* corr, size_t corr_stride, int n_cols, float* out) {
+    if (t == GgmlType::Q4_K) return packed_tile_q4_k_scalar(nb, group, x, x_stride, corr, corr_stride, n_cols, out);
+    if (t == GgmlType::Q6_K) return packed_tile_q6_k_scalar(nb, group, x, x_stride, corr, corr_stride, n_cols, out);
     const PackedLayout L = layout_of(t);
     for (int c = 0; c < n_cols; ++c) {
         const auto* xb = reinterpret_cast<const BlockQ8_0*>(x + static_cast<size_t>(c) * x_stride);
@@ -102,10 +210,10 @@ bool packing_pays(GgmlType t, int64_t n_in, const CpuKernels& k) {
 void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, int n_threads, const CpuKernels* kernels) {
     const std::string where = std::string("matmul_packed(") + std::string(type_name(w.type)) + "): ";
     if (!packable(w.type, w.n_in)) throw std::invalid_argument(where + "no packed layout for these rows");
-    if (x.format != ActFormat::q8_0 || x.n_in != w.n_in)
+    if (x.format != act_format_for(w.type) || x.n_in != w.n_in)
         throw std::invalid_argument(where + "activations are " + act_format_name(x.format) + " with " +
-                                    std::to_string(x.n_in) + " elements per column, expected q8_0 with " +
-                                    std::to_string(w.n_in));
+                                    std::to_string(x.n_in) + " elements per column, expected " +
+                                    act_format_name(act_format_for(w.type)) + " with " + std::to_string(w.n_in));
     if (w.n_out < 0 || x.n_cols < 0 || (!w.data && w.n_out > 0) || (!x.data && x.n_cols > 0))
         throw std::invalid_argument(where + "null data or negative shape");
     if (w.n_out == 0 || x.n_cols == 0) return;
@@ -113,14 +221,17 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
     const CpuKernels& k = kernels ? *kernels : cpu_kernels();
     const PackedTileFn simd = packed_tile_for(w.type, k);
     const GgmlType t = w.type;
-    const int64_t nb = w.n_in / QK8_0, n_out = w.n_out, n_cols = x.n_cols;
+    const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+    const int64_t nb = w.n_in / (k_quant ? QK_K : QK8_0), n_out = w.n_out, n_cols = x.n_cols;
+    const int corr_words = t == GgmlType::Q6_K ? 8 : t == GgmlType::Q4_K ? 4 : 1;   // per block and column
+    const size_t corr_stride = static_cast<size_t>(corr_words * nb);
     const size_t xstride = x.col_stride ? x.col_stride : act_row_bytes(x.format, x.n_in);
     const size_t gbytes = packed_group_bytes(t, w.n_in);
     const auto* wbase = static_cast<const uint8_t*>(w.data);
     const auto* xbase = static_cast<const uint8_t*>(x.data);
 
     thread_local std::vector<int32_t> corr;
-    act_corrections(x, nb, xstride, layout_of(t).offset, corr);
+    act_corrections(t, x, nb, xstride, k_quant ? 0 : layout_of(t).offset, corr);
 
     const int64_t n_groups = (n_out + kPackRows - 1) / kPackRows;
     const int64_t chunk_cols =
@@ -140,11 +251,11 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
             for (int64_t c = c0; c < c1; c += kTileCols) {
                 const int nc = static_cast<int>(std::min<int64_t>(kTileCols, c1 - c));
                 const uint8_t* xc = xbase + static_cast<size_t>(c) * xstride;
-                const int32_t* cc = corr_data + static_cast<size_t>(c * nb);
+                const int32_t* cc = corr_data + static_cast<size_t>(c) * corr_stride;
                 if (simd)
-                    simd(nb, grp, xc, xstride, cc, static_cast<size_t>(nb), nc, tile);
+                    simd(nb, grp, xc, xstride, cc, corr_stride, nc, tile);
                 else
-                    packed_tile_scalar(t, nb, grp, xc, xstride, cc, static_cast<size_t>(nb), nc, tile);
+                    packed_tile_scalar(t, nb, grp, xc, xstride, cc, corr_stride, nc, tile);
                 for (int j = 0; j < nc; ++j)
                     std::memcpy(y + (c + j) * n_out + g * kPackRows, tile + j * kPackRows, static_cast<size_t>(rows) * 4);
             }

@@ -1,12 +1,14 @@
 #pragma once
-// y = W x for weights in a row-interleaved packed layout (quant/repack.h: Q4_0x16, Q8_0x16) and Q8_0
-// activations: the CPU's decode matvec and prefill GEMM in one kernel family.
+// y = W x for weights in a row-interleaved packed layout (quant/repack.h: Q4_0x16, Q8_0x16, Q4_Kx16) and
+// Q8_0 / Q8_K activations: the CPU's decode matvec and prefill GEMM in one kernel family.
 //
 // One microkernel computes a tile of 16 rows (one packed group) x C columns, C = 1..kTileCols. Output
 // (row r, column c) is, for any C, any tiling and any thread count, exactly
 //     acc = 0;  for each block b in order:  isum = sum_i u_i * a_i - off * sum_i a_i      (exact integers)
 //                                           acc  = fma(f32(d_w) * f32(d_x), float(isum), acc)
-// with u the unsigned packed code (Q4_0: the nibble, off 8; Q8_0: code + 128, off 128). Each column's
+// with u the unsigned packed code (Q4_0: the nibble, off 8; Q8_0: code + 128, off 128). Q4_K (Q8_K
+// activations) is the same idea per super-block: integer sub-block sums times the 6-bit scales, the mins
+// times the activation sub-block sums, then two fused multiply-adds (see packed_tile_q4_k_scalar). Each column's
 // arithmetic in the tile is the same instruction sequence whatever the other columns are, so decode
 // (1 column) and draft verification / prefill (many) give bit-identical results per token: speculative
 // decoding relies on that. The scalar twin (packed_tile_scalar) computes the same formula with std::fma
@@ -35,8 +37,9 @@ struct PackedMatrixView {
     int64_t n_out = 0;
 };
 
-// One tile: nb blocks of one group at `group`; column c's Q8_0 blocks at x + c * x_stride and its per-block
-// corrections (-off * sum of the block's codes) at corr + c * corr_stride; out[c * 16 + r] for c < n_cols.
+// One tile: nb blocks (Q4_K: super-blocks) of one group at `group`; column c's activation blocks at
+// x + c * x_stride and its per-block corrections (Q4_0/Q8_0: -off * sum of the block's codes; Q4_K: 4 words
+// of sub-block sums, see gemm_packed.cpp) at corr + c * corr_stride; out[c * 16 + r] for c < n_cols.
 using PackedTileFn = void (*)(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                               size_t corr_stride, int n_cols, float* out);
 
@@ -49,7 +52,7 @@ PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k);
 // Whether weights of format t (rows of n_in) are worth packing for the set k: a SIMD tile kernel exists.
 bool packing_pays(GgmlType t, int64_t n_in, const CpuKernels& k);
 
-// y (n_cols, n_out) = W x with x Q8_0 activations (act_format_for(w.type)). kernels: nullptr = cpu_kernels();
+// y (n_cols, n_out) = W x with x in act_format_for(w.type). kernels: nullptr = cpu_kernels();
 // a set without a packed kernel runs the scalar twin (tests). Throws std::invalid_argument on shape errors.
 void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, int n_threads,
                    const CpuKernels* kernels = nullptr);

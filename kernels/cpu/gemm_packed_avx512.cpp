@@ -62,6 +62,134 @@ void tile(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, c
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
+// Q4_K super-blocks (layout in quant/repack.h, arithmetic in gemm_packed.cpp's scalar twin). Per 64-element
+// pair of sub-blocks: 8 chunks, each giving the low-nibble codes of sub-block 2c and the high-nibble codes of
+// 2c + 1; the sub-block sums are scaled per lane (vpmulld) into one integer total, and the mins meet the
+// activation sub-block sums in 4 vpdpwssd.
+template <int C>
+void tile_q4_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+               size_t corr_stride, float* out) {
+    constexpr size_t kBlock = 64 + 128 + 128 + 2048;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
+        const BlockQ8_K* xb[C];
+        for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride) + b;
+        __m512i isum[C], msum[C];
+        for (int c = 0; c < C; ++c) isum[c] = msum[c] = _mm512_setzero_si512();
+        for (int pair = 0; pair < 4; ++pair) {
+            __m512i lo[C], hi[C];
+            for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm512_setzero_si512();
+            for (int s = 0; s < 8; ++s) {
+                const __m512i v = _mm512_loadu_si512(p + 320 + 64 * (8 * pair + s));
+                const __m512i wl = _mm512_and_si512(v, m4);
+                const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                for (int c = 0; c < C; ++c) {
+                    lo[c] = _mm512_dpbusd_epi32(lo[c], wl, bcast4(xb[c]->qs + 64 * pair + 4 * s));
+                    hi[c] = _mm512_dpbusd_epi32(hi[c], wh, bcast4(xb[c]->qs + 64 * pair + 32 + 4 * s));
+                }
+            }
+            const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 32 * pair)));
+            const __m512i sh = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 32 * pair + 16)));
+            for (int c = 0; c < C; ++c)
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(lo[c], sl), _mm512_mullo_epi32(hi[c], sh)));
+        }
+        for (int k = 0; k < 4; ++k) {
+            const __m512i mk = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 192 + 32 * k)));
+            for (int c = 0; c < C; ++c)
+                msum[c] = _mm512_dpwssd_epi32(msum[c], mk,
+                                              _mm512_set1_epi32(corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b) * 4 + k]));
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+        for (int c = 0; c < C; ++c) {
+            const __m512 dx = _mm512_set1_ps(xb[c]->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[c]), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum[c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
+void tile_q4_k_any(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+                   size_t corr_stride, int n_cols, float* out) {
+    switch (n_cols) {
+    case 1: tile_q4_k<1>(nb, group, x, x_stride, corr, corr_stride, out); break;
+    case 2: tile_q4_k<2>(nb, group, x, x_stride, corr, corr_stride, out); break;
+    case 3: tile_q4_k<3>(nb, group, x, x_stride, corr, corr_stride, out); break;
+    default: tile_q4_k<4>(nb, group, x, x_stride, corr, corr_stride, out); break;
+    }
+}
+
+// Q6_K super-blocks (layout in quant/repack.h, arithmetic in gemm_packed.cpp's scalar twin). Per 64-element
+// pair c: 8 chunks of low nibbles and 4 of top bits give the codes of sub-blocks 4c .. 4c + 3; the -32 offset
+// enters as vpdpwssd of (-32 * scale) pairs with the activation sub-block sums, into the same integer total.
+template <int C>
+void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+               size_t corr_stride, float* out) {
+    constexpr size_t kBlock = 32 + 256 + 2048 + 1024;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
+        const BlockQ8_K* xb[C];
+        for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride) + b;
+        __m512i isum[C];
+        for (int c = 0; c < C; ++c) isum[c] = _mm512_setzero_si512();
+        for (int pc = 0; pc < 4; ++pc) {
+            for (int k = 2 * pc; k < 2 * pc + 2; ++k) {   // scale pairs of sub-blocks 4pc, 4pc+1 and 4pc+2, 4pc+3
+                const __m512i sp = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * k)));
+                const __m512i off = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(sp, 5));
+                for (int c = 0; c < C; ++c)
+                    isum[c] = _mm512_dpwssd_epi32(isum[c], off,
+                                                  _mm512_set1_epi32(corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b) * 8 + k]));
+            }
+            const __m512i sp0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 64 * pc)));
+            const __m512i sp1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 + 64 * pc)));
+            // Per lane: scales of sub-blocks 4pc + 0, 1 (low nibbles) and 4pc + 2, 3 (high nibbles).
+            const __m512i sc[4] = {_mm512_srai_epi32(_mm512_slli_epi32(sp0, 16), 16), _mm512_srai_epi32(sp0, 16),
+                                   _mm512_srai_epi32(_mm512_slli_epi32(sp1, 16), 16), _mm512_srai_epi32(sp1, 16)};
+            for (int half = 0; half < 2; ++half) {   // s = 4 half .. 4 half + 3: sub-blocks 4pc + half, 4pc + 2 + half
+                __m512i lo[C], hi[C];
+                for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm512_setzero_si512();
+                for (int s4 = 0; s4 < 4; ++s4) {
+                    const int s = 4 * half + s4;
+                    const __m512i v = _mm512_loadu_si512(p + 288 + 64 * (8 * pc + s));
+                    const __m512i h = _mm512_loadu_si512(p + 288 + 2048 + 64 * (4 * pc + s4));
+                    const __m512i hl = _mm512_and_si512(_mm512_srli_epi16(h, 2 * half), m3);
+                    const __m512i hh = _mm512_and_si512(_mm512_srli_epi16(h, 4 + 2 * half), m3);
+                    const __m512i wl = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_slli_epi16(hl, 4));
+                    const __m512i wh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_slli_epi16(hh, 4));
+                    for (int c = 0; c < C; ++c) {
+                        lo[c] = _mm512_dpbusd_epi32(lo[c], wl, bcast4(xb[c]->qs + 64 * pc + 4 * s));
+                        hi[c] = _mm512_dpbusd_epi32(hi[c], wh, bcast4(xb[c]->qs + 64 * pc + 32 + 4 * s));
+                    }
+                }
+                for (int c = 0; c < C; ++c)
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(lo[c], sc[half]),
+                                                                         _mm512_mullo_epi32(hi[c], sc[2 + half])));
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        for (int c = 0; c < C; ++c)
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb[c]->d)), _mm512_cvtepi32_ps(isum[c]), acc[c]);
+    }
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
+void tile_q6_k_any(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+                   size_t corr_stride, int n_cols, float* out) {
+    switch (n_cols) {
+    case 1: tile_q6_k<1>(nb, group, x, x_stride, corr, corr_stride, out); break;
+    case 2: tile_q6_k<2>(nb, group, x, x_stride, corr, corr_stride, out); break;
+    case 3: tile_q6_k<3>(nb, group, x, x_stride, corr, corr_stride, out); break;
+    default: tile_q6_k<4>(nb, group, x, x_stride, corr, corr_stride, out); break;
+    }
+}
+
 template <bool kQ8>
 void tile_any(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
               size_t corr_stride, int n_cols, float* out) {
@@ -81,6 +209,8 @@ PackedTileFn packed_tile_avx512(GgmlType t) {
     switch (t) {
     case GgmlType::Q4_0: return tile_any<false>;
     case GgmlType::Q8_0: return tile_any<true>;
+    case GgmlType::Q4_K: return tile_q4_k_any;
+    case GgmlType::Q6_K: return tile_q6_k_any;
     default: return nullptr;
     }
 }
