@@ -193,7 +193,7 @@ if [ -n "$out" ]; then
         echo
         echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo "- device: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs online, $(lscpu | sed -n 's/^Core(s) per socket: *//p' | head -1) cores per socket"
-        echo "- tern: $tern_commit ($("$TERN" --version 2>/dev/null | head -1))"
+        echo "- tern: $tern_commit, binary $TERN ($("$TERN" --version 2>/dev/null | head -1))"
         echo "- llama.cpp: $llama_commit ($LLAMA_BENCH)"
         echo "- load average (1/5/15 min) at start: $load_start, at end: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) on $(nproc) CPUs"
         echo "- mode: $([ "$quick" = 1 ] && echo 'quick (smoke test; not a comparison)' || echo full), -p $n_prompt -n $n_gen -r $reps, $rounds round(s), interleaved tern/llama, OMP_WAIT_POLICY=$omp_policy"
