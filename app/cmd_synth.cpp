@@ -14,6 +14,7 @@
 
 #include "app/commands.h"
 #include "app/console.h"
+#include "app/signals.h"
 #include "engine/synth.h"
 #include "formats/error.h"
 #include "kernels/cpu_features.h"
@@ -49,8 +50,15 @@ int run_synth(SynthArgs& a) {
     const int n_threads = a.options.n_threads > 0 ? a.options.n_threads : std::max(1, cpu_features().physical_cores);
     a.options.n_threads = n_threads;
     a.options.on_warning = [](const std::string& note) { std::cerr << "tern: warning: " << note << "\n"; };
+    InterruptGuard guard;
+    a.options.cancel = guard.flag();
+    ProgressBar bar("synth " + a.options.shape + " " + a.options.type, 1000);
+    a.options.on_progress = [&bar](uint64_t done, uint64_t total) {
+        bar.update(total ? done * 1000 / total : 1000);
+    };
     const auto t0 = std::chrono::steady_clock::now();
     write_synth_model(a.options, a.out);
+    bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const uint64_t bytes = std::filesystem::file_size(a.out);
     std::fprintf(stderr, "tern: synth: wrote %s (%s, %s, seed %llu): %s in %s with %d threads\n", a.out.c_str(),

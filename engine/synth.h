@@ -6,6 +6,7 @@
 // to the shape's size), and every tensor in the format `tern quantize --type TYPE` would give it
 // (the same plan, quant/plan.h). Weights are a pure function of (seed, tensor name, row): the same
 // seed gives the same bytes for any thread count, and the same f32 values under every TYPE.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -21,6 +22,11 @@ struct SynthOptions {
     int n_threads = 0;        // 0: the physical cores
     // Non-fatal notes (the copied vocabulary's size differs from the shape's); stderr when unset.
     std::function<void(const std::string&)> on_warning;
+    // Called after each tensor with the tensor bytes written so far and in all (progress bars).
+    std::function<void(uint64_t done, uint64_t total)> on_progress;
+    // Checked between tensors: when raised, writing stops with TernError(interrupted) and neither
+    // OUT nor its temporary file remains.
+    const std::atomic<bool>* cancel = nullptr;
 };
 
 // Writes a random-weight model file (tmp + rename via formats/gguf_writer.h). Throws UsageError for an

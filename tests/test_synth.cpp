@@ -15,6 +15,7 @@
 #include "engine/synth.h"
 #include "formats/error.h"
 #include "formats/gguf.h"
+#include "quant/plan.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -32,7 +33,7 @@ std::string synth_file(const TempDir& dir, const std::string& shape, const std::
     o.type = type;
     o.seed = seed;
     o.vocab_from = vocab_from;
-    o.n_threads = 2;
+    o.n_threads = 1;   // the files are small; a second thread only spins on a shared machine
     o.on_warning = [](const std::string&) {};
     write_synth_model(o, path);
     return path;
@@ -44,7 +45,7 @@ void check_logits_finite(const std::string& path) {
     auto backend = make_backend("cpu");
     RunOptions run;
     run.n_ctx = 32;
-    run.n_threads = 2;
+    run.n_threads = 1;
     backend->load(m.config, m.weights, run);
     const std::vector<int32_t> prompt = {1, 300, 301, 302, 303, 304, 305, 306};
     backend->forward({prompt, 0, LogitsWanted::last});
@@ -68,6 +69,17 @@ TEST_CASE("synth: every architecture's tiny shape loads and gives finite logits"
             CAPTURE(type);
             check_logits_finite(synth_file(dir, shape, type));
         }
+    }
+}
+
+TEST_CASE("synth: every type tern quantize accepts gives a file tern runs") {
+    TempDir dir;
+    for (const std::string_view type : ftype_names()) {
+        CAPTURE(type);
+        const std::string path = synth_file(dir, "tiny", std::string(type));
+        const GgufFile f = GgufFile::open(path);
+        CHECK(f.get_int("general.file_type") == ftype_info(*ftype_from_name(type)).file_type);
+        check_logits_finite(path);
     }
 }
 
@@ -174,4 +186,22 @@ TEST_CASE("synth: errors name the problem and leave no file") {
     CHECK(r.err.find("does not exist") != std::string::npos);
     CHECK(!fs::exists(out));
     CHECK(!fs::exists(dir / "x.gguf.tmp"));
+}
+
+TEST_CASE("synth: a raised cancel flag stops writing and leaves no file") {
+    TempDir dir;
+    std::atomic<bool> cancel{true};
+    SynthOptions o;
+    o.shape = "tiny";
+    o.type = "q8_0";
+    o.cancel = &cancel;
+    const fs::path out = dir / "c.gguf";
+    try {
+        write_synth_model(o, out.string());
+        FAIL("no interruption");
+    } catch (const TernError& e) {
+        CHECK(e.code() == ExitCode::interrupted);
+    }
+    CHECK(!fs::exists(out));
+    CHECK(!fs::exists(dir / "c.gguf.tmp"));
 }
