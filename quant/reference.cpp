@@ -22,13 +22,47 @@ void dequantize_block(const BlockF8_E4M3& b, float* y) {
     for (int j = 0; j < QK_F8; ++j) y[j] = d * e4m3_to_f32(b.qs[j]);
 }
 
+// e4m3 is a float format, so every block scale sees the same relative step; what the scale does
+// choose is where the values fall between codes. The first element with the largest |x| mapping to
+// 448 (d = amax / 448) is one choice; scales up to 2x larger (the next binade repeats the grid)
+// shift every value's position, so the encoder tries kF8ScaleSteps of them, spaced evenly in log2,
+// and keeps the one with the least squared error of the dequantized block (ties: the smallest d).
+// Each candidate is encoded with the f16-rounded scale it will be decoded with.
+constexpr int kF8ScaleSteps = 16;
+// 2^(k/16), k = 0..15, as literals (no libm in the byte-defining path).
+constexpr float kF8ScaleFactor[kF8ScaleSteps] = {1.0f, 1.04427378f, 1.09050773f, 1.13878863f, 1.18920712f, 1.24185781f, 1.29683955f, 1.35425555f, 1.41421356f, 1.47682615f, 1.54221083f, 1.61049033f, 1.68179283f, 1.75625216f, 1.83400809f, 1.91520656f};
+
+float f8_block_error(const float* x, float d, const uint8_t* qs) {
+    float err = 0.0f;
+    for (int j = 0; j < QK_F8; ++j) {
+        const float e = d * e4m3_to_f32(qs[j]) - x[j];
+        err += e * e;
+    }
+    return err;
+}
+
 void quantize_block(const float* x, BlockF8_E4M3& b) {
     float amax = 0.0f;
     for (int j = 0; j < QK_F8; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / E4M3_MAX;   // the largest |x| maps to the largest finite e4m3 value
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    b.d = f32_to_f16(d);
-    for (int j = 0; j < QK_F8; ++j) b.qs[j] = f32_to_e4m3(x[j] * id);
+    b.d = f32_to_f16(amax / E4M3_MAX);
+    const float d0 = f16_to_f32(b.d);
+    if (d0 == 0.0f) {   // all zero, or too small for an f16 scale: zero codes
+        for (int j = 0; j < QK_F8; ++j) b.qs[j] = f32_to_e4m3(x[j] * 0.0f);
+        return;
+    }
+    uint8_t trial[QK_F8];
+    float best = -1.0f;
+    for (int k = 0; k < kF8ScaleSteps; ++k) {
+        const uint16_t dh = f32_to_f16(amax / E4M3_MAX * kF8ScaleFactor[k]);
+        const float d = f16_to_f32(dh), id = 1.0f / d;
+        for (int j = 0; j < QK_F8; ++j) trial[j] = f32_to_e4m3(x[j] * id);
+        const float err = f8_block_error(x, d, trial);
+        if (best < 0.0f || err < best) {
+            best = err;
+            b.d = dh;
+            std::memcpy(b.qs, trial, QK_F8);
+        }
+    }
 }
 
 // ---- dispatch -----------------------------------------------------------------------------------
