@@ -122,11 +122,10 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         const int64_t att_dim = n_heads * head_dim_v;
 
         // Attention block: q/k/v projections (+ biases).
-        rmsnorm_rows(x.data(), lv.attn_norm, xn.data(), n, dim, c.rms_eps);
         q.resize(static_cast<size_t>(n * q_dim)); // (n, n_heads, head_dim)
         k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
         v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
-        input_.reset(xn.data(), dim, n);          // q, k and v share one quantized input
+        norm_input(x.data(), lv.attn_norm, n, dim, xn.data(), lw.wq); // q, k and v share one quantized input
         project(lw.wq, lv.bq, input_, q.data());
         project(lw.wk, lv.bk, input_, k.data());
         project(lw.wv, lv.bv, input_, v.data());
@@ -162,10 +161,9 @@ void CpuBackend::forward(const ForwardBatch& batch) {
 
         // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
         const int64_t ffn_dim = lc.ffn_dim;
-        rmsnorm_rows(x.data(), lv.ffn_norm, xn.data(), n, dim, c.rms_eps);
         gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
         up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
-        input_.reset(xn.data(), dim, n);               // gate and up share one quantized input
+        norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), lw.w_gate); // gate and up share one quantized input
         project(lw.w_gate, lv.b_gate, input_, gate.data());
         project(lw.w_up, lv.b_up, input_, up.data());
         if (c.ffn_act == FfnActivation::silu)
@@ -183,9 +181,8 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     // Final norm and lm_head on the rows whose logits are wanted.
     const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
     const int64_t rows = n - first;
-    rmsnorm_rows(x.data() + first * dim, output_norm_, xn.data(), rows, dim, c.rms_eps);
     logits_.resize(static_cast<size_t>(rows * c.vocab)); // (rows, vocab)
-    input_.reset(xn.data(), dim, rows);
+    norm_input(x.data() + first * dim, output_norm_, rows, dim, xn.data(), weights_.output);
     project(weights_.output, {}, input_, logits_.data());
     if (c.final_softcap > 0.0f) softcap_f32(logits_.data(), rows * c.vocab, c.final_softcap);
     n_logit_rows_ = static_cast<int>(rows);

@@ -66,6 +66,9 @@ private:
     // the weight format has no dot kernel.
     // Defined in backend_cpu_matmul.cpp.
     void project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y);
+    // input_ = RMSNorm(x) * w for n rows of width `dim` (f32 at xn), with the quantized form that `reader`
+    // consumes made in the same pass (kernels/cpu/gemm_input.h). Defined in backend_cpu_matmul.cpp.
+    void norm_input(const float* x, const std::vector<float>& w, int64_t n, int64_t dim, float* xn, const WeightRef& reader);
     // At load: row-interleaved copies (quant/repack.h) of the projections whose format has a packed SIMD
     // kernel on this CPU, keyed by the weight's data pointer; the mapped pages of each packed tensor are
     // released (the file stays mapped), so resident memory stays about one copy of the weights.

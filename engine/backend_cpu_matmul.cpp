@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/backend_cpu.h"
+#include "kernels/cpu/gemm_input.h"
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/matmul_quant.h"
 #include "kernels/cpu/ops.h"
@@ -79,6 +80,21 @@ void CpuBackend::pack_weights() {
             repack_rows(w->type, w->data, n_out, n_in, dst.data(), g * kPackRows, std::min(n_out, (g + 1) * kPackRows));
         release_pages(w->data, w->row_size() * static_cast<size_t>(n_out));
     }
+}
+
+void CpuBackend::norm_input(const float* x, const std::vector<float>& w, int64_t n, int64_t dim, float* xn,
+                            const WeightRef& reader) {
+    input_.reset(xn, dim, n);
+    const float eps = config_.rms_eps;
+    if (exact_matmul_ || !has_dot_kernel(reader.type, dim)) {
+        for (int64_t i = 0; i < n; ++i) rmsnorm_f32(x + i * dim, w.empty() ? nullptr : w.data(), xn + i * dim, dim, eps);
+        return;
+    }
+    const ActFormat f = act_format_for(reader.type);
+    const auto fi = static_cast<size_t>(f);
+    input_.bytes[fi].resize(act_row_bytes(f, dim) * static_cast<size_t>(n));
+    rmsnorm_quantize_rows(x, w.empty() ? nullptr : w.data(), eps, n, dim, f, xn, input_.bytes[fi].data());
+    input_.ready[fi] = true;
 }
 
 void CpuBackend::MatmulInput::reset(const float* x_new, int64_t n_in_new, int64_t n_cols_new) {

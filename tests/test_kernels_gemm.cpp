@@ -1,7 +1,8 @@
-// kernels/cpu/gemm_packed: the packed (row-interleaved) Q4_0 / Q8_0 / Q4_K / Q6_K matmul against its scalar twin (bit-exact), against
-// matmul_q on the plain layout (normalised error), batch invariance (each of N = 1..40 columns equals the
-// 1-column result bit for bit, 1 and 2 threads, the packed path where the CPU has one, else matmul_q, for every format), and with
-// TERN_BENCH=1 decode GB/s and prefill GMAC/s on llama-1b shapes (printed, never asserted).
+// kernels/cpu/gemm_packed: the packed (row-interleaved) Q4_0 / Q8_0 / Q4_K / Q6_K matmul against its scalar
+// twin (bit-exact) and against matmul_q on the plain layout (normalised error); batch invariance (each of
+// N = 1..40 columns equals the 1-column result bit for bit, 1 and 2 threads, every format, on the path the
+// backend takes); the fused rmsnorm + quantization (bit-exact vs unfused); with TERN_BENCH=1 decode GB/s and
+// prefill GMAC/s on llama-1b shapes (printed, never asserted).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,12 +12,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/gemm_input.h"
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/matmul_quant.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/quantize_act.h"
 #include "quant/reference.h"
 #include "quant/repack.h"
@@ -160,6 +164,28 @@ TEST_CASE("batch invariance: each of N = 1..40 columns equals its 1-column resul
         CAPTURE(packed);
         CHECK(same);
     }
+}
+
+TEST_CASE("fused rmsnorm + activation quantization equals rmsnorm_f32 then quantize_acts, bit for bit") {
+    const int64_t width = 768, n_rows = 5;
+    const auto x = random_vec(size_t(width * n_rows), 61);
+    const auto w = random_vec(size_t(width), 62);
+    for (ActFormat f : {ActFormat::q8_0, ActFormat::q8_1, ActFormat::q8_k, ActFormat::f16, ActFormat::bf16, ActFormat::f32}) {
+        for (const float* wp : {w.data(), static_cast<const float*>(nullptr)}) {
+            CAPTURE(act_format_name(f));
+            std::vector<float> xn_want(x.size()), xn_got(x.size(), -1.0f);
+            for (int64_t i = 0; i < n_rows; ++i) rmsnorm_f32(x.data() + i * width, wp, xn_want.data() + i * width, width, 1e-6f);
+            std::vector<uint8_t> q_want(act_row_bytes(f, width) * n_rows), q_got(q_want.size(), 0xEE);
+            quantize_acts(f, xn_want.data(), width, n_rows, q_want.data());
+            rmsnorm_quantize_rows(x.data(), wp, 1e-6f, n_rows, width, f, xn_got.data(), q_got.data());
+            CHECK(std::memcmp(xn_want.data(), xn_got.data(), x.size() * 4) == 0);
+            CHECK(q_want == q_got);
+        }
+    }
+    std::vector<float> xn(100);
+    std::vector<uint8_t> q(1000);
+    CHECK_THROWS_AS(rmsnorm_quantize_rows(x.data(), nullptr, 1e-6f, 1, 100, ActFormat::q8_0, xn.data(), q.data()),
+                    std::invalid_argument);
 }
 
 // TERN_BENCH=1: llama-1b shapes (rows x n_in), decode (1 column, GB/s of weights) and prefill (512 columns,

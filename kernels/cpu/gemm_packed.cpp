@@ -243,7 +243,10 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
 
     for (int64_t c0 = 0; c0 < n_cols; c0 += chunk_cols) {
         const int64_t c1 = std::min(n_cols, c0 + chunk_cols);
-#pragma omp parallel for schedule(static) num_threads(nt)
+        // Dynamic hand-out of groups: on a machine shared with other processes one thread is often descheduled,
+        // and a static split would make the other wait at the join for the whole of its share. Which thread
+        // computes a group never changes its results (one tile call per output).
+#pragma omp parallel for schedule(dynamic, 2) num_threads(nt)
         for (int64_t g = 0; g < n_groups; ++g) {
             const uint8_t* grp = wbase + static_cast<size_t>(g) * gbytes;
             const int64_t rows = std::min<int64_t>(kPackRows, n_out - g * kPackRows);
