@@ -17,6 +17,21 @@
 
 namespace tern {
 
+// What drafting costs on the target, measured by the session: a forward of 1 + k tokens takes about
+// step_ms + k * column_ms. On a CPU that is compute-bound each verified column costs a sizeable
+// part of a step; on a memory-bound device almost nothing. Zero: not measured yet.
+struct DraftCost {
+    double step_ms = 0.0;
+    double column_ms = 0.0;
+    int32_t column_samples = 0; // forwards of more than one token timed so far
+
+    // One decode forward of `tokens` tokens took `ms` (running averages: a noisy neighbour moves
+    // them slowly).
+    void record(int32_t tokens, double ms);
+    // column_ms / step_ms, with a prior of 0.25 until both are measured.
+    double relative_column_cost() const;
+};
+
 class Drafter {
 public:
     virtual ~Drafter() = default;
@@ -25,9 +40,11 @@ public:
     virtual void begin(std::span<const int32_t> context) = 0;
 
     // Up to `max_tokens` tokens likely to follow `history` (appended to `out`, which is cleared
-    // first; it may stay empty). Between two begin() calls `history` only grows: it is the context
-    // plus every token generated since, so a drafter may index it incrementally.
-    virtual void propose(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out) = 0;
+    // first; it may stay empty, and should when drafting is not expected to pay for its `cost`).
+    // Between two begin() calls `history` only grows: it is the context plus every token generated
+    // since, so a drafter may index it incrementally.
+    virtual void propose(std::span<const int32_t> history, int32_t max_tokens, const DraftCost& cost,
+                         std::vector<int32_t>& out) = 0;
 
     // How the last proposal fared: `accepted` of its first tokens were what the target produced.
     virtual void observe(int32_t proposed, int32_t accepted) = 0;
@@ -35,26 +52,31 @@ public:
     virtual std::string_view name() const = 0; // "lookup", "draft-model"
 };
 
-// The draft length a drafter asks for, adapted to how its recent drafts fared, so that a run of
-// wrong guesses costs little: every wrong drafted token is a wasted column of the verify forward
-// (and, for a draft model, a wasted draft forward). A fully accepted draft grows the length back
-// towards the maximum quickly; a rejection shrinks it to just past what was accepted.
-class AdaptiveDraftLength {
+// Per-token acceptance probability of a drafter's proposals, from recent proposals (older ones
+// decay), assuming each drafted token holds with the same probability a given the ones before.
+class AcceptanceRate {
 public:
-    explicit AdaptiveDraftLength(int32_t max_tokens);
-    int32_t current() const { return current_; }
-    int32_t max() const { return max_; }
+    double rate() const; // the estimate of a; 0.5 with no evidence
     void observe(int32_t proposed, int32_t accepted);
+    // A proposal was withheld (not worth its cost at this rate): let the estimate drift back
+    // towards the prior, so a drafter that stopped drafting tries again now and then.
+    void forget();
 
 private:
-    int32_t max_;
-    int32_t current_;
+    double hits_ = 0.0, trials_ = 0.0;
 };
+
+// The draft length k in 0..max_tokens with the best expected speed: (1 + a + a^2 + ... + a^k)
+// tokens per step for a step cost of 1 + k * cost_per_token (both in plain decode steps). 0 when
+// no length beats plain decoding.
+int32_t best_draft_length(double acceptance, double cost_per_token, int32_t max_tokens);
 
 // Prompt lookup: an index of every n-gram of the history (n = n_min .. n_max), from its hash to
 // the position just after its most recent occurrence. It grows by the new tokens on each call, so
 // a step costs O(n_max) hash updates plus one lookup per n, whatever the history's length. The
-// longest n-gram that matches the history's tail wins (a longer match is a more specific context).
+// longest n-gram that matches the history's tail wins (a longer match is a more specific context),
+// and each match length keeps its own acceptance rate: one repeated token predicts much less than
+// three.
 class PromptLookupDrafter : public Drafter {
 public:
     // max_tokens: the most tokens one proposal drafts (--lookup K); n_max: the longest n-gram tried
@@ -62,20 +84,25 @@ public:
     PromptLookupDrafter(int32_t max_tokens, int32_t n_max, int32_t n_min = 1);
 
     void begin(std::span<const int32_t> context) override;
-    void propose(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out) override;
-    void observe(int32_t proposed, int32_t accepted) override { length_.observe(proposed, accepted); }
+    // The lookup's continuation, cut to the length that pays for its cost at the acceptance rate
+    // of recent proposals from matches of the same length.
+    void propose(std::span<const int32_t> history, int32_t max_tokens, const DraftCost& cost,
+                 std::vector<int32_t>& out) override;
+    void observe(int32_t proposed, int32_t accepted) override;
     std::string_view name() const override { return "lookup"; }
 
-    // The proposal for a history without the adaptive length (tests; propose() caps it).
-    void lookup(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out);
+    // The whole continuation for a history, uncut (tests; propose() cuts it). Returns the length
+    // of the n-gram that matched (0: none).
+    int32_t lookup(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out);
 
 private:
     void index_up_to(std::span<const int32_t> history);
     uint64_t hash_ending_at(size_t end, int32_t n) const; // tokens_[end - n, end)
 
-    int32_t n_min_, n_max_;
-    AdaptiveDraftLength length_;
-    std::vector<int32_t> tokens_; // the history indexed so far
+    int32_t n_min_, n_max_, max_tokens_;
+    std::vector<AcceptanceRate> rate_; // per matched n-gram length (index n - n_min)
+    int32_t last_n_ = 0;               // the match length of the last proposal
+    std::vector<int32_t> tokens_;      // the history indexed so far
     // One map per n (index n - n_min): n-gram hash -> position of the token that followed it.
     std::vector<std::unordered_map<uint64_t, int32_t>> index_;
 };

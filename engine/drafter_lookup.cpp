@@ -8,24 +8,13 @@
 
 namespace tern {
 
-AdaptiveDraftLength::AdaptiveDraftLength(int32_t max_tokens) : max_(std::max(max_tokens, 0)), current_(max_) {}
-
-void AdaptiveDraftLength::observe(int32_t proposed, int32_t accepted) {
-    if (proposed <= 0) return;
-    if (accepted >= proposed) {
-        current_ = std::min(max_, std::max(current_, proposed) * 2);
-    } else {
-        // The tokens after the first wrong one were wasted; next time ask for one past what held.
-        current_ = std::clamp(accepted + 1, std::min(1, max_), max_);
-    }
-}
-
 PromptLookupDrafter::PromptLookupDrafter(int32_t max_tokens, int32_t n_max, int32_t n_min)
-    : n_min_(n_min), n_max_(n_max), length_(max_tokens) {
+    : n_min_(n_min), n_max_(n_max), max_tokens_(max_tokens) {
     if (n_min < 1 || n_max < n_min)
         throw std::invalid_argument("PromptLookupDrafter: need 1 <= n_min <= n_max, got " + std::to_string(n_min) +
                                     ".." + std::to_string(n_max));
     index_.resize(static_cast<size_t>(n_max - n_min + 1));
+    rate_.resize(index_.size());
 }
 
 void PromptLookupDrafter::begin(std::span<const int32_t> context) {
@@ -58,10 +47,10 @@ void PromptLookupDrafter::index_up_to(std::span<const int32_t> history) {
     }
 }
 
-void PromptLookupDrafter::lookup(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out) {
+int32_t PromptLookupDrafter::lookup(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out) {
     out.clear();
     index_up_to(history);
-    if (max_tokens <= 0) return;
+    if (max_tokens <= 0) return 0;
     const size_t size = tokens_.size();
     for (int32_t n = std::min<int32_t>(n_max_, static_cast<int32_t>(size)); n >= n_min_; --n) {
         const auto& map = index_[static_cast<size_t>(n - n_min_)];
@@ -76,12 +65,26 @@ void PromptLookupDrafter::lookup(std::span<const int32_t> history, int32_t max_t
         const size_t period = size - from;
         for (size_t m = 0; m < static_cast<size_t>(max_tokens); ++m)
             out.push_back(m < period ? tokens_[from + m] : out[m - period]);
-        return;
+        return n;
     }
+    return 0;
 }
 
-void PromptLookupDrafter::propose(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out) {
-    lookup(history, std::min(max_tokens, length_.current()), out);
+void PromptLookupDrafter::propose(std::span<const int32_t> history, int32_t max_tokens, const DraftCost& cost,
+                                  std::vector<int32_t>& out) {
+    last_n_ = lookup(history, std::min(max_tokens, max_tokens_), out);
+    if (last_n_ == 0) return;
+    AcceptanceRate& rate = rate_[static_cast<size_t>(last_n_ - n_min_)];
+    const int32_t k = best_draft_length(rate.rate(), cost.relative_column_cost(), static_cast<int32_t>(out.size()));
+    if (k == 0) {
+        rate.forget();
+        last_n_ = 0;
+    }
+    out.resize(static_cast<size_t>(k));
+}
+
+void PromptLookupDrafter::observe(int32_t proposed, int32_t accepted) {
+    if (last_n_ > 0) rate_[static_cast<size_t>(last_n_ - n_min_)].observe(proposed, accepted);
 }
 
 } // namespace tern

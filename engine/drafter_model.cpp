@@ -2,6 +2,7 @@
 #include "engine/drafter_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
 #include "engine/backend_factory.h"
@@ -28,9 +29,18 @@ std::string quoted(std::string_view s) {
 
 DraftModelDrafter::DraftModelDrafter(std::unique_ptr<Backend> backend, int32_t n_ctx, int32_t max_tokens,
                                      std::shared_ptr<const Model> model)
-    : model_(std::move(model)), backend_(std::move(backend)), n_ctx_(n_ctx), length_(max_tokens) {
+    : model_(std::move(model)), backend_(std::move(backend)), n_ctx_(n_ctx), max_tokens_(max_tokens) {
     if (!backend_) throw std::invalid_argument("DraftModelDrafter: a backend is required");
     kv_tokens_.reserve(static_cast<size_t>(std::max(n_ctx_, 0)));
+}
+
+void DraftModelDrafter::timed_forward(const ForwardBatch& batch) {
+    // Every forward counts, the catch-up over the last accepted tokens too: per drafted token the
+    // draft model runs about one forward either way.
+    const auto t0 = std::chrono::steady_clock::now();
+    backend_->forward(batch);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    forward_ms_ = forward_ms_ > 0.0 ? forward_ms_ + 0.2 * (ms - forward_ms_) : ms;
 }
 
 void DraftModelDrafter::begin(std::span<const int32_t> /*context*/) {
@@ -38,10 +48,18 @@ void DraftModelDrafter::begin(std::span<const int32_t> /*context*/) {
     // on the same prompt reuses the draft model's prefill too).
 }
 
-void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out) {
+void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_tokens, const DraftCost& cost,
+                                std::vector<int32_t>& out) {
     out.clear();
-    const int32_t k = std::min(max_tokens, length_.current());
-    if (k <= 0 || history.empty()) return;
+    if (history.empty()) return;
+    // The draft forward's cost in target steps; unknown (0) until the first draft is timed.
+    const double draft_cost = cost.step_ms > 0.0 ? forward_ms_ / cost.step_ms : 0.0;
+    const int32_t k =
+        best_draft_length(rate_.rate(), cost.relative_column_cost() + draft_cost, std::min(max_tokens, max_tokens_));
+    if (k <= 0) {
+        rate_.forget();
+        return;
+    }
 
     // Keep the cached prefix that agrees with the history; the last history token is always run
     // again, because its logits give the first draft.
@@ -60,7 +78,7 @@ void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_to
         batch.tokens = part;
         batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
         batch.wanted = LogitsWanted::last;
-        backend_->forward(batch);
+        timed_forward(batch);
         kv_tokens_.insert(kv_tokens_.end(), part.begin(), part.end());
     }
 
@@ -73,7 +91,7 @@ void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_to
         ForwardBatch batch;
         batch.tokens = std::span<const int32_t>(&out.back(), 1);
         batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
-        backend_->forward(batch);
+        timed_forward(batch);
         kv_tokens_.push_back(token);
     }
 }

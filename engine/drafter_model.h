@@ -25,18 +25,25 @@ public:
                       std::shared_ptr<const Model> model = nullptr);
 
     void begin(std::span<const int32_t> context) override;
-    void propose(std::span<const int32_t> history, int32_t max_tokens, std::vector<int32_t>& out) override;
-    void observe(int32_t proposed, int32_t accepted) override { length_.observe(proposed, accepted); }
+    // Drafts as many tokens as pay for their cost: each costs a verified column on the target plus
+    // one draft-model forward (timed here), against the acceptance rate of recent drafts.
+    void propose(std::span<const int32_t> history, int32_t max_tokens, const DraftCost& cost,
+                 std::vector<int32_t>& out) override;
+    void observe(int32_t proposed, int32_t accepted) override { rate_.observe(proposed, accepted); }
     std::string_view name() const override { return "draft-model"; }
 
     // The tokens whose K/V the draft model's cache holds (tests).
     const std::vector<int32_t>& kv_tokens() const { return kv_tokens_; }
 
 private:
+    void timed_forward(const ForwardBatch& batch);
+
     std::shared_ptr<const Model> model_; // declared first: outlives the backend that reads it
     std::unique_ptr<Backend> backend_;
     int32_t n_ctx_;
-    AdaptiveDraftLength length_;
+    int32_t max_tokens_;
+    AcceptanceRate rate_;
+    double forward_ms_ = 0.0; // running average of one single-token draft forward
     std::vector<int32_t> kv_tokens_;
 };
 

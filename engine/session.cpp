@@ -248,7 +248,8 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
             int64_t room = static_cast<int64_t>(n_ctx_) - static_cast<int64_t>(kv_tokens_.size()) - 1;
             if (options.n_predict >= 0) room = std::min<int64_t>(room, options.n_predict - r.n_gen() - 1);
             if (room > 0) {
-                drafter->propose(history, static_cast<int32_t>(std::min<int64_t>(room, INT32_MAX)), drafts);
+                drafter->propose(history, static_cast<int32_t>(std::min<int64_t>(room, INT32_MAX)), draft_cost_,
+                                 drafts);
                 if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
                 step.insert(step.end(), drafts.begin(), drafts.end());
             }
@@ -257,7 +258,9 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
         batch.tokens = step;
         batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
         batch.wanted = step.size() > 1 ? LogitsWanted::all : LogitsWanted::last;
+        const auto t_forward = Clock::now();
         backend_->forward(batch);
+        if (drafter) draft_cost_.record(static_cast<int32_t>(step.size()), ms_since(t_forward));
         kv_tokens_.insert(kv_tokens_.end(), step.begin(), step.end());
         if (device_argmax) {
             row_argmax.resize(step.size());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/drafter.h"
 #include "engine/generate_options.h"
 #include "engine/tokenizer.h"
 
@@ -56,6 +57,9 @@ private:
     std::unique_ptr<Tokenizer> tokenizer_;
     int32_t n_ctx_ = 0;
     std::vector<int32_t> kv_tokens_;
+    // What verifying drafted tokens costs on this backend, timed on the decode forwards of
+    // speculative steps and kept across calls (chat turns).
+    DraftCost draft_cost_;
 };
 
 // Holds back streamed text that could be the start of a stop string until it is certain either
