@@ -4,9 +4,13 @@
 // for any thread count.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <vector>
 
@@ -193,6 +197,115 @@ TEST_CASE("flash attention: a token's output is the same bits alone, in any batc
                 }
             }
         }
+    }
+}
+
+namespace {
+double thread_cpu_seconds() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+} // namespace
+
+// TERN_BENCH=1 ./test_kernels_attention -tc='bench*': one thread, Gemma 3 270M's attention shape (head dim 256,
+// 4 query heads on 1 KV head). Thread CPU time, best of several runs, so a busy machine disturbs it less.
+TEST_CASE("bench: flash vs two-pass attention at Gemma 3 270M's shape" * doctest::skip(std::getenv("TERN_BENCH") == nullptr)) {
+    const int64_t head_dim = 256, group = 4;
+    const float scale = 0.0625f;
+    auto best_of = [](int reps, auto&& fn) {
+        double best = 1e30;
+        for (int r = 0; r < reps; ++r) {
+            const double t0 = thread_cpu_seconds();
+            fn();
+            best = std::min(best, thread_cpu_seconds() - t0);
+        }
+        return best;
+    };
+    for (int64_t depth : {512, 4096}) {
+        const auto q = random_vec(size_t(depth * group * head_dim), 41);
+        std::vector<float> out(size_t(depth * group * head_dim));
+        // Before: the two-pass attention_head per (token, head), f16 cache.
+        {
+            const StoredRows k = store_rows(KvFormat::f16, depth, head_dim, 42, 1.0f);
+            const StoredRows v = store_rows(KvFormat::f16, depth, head_dim, 43, 1.0f);
+            std::vector<float> scores(static_cast<size_t>(depth));
+            const int32_t pos = int32_t(depth - 1);
+            const double dec = best_of(20, [&] {
+                for (int64_t h = 0; h < group; ++h)
+                    attention_head(q.data() + h * head_dim, k.bytes.data(), v.bytes.data(), KvElem::f16, pos + 1,
+                                   head_dim, head_dim, scale, 0.0f, scores.data(), out.data() + h * head_dim);
+            });
+            const double pre = best_of(2, [&] {
+                for (int64_t i = 0; i < depth; ++i)
+                    for (int64_t h = 0; h < group; ++h)
+                        attention_head(q.data() + (i * group + h) * head_dim, k.bytes.data(), v.bytes.data(),
+                                       KvElem::f16, i + 1, head_dim, head_dim, scale, 0.0f, scores.data(),
+                                       out.data() + (i * group + h) * head_dim);
+            });
+            std::printf("bench: depth %5lld two-pass f16      : decode %.3f ms/token, prefill %lld tokens %.1f ms\n",
+                        (long long)depth, dec * 1e3, (long long)depth, pre * 1e3);
+        }
+        for (KvFormat f : kFormats) {
+            AttnParams p;
+            p.format = f;
+            p.head_dim = p.head_dim_v = head_dim;
+            p.group = group;
+            p.scale = scale;
+            const StoredRows k = store_rows(f, depth, head_dim, 42, 1.0f);
+            const StoredRows v = store_rows(f, depth, head_dim, 43, 1.0f);
+            const void* kh = k.bytes.data();
+            const void* vh = v.bytes.data();
+            const AttnChunkFn kernel = attn_chunk_kernel(p);
+            const double dec = best_of(20, [&] {
+                attend_tokens(p, kernel, 1, &kh, &vh, int32_t(depth - 1), 1, 0, q.data(), group * head_dim, out.data(),
+                              group * head_dim, 1);
+            });
+            const double pre = best_of(2, [&] {
+                attend_tokens(p, kernel, 1, &kh, &vh, 0, depth, 0, q.data(), group * head_dim, out.data(),
+                              group * head_dim, 1);
+            });
+            std::printf("bench: depth %5lld flash %-8s %s: decode %.3f ms/token, prefill %lld tokens %.1f ms\n",
+                        (long long)depth, format_name(f), kernel == attn_chunk_scalar ? "scalar" : "avx2  ", dec * 1e3,
+                        (long long)depth, pre * 1e3);
+        }
+    }
+}
+
+// Decode attention of a whole Gemma 3 270M token at depth 4096: 18 layers, every 6th global, the others a
+// 512-position sliding window, each layer its own cache (so the KV comes from memory, not a hot L2, as in a
+// real decode step). Thread CPU time of one thread, best of several tokens.
+TEST_CASE("bench: one Gemma 3 270M decode step's attention at depth 4096" * doctest::skip(std::getenv("TERN_BENCH") == nullptr)) {
+    const int64_t head_dim = 256, group = 4, depth = 4096, n_layers = 18;
+    const auto q = random_vec(size_t(group * head_dim), 51);
+    std::vector<float> out(size_t(group * head_dim));
+    for (KvFormat f : kFormats) {
+        AttnParams p;
+        p.format = f;
+        p.head_dim = p.head_dim_v = head_dim;
+        p.group = group;
+        p.scale = 0.0625f;
+        std::vector<StoredRows> k, v;
+        for (int64_t l = 0; l < n_layers; ++l) {
+            k.push_back(store_rows(f, depth, head_dim, 60 + uint32_t(l), 1.0f));
+            v.push_back(store_rows(f, depth, head_dim, 80 + uint32_t(l), 1.0f));
+        }
+        const AttnChunkFn kernel = attn_chunk_kernel(p);
+        double best = 1e30;
+        for (int rep = 0; rep < 8; ++rep) {
+            const double t0 = thread_cpu_seconds();
+            for (int64_t l = 0; l < n_layers; ++l) {
+                const void* kh = k[size_t(l)].bytes.data();
+                const void* vh = v[size_t(l)].bytes.data();
+                const int32_t window = (l + 1) % 6 == 0 ? 0 : 512;
+                attend_tokens(p, kernel, 1, &kh, &vh, int32_t(depth - 1), 1, window, q.data(), group * head_dim,
+                              out.data(), group * head_dim, 1);
+            }
+            best = std::min(best, thread_cpu_seconds() - t0);
+        }
+        const double kv_mb = double(3 * depth + 15 * 512) * 2.0 * double(kv_row_bytes(f, head_dim)) / 1e6;
+        std::printf("bench: Gemma 3 270M decode attention, depth %lld, %-8s: %.3f ms/token (%.1f MB of KV read)\n",
+                    (long long)depth, format_name(f), best * 1e3, kv_mb);
     }
 }
 

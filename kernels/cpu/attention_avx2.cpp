@@ -108,10 +108,31 @@ void scores_tile(const AttnParams& p, const float* q, int64_t q_stride, const ui
     }
 }
 
-// acc[h * head_dim_v + d] = sum_j w[h * kAttnChunk + j] * v_j[d] for NH heads.
+// acc[h * head_dim_v + d] = sum_j w[h * kAttnChunk + j] * v_j[d] for NH heads, 16 columns per pass (one block
+// scale per row and pass; 2 * NH accumulators) while they last, then 8.
 template <KvFormat F, int NH>
 void values_tile(const AttnParams& p, const float* w, const uint8_t* v, size_t v_bytes, int64_t n_keys, float* out) {
-    for (int64_t d = 0; d < p.head_dim_v; d += 8) {
+    int64_t d = 0;
+    for (; d + 16 <= p.head_dim_v; d += 16) {
+        __m256 lo[NH], hi[NH];
+        for (int h = 0; h < NH; ++h)
+            lo[h] = hi[h] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n_keys; ++j) {
+            const uint8_t* row = v + static_cast<size_t>(j) * v_bytes;
+            const __m256 scale = block_scale<F>(row, d);
+            const __m256 x0 = load8<F>(row, d, scale), x1 = load8<F>(row, d + 8, scale);
+            for (int h = 0; h < NH; ++h) {
+                const __m256 wj = _mm256_broadcast_ss(w + h * kAttnChunk + j);
+                lo[h] = _mm256_fmadd_ps(wj, x0, lo[h]);
+                hi[h] = _mm256_fmadd_ps(wj, x1, hi[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            _mm256_storeu_ps(out + h * p.head_dim_v + d, lo[h]);
+            _mm256_storeu_ps(out + h * p.head_dim_v + d + 8, hi[h]);
+        }
+    }
+    for (; d < p.head_dim_v; d += 8) {
         __m256 acc[NH];
         for (int h = 0; h < NH; ++h)
             acc[h] = _mm256_setzero_ps();
