@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Speculative decoding speed: `tern run` decode tok/s without drafting, with --lookup and (with
 # --draft) with --draft-model, on two tasks: "copy" (repeat a ~300-token passage, where the output
-# copies the prompt) and "open" (an open-ended continuation, where drafts rarely hold). Runs are
+# copies the prompt), "open" (an open-ended continuation; greedy, so a small model soon loops) and
+# "sample" (the open prompt sampled at --temp 0.8 --seed 3: drafts rarely hold). Runs are
 # INTERLEAVED (plain, lookup, draft, plain, ...) so a noisy neighbour hits every mode about equally;
 # the ratio column is the median over rounds of (mode tok/s / plain tok/s in the same round). Every
-# drafted run's tokens are compared with the plain run's (greedy): "same" must say yes.
+# drafted run's tokens are compared with the plain run's (same seed when sampled): "same" must say yes.
 #
 # Usage: bench/speculative.sh [-m MODEL] [--draft DRAFT.gguf] [-t THREADS] [-n N] [--rounds R]
-#                             [--lookup K] [--tasks "copy open"] [-c CTX]
+#                             [--lookup K] [--tasks "copy open sample"] [-c CTX]
 #   defaults: -m ~/.cache/tern/models/gemma-3-270m-q4_k_m.gguf, -t 1, -n 128, --rounds 3, --lookup 8
 #   task "story": a short repetitive TinyStories-style prompt, for the tiny models of ../shared
 #   (their context is 128-256 tokens: use e.g. --tasks story -n 64).
@@ -21,7 +22,7 @@ threads=1
 n=128
 rounds=3
 lookup=8
-tasks="copy open"
+tasks="copy open sample"
 ctx=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -68,11 +69,14 @@ for r in $(seq 1 "$rounds"); do
     for task in $tasks; do
         for mode in $modes; do
             extra=()
+            prompt=$task
+            temp=(--temp 0)
+            [ "$task" = sample ] && prompt=open && temp=(--temp 0.8 --seed 3)
             case $mode in
                 lookup) extra=(--lookup "$lookup") ;;
                 draft) extra=(--draft-model "$draft") ;;
             esac
-            "$tern" run -m "$model" -f "$work/$task.txt" -n "$n" --temp 0 -t "$threads" --device cpu --json \
+            "$tern" run -m "$model" -f "$work/$prompt.txt" -n "$n" "${temp[@]}" -t "$threads" --device cpu --json \
                 "${ctx[@]}" "${extra[@]}" > "$work/$task.$mode.$r.json" 2> "$work/$task.$mode.$r.err" ||
                 { echo "speculative.sh: tern run failed: $(tail -n1 "$work/$task.$mode.$r.err")" >&2; exit 1; }
         done

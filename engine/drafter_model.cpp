@@ -43,9 +43,34 @@ void DraftModelDrafter::timed_forward(const ForwardBatch& batch) {
     forward_ms_ = forward_ms_ > 0.0 ? forward_ms_ + 0.2 * (ms - forward_ms_) : ms;
 }
 
-void DraftModelDrafter::begin(std::span<const int32_t> /*context*/) {
-    // Nothing to reset: propose() keeps whatever cached prefix still matches (a new generation
-    // on the same prompt reuses the draft model's prefill too).
+void DraftModelDrafter::begin(std::span<const int32_t> context) {
+    // Prefill the prompt now (the session counts this as prefill), keeping whatever cached prefix
+    // still matches: a new generation on the same conversation reuses the draft model's KV too.
+    sync(context, false);
+}
+
+// Makes the cache hold `history`: keeps the prefix that agrees, runs the rest in one forward per
+// chunk. `rerun_last`: run the last token even when cached, for its logits.
+void DraftModelDrafter::sync(std::span<const int32_t> history, bool rerun_last) {
+    size_t n = history.size();
+    size_t common = 0;
+    const size_t limit = std::min(kv_tokens_.size(), rerun_last && n > 0 ? n - 1 : n);
+    while (common < limit && kv_tokens_[common] == history[common])
+        ++common;
+    if (common != kv_tokens_.size()) {
+        backend_->kv_truncate(static_cast<int32_t>(common));
+        kv_tokens_.resize(common);
+    }
+    n = std::min(n, static_cast<size_t>(std::max(n_ctx_, 0)));
+    for (size_t i = common; i < n; i += kCatchUpChunk) {
+        const std::span<const int32_t> part = history.subspan(i, std::min(kCatchUpChunk, n - i));
+        ForwardBatch batch;
+        batch.tokens = part;
+        batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
+        batch.wanted = LogitsWanted::last;
+        timed_forward(batch);
+        kv_tokens_.insert(kv_tokens_.end(), part.begin(), part.end());
+    }
 }
 
 void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_tokens, const DraftCost& cost,
@@ -61,26 +86,9 @@ void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_to
         return;
     }
 
-    // Keep the cached prefix that agrees with the history; the last history token is always run
-    // again, because its logits give the first draft.
-    size_t common = 0;
-    const size_t limit = std::min(kv_tokens_.size(), history.size() - 1);
-    while (common < limit && kv_tokens_[common] == history[common])
-        ++common;
-    if (common != kv_tokens_.size()) {
-        backend_->kv_truncate(static_cast<int32_t>(common));
-        kv_tokens_.resize(common);
-    }
     if (history.size() > static_cast<size_t>(n_ctx_)) return; // the session never gets here
-    for (size_t i = common; i < history.size(); i += kCatchUpChunk) {
-        const std::span<const int32_t> part = history.subspan(i, std::min(kCatchUpChunk, history.size() - i));
-        ForwardBatch batch;
-        batch.tokens = part;
-        batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
-        batch.wanted = LogitsWanted::last;
-        timed_forward(batch);
-        kv_tokens_.insert(kv_tokens_.end(), part.begin(), part.end());
-    }
+    // The last history token is always run again, because its logits give the first draft.
+    sync(history, true);
 
     // Greedy: the draft's most likely token is the likeliest to match the target, greedy or not.
     for (;;) {

@@ -37,6 +37,7 @@ public:
 
 private:
     void timed_forward(const ForwardBatch& batch);
+    void sync(std::span<const int32_t> history, bool rerun_last);
 
     std::shared_ptr<const Model> model_; // declared first: outlives the backend that reads it
     std::unique_ptr<Backend> backend_;

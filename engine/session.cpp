@@ -134,6 +134,8 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
 
     prefill(prompt.subspan(common), options);
     r.n_prefilled = static_cast<int32_t>(kv_tokens_.size() - common);
+    // The drafter reads the prompt too (a draft model prefills it): part of the prefill's time.
+    if (options.drafter && kv_tokens_.size() == prompt.size()) options.drafter->begin(prompt);
     r.prefill_ms = ms_since(t_prefill);
     if (kv_tokens_.size() != prompt.size()) {   // cancelled between chunks
         r.stop_reason = StopReason::cancelled;
@@ -185,7 +187,6 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     };
 
     Drafter* drafter = options.drafter;
-    if (drafter) drafter->begin(prompt);
     std::vector<int32_t> step;         // the last forward's tokens: one generated token, then drafts
     std::vector<int32_t> row_argmax;   // device_argmax: the argmax of each of its logit rows
     std::vector<int32_t> drafts;
