@@ -8,8 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/kv_cache.h"
 #include "formats/error.h"
+#include "tests/test_support.h"
 
 namespace tern {
 namespace {
@@ -150,6 +153,29 @@ TEST_CASE("KvCache loads version-1 (TKV1) snapshots of the float types, not of t
             CHECK_THROWS_AS(other.load(snap), UsageError);
         }
     }
+}
+
+TEST_CASE("tern perplexity takes --kv-type q8_0 and f8_e4m3, and refuses them for head dims off 32") {
+    if (!test::shared_available()) return;
+    const std::string text = test::shared_path("data/tinystories/cs336-tinystories_sample.txt").string();
+    double nll_f16 = 0.0;
+    for (const char* type : {"f16", "q8_0", "f8_e4m3"}) {
+        CAPTURE(type);
+        const auto r = test::run_tern({"perplexity", "-m", test::shared_path("models/synth/synth-k256-f16.gguf").string(),
+                                       "-f", text, "-c", "128", "--chunks", "2", "--kv-type", type, "--json"});
+        REQUIRE(r.exit_code == 0);
+        const auto j = nlohmann::json::parse(r.out);
+        CHECK(j["kv_type"] == type);
+        const double nll = j["nll_mean"].get<double>();
+        if (std::string(type) == "f16")
+            nll_f16 = nll;
+        else // an 8-bit cache moves the mean NLL a little, not a lot (and not at all would be suspicious)
+            CHECK((std::fabs(nll - nll_f16) < 0.02 * std::fabs(nll_f16) && nll != nll_f16));
+    }
+    const auto bad = test::run_tern({"perplexity", "-m", test::shared_path("models/gguf/llama2xs-tok512-f32.gguf").string(),
+                                     "-f", text, "--kv-type", "q8_0"});
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("--kv-type q8_0") != std::string::npos);
 }
 
 } // namespace tern
