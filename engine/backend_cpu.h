@@ -6,6 +6,7 @@
 // f32, f16 or bf16.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -74,7 +75,8 @@ private:
     // released (the file stays mapped), so resident memory stays about one copy of the weights.
     // Defined in backend_cpu_matmul.cpp.
     void pack_weights();
-    std::unordered_map<const uint8_t*, std::vector<uint8_t>> packed_;
+    // Packed bytes (new[] without value-initialisation: pages become resident only as they are written).
+    std::unordered_map<const uint8_t*, std::unique_ptr<uint8_t[]>> packed_;
     // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
     // l's cache, which already holds those positions. Defined in backend_cpu_attention.cpp.
     void attend(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);
