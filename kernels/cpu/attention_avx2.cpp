@@ -96,10 +96,18 @@ void scores_tile(const AttnParams& p, const float* q, int64_t q_stride, const ui
         __m256 acc[NH];
         for (int h = 0; h < NH; ++h)
             acc[h] = _mm256_setzero_ps();
-        __m256 scale = _mm256_set1_ps(1.0f);
-        for (int64_t d = 0; d < p.head_dim; d += 8) {
-            if (d % 32 == 0) scale = block_scale<F>(row, d);
-            const __m256 x = load8<F>(row, d, scale);
+        int64_t d = 0;
+        for (; d + 32 <= p.head_dim; d += 32) { // whole blocks: one scale, four slices
+            const __m256 scale = block_scale<F>(row, d);
+#pragma GCC unroll 4
+            for (int64_t s = 0; s < 32; s += 8) {
+                const __m256 x = load8<F>(row, d + s, scale);
+                for (int h = 0; h < NH; ++h)
+                    acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * q_stride + d + s), x, acc[h]);
+            }
+        }
+        for (; d < p.head_dim; d += 8) { // float formats only (block formats have head dims of whole blocks)
+            const __m256 x = load8<F>(row, d, _mm256_set1_ps(1.0f));
             for (int h = 0; h < NH; ++h)
                 acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * q_stride + d), x, acc[h]);
         }
