@@ -16,18 +16,10 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
+#include "tests/kernel_test_data.h"
 
 namespace tern {
 namespace {
-
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(n);
-    for (float& x : v)
-        x = dist(rng);
-    return v;
-}
 
 const char* format_name(KvFormat f) {
     switch (f) {
@@ -49,7 +41,7 @@ struct StoredRows {
 };
 
 StoredRows store_rows(KvFormat f, int64_t n_rows, int64_t n, uint32_t seed, float scale) {
-    const auto src = random_vec(static_cast<size_t>(n_rows * n), seed, scale);
+    const auto src = test::random_normal(static_cast<size_t>(n_rows * n), seed, scale);
     const size_t rb = kv_row_bytes(f, n);
     StoredRows s;
     s.bytes.resize(rb * static_cast<size_t>(n_rows));
@@ -68,7 +60,7 @@ TEST_CASE("kv rows: the block formats round-trip within their quantization step"
         for (int64_t n : {32, 64, 256}) {
             CAPTURE(format_name(f));
             CAPTURE(n);
-            const auto src = random_vec(static_cast<size_t>(n), 5, 3.0f);
+            const auto src = test::random_normal(static_cast<size_t>(n), 5, 3.0f);
             std::vector<uint8_t> row(kv_row_bytes(f, n));
             std::vector<float> back(static_cast<size_t>(n));
             kv_store_row(f, src.data(), row.data(), n);
@@ -116,7 +108,7 @@ TEST_CASE("flash attention (AVX2 and scalar chunk kernels) matches two-pass atte
                         CAPTURE(group);
                         CAPTURE(lo);
                         const int64_t head_dim_v = head_dim;
-                        const auto q = random_vec(size_t(group * head_dim), 21 + uint32_t(group), 2.0f);
+                        const auto q = test::random_normal(size_t(group * head_dim), 21 + uint32_t(group), 2.0f);
                         const StoredRows k = store_rows(f, n_keys, head_dim, 22, 1.0f);
                         const StoredRows v = store_rows(f, n_keys, head_dim_v, 23, 1.0f);
                         AttnParams p;
@@ -174,7 +166,7 @@ TEST_CASE("flash attention: a token's output is the same bits alone, in any batc
                     vh.push_back(v.bytes.data() + size_t(g) * head_bytes);
                 }
                 const int64_t q_stride = n_kv_heads * group * head_dim; // per token
-                const auto q = random_vec(size_t(n_ctx * q_stride), 33, 3.0f);
+                const auto q = test::random_normal(size_t(n_ctx * q_stride), 33, 3.0f);
                 const AttnChunkFn kernel = attn_chunk_kernel(p);
                 auto run = [&](int32_t pos0, int64_t n, int threads) {
                     std::vector<float> out(size_t(n * q_stride));
@@ -223,7 +215,7 @@ TEST_CASE("bench: flash vs two-pass attention at Gemma 3 270M's shape" * doctest
         return best;
     };
     for (int64_t depth : {512, 4096}) {
-        const auto q = random_vec(size_t(depth * group * head_dim), 41);
+        const auto q = test::random_normal(size_t(depth * group * head_dim), 41);
         std::vector<float> out(size_t(depth * group * head_dim));
         // Before: the two-pass attention_head per (token, head), f16 cache.
         {
@@ -277,7 +269,7 @@ TEST_CASE("bench: flash vs two-pass attention at Gemma 3 270M's shape" * doctest
 // real decode step). Thread CPU time of one thread, best of several tokens.
 TEST_CASE("bench: one Gemma 3 270M decode step's attention at depth 4096" * doctest::skip(std::getenv("TERN_BENCH") == nullptr)) {
     const int64_t head_dim = 256, group = 4, depth = 4096, n_layers = 18;
-    const auto q = random_vec(size_t(group * head_dim), 51);
+    const auto q = test::random_normal(size_t(group * head_dim), 51);
     std::vector<float> out(size_t(group * head_dim));
     for (KvFormat f : kFormats) {
         AttnParams p;

@@ -11,18 +11,10 @@
 #include "quant/half.h"
 #include "quant/reference.h"
 #include "quant/types.h"
+#include "tests/kernel_test_data.h"
 
 namespace tern {
 namespace {
-
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(n);
-    for (float& x : v)
-        x = dist(rng);
-    return v;
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
     double m = 0.0;
@@ -36,8 +28,8 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
 TEST_CASE("rmsnorm_f32 matches x / sqrt(mean(x^2) + eps) * w") {
     for (int64_t n : {1, 7, 64, 256, 1000, 4096}) {
         CAPTURE(n);
-        const auto x = random_vec(static_cast<size_t>(n), 1, 3.0f);
-        const auto w = random_vec(static_cast<size_t>(n), 2);
+        const auto x = test::random_normal(static_cast<size_t>(n), 1, 3.0f);
+        const auto w = test::random_normal(static_cast<size_t>(n), 2);
         std::vector<float> y(static_cast<size_t>(n)), y_now(static_cast<size_t>(n));
         rmsnorm_f32(x.data(), w.data(), y.data(), n, 1e-5f);
         rmsnorm_f32(x.data(), nullptr, y_now.data(), n, 1e-5f);
@@ -68,7 +60,7 @@ TEST_CASE("rope_normal_f32 and rope_neox_f32 rotate the right pairs by pos * sca
                     CAPTURE(head_dim);
                     CAPTURE(n_rot);
                     CAPTURE(pos);
-                    const auto x = random_vec(static_cast<size_t>(head_dim), 3);
+                    const auto x = test::random_normal(static_cast<size_t>(head_dim), 3);
                     std::vector<float> ff(static_cast<size_t>(n_rot / 2));
                     for (size_t i = 0; i < ff.size(); ++i)
                         ff[i] = 1.0f + 0.5f * static_cast<float>(i);
@@ -105,7 +97,7 @@ TEST_CASE("rope_normal_f32 and rope_neox_f32 rotate the right pairs by pos * sca
 TEST_CASE("softmax_f32, silu_f32, gelu_tanh_f32, swiglu/geglu and softcap match their formulas") {
     for (int64_t n : {1, 5, 100, 4097}) {
         CAPTURE(n);
-        auto x = random_vec(static_cast<size_t>(n), 4, 8.0f);
+        auto x = test::random_normal(static_cast<size_t>(n), 4, 8.0f);
         std::vector<double> ref(x.size());
         double m = -1e300, sum = 0.0;
         for (float v : x)
@@ -117,7 +109,7 @@ TEST_CASE("softmax_f32, silu_f32, gelu_tanh_f32, swiglu/geglu and softcap match 
         softmax_f32(x.data(), n);
         CHECK(max_abs_diff(x, ref) < 1e-6);
     }
-    const auto g = random_vec(1000, 5, 4.0f), u = random_vec(1000, 6);
+    const auto g = test::random_normal(1000, 5, 4.0f), u = test::random_normal(1000, 6);
     std::vector<float> sw(1000), ge(1000), cap = g;
     swiglu_f32(g.data(), u.data(), sw.data(), 1000);
     geglu_tanh_f32(g.data(), u.data(), ge.data(), 1000);
@@ -137,7 +129,7 @@ TEST_CASE("softmax_f32, silu_f32, gelu_tanh_f32, swiglu/geglu and softcap match 
 TEST_CASE("dot_f32 matches a double-precision sum") {
     for (int64_t n : {1, 3, 15, 16, 17, 64, 255, 1000, 4096}) {
         CAPTURE(n);
-        const auto a = random_vec(static_cast<size_t>(n), 7), b = random_vec(static_cast<size_t>(n), 8);
+        const auto a = test::random_normal(static_cast<size_t>(n), 7), b = test::random_normal(static_cast<size_t>(n), 8);
         double ref = 0.0, abs_sum = 0.0;
         for (int64_t i = 0; i < n; ++i) {
             ref += double(a[size_t(i)]) * b[size_t(i)];
@@ -161,7 +153,7 @@ TEST_CASE("matmul_dequant equals dequantize_row + double dot for every format, b
             CAPTURE(ti.name);
             CAPTURE(sz.n_in);
             CAPTURE(sz.n_out);
-            const auto wf = random_vec(size_t(sz.n_in * sz.n_out), 9, 0.1f);
+            const auto wf = test::random_normal(size_t(sz.n_in * sz.n_out), 9, 0.1f);
             const size_t rb = row_bytes(type, sz.n_in);
             std::vector<uint8_t> w(rb * size_t(sz.n_out));
             for (int64_t r = 0; r < sz.n_out; ++r) {
@@ -170,7 +162,7 @@ TEST_CASE("matmul_dequant equals dequantize_row + double dot for every format, b
                 else
                     quantize_row(type, wf.data() + r * sz.n_in, w.data() + size_t(r) * rb, sz.n_in);
             }
-            const auto x = random_vec(size_t(sz.n_in * sz.n_cols), 10);
+            const auto x = test::random_normal(size_t(sz.n_in * sz.n_cols), 10);
             std::vector<float> y1(size_t(sz.n_out * sz.n_cols)), y2(y1.size()), y3(y1.size());
             matmul_dequant(type, w.data(), sz.n_in, sz.n_out, x.data(), sz.n_cols, y1.data(), 1);
             matmul_dequant(type, w.data(), sz.n_in, sz.n_out, x.data(), sz.n_cols, y2.data(), 2);
@@ -206,9 +198,9 @@ TEST_CASE("attention_head matches softmax(q.K * scale) V for f32, f16 and bf16 c
                     CAPTURE(head_dim);
                     CAPTURE(n_keys);
                     const int64_t head_dim_v = head_dim;
-                    const auto q = random_vec(size_t(head_dim), 11);
-                    const auto kf = random_vec(size_t(n_keys * head_dim), 12);
-                    const auto vf = random_vec(size_t(n_keys * head_dim_v), 13);
+                    const auto q = test::random_normal(size_t(head_dim), 11);
+                    const auto kf = test::random_normal(size_t(n_keys * head_dim), 12);
+                    const auto vf = test::random_normal(size_t(n_keys * head_dim_v), 13);
                     // Store K/V in the cache format; the reference reads back the stored values.
                     std::vector<uint8_t> k, v;
                     std::vector<double> kd(kf.size()), vd(vf.size());

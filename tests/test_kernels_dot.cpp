@@ -22,14 +22,12 @@
 #include "quant/reference.h"
 #include "quant/reference_blocks.h"
 #include "quant/types.h"
+#include "tests/kernel_test_data.h"
 
 namespace tern {
 namespace {
 
-constexpr GgmlType kWeightTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,   GgmlType::Q5_1,
-                                     GgmlType::Q8_0, GgmlType::Q2_K,   GgmlType::Q3_K,   GgmlType::Q4_K,
-                                     GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS,
-                                     GgmlType::F8_E4M3, GgmlType::F16, GgmlType::BF16,   GgmlType::F32};
+constexpr auto& kWeightTypes = test::kDotWeightTypes;
 constexpr ActFormat kActFormats[] = {ActFormat::f32,  ActFormat::f16,  ActFormat::bf16,
                                      ActFormat::q8_0, ActFormat::q8_1, ActFormat::q8_k};
 constexpr CpuIsa kIsas[] = {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon};

@@ -25,14 +25,12 @@
 #include "quant/reference.h"
 #include "quant/repack.h"
 #include "quant/types.h"
+#include "tests/kernel_test_data.h"
 
 namespace tern {
 namespace {
 
-constexpr GgmlType kAllTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,   GgmlType::Q5_1,
-                                  GgmlType::Q8_0, GgmlType::Q2_K,   GgmlType::Q3_K,   GgmlType::Q4_K,
-                                  GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS,
-                                  GgmlType::F8_E4M3, GgmlType::F16, GgmlType::BF16,   GgmlType::F32};
+constexpr auto& kAllTypes = test::kDotWeightTypes;
 
 std::vector<float> random_vec(size_t n, uint32_t seed) {
     std::mt19937 rng(seed);

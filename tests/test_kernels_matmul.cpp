@@ -23,22 +23,12 @@
 #include "kernels/cpu/quantize_act.h"
 #include "quant/reference.h"
 #include "quant/types.h"
+#include "tests/kernel_test_data.h"
 
 namespace tern {
 namespace {
 
-constexpr GgmlType kWeightTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,   GgmlType::Q5_1,
-                                     GgmlType::Q8_0, GgmlType::Q2_K,   GgmlType::Q3_K,   GgmlType::Q4_K,
-                                     GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS,
-                                     GgmlType::F8_E4M3, GgmlType::F16, GgmlType::BF16,   GgmlType::F32};
-
-std::vector<float> random_vec(size_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> v(n);
-    for (float& x : v) x = dist(rng);
-    return v;
-}
+constexpr auto& kWeightTypes = test::kDotWeightTypes;
 
 double process_cpu_seconds() {
     timespec ts{};
@@ -53,7 +43,7 @@ struct Matrix {
 
 Matrix random_matrix(GgmlType t, int64_t n_out, int64_t n_in, uint32_t seed) {
     Matrix m;
-    const auto x = random_vec(size_t(n_out * n_in), seed);
+    const auto x = test::random_normal(size_t(n_out * n_in), seed);
     const size_t rb = row_bytes(t, n_in);
     m.bytes.resize(rb * size_t(n_out));
     for (int64_t r = 0; r < n_out; ++r) quantize_row(t, x.data() + r * n_in, m.bytes.data() + size_t(r) * rb, n_in);
@@ -70,7 +60,7 @@ TEST_CASE("matmul_q computes y[c][r] = dot(row r, column c) with the chosen set,
         for (int64_t n_cols : {1, 3, 8, 13}) {
             CAPTURE(type_name(t));
             CAPTURE(n_cols);
-            const auto x = random_vec(size_t(n_in * n_cols), 5 + uint32_t(n_cols));
+            const auto x = test::random_normal(size_t(n_in * n_cols), 5 + uint32_t(n_cols));
             ActBuffer buf;
             const QuantizedActs qa = buf.quantize(t, x.data(), n_in, n_cols);
             std::vector<float> y(size_t(n_out * n_cols), -1.0f);
@@ -93,7 +83,7 @@ TEST_CASE("every forced ISA gives the scalar set's matmul results (normalised er
     const int64_t n_in = 1024, n_out = 64, n_cols = 9;
     for (GgmlType t : kWeightTypes) {
         const Matrix m = random_matrix(t, n_out, n_in, 21 + uint32_t(t));
-        const auto x = random_vec(size_t(n_in * n_cols), 22);
+        const auto x = test::random_normal(size_t(n_in * n_cols), 22);
         // The activations are quantized once with the scalar set: every set's quantizer gives the same bytes
         // (test_kernels_dot.cpp), so this isolates the dot kernels.
         std::vector<unsigned char> a(act_row_bytes(act_format_for(t), n_in) * n_cols);
@@ -125,7 +115,7 @@ TEST_CASE("matmul_q is bit-identical for any thread count, decode and prefill sh
         for (int64_t n_cols : {1, 4, 24}) {
             CAPTURE(type_name(t));
             CAPTURE(n_cols);
-            const auto x = random_vec(size_t(n_in * n_cols), 32);
+            const auto x = test::random_normal(size_t(n_in * n_cols), 32);
             ActBuffer buf;
             const QuantizedActs qa = buf.quantize(t, x.data(), n_in, n_cols);
             std::vector<float> y1(size_t(n_out * n_cols)), y2(y1.size()), y3(y1.size());
@@ -140,9 +130,9 @@ TEST_CASE("matmul_q is bit-identical for any thread count, decode and prefill sh
 
 TEST_CASE("matmul_q rejects mismatched formats and shapes") {
     const Matrix m = random_matrix(GgmlType::Q4_0, 4, 64, 1);
-    const auto x = random_vec(64, 2);
+    const auto x = test::random_normal(64, 2);
     ActBuffer buf;
-    const QuantizedActs qk = buf.quantize(GgmlType::Q4_K, random_vec(256, 3).data(), 256, 1);
+    const QuantizedActs qk = buf.quantize(GgmlType::Q4_K, test::random_normal(256, 3).data(), 256, 1);
     std::vector<float> y(4);
     CHECK_THROWS_AS(matmul_q(m.view, qk, y.data(), 1), std::invalid_argument);   // q8_K activations for Q4_0
     ActBuffer buf2;
@@ -199,7 +189,7 @@ TEST_CASE("bench: matvec GB/s vs a STREAM-like read" * doctest::skip(std::getenv
         const size_t bytes = m.bytes.size();
         const int copies = int(std::max<size_t>(1, (640ull << 20) / bytes));
         std::vector<std::vector<unsigned char>> cold(size_t(copies), m.bytes);
-        const auto x = random_vec(size_t(n), 42);
+        const auto x = test::random_normal(size_t(n), 42);
         ActBuffer buf;
         const QuantizedActs qa = buf.quantize(t, x.data(), n, 1);
         std::vector<float> y(static_cast<size_t>(n), 0.0f);
