@@ -107,7 +107,8 @@ TEST_CASE("synth: the file holds the shape's metadata and tern quantize's per-te
     // Under `tern quantize --dry-run` the same file keeps every format: synth used the same plan.
     const auto r = run_tern({"quantize", f.path(), "--type", "q4_k_m", "--dry-run", "--json"});
     REQUIRE(r.exit_code == 0);
-    for (const auto& t : nlohmann::json::parse(r.out)["tensors"]) CHECK(t["from"] == t["to"]);
+    const nlohmann::json plan = nlohmann::json::parse(r.out); // named: a range-for over a temporary's member dangles
+    for (const auto& t : plan["tensors"]) CHECK(t["from"] == t["to"]);
 }
 
 TEST_CASE("synth: tern run generates tokens from a synthetic file") {
