@@ -37,3 +37,12 @@ KvType kv_type_from_name(std::string_view name) {
 }
 
 } // namespace tern
+
+namespace tern {
+
+void Backend::kv_erase(int32_t begin, int32_t end) {
+    throw RuntimeFailure(device_name() + ": this backend cannot shift its KV cache (erase of positions " +
+                         std::to_string(begin) + ".." + std::to_string(end) + ")");
+}
+
+} // namespace tern

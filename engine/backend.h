@@ -57,6 +57,11 @@ public:
     virtual void kv_truncate(int32_t n_past) = 0;          // forget positions >= n_past
     virtual KvSnapshot kv_save(int32_t n) const = 0;
     virtual void kv_load(const KvSnapshot& snapshot) = 0;
+    // Removes positions [begin, end) of the cache; the positions after them move down by
+    // end - begin (their K re-rotated for the new positions where the rope allows), so a long
+    // conversation can drop old turns without recomputing the rest. Backends that cannot shift
+    // throw RuntimeFailure (the default); callers then fall back to truncate + prefill.
+    virtual void kv_erase(int32_t begin, int32_t end);
     virtual std::string device_name() const = 0;           // "cpu", "cuda:0"
 };
 

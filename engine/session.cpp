@@ -92,6 +92,16 @@ Session::Session(std::unique_ptr<Backend> backend, std::unique_ptr<Tokenizer> to
 void Session::reset() {
     backend_->kv_truncate(0);
     kv_tokens_.clear();
+    kv_shifted_ = false;
+}
+
+void Session::erase(int32_t begin, int32_t end) {
+    if (begin < 0 || end < begin || end > static_cast<int32_t>(kv_tokens_.size()))
+        throw std::invalid_argument("Session::erase: range outside the cached tokens");
+    if (begin == end) return;
+    backend_->kv_erase(begin, end);
+    kv_tokens_.erase(kv_tokens_.begin() + begin, kv_tokens_.begin() + end);
+    kv_shifted_ = true;
 }
 
 void Session::prefill(std::span<const int32_t> tokens, const GenerateOptions& options) {

@@ -41,6 +41,13 @@ public:
     // Forget the KV cache (a new conversation).
     void reset();
 
+    // Drops positions [begin, end) of the cache and of kv_tokens() (Backend::kv_erase): the
+    // context shift of long conversations. Afterwards kv_shifted() is true until reset().
+    void erase(int32_t begin, int32_t end);
+    // True when the cache went through a shift: its K/V are then close to, but not bit-equal
+    // to, a cold prefill of kv_tokens(), so they must not be stored as such (prefix cache).
+    bool kv_shifted() const { return kv_shifted_; }
+
     const Tokenizer& tokenizer() const { return *tokenizer_; }
     // The loaded file (metadata such as the chat template); null for sessions built on fakes.
     const Model* model() const { return model_.get(); }
@@ -57,6 +64,7 @@ private:
     std::unique_ptr<Tokenizer> tokenizer_;
     int32_t n_ctx_ = 0;
     std::vector<int32_t> kv_tokens_;
+    bool kv_shifted_ = false;
     // What verifying drafted tokens costs on this backend, timed on the decode forwards of
     // speculative steps and kept across calls (chat turns).
     DraftCost draft_cost_;
