@@ -14,6 +14,11 @@ inline constexpr uint64_t kMaxArrayElems = 1ull << 24;           // one array (1
 // All metadata values of a file, array elements included. Each parsed value costs ~100 bytes
 // of memory, so this keeps the worst case of a small hostile file near 1.6 GB.
 inline constexpr uint64_t kMaxTotalValues = 1ull << 24;
+// Metadata records and tensors of one file. Real files have tens of keys and at most a few
+// thousand tensors (a 256-expert MoE with unmerged experts would have ~50k); without the caps a
+// 1 GB file of minimal records would cost gigabytes of parsed records before any other check.
+inline constexpr uint64_t kMaxKeys = 1ull << 16;     // 65,536 metadata records
+inline constexpr uint64_t kMaxTensors = 1ull << 18;  // 262,144 tensors
 inline constexpr int kMaxArrayDepth = 8;            // array nesting levels
 inline constexpr uint64_t kMaxTensorNameBytes = 63; // ggml's GGML_MAX_NAME is 64 with NUL
 inline constexpr int kMaxDims = 4;

@@ -183,6 +183,14 @@ private:
         if (n_kv < 0) fail(16, "n_kv", "expected a count >= 0, found " + std::to_string(n_kv) + " (corrupt header?)");
         n_tensors_ = static_cast<uint64_t>(n_tensors);
         n_kv_ = static_cast<uint64_t>(n_kv);
+        if (n_tensors_ > lim::kMaxTensors)
+            fail(8, "n_tensors",
+                 "expected at most " + std::to_string(lim::kMaxTensors) + " tensors, found " +
+                     std::to_string(n_tensors_) + " (corrupt header?)");
+        if (n_kv_ > lim::kMaxKeys)
+            fail(16, "n_kv",
+                 "expected at most " + std::to_string(lim::kMaxKeys) + " metadata keys, found " +
+                     std::to_string(n_kv_) + " (corrupt header?)");
         // n_tensors is checked once the metadata has been read, where the bound is exact.
         check_count(16, "n_kv", n_kv_, kMinKvBytes, "key/value records", "the header");
         f_.kvs_.reserve(n_kv_);

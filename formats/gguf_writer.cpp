@@ -288,6 +288,12 @@ void GgufWriter::write(const std::string& path, const FillFn& fill, uint32_t ali
         check_key(kv.key);
         check_value(kv.key, kv.value, 0);
     }
+    if (kvs.size() > lim::kMaxKeys)
+        throw std::invalid_argument("GGUF writer: " + std::to_string(kvs.size()) + " metadata keys, more than the " +
+                                    std::to_string(lim::kMaxKeys) + " the reader accepts");
+    if (tensors_.size() > lim::kMaxTensors)
+        throw std::invalid_argument("GGUF writer: " + std::to_string(tensors_.size()) + " tensors, more than the " +
+                                    std::to_string(lim::kMaxTensors) + " the reader accepts");
 
     ByteSink head;
     head.out.append("GGUF", 4);

@@ -18,6 +18,7 @@
 
 #include "formats/error.h"
 #include "formats/gguf.h"
+#include "formats/gguf_limits.h"
 #include "formats/gguf_writer.h"
 #include "tests/test_support.h"
 
@@ -218,6 +219,12 @@ std::vector<Case> corpus() {
         add("n_tensors=" + std::to_string(v), poke(B, at.at("n_tensors"), v), "n_tensors");
         add("n_kv=" + std::to_string(v), poke(B, at.at("n_kv"), v), "n_kv");
     }
+    // Counts over the caps of formats/gguf_limits.h are refused before the bytes-left check, with
+    // the cap in the message (a 9 MB file of minimal records could hold them all).
+    add("n_tensors over the cap", poke<int64_t>(B, at.at("n_tensors"), int64_t(gguf_limits::kMaxTensors + 1)),
+        "at most " + std::to_string(gguf_limits::kMaxTensors) + " tensors");
+    add("n_kv over the cap", poke<int64_t>(B, at.at("n_kv"), int64_t(gguf_limits::kMaxKeys + 1)),
+        "at most " + std::to_string(gguf_limits::kMaxKeys) + " metadata keys");
     add("n_kv+1", poke<int64_t>(B, at.at("n_kv"), int64_t(base_kvs().size() + 1)));
     add("n_tensors+1", poke<int64_t>(B, at.at("n_tensors"), int64_t(base_tensors().size() + 1)));
     for (const auto& [field, off] : at) {
