@@ -8,12 +8,14 @@
 #include <string>
 
 #include "engine/backend_cpu.h"
+#include "kernels/cpu/gemm_f16.h"
 #include "kernels/cpu/gemm_input.h"
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/matmul_quant.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quantize_act.h"
 #include "quant/repack.h"
+#include "quant/repack_f16.h"
 
 namespace tern {
 namespace {
@@ -70,20 +72,29 @@ void CpuBackend::pack_weights() {
         for (const WeightRef* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) todo.push_back(w);
     todo.push_back(&weights_.output);
     for (const WeightRef* w : todo) {
-        if (!w->present() || packed_.count(w->data) || !packing_pays(w->type, w->n_in(), k)) continue;
+        if (!w->present() || packed_.count(w->data)) continue;
+        // F16 / BF16: 16-row panels for the 16-bit GEMM (kernels/cpu/gemm_f16.h); the rest: packed groups.
+        const bool panels = panel16_pays(w->type, w->n_in(), k);
+        if (!panels && !packing_pays(w->type, w->n_in(), k)) continue;
         const int64_t n_out = w->n_out(), n_in = w->n_in();
         std::unique_ptr<uint8_t[]>& dst = packed_[w->data];
-        dst.reset(new uint8_t[packed_bytes(w->type, n_out, n_in)]);
+        dst.reset(new uint8_t[panels ? panel16_bytes(n_out, n_in) : packed_bytes(w->type, n_out, n_in)]);
         // Slices of ~4 MiB of source rows, each released as soon as it is packed, so the transient
         // double copy is one slice, not the whole tensor (a tied 128K-vocab embedding is 150+ MB).
         const int64_t groups = (n_out + kPackRows - 1) / kPackRows;
         const size_t group_src = w->row_size() * kPackRows;
         const int64_t per_slice = std::max<int64_t>(1, static_cast<int64_t>((4u << 20) / group_src));
+        static_assert(kF16PanelRows == kPackRows, "one slicing serves both layouts");
         for (int64_t g0 = 0; g0 < groups; g0 += per_slice) {
             const int64_t g1 = std::min(groups, g0 + per_slice);
 #pragma omp parallel for schedule(static) num_threads(n_threads_)
-            for (int64_t g = g0; g < g1; ++g)
-                repack_rows(w->type, w->data, n_out, n_in, dst.get(), g * kPackRows, std::min(n_out, (g + 1) * kPackRows));
+            for (int64_t g = g0; g < g1; ++g) {
+                const int64_t r0 = g * kPackRows, r1 = std::min(n_out, (g + 1) * kPackRows);
+                if (panels)
+                    repack_panel16(w->data, n_out, n_in, dst.get(), r0, r1);
+                else
+                    repack_rows(w->type, w->data, n_out, n_in, dst.get(), r0, r1);
+            }
             const int64_t r0 = g0 * kPackRows, r1 = std::min(n_out, g1 * kPackRows);
             release_pages(w->data + static_cast<size_t>(r0) * w->row_size(), static_cast<size_t>(r1 - r0) * w->row_size());
         }
@@ -128,7 +139,10 @@ void CpuBackend::project(const WeightRef& w, const std::vector<float>& bias, Mat
     } else if (const auto it = packed_.find(w.data); it != packed_.end()) {
         const ActFormat f = act_format_for(w.type);
         const QuantizedActs acts{f, in.acts(f), in.n_in, in.n_cols, 0};
-        matmul_packed(PackedMatrixView{w.type, it->second.get(), w.n_in(), w.n_out()}, acts, y, n_threads_);
+        if (panel16_packable(w.type, w.n_in()))
+            matmul_f16_panels(Panel16MatrixView{w.type, it->second.get(), w.n_in(), w.n_out()}, acts, y, n_threads_);
+        else
+            matmul_packed(PackedMatrixView{w.type, it->second.get(), w.n_in(), w.n_out()}, acts, y, n_threads_);
     } else {
         const ActFormat f = act_format_for(w.type);
         const QuantizedActs acts{f, in.acts(f), in.n_in, in.n_cols, 0};

@@ -1,0 +1,142 @@
+// 16-bit GEMM: the scalar twin of the tile, the kernel choice and the loop nest (gemm_f16.h).
+#include "kernels/cpu/gemm_f16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <omp.h>
+
+#include "quant/half.h"
+
+namespace tern {
+
+// Defined in gemm_f16_avx512.cpp (x86-64 builds): the AVX-512 tile for t (or nullptr) and the widening
+// of n 16-bit values of format t to f32 (exact).
+F16TileFn f16_tile_avx512(GgmlType t);
+void widen16_avx512(GgmlType t, const uint16_t* src, float* dst, int64_t n);
+
+namespace {
+
+inline float widen(GgmlType t, uint16_t h) { return t == GgmlType::BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
+
+void widen16_scalar(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = widen(t, src[i]);
+}
+
+// Below ~256K multiply-adds (e.g. one 512x512 matvec) a fork/join costs more than it saves.
+constexpr int64_t kMinParallelWork = 256 * 1024;
+// f32 activation bytes per column chunk: the chunk stays in L2 (2 MiB) while every tile of the matrix
+// passes over it, next to the tile's own working set.
+constexpr size_t kChunkActBytes = 1u << 20;
+
+} // namespace
+
+void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, size_t x_stride,
+                     int64_t n_cols, float* out) {
+    for (int64_t c = 0; c < n_cols; ++c) {
+        const float* xc = x + static_cast<size_t>(c) * x_stride;
+        for (int r = 0; r < n_panels * kF16PanelRows; ++r) {
+            const uint16_t* w = panels + static_cast<size_t>(r / kF16PanelRows) * kF16PanelRows * static_cast<size_t>(n_in) +
+                                r % kF16PanelRows;
+            float acc = 0.0f;
+            for (int64_t k = 0; k < n_in; ++k) acc = std::fma(widen(t, w[k * kF16PanelRows]), xc[k], acc);
+            out[c * kF16TileRows + r] = acc;
+        }
+    }
+}
+
+F16TileFn f16_tile_for(GgmlType t, const CpuKernels& k) {
+#if defined(__x86_64__)
+    if (k.isa == CpuIsa::avx512) return f16_tile_avx512(t);
+#else
+    (void)t;
+    (void)k;
+#endif
+    return nullptr;
+}
+
+bool panel16_pays(GgmlType t, int64_t n_in, const CpuKernels& k) {
+    return panel16_packable(t, n_in) && f16_tile_for(t, k) != nullptr;
+}
+
+void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float* y, int n_threads,
+                       const CpuKernels* kernels) {
+    const std::string where = std::string("matmul_f16_panels(") + std::string(type_name(w.type)) + "): ";
+    if (!panel16_packable(w.type, w.n_in)) throw std::invalid_argument(where + "no panel layout for these rows");
+    if (x.format != act_format_for(w.type) || x.n_in != w.n_in)
+        throw std::invalid_argument(where + "activations are " + act_format_name(x.format) + " with " +
+                                    std::to_string(x.n_in) + " elements per column, expected " +
+                                    act_format_name(act_format_for(w.type)) + " with " + std::to_string(w.n_in));
+    if (w.n_out < 0 || x.n_cols < 0 || (!w.data && w.n_out > 0) || (!x.data && x.n_cols > 0))
+        throw std::invalid_argument(where + "null data or negative shape");
+    if (w.n_out == 0 || x.n_cols == 0) return;
+
+    const CpuKernels& k = kernels ? *kernels : cpu_kernels();
+    const F16TileFn simd = f16_tile_for(w.type, k);
+    const GgmlType t = w.type;
+    const int64_t n_in = w.n_in, n_out = w.n_out, n_cols = x.n_cols;
+    const size_t xstride16 = x.col_stride ? x.col_stride / 2 : static_cast<size_t>(n_in);
+    const auto* x16 = static_cast<const uint16_t*>(x.data);
+    const auto* wbase = static_cast<const uint16_t*>(w.data);
+
+    // The activations as f32 once per call (exact: every 16-bit value is an f32), so the tile broadcasts
+    // them straight from memory.
+    thread_local std::vector<float> xf;
+    xf.resize(static_cast<size_t>(n_cols * n_in));
+    for (int64_t c = 0; c < n_cols; ++c) {
+        const uint16_t* src = x16 + static_cast<size_t>(c) * xstride16;
+        float* dst = xf.data() + static_cast<size_t>(c * n_in);
+#if defined(__x86_64__)
+        if (simd) {
+            widen16_avx512(t, src, dst, n_in);
+            continue;
+        }
+#endif
+        widen16_scalar(t, src, dst, n_in);
+    }
+
+    const int64_t n_tiles = (n_out + kF16TileRows - 1) / kF16TileRows;
+    const int64_t chunk_cols = std::max<int64_t>(8, static_cast<int64_t>(kChunkActBytes / (static_cast<size_t>(n_in) * 4)));
+    int nt = std::max(1, n_threads);
+    if (n_in * n_out * n_cols < kMinParallelWork) nt = 1;
+    nt = static_cast<int>(std::min<int64_t>(nt, n_tiles));
+    const float* xdata = xf.data();
+    const size_t panel_words = static_cast<size_t>(kF16PanelRows) * static_cast<size_t>(n_in);
+
+    for (int64_t c0 = 0; c0 < n_cols; c0 += chunk_cols) {
+        const int64_t nc = std::min(n_cols, c0 + chunk_cols) - c0;
+        // Dynamic hand-out of tiles: on a machine shared with other processes one thread is often descheduled,
+        // and a static split would make the other wait at the join for the whole of its share. Which thread
+        // computes a tile never changes its results (one tile call per output).
+#pragma omp parallel num_threads(nt)
+        {
+            thread_local std::vector<float> tile;
+            tile.resize(static_cast<size_t>(nc * kF16TileRows));
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t g = 0; g < n_tiles; ++g) {
+                const int64_t r0 = g * kF16TileRows;
+                const int64_t rows = std::min<int64_t>(kF16TileRows, n_out - r0);
+                const int np = static_cast<int>((rows + kF16PanelRows - 1) / kF16PanelRows);
+                const uint16_t* panels = wbase + static_cast<size_t>(r0 / kF16PanelRows) * panel_words;
+                const float* xc = xdata + static_cast<size_t>(c0 * n_in);
+                if (simd)
+                    simd(t, n_in, panels, np, xc, static_cast<size_t>(n_in), nc, tile.data());
+                else
+                    f16_tile_scalar(t, n_in, panels, np, xc, static_cast<size_t>(n_in), nc, tile.data());
+                for (int64_t j = 0; j < nc; ++j)
+                    std::memcpy(y + (c0 + j) * n_out + r0, tile.data() + j * kF16TileRows, static_cast<size_t>(rows) * 4);
+            }
+        }
+    }
+}
+
+#if !defined(__x86_64__)
+F16TileFn f16_tile_avx512(GgmlType) { return nullptr; }
+void widen16_avx512(GgmlType, const uint16_t*, float*, int64_t) {}
+#endif
+
+} // namespace tern

@@ -1,0 +1,62 @@
+#pragma once
+// y = W x for F16 / BF16 weights in the panel layout (quant/repack_f16.h) and activations rounded to the
+// weight's 16-bit type (kernels/cpu/quantize_act.h: ggml pairs F16 x f16 and BF16 x bf16): the CPU's decode
+// matvec and prefill GEMM for 16-bit weights in one kernel family.
+//
+// Arithmetic contract. Output (row r, column c) is, for any number of columns, any tiling and any thread
+// count, exactly
+//     acc = +0.0f;  for k = 0 .. n_in - 1:  acc = fma(f32(w[r][k]), f32(x[c][k]), acc)
+// one f32 chain in k order. The product of two f16 (11 + 11 significant bits) or two bf16 (8 + 8) values is
+// exact in f32, so each step is the correctly rounded acc + w * x and the scalar twin (std::fma) is
+// bit-identical to the SIMD kernel. Decode (1 column), draft verification and prefill (many) therefore give
+// bit-identical rows per token: speculative decoding and the prompt cache rely on that (the tests check it).
+// One chain per output instead of the dot kernels' 32 partial sums: the tile's parallelism comes from its
+// 16-row lanes and its columns instead, and the rounding error (~sqrt(n_in) ulp) stays far below the f16
+// rounding of the activations.
+//
+// Loop nest (matmul_f16_panels): column chunks whose f32 activations stay in L2; inside a chunk the threads
+// take tiles of kF16TileRows rows (dynamic hand-out). Few columns (decode): the tile's panels stream from
+// memory once, converted on the fly. Many (prefill): a block of k of two panels is converted to f32 once
+// into an L1 buffer and reused by every column of the chunk, 32 rows x 8 columns of accumulators at a time.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/matmul_quant.h"
+#include "quant/repack_f16.h"
+#include "quant/types.h"
+
+namespace tern {
+
+// Rows per tile handed to a thread: 4 panels.
+inline constexpr int kF16TileRows = 4 * kF16PanelRows;
+
+// A panel copy: panel16_bytes(n_out, n_in) bytes at data, in format type (F16 or BF16).
+struct Panel16MatrixView {
+    GgmlType type = GgmlType::F16;
+    const void* data = nullptr;
+    int64_t n_in = 0;
+    int64_t n_out = 0;
+};
+
+// One tile: n_panels (1..4) consecutive panels at `panels` (16 * n_in words each) against n_cols f32
+// columns x + c * x_stride (each the exact value of a 16-bit activation); out[c * kF16TileRows + r] for
+// r < 16 * n_panels, c < n_cols.
+using F16TileFn = void (*)(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x,
+                           size_t x_stride, int64_t n_cols, float* out);
+
+// The scalar twin (any CPU) and the SIMD tile for the set k (nullptr when k's ISA has none: then the
+// caller keeps the plain layout and matmul_q).
+void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, size_t x_stride,
+                     int64_t n_cols, float* out);
+F16TileFn f16_tile_for(GgmlType t, const CpuKernels& k);
+
+// Whether weights of format t (rows of n_in) are worth a panel copy for the set k: a SIMD tile exists.
+bool panel16_pays(GgmlType t, int64_t n_in, const CpuKernels& k);
+
+// y (n_cols, n_out) = W x with x in act_format_for(w.type) (f16 or bf16). kernels: nullptr = cpu_kernels();
+// a set without a SIMD tile runs the scalar twin (tests). Throws std::invalid_argument on shape errors.
+void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float* y, int n_threads,
+                       const CpuKernels* kernels = nullptr);
+
+} // namespace tern
