@@ -104,6 +104,21 @@ void Session::erase(int32_t begin, int32_t end) {
     kv_shifted_ = true;
 }
 
+void Session::restore(const KvSnapshot& snapshot, std::span<const int32_t> tokens, bool shifted) {
+    if (snapshot.n_past != static_cast<int32_t>(tokens.size()) || snapshot.n_past > n_ctx_)
+        throw UsageError("the KV snapshot holds " + std::to_string(snapshot.n_past) + " positions for " +
+                         std::to_string(tokens.size()) + " tokens in a " + std::to_string(n_ctx_) +
+                         "-token context");
+    backend_->kv_load(snapshot);
+    if (backend_->n_past() != snapshot.n_past) {   // bytes that disagree with their own count
+        reset();
+        throw UsageError("the KV snapshot's data holds " + std::to_string(backend_->n_past()) +
+                         " positions, not the " + std::to_string(snapshot.n_past) + " it claims");
+    }
+    kv_tokens_.assign(tokens.begin(), tokens.end());
+    kv_shifted_ = shifted;
+}
+
 void Session::prefill(std::span<const int32_t> tokens, const GenerateOptions& options) {
     const size_t chunk = static_cast<size_t>(std::max(options.prefill_chunk, 1));
     for (size_t i = 0; i < tokens.size(); i += chunk) {

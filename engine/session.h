@@ -47,6 +47,10 @@ public:
     // True when the cache went through a shift: its K/V are then close to, but not bit-equal
     // to, a cold prefill of kv_tokens(), so they must not be stored as such (prefix cache).
     bool kv_shifted() const { return kv_shifted_; }
+    // Loads a KV snapshot holding the K/V of `tokens` (positions 0..n-1; `shifted` is what
+    // kv_shifted() was when it was taken): /load of `tern chat`. Throws UsageError when the
+    // backend refuses the snapshot (nothing changes) or its size is not the number of tokens.
+    void restore(const KvSnapshot& snapshot, std::span<const int32_t> tokens, bool shifted);
 
     const Tokenizer& tokenizer() const { return *tokenizer_; }
     // The loaded file (metadata such as the chat template); null for sessions built on fakes.

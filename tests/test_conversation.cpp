@@ -1,0 +1,265 @@
+// Conversation (engine/conversation.h), its /save file (engine/conversation_file.h) and the
+// multi-line input of `tern chat` (app/multiline_input.h): each turn's prompt extends the last one
+// token for token so only the new turn is prefilled; every template family renders incrementally
+// or is re-tokenized with a notice; a full context drops the oldest turns; a saved conversation
+// continues with the same greedy tokens; bad files are refused in one line with nothing changed.
+// `tern chat` end to end (terminal and scripts) is test_cli_chat.cpp.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend_factory.h"
+#include "engine/conversation.h"
+#include "engine/conversation_file.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "formats/error.h"
+#include "tests/test_support.h"
+#include "tests/test_tokenizer_support.h"
+
+// The app is an executable, not a library: the one app file under test is compiled in.
+#include "app/multiline_input.cpp"
+
+using namespace tern;
+
+namespace {
+
+std::unique_ptr<Session> session_for(const std::string& path, int32_t n_ctx) {
+    auto model = std::make_shared<Model>(load_model(path));
+    RunOptions run;
+    run.n_ctx = n_ctx;
+    run.kv_type = KvType::f16;
+    run.n_threads = 1;   // the machine running the tests is often busy: one thread waits on no other
+    std::unique_ptr<Backend> backend = make_backend("cpu");
+    backend->load(model->config, model->weights, run);
+    std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file);
+    return std::make_unique<Session>(std::move(backend), std::move(tok), n_ctx, model);
+}
+
+std::string stories() { return test::shared_path("models/gguf/stories260K-f32.gguf").string(); }
+
+ChatTemplate named(const std::string& name) {
+    std::optional<ChatTemplate> t = ChatTemplate::from_name(name);
+    REQUIRE(t.has_value());
+    return *t;
+}
+
+GenerateOptions greedy(int32_t n) {
+    GenerateOptions o;
+    o.n_predict = n;
+    o.sampling.temp = 0.0f;
+    return o;
+}
+
+bool starts_with(const std::vector<int32_t>& all, const std::vector<int32_t>& prefix) {
+    return prefix.size() <= all.size() && std::equal(prefix.begin(), prefix.end(), all.begin());
+}
+
+// One turn: the prompt, its greedy reply recorded in the conversation.
+GenerateResult turn(Session& s, Conversation& c, const std::string& text, int32_t n, int32_t reserve = 32) {
+    const std::vector<int32_t> prompt = c.begin_turn(text, reserve);
+    GenerateResult r = s.generate(prompt, greedy(n));
+    c.end_turn(r);
+    return r;
+}
+
+} // namespace
+
+TEST_CASE("multi-line input: \"\"\" blocks, trailing backslashes, single lines") {
+    app::MultiLineInput m;
+    CHECK(m.feed("hello"));
+    CHECK(m.take() == "hello");
+    CHECK_FALSE(m.feed("first \\"));
+    CHECK(m.in_progress());
+    CHECK_FALSE(m.feed("second\\"));
+    CHECK(m.feed("third"));
+    CHECK(m.take() == "first \nsecond\nthird");
+    CHECK_FALSE(m.in_progress());
+    CHECK_FALSE(m.feed("\"\"\""));
+    CHECK_FALSE(m.feed("a"));
+    CHECK_FALSE(m.feed(""));
+    CHECK_FALSE(m.feed("b \\"));   // no continuation inside a block: the backslash stays
+    CHECK(m.feed("\"\"\""));
+    CHECK(m.take() == "a\n\nb \\");
+    CHECK_FALSE(m.feed("\"\"\"start"));
+    CHECK(m.feed("end\"\"\""));
+    CHECK(m.take() == "start\nend");
+    CHECK(m.feed("\"\"\"one line\"\"\""));
+    CHECK(m.take() == "one line");
+    CHECK(m.feed("crlf\r"));
+    CHECK(m.take() == "crlf");
+}
+
+TEST_CASE("every template family either extends the last prompt or says once that it re-tokenizes") {
+    if (!test::shared_available()) return;
+    auto s = session_for(stories(), 4096);
+    std::vector<std::string> rerendered;
+    for (const std::string& name : ChatTemplate::names()) {
+        CAPTURE(name);
+        Conversation c(*s, named(name), "Be brief.");
+        int notices = 0;
+        c.set_notice_callback([&](std::string_view) { ++notices; });
+        std::vector<int32_t> last;
+        for (const char* text : {"Hello there", "Tell me more", "Thanks"}) {
+            const std::vector<int32_t> prompt = c.begin_turn(text, 16);
+            if (notices == 0) CHECK(starts_with(prompt, last));
+            // A reply of fixed tokens (no model run): what the conversation keeps is exactly them.
+            GenerateResult r;
+            r.text = " a reply with spaces ";
+            r.tokens = s->tokenizer().encode(r.text, {false, false});
+            c.end_turn(r);
+            last = c.tokens();
+            CHECK(std::equal(r.tokens.begin(), r.tokens.end(), last.end() - static_cast<long>(r.tokens.size())));
+        }
+        CHECK(notices <= 1);
+        if (notices > 0) rerendered.push_back(name);
+        // Spans: in order, the first at 0, the last one the reply.
+        const auto& m = c.messages();
+        REQUIRE(m.size() >= 6);
+        CHECK(m.back().message.role == "assistant");
+        CHECK(m.back().message.content == " a reply with spaces ");
+        for (size_t i = 1; i < m.size(); ++i) CHECK(m[i - 1].begin <= m[i].begin);
+    }
+    // Mistral v3 folds the system prompt into the LAST user message, so earlier turns change.
+    CHECK(rerendered == std::vector<std::string>{"mistral-v3", "mistral-v3-tekken"});
+}
+
+TEST_CASE("gemma: turn 2 prefills only its own tokens, and the prompt is the template's rendering") {
+    const std::string gemma = test::find_gemma_model();
+    if (gemma.empty()) {
+        MESSAGE("skipped: Gemma 3 270M not found (set TERN_GEMMA)");
+        return;
+    }
+    auto s = session_for(gemma, 1024);
+    Conversation c(*s, named("gemma"), "Answer in one sentence.");
+    const std::vector<int32_t> p1 = c.begin_turn("What is the capital of France?", 64);
+    const std::string text1 = named("gemma").render(
+        {{"system", "Answer in one sentence."}, {"user", "What is the capital of France?"}}, true);
+    CHECK(p1 == s->tokenizer().encode(text1, {true, true}));
+    // Gemma renders the system prompt inside the first user turn: its span is empty.
+    REQUIRE(c.messages().size() == 3);
+    CHECK(c.messages()[0].begin == c.messages()[1].begin);
+    const GenerateResult r1 = s->generate(p1, greedy(12));
+    c.end_turn(r1);
+    const size_t cached = s->kv_tokens().size();
+
+    const std::vector<int32_t> p2 = c.begin_turn("And of Italy?", 64);
+    std::vector<int32_t> expected_prefix = p1;
+    expected_prefix.insert(expected_prefix.end(), r1.tokens.begin(), r1.tokens.end());
+    CHECK(starts_with(p2, expected_prefix));
+    const GenerateResult r2 = s->generate(p2, greedy(12));
+    c.end_turn(r2);
+    CHECK(r2.n_reused == static_cast<int32_t>(cached));
+    CHECK(r2.n_prefilled == static_cast<int32_t>(p2.size() - cached));
+    CHECK(r2.n_prefilled < 30);   // the new turn, not the conversation
+}
+
+TEST_CASE("a full context drops the oldest turns, keeps the head, and says so once") {
+    const std::string gemma = test::find_gemma_model();
+    if (gemma.empty()) {
+        MESSAGE("skipped: Gemma 3 270M not found (set TERN_GEMMA)");
+        return;
+    }
+    const int32_t n_ctx = 160;
+    auto s = session_for(gemma, n_ctx);
+    Conversation c(*s, named("gemma"), "Be brief.");
+    std::vector<std::string> notices;
+    c.set_notice_callback([&](std::string_view line) { notices.emplace_back(line); });
+    std::vector<int32_t> head;
+    for (int i = 0; i < 10; ++i) {
+        CAPTURE(i);
+        const GenerateResult r = turn(*s, c, "Say something about the number " + std::to_string(i) + ".", 16, 24);
+        CHECK(r.n_gen() > 0);
+        if (i == 0) head = c.tokens();   // gemma keeps the first turn: it holds the system prompt
+        CHECK(starts_with(c.tokens(), head));
+        CHECK(static_cast<int32_t>(c.tokens().size()) <= n_ctx);
+        const std::vector<int32_t>& kv = s->kv_tokens();
+        CHECK(starts_with(c.tokens(), kv));
+    }
+    CHECK(c.n_dropped_turns() > 0);
+    const size_t drop_notices = std::count_if(notices.begin(), notices.end(), [](const std::string& n) {
+        return n.find("dropping its oldest turns") != std::string::npos;
+    });
+    CHECK(drop_notices == 1);
+    CHECK(notices.size() <= 2);   // plus, on a backend that cannot shift, one line about the prefill
+    // Messages alternate user/assistant after the kept head.
+    const auto& m = c.messages();
+    for (size_t i = 1; i + 1 < m.size(); ++i)
+        if (m[i].message.role == "user") CHECK(m[i + 1].message.role == "assistant");
+
+    // A message that cannot fit even alone is refused, and the conversation stays as it was.
+    const std::vector<int32_t> before = c.tokens();
+    std::string huge;
+    for (int i = 0; i < 200; ++i) huge += "word ";
+    CHECK_THROWS_AS(c.begin_turn(huge, 8), UsageError);
+    CHECK(c.tokens() == before);
+}
+
+TEST_CASE("/save then /load continues with the same greedy tokens, prefilling only the new turn") {
+    const std::string gemma = test::find_gemma_model();
+    if (gemma.empty()) {
+        MESSAGE("skipped: Gemma 3 270M not found (set TERN_GEMMA)");
+        return;
+    }
+    test::TempDir dir;
+    const std::string file = (dir / "chat.tern").string();
+    nlohmann::json settings = {{"temp", 0.0}, {"n_predict", 12}};
+
+    auto a = session_for(gemma, 512);
+    Conversation ca(*a, named("gemma"), "You are terse.");
+    turn(*a, ca, "Name a colour.", 12);
+    turn(*a, ca, "Another one?", 12);
+    save_conversation(file, ca, *a, settings);
+    CHECK_FALSE(std::filesystem::exists(file + ".tmp"));
+    const GenerateResult uninterrupted = turn(*a, ca, "And a third?", 12);
+
+    auto b = session_for(gemma, 512);
+    Conversation cb(*b, named("gemma"));
+    SavedConversation saved = read_conversation(file, *b);
+    CHECK(saved.settings == settings);
+    const int32_t saved_kv = saved.kv.n_past;
+    apply_conversation(std::move(saved), *b, cb);
+    CHECK(cb.system() == "You are terse.");
+    const GenerateResult resumed = turn(*b, cb, "And a third?", 12);
+    CHECK(resumed.tokens == uninterrupted.tokens);
+    CHECK(resumed.text == uninterrupted.text);
+    CHECK(resumed.n_reused == saved_kv);
+    CHECK(resumed.n_prefilled == uninterrupted.n_prefilled);
+    CHECK(cb.tokens() == ca.tokens());
+
+    // Bad files: one line naming the file, nothing changed.
+    const std::vector<int32_t> kept = cb.tokens();
+    const std::string bytes = test::read_file(file);
+    auto refused = [&](const std::string& content, const std::string& what) {
+        CAPTURE(what);
+        const std::string bad = (dir / "bad.tern").string();
+        test::write_file(bad, content);
+        try {
+            apply_conversation(read_conversation(bad, *b), *b, cb);
+            FAIL("accepted a bad file");
+        } catch (const InputError& e) {
+            const std::string msg = e.what();
+            CHECK(msg.find(bad) == 0);
+            CHECK(msg.find(what) != std::string::npos);
+            CHECK(msg.find('\n') == std::string::npos);
+        }
+        CHECK(cb.tokens() == kept);
+    };
+    refused("hello", "not a tern conversation file");
+    refused(bytes.substr(0, bytes.size() / 2), "checksum");
+    std::string flipped = bytes;
+    flipped[flipped.size() / 2] ^= 0x20;
+    refused(flipped, "checksum");
+
+    if (test::shared_available()) {
+        auto other = session_for(stories(), 512);
+        Conversation co(*other, named("gemma"));
+        turn(*other, co, "Hi", 4);
+        save_conversation(file, co, *other, settings);
+        refused(test::read_file(file), "another model");
+    }
+}
