@@ -16,6 +16,7 @@ struct Command {
 
 Command add_info_command(CLI::App& root);
 Command add_run_command(CLI::App& root);
+Command add_chat_command(CLI::App& root);
 Command add_tokenize_command(CLI::App& root);
 Command add_quantize_command(CLI::App& root);
 Command add_perplexity_command(CLI::App& root);

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     const std::vector<tern::app::Command> commands = {
         tern::app::add_info_command(app),
         tern::app::add_run_command(app),
+        tern::app::add_chat_command(app),
         tern::app::add_tokenize_command(app),
         tern::app::add_quantize_command(app),
         tern::app::add_perplexity_command(app),

@@ -1,0 +1,343 @@
+// tern chat: an interactive conversation (../shared/CLI.md). On a terminal: line editing, history,
+// multi-line input and /commands (app/repl.h), replies streamed as they come, Ctrl-C stopping a
+// reply. With stdin not a terminal: one user turn per input line and one reply per turn on stdout,
+// followed by a newline, and nothing else there (notices and per-turn statistics go to stderr), so
+// scripts and tests can drive it.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "app/common_options.h"
+#include "app/repl.h"
+#include "app/signals.h"
+#include "engine/conversation.h"
+#include "engine/conversation_file.h"
+#include "formats/error.h"
+
+namespace tern::app {
+
+namespace {
+
+struct ChatFlags {
+    ModelOptions model;
+    SamplingOptions sampling;
+    DraftOptions draft;
+    int32_t n_predict = -1;
+    std::string system;
+    std::string chat_template;
+    bool no_history = false;
+};
+
+// Writes one piece of a reply to stdout at once, so it shows as it is produced. False once
+// stdout is gone (EPIPE; SIGPIPE is ignored in main()).
+bool write_stdout(std::string_view s) {
+    if (s.empty()) return true;
+    errno = 0;
+    if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0) return true;
+    if (errno == EPIPE) return false;
+    const int err = errno;
+    throw RuntimeFailure(std::string("stdout: write failed: ") + (err ? std::strerror(err) : "unknown error") +
+                         " (disk full?)");
+}
+
+std::string fmt(const char* f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+
+struct Counts {
+    int64_t turns = 0, prompt = 0, reused = 0, prefilled = 0, generated = 0, drafted = 0, accepted = 0;
+    double prefill_ms = 0, decode_ms = 0;
+
+    void add(const GenerateResult& r) {
+        ++turns;
+        prompt += r.n_prompt();
+        reused += r.n_reused;
+        prefilled += r.n_prefilled;
+        generated += r.n_gen();
+        drafted += r.n_drafted;
+        accepted += r.n_accepted;
+        prefill_ms += r.prefill_ms;
+        decode_ms += r.decode_ms;
+    }
+    std::string describe() const {
+        std::string s = "prompt " + std::to_string(prompt) + " tokens (" + std::to_string(reused) + " reused, " +
+                        std::to_string(prefilled) + " prefilled" +
+                        fmt(", %.1f tok/s)", prefill_ms > 0 ? prefilled * 1000.0 / prefill_ms : 0.0) + ", generated " +
+                        std::to_string(generated) + " tokens" +
+                        fmt(" (%.1f tok/s)", decode_ms > 0 ? generated * 1000.0 / decode_ms : 0.0);
+        if (drafted > 0)
+            s += ", drafts accepted " + std::to_string(accepted) + "/" + std::to_string(drafted) +
+                 fmt(" (%.0f%%)", 100.0 * accepted / drafted);
+        return s;
+    }
+};
+
+constexpr const char* kHelp =
+    "  /help               this list\n"
+    "  /exit               quit (also Ctrl-D, or Ctrl-C twice at an empty prompt)\n"
+    "  /clear              start a new conversation (the system prompt stays)\n"
+    "  /system TEXT        set the system prompt (\"/system\" alone removes it)\n"
+    "  /set NAME VALUE     temp, top-k, top-p, min-p, repeat-penalty, seed, n-predict\n"
+    "  /stats              tokens reused and prefilled, generated, tok/s, drafts: last turn and totals\n"
+    "  /save FILE          save the conversation with its KV cache\n"
+    "  /load FILE          continue a saved conversation\n"
+    "  Multi-line input: start with \"\"\" and end with \"\"\", or end a line with \\ to go on.\n"
+    "  Ctrl-C stops a reply.\n";
+
+class Chat {
+public:
+    Chat(const ChatFlags& flags, LoadedSession loaded, bool tty)
+        : flags_(flags), loaded_(std::move(loaded)), session_(*loaded_.session), tty_(tty),
+          conversation_(session_, resolve_chat_template(session_, flags.chat_template), flags.system) {
+        conversation_.set_notice_callback([](std::string_view line) { std::cerr << "tern: " << line << "\n"; });
+        options_.n_predict = flags.n_predict < 0 ? -1 : flags.n_predict;
+        options_.sampling = resolve_sampling(flags.sampling);
+        drafter_ = make_drafter(flags.draft, flags.model, loaded_);
+        options_.drafter = drafter_.get();
+        options_.cancel = interrupt_.flag();
+    }
+
+    int run() { return tty_ ? run_terminal() : run_script(); }
+
+private:
+    // Notices and command output: stderr, so stdout carries only replies.
+    void say(const std::string& line) { std::cerr << line << "\n"; }
+
+    int run_script() {
+        std::string line;
+        while (std::getline(std::cin, line)) {
+            if (!line.empty() && line.back() == '\r') line.pop_back();
+            if (interrupt_.interrupted()) return static_cast<int>(ExitCode::interrupted);
+            if (line.empty()) continue;
+            if (line[0] == '/') {
+                if (!command(line)) return 0;
+                continue;
+            }
+            const GenerateResult r = turn(line);
+            if (!stdout_ok_) return 0;
+            if (!write_stdout("\n")) return 0;
+            say("tern: turn " + std::to_string(totals_.turns) + ": " + last_.describe() + ", stop: " +
+                std::string(stop_reason_name(r.stop_reason)));
+            if (interrupt_.interrupted()) return static_cast<int>(ExitCode::interrupted);
+        }
+        return 0;
+    }
+
+    int run_terminal() {
+        const bool color = isatty(STDOUT_FILENO) && !(std::getenv("NO_COLOR") && *std::getenv("NO_COLOR"));
+        LineEditor editor(flags_.no_history ? std::string() : default_history_path(), color);
+        say("tern chat: " + std::string(conversation_.chat_template().name()) + " format, " +
+            std::to_string(loaded_.n_ctx) + "-token context. /help for commands, Ctrl-D to quit.");
+        bool interrupted_last = false;
+        for (;;) {
+            const EditorInput in = editor.read();
+            if (in.kind == EditorInput::Kind::eof) {
+                write_stdout("\n");
+                return 0;
+            }
+            if (in.kind == EditorInput::Kind::interrupt) {
+                write_stdout("^C\n");
+                if (in.was_empty && interrupted_last) return 0;
+                if (in.was_empty) say("(Ctrl-C again or Ctrl-D to quit)");
+                interrupted_last = in.was_empty;
+                continue;
+            }
+            interrupted_last = false;
+            if (in.text.empty()) continue;
+            if (in.text[0] == '/' && in.text.find('\n') == std::string::npos) {
+                if (!command(in.text)) return 0;
+                continue;
+            }
+            const GenerateResult r = turn(in.text);
+            if (!stdout_ok_) return 0;
+            if (r.text.empty() || r.text.back() != '\n') write_stdout("\n");
+            if (r.stop_reason == StopReason::cancelled) interrupted_last = true;
+        }
+    }
+
+    GenerateResult turn(const std::string& text) {
+        const int32_t n_ctx = session_.n_ctx();
+        const int32_t reserve = options_.n_predict > 0 ? std::min(options_.n_predict, n_ctx / 2) : n_ctx / 4;
+        GenerateResult r;
+        std::vector<int32_t> prompt;
+        try {
+            prompt = conversation_.begin_turn(text, reserve);
+        } catch (const UsageError& e) {
+            say(std::string("tern: ") + e.what());
+            return r;
+        }
+        if (tty_) interrupt_.clear();   // a stray SIGINT at the prompt must not cancel this reply
+        const TextCallback on_text = [this](std::string_view piece) { return stdout_ok_ = write_stdout(piece); };
+        r = session_.generate(prompt, options_, on_text);
+        conversation_.end_turn(r);
+        last_ = Counts{};
+        last_.add(r);
+        totals_.add(r);
+        if (tty_) interrupt_.clear();   // Ctrl-C stopped this reply, not the program
+        return r;
+    }
+
+    // Runs a /command; false to quit.
+    bool command(const std::string& line) {
+        std::istringstream words(line);
+        std::string name;
+        words >> name;
+        std::string rest;
+        std::getline(words, rest);
+        rest.erase(0, rest.find_first_not_of(" \t"));
+        while (!rest.empty() && (rest.back() == ' ' || rest.back() == '\t')) rest.pop_back();
+
+        if (name == "/exit" || name == "/quit" || name == "/bye") return false;
+        if (name == "/help") {
+            std::cerr << kHelp;
+        } else if (name == "/clear") {
+            conversation_.clear();
+            say("(new conversation)");
+        } else if (name == "/system") {
+            conversation_.set_system(rest);
+            say(rest.empty() ? "(system prompt removed)" : "(system prompt set)");
+        } else if (name == "/set") {
+            set(rest);
+        } else if (name == "/stats") {
+            say("last turn: " + (last_.turns ? last_.describe() : std::string("none yet")));
+            say("totals: " + std::to_string(totals_.turns) + " turns, " + totals_.describe());
+            say("context: " + std::to_string(conversation_.tokens().size()) + " of " +
+                std::to_string(session_.n_ctx()) + " tokens, " + std::to_string(conversation_.n_dropped_turns()) +
+                " turns dropped (" + std::to_string(conversation_.n_dropped_tokens()) + " tokens)");
+        } else if (name == "/save") {
+            if (rest.empty()) return say("tern: /save: give a file name (/save FILE)"), true;
+            try {
+                save_conversation(rest, conversation_, session_, settings());
+                say("(saved to " + rest + ")");
+            } catch (const TernError& e) {
+                say(std::string("tern: ") + e.what());
+            }
+        } else if (name == "/load") {
+            if (rest.empty()) return say("tern: /load: give a file name (/load FILE)"), true;
+            try {
+                SavedConversation saved = read_conversation(rest, session_);
+                const nlohmann::json s = saved.settings;
+                apply_conversation(std::move(saved), session_, conversation_);
+                apply_settings(s);
+                say("(loaded " + rest + ": " + std::to_string(conversation_.messages().size()) + " messages, " +
+                    std::to_string(conversation_.tokens().size()) + " tokens)");
+            } catch (const TernError& e) {
+                say(std::string("tern: /load: ") + e.what() + " (the conversation is unchanged)");
+            }
+        } else {
+            say("tern: unknown command " + name + " (/help lists the commands)");
+        }
+        return true;
+    }
+
+    void set(const std::string& args) {
+        std::istringstream in(args);
+        std::string name, value;
+        in >> name >> value;
+        if (name.empty() || value.empty()) {
+            say("tern: /set NAME VALUE, NAME one of temp, top-k, top-p, min-p, repeat-penalty, seed, n-predict");
+            return;
+        }
+        SamplingOptions next;
+        next.params = options_.sampling;
+        next.seed = static_cast<int64_t>(options_.sampling.seed);
+        int32_t n_predict = options_.n_predict;
+        try {
+            size_t used = 0;
+            auto as_float = [&] { return std::stof(value, &used); };
+            auto as_int = [&] { return std::stoll(value, &used); };
+            if (name == "temp") next.params.temp = as_float();
+            else if (name == "top-k") next.params.top_k = static_cast<int32_t>(as_int());
+            else if (name == "top-p") next.params.top_p = as_float();
+            else if (name == "min-p") next.params.min_p = as_float();
+            else if (name == "repeat-penalty") next.params.repeat_penalty = as_float();
+            else if (name == "seed") next.seed = as_int();
+            else if (name == "n-predict") n_predict = static_cast<int32_t>(as_int());
+            else {
+                say("tern: /set: unknown setting '" + name +
+                    "' (temp, top-k, top-p, min-p, repeat-penalty, seed, n-predict)");
+                return;
+            }
+            if (used != value.size()) throw std::invalid_argument("trailing characters");
+            options_.sampling = resolve_sampling(next);
+            options_.n_predict = n_predict < 0 ? -1 : n_predict;
+            say("(" + name + " = " + value + ")");
+        } catch (const TernError& e) {
+            say(std::string("tern: /set ") + e.what());
+        } catch (const std::exception&) {
+            say("tern: /set " + name + ": '" + value + "' is not a number");
+        }
+    }
+
+    nlohmann::json settings() const {
+        const SamplingParams& p = options_.sampling;
+        return {{"temp", p.temp},         {"top_k", p.top_k},
+                {"top_p", p.top_p},       {"min_p", p.min_p},
+                {"repeat_penalty", p.repeat_penalty}, {"seed", p.seed},
+                {"n_predict", options_.n_predict}};
+    }
+
+    void apply_settings(const nlohmann::json& s) {
+        SamplingParams& p = options_.sampling;
+        p.temp = s.value("temp", p.temp);
+        p.top_k = s.value("top_k", p.top_k);
+        p.top_p = s.value("top_p", p.top_p);
+        p.min_p = s.value("min_p", p.min_p);
+        p.repeat_penalty = s.value("repeat_penalty", p.repeat_penalty);
+        p.seed = s.value("seed", p.seed);
+        options_.n_predict = s.value("n_predict", options_.n_predict);
+    }
+
+    const ChatFlags& flags_;
+    LoadedSession loaded_;
+    Session& session_;
+    bool tty_ = false;
+    InterruptGuard interrupt_;
+    Conversation conversation_;
+    GenerateOptions options_;
+    std::unique_ptr<Drafter> drafter_;
+    Counts last_, totals_;
+    bool stdout_ok_ = true;
+};
+
+int run(const ChatFlags& f) {
+    resolve_sampling(f.sampling);   // bad values fail before the model loads
+    check_draft_options(f.draft);
+    const bool tty = isatty(STDIN_FILENO);
+    Chat chat(f, load_session(f.model), tty);
+    return chat.run();
+}
+
+} // namespace
+
+Command add_chat_command(CLI::App& root) {
+    auto* cmd = root.add_subcommand("chat", "interactive conversation (a REPL on a terminal; one turn per line "
+                                            "when stdin is not a terminal)");
+    auto f = std::make_shared<ChatFlags>();
+    add_model_options(*cmd, f->model);
+    cmd->add_option("-n,--n-predict", f->n_predict,
+                    "most tokens per reply; -1 = until the end of the turn (default -1)");
+    add_sampling_options(*cmd, f->sampling);
+    cmd->add_option("--system", f->system, "system prompt");
+    std::string names;
+    for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
+    cmd->add_option("--chat-template", f->chat_template, "chat format instead of the model's template: " + names);
+    add_draft_options(*cmd, f->draft);
+    cmd->add_flag("--no-history", f->no_history,
+                  "neither read nor write the input history ($XDG_STATE_HOME/tern/chat_history)");
+    return {cmd, [f] { return run(*f); }};
+}
+
+} // namespace tern::app
