@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/repeat_guard.h"
 #include "engine/sampler.h"
 
 namespace tern {
@@ -17,7 +18,7 @@ enum class StopReason {
     length,       // n_predict tokens were generated
     stop,         // a --stop string appeared (it is trimmed from the text)
     context,      // the KV cache is full
-    repetition,   // the repetition guard cut a looping tail (a later issue; never set yet)
+    repetition,   // the repetition guard cut a looping tail (GenerateResult::repeat_cut)
     cancelled,    // the cancel flag was raised (Ctrl-C) or the text callback asked to stop
 };
 // "eos", "length", "stop", "context", "repetition", "cancelled": the names of CLI.md's --json.
@@ -34,6 +35,9 @@ struct GenerateOptions {
     // (DESIGN.md). Null: plain decoding. Greedy or sampled, the output is the same either way (a
     // draft is kept only where the sampler, with the same RNG draws, picked that very token).
     Drafter* drafter = nullptr;
+    // Stop and trim a looping tail (engine/repeat_guard.h). Off here, so engine-level comparisons
+    // with llama.cpp see the model's raw output; the CLI turns it on.
+    RepeatGuardParams repeat_guard;
 };
 
 struct GenerateResult {
@@ -47,6 +51,7 @@ struct GenerateResult {
     double decode_ms = 0.0;        // from the first sample to the end, sampling included
     int32_t n_drafted = 0;         // speculative decoding: tokens drafted and verified
     int32_t n_accepted = 0;        // drafted tokens that were kept
+    RepeatCut repeat_cut;          // stop_reason repetition: what the guard cut (tokens/text hold one occurrence)
 
     int32_t n_prompt() const { return static_cast<int32_t>(prompt_tokens.size()); }
     int32_t n_gen() const { return static_cast<int32_t>(tokens.size()); }

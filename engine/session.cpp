@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include "engine/drafter.h"
+#include "engine/repeat_guard.h"
 #include "formats/error.h"
 
 namespace tern {
@@ -23,6 +25,19 @@ bool cancelled(const GenerateOptions& o) { return o.cancel && o.cancel->load(std
 bool penalties_off(const SamplingParams& p) {
     return p.repeat_last_n == 0 ||
            (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
+}
+
+// The text that streaming `tokens` through a fresh decoder and stop-string filter gives, flushed:
+// the completion's text after the repetition guard cut its tail.
+std::string stream_text(const Tokenizer& tokenizer, std::span<const int32_t> tokens,
+                        const std::vector<std::string>& stops) {
+    StreamDecoder decoder(tokenizer);
+    StopStringFilter filter(stops);
+    std::string text;
+    for (int32_t t : tokens) text += filter.push(decoder.push(t));
+    text += filter.push(decoder.flush());
+    text += filter.flush();
+    return text;
 }
 
 } // namespace
@@ -178,10 +193,16 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     std::vector<int32_t> history(prompt.begin(), prompt.end());   // what the penalties look at
     StreamDecoder decoder(*tokenizer_);
     StopStringFilter filter(options.stop);
+    // The repetition guard: r.text grows with every token, but the text of tokens that a cut could
+    // still remove is held back from on_text until the repetition breaks (never shown if cut).
+    RepeatGuard guard(options.repeat_guard, prompt);
+    HeldText held;
+    size_t shown = 0;   // bytes of r.text passed to on_text
     bool output_open = true;
-    auto emit = [&](const std::string& piece) {
-        if (piece.empty() || !output_open) return output_open;
-        r.text += piece;
+    auto show = [&](size_t upto) {
+        if (upto <= shown || !output_open) return output_open;
+        const std::string_view piece = std::string_view(r.text).substr(shown, upto - shown);
+        shown = upto;
         if (on_text && !on_text(piece)) output_open = false;
         return output_open;
     };
@@ -190,13 +211,22 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     auto commit = [&](int32_t token) {
         r.tokens.push_back(token);
         history.push_back(token);
-        const std::string piece = filter.push(decoder.push(token));
-        if (!emit(piece)) {
+        r.text += filter.push(decoder.push(token));
+        const std::optional<RepeatCut> loop = guard.push(token);
+        held.token_streamed(r.text.size());
+        if (!show(held.showable(guard.at_risk(), r.text.size()))) {
             r.stop_reason = StopReason::cancelled;
             return false;
         }
         if (filter.matched()) {
             r.stop_reason = StopReason::stop;
+            return false;
+        }
+        if (loop) {   // keep one occurrence: the text is that of the kept tokens, as if they ended here
+            r.tokens.resize(r.tokens.size() - static_cast<size_t>(loop->cut));
+            r.text = stream_text(*tokenizer_, r.tokens, options.stop);
+            r.repeat_cut = *loop;
+            r.stop_reason = StopReason::repetition;
             return false;
         }
         if (options.n_predict >= 0 && r.n_gen() >= options.n_predict) {
@@ -295,16 +325,17 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     }
 
     // Release what the decoder and the filter still hold (a trailing partial character becomes
-    // U+FFFD), unless a stop string already ended the text or nobody is listening.
-    if (output_open && !filter.matched()) {
-        std::string tail = filter.push(decoder.flush());
+    // U+FFFD), unless a stop string already ended the text, a cut already did, or nobody is
+    // listening; then show what the guard held back.
+    if (output_open && !filter.matched() && r.stop_reason != StopReason::repetition) {
+        r.text += filter.push(decoder.flush());
         if (filter.matched()) {
             r.stop_reason = StopReason::stop;
         } else {
-            tail += filter.flush();
+            r.text += filter.flush();
         }
-        emit(tail);
     }
+    show(r.text.size());
     r.decode_ms = ms_since(t_decode);
     return r;
 }
