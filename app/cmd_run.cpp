@@ -41,13 +41,7 @@ struct RunFlags {
     bool json = false;
     bool no_bos = false;
     bool no_escape = false;
-    int32_t lookup = 0;          // --lookup [K]: prompt-lookup drafts of up to K tokens
-    int32_t lookup_ngram = 3;    // --lookup-ngram N: longest n-gram matched
-    std::string draft_model;     // --draft-model PATH
-    int32_t draft_max = 8;       // --draft-max K
-    CLI::Option* lookup_opt = nullptr;
-    CLI::Option* lookup_ngram_opt = nullptr;
-    CLI::Option* draft_max_opt = nullptr;
+    DraftOptions draft;
     CLI::Option* prompt_opt = nullptr;
     CLI::Option* file_opt = nullptr;
     CLI::Option* system_opt = nullptr;
@@ -96,36 +90,10 @@ std::string fmt(const char* f, double v) {
     return buf;
 }
 
-// Checks the speculative-decoding flags before anything loads.
-void check_draft_flags(const RunFlags& f) {
-    const bool lookup = f.lookup_opt->count() > 0;
-    if (lookup && f.lookup < 1) throw UsageError("--lookup: K must be >= 1 (the most tokens drafted per step)");
-    if (f.lookup_ngram_opt->count() > 0 && !lookup) throw UsageError("--lookup-ngram: only with --lookup");
-    if (f.lookup_ngram < 1 || f.lookup_ngram > 16) throw UsageError("--lookup-ngram: N must be in 1..16");
-    if (f.draft_max_opt->count() > 0 && f.draft_model.empty()) throw UsageError("--draft-max: only with --draft-model");
-    if (f.draft_max < 1) throw UsageError("--draft-max: K must be >= 1 (the most tokens drafted per step)");
-    if (lookup && !f.draft_model.empty())
-        throw UsageError("--lookup and --draft-model: choose one drafter (prompt lookup or a draft model)");
-}
-
-// The drafter the flags ask for (null: plain decoding). The draft model runs on the target's
-// device with its context, KV type and threads.
-std::unique_ptr<Drafter> make_drafter(const RunFlags& f, const LoadedSession& loaded) {
-    if (f.lookup_opt->count() > 0) return std::make_unique<PromptLookupDrafter>(f.lookup, f.lookup_ngram);
-    if (f.draft_model.empty()) return nullptr;
-    const Model* target = loaded.session->model();
-    if (!target) throw std::logic_error("--draft-model: the session has no model file");
-    RunOptions run;
-    run.n_ctx = loaded.n_ctx;
-    run.kv_type = kv_type_from_name(f.model.kv_type);
-    run.n_threads = f.model.threads;
-    return load_draft_model(f.draft_model, *target, f.model.device, run, f.draft_max);
-}
-
 int run(const RunFlags& f) {
     const SamplingParams sampling = resolve_sampling(f.sampling);
     check_repeat_guard(f.repeat_guard);
-    check_draft_flags(f);
+    check_draft_options(f.draft);
     if (f.system_opt->count() > 0 && !f.chat)
         throw UsageError("--system: only with --chat (the system turn of the chat template)");
     if (!f.chat_template.empty() && !f.chat) throw UsageError("--chat-template: only with --chat");
@@ -137,7 +105,7 @@ int run(const RunFlags& f) {
 
     LoadedSession loaded = load_session(f.model);
     Session& session = *loaded.session;
-    const std::unique_ptr<Drafter> drafter = make_drafter(f, loaded);
+    const std::unique_ptr<Drafter> drafter = make_drafter(f.draft, f.model, loaded);
 
     if (f.chat) prompt = render_chat_prompt(session, f.system, prompt, f.chat_template);
 
@@ -243,18 +211,7 @@ Command add_run_command(CLI::App& root) {
     for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
     cmd->add_option("--chat-template", f->chat_template,
                     "chat format for --chat instead of the model's template: " + names);
-    f->lookup_opt = cmd->add_option("--lookup", f->lookup,
-                                    "speculative decoding by prompt lookup: draft up to K tokens by copying what "
-                                    "followed the last n-gram earlier in the text (same output, faster on "
-                                    "repetitive text)")
-                        ->expected(0, 1)
-                        ->default_str("8");
-    f->lookup_ngram_opt = cmd->add_option("--lookup-ngram", f->lookup_ngram,
-                                          "--lookup: longest n-gram matched, shorter ones tried next (default 3)");
-    cmd->add_option("--draft-model", f->draft_model,
-                    "speculative decoding with a smaller model of the same vocabulary drafting greedily");
-    f->draft_max_opt =
-        cmd->add_option("--draft-max", f->draft_max, "--draft-model: most tokens drafted per step (default 8)");
+    add_draft_options(*cmd, f->draft);
     cmd->add_flag("--json", f->json, "print one JSON document (text, tokens, timings, ...) instead of the text");
     cmd->add_flag("--no-bos", f->no_bos, "do not add the BOS token (nor EOS) to the prompt");
     cmd->add_flag("--no-escape", f->no_escape,

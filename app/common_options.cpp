@@ -14,6 +14,7 @@
 
 #include "engine/backend_factory.h"
 #include "engine/chat_template.h"
+#include "engine/drafter_model.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
@@ -199,8 +200,7 @@ std::string process_escapes(std::string_view t) {
     return out;
 }
 
-std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
-                               const std::string& template_override) {
+ChatTemplate resolve_chat_template(const Session& session, const std::string& template_override) {
     const Model* model = session.model();
     const std::string model_template = model ? model->file.get_string("tokenizer.chat_template", "") : std::string();
     if (template_override.empty() && model_template.empty() && model) {
@@ -212,13 +212,59 @@ std::string render_chat_prompt(const Session& session, const std::string& system
             if (std::optional<ChatTemplate> t = ChatTemplate::from_name("gemma")) {
                 std::cerr << "tern: the model has no chat template (tokenizer.chat_template); using gemma, the "
                              "format of its architecture (choose another with --chat-template NAME)\n";
-                return t->render_prompt(system, user);
+                return *t;
             }
         }
     }
     const ChatTemplate::Detection d = ChatTemplate::resolve(template_override, model_template);
     if (!d.warning.empty()) std::cerr << "tern: " << d.warning << "\n";
-    return d.tmpl.render_prompt(system, user);
+    return d.tmpl;
+}
+
+std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
+                               const std::string& template_override) {
+    return resolve_chat_template(session, template_override).render_prompt(system, user);
+}
+
+void add_draft_options(CLI::App& cmd, DraftOptions& o) {
+    o.lookup_opt = cmd.add_option("--lookup", o.lookup,
+                                  "speculative decoding by prompt lookup: draft up to K tokens by copying what "
+                                  "followed the last n-gram earlier in the text (same output, faster on "
+                                  "repetitive text)")
+                       ->expected(0, 1)
+                       ->default_str("8");
+    o.lookup_ngram_opt = cmd.add_option("--lookup-ngram", o.lookup_ngram,
+                                        "--lookup: longest n-gram matched, shorter ones tried next (default 3)");
+    cmd.add_option("--draft-model", o.draft_model,
+                   "speculative decoding with a smaller model of the same vocabulary drafting greedily");
+    o.draft_max_opt =
+        cmd.add_option("--draft-max", o.draft_max, "--draft-model: most tokens drafted per step (default 8)");
+}
+
+void check_draft_options(const DraftOptions& f) {
+    const bool lookup = f.lookup_opt && f.lookup_opt->count() > 0;
+    if (lookup && f.lookup < 1) throw UsageError("--lookup: K must be >= 1 (the most tokens drafted per step)");
+    if (f.lookup_ngram_opt && f.lookup_ngram_opt->count() > 0 && !lookup)
+        throw UsageError("--lookup-ngram: only with --lookup");
+    if (f.lookup_ngram < 1 || f.lookup_ngram > 16) throw UsageError("--lookup-ngram: N must be in 1..16");
+    if (f.draft_max_opt && f.draft_max_opt->count() > 0 && f.draft_model.empty())
+        throw UsageError("--draft-max: only with --draft-model");
+    if (f.draft_max < 1) throw UsageError("--draft-max: K must be >= 1 (the most tokens drafted per step)");
+    if (lookup && !f.draft_model.empty())
+        throw UsageError("--lookup and --draft-model: choose one drafter (prompt lookup or a draft model)");
+}
+
+std::unique_ptr<Drafter> make_drafter(const DraftOptions& f, const ModelOptions& model_options,
+                                      const LoadedSession& loaded) {
+    if (f.lookup_opt && f.lookup_opt->count() > 0) return std::make_unique<PromptLookupDrafter>(f.lookup, f.lookup_ngram);
+    if (f.draft_model.empty()) return nullptr;
+    const Model* target = loaded.session->model();
+    if (!target) throw std::logic_error("--draft-model: the session has no model file");
+    RunOptions run;
+    run.n_ctx = loaded.n_ctx;
+    run.kv_type = kv_type_from_name(model_options.kv_type);
+    run.n_threads = model_options.threads;
+    return load_draft_model(f.draft_model, *target, model_options.device, run, f.draft_max);
 }
 
 LoadedSession load_session(const ModelOptions& o) {

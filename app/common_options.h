@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "engine/chat_template.h"
+#include "engine/drafter.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 
@@ -59,6 +61,32 @@ std::string process_escapes(std::string_view text);
 // optional system turn plus one user turn, ending with the assistant's generation prompt.
 std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
                                const std::string& template_override);
+
+// The chat format of a session: the one --chat-template names (or template text to recognise),
+// else the model's tokenizer.chat_template; Gemma-family files without one get gemma. Prints the
+// line about an unrecognised or missing template on stderr.
+ChatTemplate resolve_chat_template(const Session& session, const std::string& template_override);
+
+struct LoadedSession;
+
+// Speculative decoding, shared by run and chat: --lookup [K], --lookup-ngram N, --draft-model
+// PATH, --draft-max K.
+struct DraftOptions {
+    int32_t lookup = 0;          // --lookup [K]: prompt-lookup drafts of up to K tokens
+    int32_t lookup_ngram = 3;    // --lookup-ngram N: longest n-gram matched
+    std::string draft_model;     // --draft-model PATH
+    int32_t draft_max = 8;       // --draft-max K
+    CLI::Option* lookup_opt = nullptr;
+    CLI::Option* lookup_ngram_opt = nullptr;
+    CLI::Option* draft_max_opt = nullptr;
+};
+void add_draft_options(CLI::App& cmd, DraftOptions& options);
+// Checks the values before anything loads (UsageError naming the flag).
+void check_draft_options(const DraftOptions& options);
+// The drafter the flags ask for (null: plain decoding). A draft model runs on the target's device
+// with its context, KV type and threads.
+std::unique_ptr<Drafter> make_drafter(const DraftOptions& options, const ModelOptions& model_options,
+                                      const LoadedSession& loaded);
 
 struct LoadedSession {
     std::unique_ptr<Session> session;
