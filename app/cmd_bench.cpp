@@ -25,6 +25,7 @@
 #include "engine/backend.h"
 #include "engine/backend_factory.h"
 #include "engine/bench.h"
+#include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "engine/synth.h"
 #include "formats/error.h"
@@ -186,6 +187,7 @@ int run_bench_command(BenchArgs& a) {
 
     const std::string model_label = a.synthetic.empty() ? a.model.model : "synthetic " + a.synthetic;
     Model model = a.synthetic.empty() ? load_model(a.model.model) : load_synthetic(a.synthetic, a.model.threads);
+    if (backend->device_name() == "cpu") require_memory(model.config, model.weights, MemoryRequest{run.kv_type, run.n_ctx});
     backend->load(model.config, model.weights, run);
     const std::string device = backend->device_name();
     const bool on_cpu = device == "cpu";

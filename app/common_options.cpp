@@ -14,7 +14,7 @@
 
 #include "engine/backend_factory.h"
 #include "engine/chat_template.h"
-#include "engine/drafter_model.h"
+#include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
@@ -28,20 +28,6 @@ std::string fmt_gib(double bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
     return buf;
-}
-
-// MemAvailable counts reclaimable page cache, which is what a new allocation can really get;
-// sysconf's free pages would undercount on any machine that has been up a while.
-uint64_t available_memory_bytes() {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    uint64_t kib = 0;
-    std::string unit;
-    while (f >> key >> kib >> unit)
-        if (key == "MemAvailable:") return kib * 1024;
-    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0) return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
-    return uint64_t(8) << 30;   // unknown: assume a modest machine
 }
 
 // Bytes of one stored K or V element, per 32-element block for the block formats.
@@ -110,30 +96,6 @@ SamplingParams resolve_sampling(const SamplingOptions& o) {
     return p;
 }
 
-void add_repeat_guard_options(CLI::App& cmd, RepeatGuardParams& p) {
-    p.enabled = true;
-    cmd.add_flag("--repeat-guard,!--no-repeat-guard", p.enabled,
-                 "stop when the output loops (a span repeated back to back) and trim it to one occurrence; "
-                 "text copied from the prompt is never cut (default: on)");
-    cmd.add_option("--repeat-guard-count", p.min_repeats,
-                   "back-to-back occurrences of a span that make a loop (default 3)");
-    cmd.add_option("--repeat-guard-min-tokens", p.min_loop_tokens,
-                   "... which must also cover this many tokens, so short spans need more (default 32)");
-    cmd.add_option("--repeat-guard-long-span", p.long_span,
-                   "a span of this many tokens loops on its 2nd occurrence; 0 = off (default 32)");
-    cmd.add_option("--repeat-guard-max-span", p.max_span, "the longest span looked for, in tokens (default 128)");
-}
-
-void check_repeat_guard(const RepeatGuardParams& p) {
-    const std::string error = repeat_guard_params_error(p);
-    if (!error.empty()) throw UsageError(error);
-}
-
-std::string repeat_guard_note(const RepeatCut& c) {
-    return "repetition guard: cut a looping tail of " + std::to_string(c.cut) + " tokens (span " +
-           std::to_string(c.span) + " x " + std::to_string(c.repeats) + "; --no-repeat-guard keeps it)";
-}
-
 void rewrite_llama_aliases(int argc, char** argv) {
     static char gpu_layers[] = "--gpu-layers";
     for (int i = 1; i < argc; ++i) {
@@ -200,7 +162,8 @@ std::string process_escapes(std::string_view t) {
     return out;
 }
 
-ChatTemplate resolve_chat_template(const Session& session, const std::string& template_override) {
+std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
+                               const std::string& template_override) {
     const Model* model = session.model();
     const std::string model_template = model ? model->file.get_string("tokenizer.chat_template", "") : std::string();
     if (template_override.empty() && model_template.empty() && model) {
@@ -212,59 +175,13 @@ ChatTemplate resolve_chat_template(const Session& session, const std::string& te
             if (std::optional<ChatTemplate> t = ChatTemplate::from_name("gemma")) {
                 std::cerr << "tern: the model has no chat template (tokenizer.chat_template); using gemma, the "
                              "format of its architecture (choose another with --chat-template NAME)\n";
-                return *t;
+                return t->render_prompt(system, user);
             }
         }
     }
     const ChatTemplate::Detection d = ChatTemplate::resolve(template_override, model_template);
     if (!d.warning.empty()) std::cerr << "tern: " << d.warning << "\n";
-    return d.tmpl;
-}
-
-std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
-                               const std::string& template_override) {
-    return resolve_chat_template(session, template_override).render_prompt(system, user);
-}
-
-void add_draft_options(CLI::App& cmd, DraftOptions& o) {
-    o.lookup_opt = cmd.add_option("--lookup", o.lookup,
-                                  "speculative decoding by prompt lookup: draft up to K tokens by copying what "
-                                  "followed the last n-gram earlier in the text (same output, faster on "
-                                  "repetitive text)")
-                       ->expected(0, 1)
-                       ->default_str("8");
-    o.lookup_ngram_opt = cmd.add_option("--lookup-ngram", o.lookup_ngram,
-                                        "--lookup: longest n-gram matched, shorter ones tried next (default 3)");
-    cmd.add_option("--draft-model", o.draft_model,
-                   "speculative decoding with a smaller model of the same vocabulary drafting greedily");
-    o.draft_max_opt =
-        cmd.add_option("--draft-max", o.draft_max, "--draft-model: most tokens drafted per step (default 8)");
-}
-
-void check_draft_options(const DraftOptions& f) {
-    const bool lookup = f.lookup_opt && f.lookup_opt->count() > 0;
-    if (lookup && f.lookup < 1) throw UsageError("--lookup: K must be >= 1 (the most tokens drafted per step)");
-    if (f.lookup_ngram_opt && f.lookup_ngram_opt->count() > 0 && !lookup)
-        throw UsageError("--lookup-ngram: only with --lookup");
-    if (f.lookup_ngram < 1 || f.lookup_ngram > 16) throw UsageError("--lookup-ngram: N must be in 1..16");
-    if (f.draft_max_opt && f.draft_max_opt->count() > 0 && f.draft_model.empty())
-        throw UsageError("--draft-max: only with --draft-model");
-    if (f.draft_max < 1) throw UsageError("--draft-max: K must be >= 1 (the most tokens drafted per step)");
-    if (lookup && !f.draft_model.empty())
-        throw UsageError("--lookup and --draft-model: choose one drafter (prompt lookup or a draft model)");
-}
-
-std::unique_ptr<Drafter> make_drafter(const DraftOptions& f, const ModelOptions& model_options,
-                                      const LoadedSession& loaded) {
-    if (f.lookup_opt && f.lookup_opt->count() > 0) return std::make_unique<PromptLookupDrafter>(f.lookup, f.lookup_ngram);
-    if (f.draft_model.empty()) return nullptr;
-    const Model* target = loaded.session->model();
-    if (!target) throw std::logic_error("--draft-model: the session has no model file");
-    RunOptions run;
-    run.n_ctx = loaded.n_ctx;
-    run.kv_type = kv_type_from_name(model_options.kv_type);
-    run.n_threads = model_options.threads;
-    return load_draft_model(f.draft_model, *target, model_options.device, run, f.draft_max);
+    return d.tmpl.render_prompt(system, user);
 }
 
 LoadedSession load_session(const ModelOptions& o) {
@@ -284,14 +201,20 @@ LoadedSession load_session(const ModelOptions& o) {
 
     bool capped = false;
     const uint64_t per_pos = kv_bytes_per_position(model->config, run.kv_type);
-    const uint64_t avail = available_memory_bytes();
+    // The automatic context sizes its KV cache against what the weights and buffers leave
+    // (engine/memory_budget.h); any context, chosen or given, must then fit before allocation.
+    const bool on_cpu = backend->device_name() == "cpu";
+    const MemoryNeed base =
+        on_cpu ? estimate_memory(model->config, model->weights, MemoryRequest{run.kv_type, 512}) : MemoryNeed{};
+    const uint64_t avail = memory_left_for_kv(base, memory_limits());
     run.n_ctx = choose_context(o.ctx_size, model->config.n_ctx_train, per_pos, avail, &capped);
     if (capped) {
         std::cerr << "tern: -c: using a context of " << run.n_ctx << " tokens: the model's "
                   << model->config.n_ctx_train << " would need " << fmt_gib(double(per_pos) * model->config.n_ctx_train)
-                  << " of KV cache and half the available memory is " << fmt_gib(double(avail) / 2)
+                  << " of KV cache and half the memory left after the weights is " << format_memory(avail / 2)
                   << " (set -c to choose)\n";
     }
+    if (on_cpu) require_memory(model->config, model->weights, MemoryRequest{run.kv_type, run.n_ctx});
     backend->load(model->config, model->weights, run);
 
     LoadedSession s;
