@@ -15,6 +15,7 @@
 #include "engine/backend_factory.h"
 #include "engine/chat_template.h"
 #include "engine/memory_budget.h"
+#include "engine/drafter_model.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
@@ -96,6 +97,30 @@ SamplingParams resolve_sampling(const SamplingOptions& o) {
     return p;
 }
 
+void add_repeat_guard_options(CLI::App& cmd, RepeatGuardParams& p) {
+    p.enabled = true;
+    cmd.add_flag("--repeat-guard,!--no-repeat-guard", p.enabled,
+                 "stop when the output loops (a span repeated back to back) and trim it to one occurrence; "
+                 "text copied from the prompt is never cut (default: on)");
+    cmd.add_option("--repeat-guard-count", p.min_repeats,
+                   "back-to-back occurrences of a span that make a loop (default 3)");
+    cmd.add_option("--repeat-guard-min-tokens", p.min_loop_tokens,
+                   "... which must also cover this many tokens, so short spans need more (default 32)");
+    cmd.add_option("--repeat-guard-long-span", p.long_span,
+                   "a span of this many tokens loops on its 2nd occurrence; 0 = off (default 32)");
+    cmd.add_option("--repeat-guard-max-span", p.max_span, "the longest span looked for, in tokens (default 128)");
+}
+
+void check_repeat_guard(const RepeatGuardParams& p) {
+    const std::string error = repeat_guard_params_error(p);
+    if (!error.empty()) throw UsageError(error);
+}
+
+std::string repeat_guard_note(const RepeatCut& c) {
+    return "repetition guard: cut a looping tail of " + std::to_string(c.cut) + " tokens (span " +
+           std::to_string(c.span) + " x " + std::to_string(c.repeats) + "; --no-repeat-guard keeps it)";
+}
+
 void rewrite_llama_aliases(int argc, char** argv) {
     static char gpu_layers[] = "--gpu-layers";
     for (int i = 1; i < argc; ++i) {
@@ -162,8 +187,7 @@ std::string process_escapes(std::string_view t) {
     return out;
 }
 
-std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
-                               const std::string& template_override) {
+ChatTemplate resolve_chat_template(const Session& session, const std::string& template_override) {
     const Model* model = session.model();
     const std::string model_template = model ? model->file.get_string("tokenizer.chat_template", "") : std::string();
     if (template_override.empty() && model_template.empty() && model) {
@@ -175,13 +199,59 @@ std::string render_chat_prompt(const Session& session, const std::string& system
             if (std::optional<ChatTemplate> t = ChatTemplate::from_name("gemma")) {
                 std::cerr << "tern: the model has no chat template (tokenizer.chat_template); using gemma, the "
                              "format of its architecture (choose another with --chat-template NAME)\n";
-                return t->render_prompt(system, user);
+                return *t;
             }
         }
     }
     const ChatTemplate::Detection d = ChatTemplate::resolve(template_override, model_template);
     if (!d.warning.empty()) std::cerr << "tern: " << d.warning << "\n";
-    return d.tmpl.render_prompt(system, user);
+    return d.tmpl;
+}
+
+std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
+                               const std::string& template_override) {
+    return resolve_chat_template(session, template_override).render_prompt(system, user);
+}
+
+void add_draft_options(CLI::App& cmd, DraftOptions& o) {
+    o.lookup_opt = cmd.add_option("--lookup", o.lookup,
+                                  "speculative decoding by prompt lookup: draft up to K tokens by copying what "
+                                  "followed the last n-gram earlier in the text (same output, faster on "
+                                  "repetitive text)")
+                       ->expected(0, 1)
+                       ->default_str("8");
+    o.lookup_ngram_opt = cmd.add_option("--lookup-ngram", o.lookup_ngram,
+                                        "--lookup: longest n-gram matched, shorter ones tried next (default 3)");
+    cmd.add_option("--draft-model", o.draft_model,
+                   "speculative decoding with a smaller model of the same vocabulary drafting greedily");
+    o.draft_max_opt =
+        cmd.add_option("--draft-max", o.draft_max, "--draft-model: most tokens drafted per step (default 8)");
+}
+
+void check_draft_options(const DraftOptions& f) {
+    const bool lookup = f.lookup_opt && f.lookup_opt->count() > 0;
+    if (lookup && f.lookup < 1) throw UsageError("--lookup: K must be >= 1 (the most tokens drafted per step)");
+    if (f.lookup_ngram_opt && f.lookup_ngram_opt->count() > 0 && !lookup)
+        throw UsageError("--lookup-ngram: only with --lookup");
+    if (f.lookup_ngram < 1 || f.lookup_ngram > 16) throw UsageError("--lookup-ngram: N must be in 1..16");
+    if (f.draft_max_opt && f.draft_max_opt->count() > 0 && f.draft_model.empty())
+        throw UsageError("--draft-max: only with --draft-model");
+    if (f.draft_max < 1) throw UsageError("--draft-max: K must be >= 1 (the most tokens drafted per step)");
+    if (lookup && !f.draft_model.empty())
+        throw UsageError("--lookup and --draft-model: choose one drafter (prompt lookup or a draft model)");
+}
+
+std::unique_ptr<Drafter> make_drafter(const DraftOptions& f, const ModelOptions& model_options,
+                                      const LoadedSession& loaded) {
+    if (f.lookup_opt && f.lookup_opt->count() > 0) return std::make_unique<PromptLookupDrafter>(f.lookup, f.lookup_ngram);
+    if (f.draft_model.empty()) return nullptr;
+    const Model* target = loaded.session->model();
+    if (!target) throw std::logic_error("--draft-model: the session has no model file");
+    RunOptions run;
+    run.n_ctx = loaded.n_ctx;
+    run.kv_type = kv_type_from_name(model_options.kv_type);
+    run.n_threads = model_options.threads;
+    return load_draft_model(f.draft_model, *target, model_options.device, run, f.draft_max);
 }
 
 LoadedSession load_session(const ModelOptions& o) {
