@@ -2,6 +2,7 @@
 // JSON document with --json); the load note and one statistics line go to stderr.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "app/signals.h"
 #include "engine/backend.h"
 #include "engine/chat_template.h"
+#include "engine/context_shift.h"
 #include "engine/drafter.h"
 #include "engine/drafter_model.h"
 #include "engine/model.h"
@@ -41,6 +43,8 @@ struct RunFlags {
     bool json = false;
     bool no_bos = false;
     bool no_escape = false;
+    int32_t keep = -1;           // --keep N: positions a context shift keeps (-1: the prompt)
+    bool no_context_shift = false;
     DraftOptions draft;
     CLI::Option* prompt_opt = nullptr;
     CLI::Option* file_opt = nullptr;
@@ -94,6 +98,7 @@ int run(const RunFlags& f) {
     const SamplingParams sampling = resolve_sampling(f.sampling);
     check_repeat_guard(f.repeat_guard);
     check_draft_options(f.draft);
+    if (f.keep < -1) throw UsageError("--keep: N must be >= 0, or -1 for the whole prompt");
     if (f.system_opt->count() > 0 && !f.chat)
         throw UsageError("--system: only with --chat (the system turn of the chat template)");
     if (!f.chat_template.empty() && !f.chat) throw UsageError("--chat-template: only with --chat");
@@ -129,6 +134,22 @@ int run(const RunFlags& f) {
     opts.sampling = sampling;
     opts.stop = std::move(stops);
     opts.drafter = drafter.get();
+    // -n beyond the context: shift it when full (engine/context_shift.h). -n -1 still ends at the
+    // end of the context (CLI.md), or it would never end on a model that emits no EOS.
+    bool shift_noted = false;
+    if (!f.no_context_shift && opts.n_predict > 0) {
+        const int32_t n_prompt = static_cast<int32_t>(tokens.size());
+        const int32_t n_keep = f.keep < 0 ? std::min(n_prompt, loaded.n_ctx / 2) : std::min(f.keep, n_prompt);
+        opts.on_context_full = [n_keep, &shift_noted](Session& s) {
+            const int32_t dropped = shift_context(s, n_keep);
+            if (dropped > 0 && !shift_noted) {
+                std::cerr << "tern: the context (" << s.n_ctx() << " tokens) is full: keeping the first " << n_keep
+                          << " and dropping the older half of the rest (" << dropped
+                          << " tokens), each time it fills (--no-context-shift stops instead)\n";
+                shift_noted = true;
+            }
+        };
+    }
     opts.repeat_guard = f.repeat_guard;
 
     bool stdout_ok = true;
@@ -212,6 +233,11 @@ Command add_run_command(CLI::App& root) {
     cmd->add_option("--chat-template", f->chat_template,
                     "chat format for --chat instead of the model's template: " + names);
     add_draft_options(*cmd, f->draft);
+    cmd->add_option("--keep", f->keep,
+                    "when -n goes past a full context, keep the first N tokens (BOS included) and drop the "
+                    "older half of the rest, then go on (default -1: the whole prompt, at most half the context)");
+    cmd->add_flag("--no-context-shift", f->no_context_shift,
+                  "stop at a full context (stop_reason context) instead of shifting it");
     cmd->add_flag("--json", f->json, "print one JSON document (text, tokens, timings, ...) instead of the text");
     cmd->add_flag("--no-bos", f->no_bos, "do not add the BOS token (nor EOS) to the prompt");
     cmd->add_flag("--no-escape", f->no_escape,

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "engine/layer_rope.h"
 #include "formats/error.h"
 #include "kernels/cpu/matmul_quant.h"
 #include "kernels/cpu/ops.h"
@@ -94,7 +95,6 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     const int64_t dim = c.dim;
     const int64_t head_dim = c.head_dim;
     const int64_t head_dim_v = c.head_dim_v;
-    const auto rope = c.rope_style == RopeStyle::neox ? rope_neox_f32 : rope_normal_f32;
     const float* freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
 
     std::vector<float> x(static_cast<size_t>(n * dim));   // (n, dim) residual stream
@@ -120,6 +120,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         const int64_t n_heads = lc.n_heads, n_kv_heads = lc.n_kv_heads;
         const int64_t q_dim = n_heads * head_dim, k_dim = n_kv_heads * head_dim, v_dim = n_kv_heads * head_dim_v;
         const int64_t att_dim = n_heads * head_dim_v;
+        const LayerRope rope = layer_rope(c, l, freq_factors); // also what kv_erase turns keys with
 
         // Attention block: q/k/v projections (+ biases).
         q.resize(static_cast<size_t>(n * q_dim)); // (n, n_heads, head_dim)
@@ -138,12 +139,12 @@ void CpuBackend::forward(const ForwardBatch& batch) {
             for (int64_t h = 0; h < n_heads; ++h) {
                 float* qh = q.data() + i * q_dim + h * head_dim;
                 if (c.qk_norm) rmsnorm_f32(qh, lv.q_norm.data(), qh, head_dim, c.rms_eps);
-                rope(qh, head_dim, c.n_rot, pos, lc.rope_base, lc.rope_freq_scale, freq_factors);
+                rope.apply(qh, pos);
             }
             for (int64_t h = 0; h < n_kv_heads; ++h) {
                 float* kh = k.data() + i * k_dim + h * head_dim;
                 if (c.qk_norm) rmsnorm_f32(kh, lv.k_norm.data(), kh, head_dim, c.rms_eps);
-                rope(kh, head_dim, c.n_rot, pos, lc.rope_base, lc.rope_freq_scale, freq_factors);
+                rope.apply(kh, pos);
             }
             kv_.write(l, pos, k.data() + i * k_dim, v.data() + i * v_dim);
         }

@@ -2,6 +2,7 @@
 // What one Session::generate() call is asked to do, and what it reports back.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,7 @@
 namespace tern {
 
 class Drafter;   // speculative decoding (engine/drafter.h); see GenerateOptions::drafter
+class Session;   // GenerateOptions::on_context_full
 
 enum class StopReason {
     eos,          // the model produced an end-of-generation token (EOS, EOT, <end_of_turn>, ...)
@@ -35,6 +37,10 @@ struct GenerateOptions {
     // (DESIGN.md). Null: plain decoding. Greedy or sampled, the output is the same either way (a
     // draft is kept only where the sampler, with the same RNG draws, picked that very token).
     Drafter* drafter = nullptr;
+    // The KV cache is full and the next token needs a position: the hook may free some with
+    // Session::erase (a context shift: engine/context_shift.h, `tern chat`'s oldest turns) and
+    // generation goes on where it did. Null, or nothing freed: stop with StopReason::context.
+    std::function<void(Session&)> on_context_full;
     // Stop and trim a looping tail (engine/repeat_guard.h). Off here, so engine-level comparisons
     // with llama.cpp see the model's raw output; the CLI turns it on.
     RepeatGuardParams repeat_guard;

@@ -9,6 +9,7 @@
 
 #include "engine/backend.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/rope_shift.h"
 
 namespace tern {
 
@@ -40,6 +41,13 @@ public:
     // Restores a snapshot taken from a cache of the same shape and type; sets n_past.
     // Throws UsageError when the snapshot does not fit this cache.
     void load(const KvSnapshot& snapshot);
+
+    // Removes positions [begin, end): the rows after them move down by end - begin and n_past shrinks
+    // by as much (the context shift). V rows move as bytes; K rows are turned by k_rotation[layer]
+    // when it is given (one per layer; n_rot 0 = none): decoded to f32, rotated, re-encoded in the
+    // cache's format (f32 rows in place). Throws UsageError for a range outside [0, n_past()].
+    // n_threads splits the (layer, head) pairs. Defined in kv_cache_erase.cpp.
+    void erase(int32_t begin, int32_t end, const std::vector<RopeRotation>& k_rotation, int n_threads);
 
 private:
     size_t k_offset(int32_t head, int32_t pos) const; // bytes into a layer's K buffer

@@ -233,12 +233,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
             r.stop_reason = StopReason::length;
             return false;
         }
-        // The token would go to position n_prompt + n_gen - 1 of the cache: full means done.
-        if (static_cast<int64_t>(prompt.size() + r.tokens.size()) > n_ctx_) {
-            r.stop_reason = StopReason::context;
-            return false;
-        }
-        return true;
+        return true;   // a full cache is checked where the token would be forwarded
     };
 
     Drafter* drafter = options.drafter;
@@ -296,6 +291,16 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
             drafter->observe(static_cast<int32_t>(n_drafts), static_cast<int32_t>(accepted));
         }
         if (done) break;
+
+        // The new token goes to position kv_tokens_.size() (a context shift may have moved it
+        // down): a full cache stops here unless the hook frees positions.
+        if (static_cast<int64_t>(kv_tokens_.size()) >= n_ctx_) {
+            if (options.on_context_full) options.on_context_full(*this);
+            if (static_cast<int64_t>(kv_tokens_.size()) >= n_ctx_) {
+                r.stop_reason = StopReason::context;
+                break;
+            }
+        }
 
         // Forward the new token and what the drafter guesses follows it. At most as many drafts as
         // could still be generated after it (-n) and as fit in the cache behind it.

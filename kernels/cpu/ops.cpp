@@ -26,16 +26,14 @@ void rmsnorm_f32(const float* x, const float* w, float* y, int64_t n, float eps)
     }
 }
 
-namespace {
-
-// The rotation angle of pair i. Computed in double: at pos 30000 an f32 angle is off by ~1e-3 rad.
-inline double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale,
-                         const float* freq_factors) {
+double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors) {
     double theta = static_cast<double>(pos) * static_cast<double>(freq_scale) *
                    std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
     if (freq_factors) theta /= static_cast<double>(freq_factors[i]);
     return theta;
 }
+
+namespace {
 
 inline void rotate(float& a, float& b, double theta) {
     const float c = static_cast<float>(std::cos(theta));

@@ -15,6 +15,10 @@ namespace tern {
 // (the variance of 4096 f32 squares loses ~1e-5 relative in f32). w may be nullptr (no weight).
 void rmsnorm_f32(const float* x, const float* w, float* y, int64_t n, float eps);
 
+// The angle of pair i at position pos (in double: at pos 30000 an f32 angle is off by ~1e-3 rad);
+// pos may be negative (kernels/cpu/rope_shift.h turns cached keys back by a number of positions).
+double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors);
+
 // RoPE on one head of head_dim floats at position pos; only the first n_rot dims rotate.
 // The angle of pair i (i < n_rot/2) is pos * freq_scale * base^(-2i/n_rot), divided by
 // freq_factors[i] when freq_factors is not nullptr (Llama 3.1 "rope_freqs").
