@@ -32,6 +32,7 @@ struct RunFlags {
     ModelOptions model;
     SamplingOptions sampling;
     RepeatGuardParams repeat_guard;   // on unless --no-repeat-guard
+    PromptCacheOptions prompt_cache;
     std::string prompt;
     std::string file;
     int32_t n_predict = 256;
@@ -98,6 +99,7 @@ int run(const RunFlags& f) {
     const SamplingParams sampling = resolve_sampling(f.sampling);
     check_repeat_guard(f.repeat_guard);
     check_draft_options(f.draft);
+    prompt_cache_size_bytes(f.prompt_cache);   // a bad size fails before the model loads
     if (f.keep < -1) throw UsageError("--keep: N must be >= 0, or -1 for the whole prompt");
     if (f.system_opt->count() > 0 && !f.chat)
         throw UsageError("--system: only with --chat (the system turn of the chat template)");
@@ -109,6 +111,7 @@ int run(const RunFlags& f) {
         for (std::string& s : stops) s = process_escapes(s);
 
     LoadedSession loaded = load_session(f.model);
+    attach_prompt_cache(loaded, f.model, f.prompt_cache);
     Session& session = *loaded.session;
     const std::unique_ptr<Drafter> drafter = make_drafter(f.draft, f.model, loaded);
 
@@ -182,7 +185,7 @@ int run(const RunFlags& f) {
                         {"decode_ms", r.decode_ms},      {"prefill_tps", r.prefill_tps()},
                         {"decode_tps", r.decode_tps()}};
         j["lookup"] = {{"drafted", r.n_drafted}, {"accepted", r.n_accepted}};
-        j["prefix_cache"] = {{"reused_tokens", r.n_reused}};
+        j["prefix_cache"] = {{"reused_tokens", r.n_reused}, {"disk_tokens", r.n_from_disk}};
         j["device"] = loaded.device;
         j["model"] = f.model.model;
         j["seed"] = sampling.seed;
@@ -196,7 +199,11 @@ int run(const RunFlags& f) {
 
     if (r.stop_reason == StopReason::repetition) std::cerr << "tern: " << repeat_guard_note(r.repeat_cut) << "\n";
     std::string stats = "tern: prompt " + std::to_string(r.n_prompt()) + " tokens";
-    if (r.n_reused > 0) stats += " (" + std::to_string(r.n_reused) + " cached)";
+    if (r.n_reused > 0) {
+        stats += " (" + std::to_string(r.n_reused) + " cached";
+        if (r.n_from_disk > 0) stats += ", " + std::to_string(r.n_from_disk) + " restored from disk";
+        stats += ")";
+    }
     stats += fmt(" in %.1f ms", r.prefill_ms) + fmt(" (%.1f tok/s)", r.prefill_tps()) + ", generated " +
              std::to_string(r.n_gen()) + fmt(" in %.1f ms", r.decode_ms) + fmt(" (%.1f tok/s)", r.decode_tps()) +
              ", stop: " + reason + ", " + loaded.device;
@@ -223,6 +230,7 @@ Command add_run_command(CLI::App& root) {
                     "tokens to generate; -1 = until EOS or the context is full (default 256)");
     add_sampling_options(*cmd, f->sampling);
     add_repeat_guard_options(*cmd, f->repeat_guard);
+    add_prompt_cache_options(*cmd, f->prompt_cache);
     cmd->add_option("--stop", f->stop, "stop when this text appears; it is not printed (repeatable)")
         ->allow_extra_args(false);
     cmd->add_flag("--echo", f->echo, "print the prompt before the completion");

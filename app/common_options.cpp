@@ -18,6 +18,8 @@
 #include "engine/drafter_model.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
+#include "engine/model_identity.h"
+#include "engine/prefix_cache.h"
 #include "engine/tokenizer.h"
 #include "formats/error.h"
 
@@ -293,6 +295,36 @@ LoadedSession load_session(const ModelOptions& o) {
     s.session = std::make_unique<Session>(std::move(backend), std::move(tokenizer), run.n_ctx, model);
     s.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return s;
+}
+
+void add_prompt_cache_options(CLI::App& cmd, PromptCacheOptions& o) {
+    cmd.add_option("--prompt-cache", o.dir,
+                   "directory of the on-disk prompt cache (default: $XDG_CACHE_HOME/tern/prompts, else "
+                   "~/.cache/tern/prompts)");
+    cmd.add_flag("--no-prompt-cache", o.disabled, "neither read nor write the on-disk prompt cache");
+    cmd.add_option("--prompt-cache-size", o.size,
+                   "most bytes the prompt cache directory holds, least recently used entries evicted first; "
+                   "suffixes K, M, G (default 1G)");
+}
+
+uint64_t prompt_cache_size_bytes(const PromptCacheOptions& o) {
+    const std::optional<uint64_t> bytes = parse_byte_size(o.size);
+    if (!bytes) throw UsageError("--prompt-cache-size: '" + o.size + "' is not a size (examples: 1073741824, 512M, 2G)");
+    return *bytes;
+}
+
+void attach_prompt_cache(LoadedSession& loaded, const ModelOptions& model_options, const PromptCacheOptions& o) {
+    if (o.disabled) return;
+    const Model* model = loaded.session->model();
+    if (!model) return;
+    PrefixCacheOptions options;
+    options.dir = o.dir.empty() ? default_prefix_cache_dir() : std::filesystem::path(o.dir);
+    options.max_bytes = prompt_cache_size_bytes(o);
+    if (options.dir.empty() || options.max_bytes == 0) return;
+    RunOptions run;
+    run.kv_type = kv_type_from_name(model_options.kv_type);
+    const uint64_t identity = model_identity(*model, run, loaded.device);
+    loaded.session->set_prefix_cache(std::make_unique<PrefixCache>(std::move(options), identity, run.kv_type));
 }
 
 } // namespace tern::app

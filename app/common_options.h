@@ -88,6 +88,18 @@ void check_draft_options(const DraftOptions& options);
 std::unique_ptr<Drafter> make_drafter(const DraftOptions& options, const ModelOptions& model_options,
                                       const LoadedSession& loaded);
 
+struct PromptCacheOptions {
+    std::string dir;              // --prompt-cache DIR; empty: default_prefix_cache_dir()
+    bool disabled = false;        // --no-prompt-cache
+    std::string size = "1G";      // --prompt-cache-size BYTES (suffixes K, M, G, T)
+};
+
+// --prompt-cache, --no-prompt-cache, --prompt-cache-size.
+void add_prompt_cache_options(CLI::App& cmd, PromptCacheOptions& options);
+
+// Checks the size before anything loads (UsageError naming the flag).
+uint64_t prompt_cache_size_bytes(const PromptCacheOptions& options);
+
 struct LoadedSession {
     std::unique_ptr<Session> session;
     std::string device;    // "cpu", "cuda:0"
@@ -98,6 +110,10 @@ struct LoadedSession {
 // Opens the model, picks the device, sizes the context and builds the session. Prints at most a
 // line or two on stderr (an automatic device choice, a context capped to memory).
 LoadedSession load_session(const ModelOptions& options);
+
+// Gives the session its on-disk prefix cache (engine/prefix_cache.h), keyed by the loaded model
+// and `model_options`' KV type; nothing when disabled or when no cache directory is known.
+void attach_prompt_cache(LoadedSession& loaded, const ModelOptions& model_options, const PromptCacheOptions& options);
 
 // KV cache bytes one position takes for a model (all layers, K and V).
 uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type);

@@ -46,3 +46,16 @@ void Backend::kv_erase(int32_t begin, int32_t end) {
 }
 
 } // namespace tern
+
+namespace tern {
+
+KvSnapshot Backend::kv_save_range(int32_t begin, int32_t end) const {
+    throw RuntimeFailure(device_name() + ": this backend cannot save a range of its KV cache (positions " +
+                         std::to_string(begin) + ".." + std::to_string(end) + ")");
+}
+
+void Backend::kv_append(const KvSnapshot&) {
+    throw RuntimeFailure(device_name() + ": this backend cannot append a saved range to its KV cache");
+}
+
+} // namespace tern

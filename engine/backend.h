@@ -57,6 +57,11 @@ public:
     virtual void kv_truncate(int32_t n_past) = 0;          // forget positions >= n_past
     virtual KvSnapshot kv_save(int32_t n) const = 0;
     virtual void kv_load(const KvSnapshot& snapshot) = 0;
+    // Positions [begin, end) only, and their restore right after position n_past() - 1: the
+    // on-disk prefix cache stores and restores a prompt block by block. Backends without them
+    // throw RuntimeFailure (the default); the prefix cache then stays off for that backend.
+    virtual KvSnapshot kv_save_range(int32_t begin, int32_t end) const;
+    virtual void kv_append(const KvSnapshot& range);
     // Removes positions [begin, end) of the cache; the positions after them move down by
     // end - begin (their K re-rotated for the new positions where the rope allows), so a long
     // conversation can drop old turns without recomputing the rest. Backends that cannot shift

@@ -225,4 +225,12 @@ void CpuBackend::kv_load(const KvSnapshot& snapshot) {
     kv_.load(snapshot);
 }
 
+KvSnapshot CpuBackend::kv_save_range(int32_t begin, int32_t end) const {
+    return kv_.save_range(begin, end);
+}
+
+void CpuBackend::kv_append(const KvSnapshot& range) {
+    kv_.append(range);
+}
+
 } // namespace tern

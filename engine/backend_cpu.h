@@ -31,6 +31,8 @@ public:
     void kv_truncate(int32_t n_past) override;
     KvSnapshot kv_save(int32_t n) const override;
     void kv_load(const KvSnapshot& snapshot) override;
+    KvSnapshot kv_save_range(int32_t begin, int32_t end) const override;
+    void kv_append(const KvSnapshot& range) override;
     // Context shift: moves the later rows down and turns their K back (backend_cpu_shift.cpp).
     void kv_erase(int32_t begin, int32_t end) override;
     std::string device_name() const override { return "cpu"; }

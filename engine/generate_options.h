@@ -52,6 +52,7 @@ struct GenerateResult {
     std::string text;              // the completion as streamed: stop string trimmed
     StopReason stop_reason = StopReason::length;
     int32_t n_reused = 0;          // prompt tokens whose KV was kept from earlier calls (prefix cache)
+    int32_t n_from_disk = 0;       // of the reused ones, read from the on-disk prefix cache
     int32_t n_prefilled = 0;       // prompt tokens run through the model in this call
     double prefill_ms = 0.0;
     double decode_ms = 0.0;        // from the first sample to the end, sampling included

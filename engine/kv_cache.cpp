@@ -14,6 +14,9 @@ namespace {
 constexpr int32_t kSnapshotMagicV1 = 0x31564B54; // "TKV1" little-endian
 constexpr int32_t kSnapshotMagic = 0x32564B54;   // "TKV2"
 constexpr int kHeaderInts = 7;                   // magic, kv_type, n_layers, head_dim, head_dim_v, n_ctx, n
+// Range snapshots (save_range/append) keep the same seven ints with n_ctx replaced by the first
+// position: a block restores into a cache of any context size.
+constexpr int32_t kRangeMagic = 0x31524B54;      // "TKR1"
 
 KvFormat format_for(KvType type) {
     switch (type) {
@@ -168,6 +171,76 @@ void KvCache::load(const KvSnapshot& s) {
         }
     }
     n_past_ = n;
+}
+
+KvSnapshot KvCache::save_range(int32_t begin, int32_t end) const {
+    if (begin < 0 || end < begin || end > n_past_)
+        throw UsageError("kv_save_range: positions " + std::to_string(begin) + ".." + std::to_string(end) +
+                         " requested but the cache holds " + std::to_string(n_past_));
+    const int32_t n = end - begin;
+    KvSnapshot s;
+    s.n_past = n;
+    s.kv_type = type_;
+    const int32_t header[kHeaderInts] = {kRangeMagic,
+                                         static_cast<int32_t>(type_),
+                                         static_cast<int32_t>(n_kv_heads_.size()),
+                                         head_dim_,
+                                         head_dim_v_,
+                                         begin,
+                                         n};
+    const size_t k_bytes = static_cast<size_t>(n) * k_row_bytes_;
+    const size_t v_bytes = static_cast<size_t>(n) * v_row_bytes_;
+    size_t total = sizeof header;
+    for (int32_t h : n_kv_heads_)
+        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    s.bytes.resize(total);
+    uint8_t* out = s.bytes.data();
+    std::memcpy(out, header, sizeof header);
+    out += sizeof header;
+    for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
+        for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
+            std::memcpy(out, k_[l].data() + k_offset(h, begin), k_bytes);
+            out += k_bytes;
+            std::memcpy(out, v_[l].data() + v_offset(h, begin), v_bytes);
+            out += v_bytes;
+        }
+    }
+    return s;
+}
+
+void KvCache::append(const KvSnapshot& s) {
+    int32_t header[kHeaderInts] = {};
+    if (s.bytes.size() < sizeof header) throw UsageError("kv_append: the snapshot is too short to be a KV range");
+    std::memcpy(header, s.bytes.data(), sizeof header);
+    if (header[0] != kRangeMagic || header[1] != static_cast<int32_t>(type_) ||
+        header[2] != static_cast<int32_t>(n_kv_heads_.size()) || header[3] != head_dim_ || header[4] != head_dim_v_)
+        throw UsageError("kv_append: the range was taken from a different model or KV type (cache is " +
+                         std::string(kv_type_name(type_)) + ")");
+    const int32_t begin = header[5], n = header[6];
+    if (begin != n_past_)
+        throw UsageError("kv_append: the range starts at position " + std::to_string(begin) + " but the cache holds " +
+                         std::to_string(n_past_));
+    if (n < 0 || n > n_ctx_ - n_past_)
+        throw UsageError("kv_append: the range holds " + std::to_string(n) + " positions but only " +
+                         std::to_string(n_ctx_ - n_past_) + " are free");
+    const size_t k_bytes = static_cast<size_t>(n) * k_row_bytes_;
+    const size_t v_bytes = static_cast<size_t>(n) * v_row_bytes_;
+    size_t total = sizeof header;
+    for (int32_t h : n_kv_heads_)
+        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    if (s.bytes.size() != total)
+        throw UsageError("kv_append: the range has " + std::to_string(s.bytes.size()) + " bytes but " +
+                         std::to_string(total) + " were expected");
+    const uint8_t* in = s.bytes.data() + sizeof header;
+    for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
+        for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
+            std::memcpy(k_[l].data() + k_offset(h, begin), in, k_bytes);
+            in += k_bytes;
+            std::memcpy(v_[l].data() + v_offset(h, begin), in, v_bytes);
+            in += v_bytes;
+        }
+    }
+    n_past_ = begin + n;
 }
 
 } // namespace tern

@@ -42,6 +42,14 @@ public:
     // Throws UsageError when the snapshot does not fit this cache.
     void load(const KvSnapshot& snapshot);
 
+    // Positions [begin, end) only ("TKR1": header + per layer, per head: K rows then V rows): one
+    // block of the on-disk prefix cache, which stores each block of a prompt once.
+    KvSnapshot save_range(int32_t begin, int32_t end) const;
+    // Appends a save_range() snapshot whose first position is n_past() (blocks are restored in
+    // order); n_past grows by its length. Throws UsageError, leaving the cache unchanged, when the
+    // snapshot does not fit: another shape or type, another start, wrong length, past n_ctx.
+    void append(const KvSnapshot& range);
+
     // Removes positions [begin, end): the rows after them move down by end - begin and n_past shrinks
     // by as much (the context shift). V rows move as bytes; K rows are turned by k_rotation[layer]
     // when it is given (one per layer; n_rot 0 = none): decoded to f32, rotated, re-encoded in the

@@ -170,6 +170,14 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
         backend_->kv_truncate(static_cast<int32_t>(common));
         kv_tokens_.resize(common);
     }
+    // The on-disk cache may hold more of the prompt (another run's): restore it, block by block.
+    if (prefix_cache_ && !kv_shifted_) {
+        const PrefixCache::Restored disk = prefix_cache_->restore(
+            *backend_, prompt, static_cast<int32_t>(common), static_cast<int32_t>(prompt.size()) - 1);
+        common = static_cast<size_t>(disk.n_held);
+        kv_tokens_.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(common));
+        r.n_from_disk = disk.n_disk;
+    }
     r.n_reused = static_cast<int32_t>(common);
 
     prefill(prompt.subspan(common), options);
@@ -342,7 +350,16 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     }
     show(r.text.size());
     r.decode_ms = ms_since(t_decode);
+    store_prefix(prompt);
     return r;
+}
+
+void Session::store_prefix(std::span<const int32_t> prompt) {
+    if (!prefix_cache_ || kv_shifted_) return;
+    size_t n_valid = 0;   // leading prompt positions the cache holds
+    const size_t limit = std::min(prompt.size(), kv_tokens_.size());
+    while (n_valid < limit && kv_tokens_[n_valid] == prompt[n_valid]) ++n_valid;
+    prefix_cache_->store(*backend_, prompt, static_cast<int32_t>(n_valid));
 }
 
 } // namespace tern

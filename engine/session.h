@@ -14,6 +14,7 @@
 #include "engine/backend.h"
 #include "engine/drafter.h"
 #include "engine/generate_options.h"
+#include "engine/prefix_cache.h"
 #include "engine/tokenizer.h"
 
 namespace tern {
@@ -60,8 +61,16 @@ public:
     // The tokens whose K/V the cache holds, in position order.
     const std::vector<int32_t>& kv_tokens() const { return kv_tokens_; }
 
+    // The on-disk prefix cache (null: none). generate() then restores the cached blocks of a
+    // prompt beyond what memory holds, and stores the prompt's new blocks after generating,
+    // unless the cache went through a shift (its K/V would not equal a cold prefill's).
+    void set_prefix_cache(std::unique_ptr<PrefixCache> cache) { prefix_cache_ = std::move(cache); }
+    PrefixCache* prefix_cache() { return prefix_cache_.get(); }
+
 private:
     void prefill(std::span<const int32_t> tokens, const GenerateOptions& options);
+    // After generating: the prompt's blocks that are not on disk yet go to the prefix cache.
+    void store_prefix(std::span<const int32_t> prompt);
 
     std::shared_ptr<const Model> model_;   // declared first: destroyed after the backend that reads it
     std::unique_ptr<Backend> backend_;
@@ -69,6 +78,7 @@ private:
     int32_t n_ctx_ = 0;
     std::vector<int32_t> kv_tokens_;
     bool kv_shifted_ = false;
+    std::unique_ptr<PrefixCache> prefix_cache_;
     // What verifying drafted tokens costs on this backend, timed on the decode forwards of
     // speculative steps and kept across calls (chat turns).
     DraftCost draft_cost_;

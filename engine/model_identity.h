@@ -1,0 +1,28 @@
+#pragma once
+// Which K/V a model run produces, as one 64-bit value: the on-disk prefix cache keys its entries
+// with it, so K/V made by another file, KV format or kernel family are never restored.
+#include <cstdint>
+#include <string_view>
+
+#include "engine/backend.h"
+
+namespace tern {
+
+struct Model;
+
+// Bumped whenever a change to tern's forward changes K/V bytes: older entries then stop matching
+// instead of being restored next to freshly computed positions.
+inline constexpr uint32_t kKvNumericsVersion = 1;
+
+// XXH3-64 of everything that decides a position's K/V bytes:
+// - the GGUF header and tensor table (metadata, names, shapes, types, offsets), the file size and
+//   the first bytes of every tensor's data (two files that differ only in weights, e.g. two
+//   random-weight models of one shape, still differ there);
+// - the derived rope parameters (per-layer base and scale, rotated dims, style);
+// - the KV type, exact_matmul, the device ("cpu", "cuda:0") and, on the CPU, the instruction
+//   sets the kernels dispatch on (AVX2 and AVX-512 kernels round differently);
+// - kKvNumericsVersion.
+// Not the context size nor the thread count: the K/V of a position do not depend on them.
+uint64_t model_identity(const Model& model, const RunOptions& run, std::string_view device);
+
+} // namespace tern
