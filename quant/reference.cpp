@@ -27,14 +27,30 @@ void dequantize_block(const BlockF8_E4M3& b, float* y) {
 // 448 (d = amax / 448) is one choice; scales up to 2x larger (the next binade repeats the grid)
 // shift every value's position, so the encoder tries kF8ScaleSteps of them, spaced evenly in log2,
 // and keeps the one with the least squared error of the dequantized block (ties: the smallest d).
+// Then one least-squares step: for the chosen codes q the best scale is sum x q / sum q^2, and
+// re-encoding with it is kept when that lowers the error again. The error is jagged in d (every
+// code flips at its own d), so a finer grid keeps paying: relative RMS error on gaussian blocks is
+// 2.40% for amax / 448 alone, 1.95% with 16 steps, 1.80% with 64 and 1.786% with 64 plus the
+// least-squares step, against 1.783% for 1024 steps (f16's resolution); 64 + 1 costs 65 encodes.
 // Each candidate is encoded with the f16-rounded scale it will be decoded with.
-constexpr int kF8ScaleSteps = 16;
-// 2^(k/16), k = 0..15, as literals (no libm in the byte-defining path).
-constexpr float kF8ScaleFactor[kF8ScaleSteps] = {1.0f, 1.04427378f, 1.09050773f, 1.13878863f, 1.18920712f, 1.24185781f, 1.29683955f, 1.35425555f, 1.41421356f, 1.47682615f, 1.54221083f, 1.61049033f, 1.68179283f, 1.75625216f, 1.83400809f, 1.91520656f};
+constexpr int kF8ScaleSteps = 64;
+// 2^(k/64), k = 0..63, as literals (no libm in the byte-defining path).
+constexpr float kF8ScaleFactor[kF8ScaleSteps] = {
+    1.0f,        1.01088929f, 1.0218972f,  1.03302491f, 1.04427373f, 1.05564523f, 1.06714046f, 1.07876074f,
+    1.09050775f, 1.10238254f, 1.1143868f,  1.12652159f, 1.13878858f, 1.15118921f, 1.1637249f,  1.17639697f,
+    1.18920708f, 1.20215678f, 1.21524739f, 1.22848058f, 1.24185777f, 1.25538075f, 1.26905096f, 1.28287005f,
+    1.29683959f, 1.31096125f, 1.32523668f, 1.33966756f, 1.35425556f, 1.36900246f, 1.38390994f, 1.39897966f,
+    1.41421354f, 1.42961335f, 1.44518077f, 1.46091783f, 1.47682619f, 1.49290776f, 1.50916445f, 1.52559817f,
+    1.54221082f, 1.55900443f, 1.5759809f,  1.59314215f, 1.61049032f, 1.62802744f, 1.64575553f, 1.66367662f,
+    1.68179286f, 1.70010638f, 1.71861935f, 1.73733389f, 1.75625217f, 1.77537644f, 1.79470909f, 1.81425214f,
+    1.8340081f,  1.85397911f, 1.87416768f, 1.89457595f, 1.91520655f, 1.93606174f, 1.95714414f, 1.97845602f};
 
-float f8_block_error(const float* x, float d, const uint8_t* qs) {
+// Encodes x with the f16 scale dh into qs and returns the squared error of the dequantized block.
+float f8_encode_block(const float* x, uint16_t dh, uint8_t* qs) {
+    const float d = f16_to_f32(dh), id = 1.0f / d;
     float err = 0.0f;
     for (int j = 0; j < QK_F8; ++j) {
+        qs[j] = f32_to_e4m3(x[j] * id);
         const float e = d * e4m3_to_f32(qs[j]) - x[j];
         err += e * e;
     }
@@ -54,14 +70,28 @@ void quantize_block(const float* x, BlockF8_E4M3& b) {
     float best = -1.0f;
     for (int k = 0; k < kF8ScaleSteps; ++k) {
         const uint16_t dh = f32_to_f16(amax / E4M3_MAX * kF8ScaleFactor[k]);
-        const float d = f16_to_f32(dh), id = 1.0f / d;
-        for (int j = 0; j < QK_F8; ++j) trial[j] = f32_to_e4m3(x[j] * id);
-        const float err = f8_block_error(x, d, trial);
+        const float err = f8_encode_block(x, dh, trial);
         if (best < 0.0f || err < best) {
             best = err;
             b.d = dh;
             std::memcpy(b.qs, trial, QK_F8);
         }
+    }
+    float sxq = 0.0f, sqq = 0.0f;
+    for (int j = 0; j < QK_F8; ++j) {
+        const float q = e4m3_to_f32(b.qs[j]);
+        sxq += x[j] * q;
+        sqq += q * q;
+    }
+    // sxq > 0 whenever a code is non-zero (each code has the sign of its x). A scale below the first
+    // candidate's would saturate the largest element at 448, which the search never does either.
+    if (!(sqq > 0.0f) || !(sxq > 0.0f)) return;
+    const uint16_t dh = f32_to_f16(sxq / sqq);
+    if (dh == b.d || dh >= 0x7C00u || f16_to_f32(dh) < d0) return;
+    const float err = f8_encode_block(x, dh, trial);
+    if (err < best) {
+        b.d = dh;
+        std::memcpy(b.qs, trial, QK_F8);
     }
 }
 

@@ -485,7 +485,7 @@ TEST_CASE("F8_E4M3 block layout and rounding") {
 }
 
 TEST_CASE("F8_E4M3 scale search: never worse than amax / 448, better on average") {
-    // The encoder tries 16 block scales in [amax/448, 2 amax/448) and keeps the least squared error;
+    // The encoder tries 64 block scales in [amax/448, 2 amax/448) (plus one least-squares step) and keeps the least squared error;
     // the first candidate is the plain rule, so no block can get worse. Random gaussian blocks at
     // several magnitudes (never all zero).
     for (const float sigma : {1e-3f, 0.02f, 1.0f, 30.0f}) {
@@ -513,7 +513,7 @@ TEST_CASE("F8_E4M3 scale search: never worse than amax / 448, better on average"
             searched2 += e_search;
         }
         INFO("sigma " << sigma << ": squared error searched / plain = " << searched2 / plain2);
-        CHECK(searched2 < 0.9 * plain2);
+        CHECK(searched2 < 0.6 * plain2);   // measured 0.555-0.564 (0.66 with 16 scales only)
     }
 }
 
@@ -670,7 +670,7 @@ TEST_CASE("quantize -> dequantize RMS error on gaussian data, every format") {
     // +8 side is clamped). Over 256 values amax ~ 2.9 sigma: q8_k 0.66% (measured 0.69%). Floats
     // have a relative step of 2^-mantissa_bits (f16 2^-10, bf16 2^-7, e4m3 2^-3), rms ~ step / sqrt(12)
     // times ~0.72 (the mean of 1/significand): 0.020%, 0.16%, 2.6% (measured 0.021%, 0.17%, 2.4%; f8_e4m3's
-    // block-scale search brings it to 1.96%).
+    // block-scale search brings it to 1.79%; it was 1.96% with 16 scales and no least-squares step).
     // Measured at 256 / 4096 / 65536 (all within 1% of each other): q6_k 1.77, q5_0 4.27, q5_1 3.78,
     // q5_k 3.60, q4_1 7.80, q4_k 7.12, iq4_nl 7.61, iq4_xs 7.66, q3_k 15.06, q2_k 29.6 (percent).
     // Bounds are the measurement plus ~15% margin. Sampling noise over 64 Ki values is < 1%, so a
@@ -685,7 +685,7 @@ TEST_CASE("quantize -> dequantize RMS error on gaussian data, every format") {
         {GgmlType::Q6_K, 0.0205},    {GgmlType::Q5_0, 0.049},    {GgmlType::Q5_1, 0.044},
         {GgmlType::Q5_K, 0.042},     {GgmlType::Q4_0, 0.099},    {GgmlType::Q4_1, 0.090},
         {GgmlType::Q4_K, 0.082},     {GgmlType::IQ4_NL, 0.088},  {GgmlType::IQ4_XS, 0.088},
-        {GgmlType::Q3_K, 0.174},     {GgmlType::Q2_K, 0.34},     {GgmlType::F8_E4M3, 0.0225},
+        {GgmlType::Q3_K, 0.174},     {GgmlType::Q2_K, 0.34},     {GgmlType::F8_E4M3, 0.0206},
     };
     std::string table = "format     n=256    n=4096   n=65536  (relative RMS error, %)\n";
     for (const TypeInfo& ti : all_types()) {
