@@ -20,6 +20,7 @@
 #include "app/common_options.h"
 #include "app/repl.h"
 #include "app/signals.h"
+#include "app/standard_streams.h"
 #include "engine/conversation.h"
 #include "engine/conversation_file.h"
 #include "formats/error.h"
@@ -45,9 +46,7 @@ bool write_stdout(std::string_view s) {
     errno = 0;
     if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0) return true;
     if (errno == EPIPE) return false;
-    const int err = errno;
-    throw RuntimeFailure(std::string("stdout: write failed: ") + (err ? std::strerror(err) : "unknown error") +
-                         " (disk full?)");
+    throw RuntimeFailure(stdout_write_error(errno));
 }
 
 std::string fmt(const char* f, double v) {

@@ -165,6 +165,11 @@ void check_paths(const QuantizeArgs& a) {
         if (!a.force) throw UsageError(a.out + ": already exists (use --force to overwrite it)");
         if (S_ISDIR(so.st_mode)) throw UsageError(a.out + ": is a directory (give a file name for OUT)");
     }
+    // Before the model is read: a typo in OUT's directory should not cost a whole conversion.
+    const std::filesystem::path parent = std::filesystem::path(a.out).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+        throw UsageError(a.out + ": the directory " + parent.string() + " does not exist (create it first)");
 }
 
 // Converts one tensor: rows are independent, so OpenMP over rows gives the same bytes for every

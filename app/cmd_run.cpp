@@ -16,6 +16,7 @@
 #include "app/commands.h"
 #include "app/common_options.h"
 #include "app/signals.h"
+#include "app/standard_streams.h"
 #include "engine/backend.h"
 #include "engine/chat_template.h"
 #include "engine/context_shift.h"
@@ -84,9 +85,7 @@ bool write_stdout(std::string_view s) {
     errno = 0;
     if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0) return true;
     if (errno == EPIPE) return false;
-    const int err = errno;
-    throw RuntimeFailure(std::string("stdout: write failed: ") + (err ? std::strerror(err) : "unknown error") +
-                         " (disk full?)");
+    throw RuntimeFailure(stdout_write_error(errno));
 }
 
 std::string fmt(const char* f, double v) {

@@ -9,6 +9,7 @@
 
 #include "app/commands.h"
 #include "app/common_options.h"
+#include "app/standard_streams.h"
 #include "app/version.h"
 #include "formats/error.h"
 
@@ -30,6 +31,8 @@ int main(int argc, char** argv) {
     // Likewise a file-size limit (ulimit -f) must give the writer's clean EFBIG error and
     // removal of the temporary file, not a silent SIGXFSZ death.
     std::signal(SIGXFSZ, SIG_IGN);
+    // Before any file is opened, so none can land on a closed stdout's descriptor.
+    tern::app::occupy_closed_standard_fds();
 
     CLI::App app{"tern: run GGUF language models locally, fast, on NVIDIA GPUs and CPUs", "tern"};
     app.require_subcommand(0, 1);
@@ -58,23 +61,26 @@ int main(int argc, char** argv) {
         return usage_error(app, e);
     }
 
-    if (show_version) {
-        std::cout << tern::app::version_string() << "\n";
-        return 0;
-    }
-    try {
-        for (const tern::app::Command& c : commands)
-            if (c.sub->parsed()) return c.run();
-        std::cerr << app.help();
-        return static_cast<int>(tern::ExitCode::usage);
-    } catch (const tern::TernError& e) {
-        std::cerr << "tern: " << e.what() << "\n";
-        return static_cast<int>(e.code());
-    } catch (const std::bad_alloc&) {
-        std::cerr << "tern: out of memory (try a smaller -c/--ctx-size or a smaller model)\n";
-        return static_cast<int>(tern::ExitCode::runtime);
-    } catch (const std::exception& e) {
-        std::cerr << "tern: internal error: " << e.what() << " (please report this)\n";
-        return static_cast<int>(tern::ExitCode::runtime);
-    }
+    const auto run_command = [&]() -> int {
+        if (show_version) {
+            std::cout << tern::app::version_string() << "\n";
+            return 0;
+        }
+        try {
+            for (const tern::app::Command& c : commands)
+                if (c.sub->parsed()) return c.run();
+            std::cerr << app.help();
+            return static_cast<int>(tern::ExitCode::usage);
+        } catch (const tern::TernError& e) {
+            std::cerr << "tern: " << e.what() << "\n";
+            return static_cast<int>(e.code());
+        } catch (const std::bad_alloc&) {
+            std::cerr << "tern: out of memory (try a smaller -c/--ctx-size or a smaller model)\n";
+            return static_cast<int>(tern::ExitCode::runtime);
+        } catch (const std::exception& e) {
+            std::cerr << "tern: internal error: " << e.what() << " (please report this)\n";
+            return static_cast<int>(tern::ExitCode::runtime);
+        }
+    };
+    return tern::app::finish_stdout(run_command());
 }
