@@ -33,6 +33,7 @@ struct ChatFlags {
     ModelOptions model;
     SamplingOptions sampling;
     DraftOptions draft;
+    RepeatGuardParams repeat_guard;   // on unless --no-repeat-guard
     int32_t n_predict = -1;
     std::string system;
     std::string chat_template;
@@ -105,6 +106,7 @@ public:
         options_.sampling = resolve_sampling(flags.sampling);
         drafter_ = make_drafter(flags.draft, flags.model, loaded_);
         options_.drafter = drafter_.get();
+        options_.repeat_guard = flags.repeat_guard;
         options_.cancel = interrupt_.flag();
     }
 
@@ -161,7 +163,8 @@ private:
             }
             const GenerateResult r = turn(in.text);
             if (!stdout_ok_) return 0;
-            if (r.text.empty() || r.text.back() != '\n') write_stdout("\n");
+            // After Ctrl-C the terminal echoed "^C" behind the text: the prompt needs a new line.
+            if (r.stop_reason == StopReason::cancelled || r.text.empty() || r.text.back() != '\n') write_stdout("\n");
             if (r.stop_reason == StopReason::cancelled) interrupted_last = true;
         }
     }
@@ -179,7 +182,11 @@ private:
         }
         if (tty_) interrupt_.clear();   // a stray SIGINT at the prompt must not cancel this reply
         const TextCallback on_text = [this](std::string_view piece) { return stdout_ok_ = write_stdout(piece); };
+        // A reply that fills the context drops the oldest turns and goes on (Session::erase shifts).
+        options_.on_context_full = [this, reserve](Session&) { conversation_.make_room_in_reply(reserve); };
         r = session_.generate(prompt, options_, on_text);
+        if (r.stop_reason == StopReason::repetition)   // on a terminal the reply's line is still open
+            say(std::string(tty_ ? "\n" : "") + "tern: " + repeat_guard_note(r.repeat_cut));
         conversation_.end_turn(r);
         last_ = Counts{};
         last_.add(r);
@@ -314,6 +321,7 @@ private:
 int run(const ChatFlags& f) {
     resolve_sampling(f.sampling);   // bad values fail before the model loads
     check_draft_options(f.draft);
+    check_repeat_guard(f.repeat_guard);
     const bool tty = isatty(STDIN_FILENO);
     Chat chat(f, load_session(f.model), tty);
     return chat.run();
@@ -329,6 +337,7 @@ Command add_chat_command(CLI::App& root) {
     cmd->add_option("-n,--n-predict", f->n_predict,
                     "most tokens per reply; -1 = until the end of the turn (default -1)");
     add_sampling_options(*cmd, f->sampling);
+    add_repeat_guard_options(*cmd, f->repeat_guard);
     cmd->add_option("--system", f->system, "system prompt");
     std::string names;
     for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
