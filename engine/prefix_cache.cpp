@@ -199,10 +199,15 @@ bool PrefixCache::ensure_directory() {
 }
 
 void PrefixCache::store(const Backend& backend, std::span<const int32_t> tokens, int32_t n_valid) {
-    if (!ensure_directory()) return;
+    if (disabled_) return;
     const int32_t block = options_.block_tokens;
     n_valid = std::clamp<int32_t>(n_valid, 0, static_cast<int32_t>(tokens.size()));
     const std::vector<uint64_t> keys = prefix_chain_keys(tokens.first(static_cast<size_t>(n_valid)), block, identity_);
+    // A short prompt has nothing to store: make no directory for it (it still enforces a lowered
+    // limit on an existing one).
+    std::error_code ec;
+    if (keys.empty() && !fs::exists(options_.dir, ec)) return;
+    if (!ensure_directory()) return;
 
     DirLock lock(options_.dir);   // without it (a read-only lock file) the limit still holds per run
     std::vector<CacheFileInfo> files = list_cache_files(options_.dir, kEntrySuffix);

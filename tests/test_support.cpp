@@ -31,11 +31,19 @@ std::string shell_quote(const std::string& s) {
 }
 } // namespace
 
-CommandResult run_tern(const std::vector<std::string>& args, const std::string& stdin_text) {
+CommandResult run_tern(const std::vector<std::string>& args, const std::string& stdin_text,
+                       const std::vector<std::string>& env) {
     TempDir dir;
     const fs::path in = dir / "stdin", out = dir / "stdout", err = dir / "stderr";
     write_file(in, stdin_text);
-    std::string cmd = shell_quote(TERN_BIN);
+    std::string cmd = "env";
+    bool own_cache = false;
+    for (const std::string& e : env) {
+        cmd += " " + shell_quote(e);
+        own_cache = own_cache || e.starts_with("XDG_CACHE_HOME=");
+    }
+    if (!own_cache) cmd += " " + shell_quote("XDG_CACHE_HOME=" + (dir / "cache").string());
+    cmd += " " + shell_quote(TERN_BIN);
     for (const std::string& a : args) cmd += " " + shell_quote(a);
     cmd += " <" + shell_quote(in.string()) + " >" + shell_quote(out.string()) + " 2>" + shell_quote(err.string());
     const int status = std::system(cmd.c_str());

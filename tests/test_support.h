@@ -16,8 +16,11 @@ struct CommandResult {
     std::string out;   // stdout
     std::string err;   // stderr
 };
-// Runs the built tern binary with `args` (shell-quoted here), optional stdin text.
-CommandResult run_tern(const std::vector<std::string>& args, const std::string& stdin_text = "");
+// Runs the built tern binary with `args` (shell-quoted here), optional stdin text and extra
+// environment ("NAME=value"). XDG_CACHE_HOME points into a fresh temporary directory unless `env`
+// sets it, so runs never write to the real ~/.cache (the prompt cache) nor see each other's.
+CommandResult run_tern(const std::vector<std::string>& args, const std::string& stdin_text = "",
+                       const std::vector<std::string>& env = {});
 
 // A fresh empty directory under the system temp dir, removed when the object dies.
 class TempDir {
