@@ -182,8 +182,6 @@ private:
         }
         if (tty_) interrupt_.clear();   // a stray SIGINT at the prompt must not cancel this reply
         const TextCallback on_text = [this](std::string_view piece) { return stdout_ok_ = write_stdout(piece); };
-        // A reply that fills the context drops the oldest turns and goes on (Session::erase shifts).
-        options_.on_context_full = [this, reserve](Session&) { conversation_.make_room_in_reply(reserve); };
         r = session_.generate(prompt, options_, on_text);
         if (r.stop_reason == StopReason::repetition)   // on a terminal the reply's line is still open
             say(std::string(tty_ ? "\n" : "") + "tern: " + repeat_guard_note(r.repeat_cut));
