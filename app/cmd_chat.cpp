@@ -108,6 +108,8 @@ public:
         options_.drafter = drafter_.get();
         options_.repeat_guard = flags.repeat_guard;
         options_.cancel = interrupt_.flag();
+        // A reply that fills the context: drop the oldest turns, keep a quarter of the context free.
+        options_.on_context_full = [this](Session&) { conversation_.make_room_for_reply(session_.n_ctx() / 4); };
     }
 
     int run() { return tty_ ? run_terminal() : run_script(); }

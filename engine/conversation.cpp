@@ -221,6 +221,11 @@ int32_t Conversation::make_room(int64_t extra) {
     return end - begin;
 }
 
+int32_t Conversation::make_room_for_reply(int32_t room) {
+    const int64_t generated = static_cast<int64_t>(session_.kv_tokens().size()) - static_cast<int64_t>(tokens_.size());
+    return make_room(std::max<int64_t>(generated, 0) + std::max(room, 1));
+}
+
 void Conversation::clear() {
     messages_.clear();
     if (!system_.empty()) messages_.push_back({{"system", system_}, 0});

@@ -71,9 +71,13 @@ public:
     // Drops the oldest whole turns (never the system prompt, the first kSinkTokens tokens nor the
     // turn in progress) until `extra` more tokens fit the context; returns the tokens dropped
     // (fewer than needed when nothing more can go). Keeps the session's KV consistent with
-    // tokens(). This is also the seam for a reply that fills the context mid-generation: a hook
-    // in Session::generate can call it and continue with the shortened cache.
+    // tokens().
     int32_t make_room(int64_t extra);
+    // GenerateOptions::on_context_full for the reply in progress: its tokens so far are in the
+    // session's cache but not yet in tokens(); drops the oldest turns so `room` more positions fit
+    // behind them. Returns the tokens dropped (0: only the system prompt and this turn are left,
+    // and the reply stops with StopReason::context).
+    int32_t make_room_for_reply(int32_t room);
 
     // A new conversation with the same system prompt.
     void clear();

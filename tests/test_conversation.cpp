@@ -199,6 +199,35 @@ TEST_CASE("a full context drops the oldest turns, keeps the head, and says so on
     CHECK(c.tokens() == before);
 }
 
+TEST_CASE("a reply that fills the context drops the oldest turns and goes on") {
+    const std::string gemma = test::find_gemma_model();
+    if (gemma.empty()) {
+        MESSAGE("skipped: Gemma 3 270M not found (set TERN_GEMMA)");
+        return;
+    }
+    const int32_t n_ctx = 128;
+    auto s = session_for(gemma, n_ctx);
+    Conversation c(*s, named("gemma"), "Be brief.");
+    turn(*s, c, "Hi.", 24, 8);
+    turn(*s, c, "Tell me about cats.", 24, 8);
+    const size_t head = c.messages()[1].begin + 1;
+    const std::vector<int32_t> first(c.tokens().begin(), c.tokens().begin() + static_cast<long>(head));
+    const std::vector<int32_t> prompt = c.begin_turn("Count from one to one hundred.", 8);
+    // 16 tokens more than the room left: one drop of the oldest turn makes room for them.
+    GenerateOptions o = greedy(n_ctx - static_cast<int32_t>(prompt.size()) + 16);
+    int32_t dropped = 0;
+    o.on_context_full = [&](Session&) { dropped += c.make_room_for_reply(n_ctx / 4); };
+    const GenerateResult r = s->generate(prompt, o);
+    c.end_turn(r);
+    CHECK(dropped > 0);
+    CHECK(r.stop_reason == StopReason::length);
+    CHECK(static_cast<int64_t>(prompt.size()) + r.n_gen() > n_ctx);
+    CHECK(c.n_dropped_turns() >= 1);
+    CHECK(starts_with(c.tokens(), first));   // the first turn (it holds the system prompt) stays
+    CHECK(starts_with(c.tokens(), s->kv_tokens()));
+    CHECK(static_cast<int32_t>(c.tokens().size()) <= n_ctx + 1);
+}
+
 TEST_CASE("/save then /load continues with the same greedy tokens, prefilling only the new turn") {
     const std::string gemma = test::find_gemma_model();
     if (gemma.empty()) {
