@@ -72,7 +72,14 @@ int run_perplexity(PerplexityArgs& a) {
     po.progress = [&](int64_t done, int64_t) { bar.update(static_cast<uint64_t>(done)); };
 
     const auto t1 = std::chrono::steady_clock::now();
-    const PerplexityResult r = compute_perplexity(s.session->backend(), tokens, po);
+    // The engine's "text too short" error names no file; the user gave one with -f.
+    const PerplexityResult r = [&] {
+        try {
+            return compute_perplexity(s.session->backend(), tokens, po);
+        } catch (const InputError& e) {
+            throw InputError(a.file + " (-f): " + e.what());
+        }
+    }();
     const double eval_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     bar.finish();
     const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

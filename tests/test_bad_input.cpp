@@ -1,0 +1,448 @@
+// The bad-input matrix of issue #11: every subcommand against the files and streams people and
+// scripts really pass by mistake. Each case runs the built `tern` under a time limit (a hang is
+// a failure, not a stuck CI job) and asserts the exit code of ../shared/CLI.md, exactly one line
+// on stderr that names the file or flag, nothing on stdout when nothing is due, no crash text
+// (sanitizer reports, "terminate called", assertions) and no partial or temporary output files.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/gguf.h"
+#include "formats/gguf_writer.h"
+#include "tests/test_support.h"
+
+namespace fs = std::filesystem;
+using namespace tern;
+using test::read_file;
+using test::write_file;
+
+namespace {
+
+// Seconds one case may take; a stuck open() or read on a FIFO would otherwise hang CI. Sanitized
+// builds run tern several times slower.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+constexpr int kCaseSeconds = kSanitized ? 240 : 60;
+
+enum class Stdout { file, closed, pipe_closed_early };
+
+struct Setup {
+    std::string stdin_file = "/dev/null";
+    Stdout out = Stdout::file;
+    std::string shell_prefix;   // e.g. "ulimit -f 64;"
+};
+
+struct Outcome {
+    int code = -1;
+    std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+// Runs `tern args` through bash so that stdout can be closed (>&-) or be a pipe whose reader
+// leaves after one byte; `timeout` turns a hang into exit 124.
+Outcome run_tern(const std::vector<std::string>& args, const Setup& s = {}) {
+    test::TempDir dir;
+    std::string cmd = "timeout -k 5 " + std::to_string(kCaseSeconds) + " " + quote(TERN_BIN);
+    for (const std::string& a : args) cmd += " " + quote(a);
+    cmd += " <" + quote(s.stdin_file) + " 2>" + quote((dir / "err").string());
+    std::string script = s.shell_prefix + "\n";
+    switch (s.out) {
+    case Stdout::file: script += cmd + " >" + quote((dir / "out").string()) + "\necho $? >"; break;
+    case Stdout::closed: script += cmd + " >&-\necho $? >"; break;
+    case Stdout::pipe_closed_early: script += cmd + " | head -c 1 >/dev/null\necho ${PIPESTATUS[0]} >"; break;
+    }
+    script += quote((dir / "rc").string()) + "\n";
+    write_file(dir / "script.sh", script);
+    const int status = std::system(("bash " + quote((dir / "script.sh").string())).c_str());
+    REQUIRE(status == 0);
+    Outcome r;
+    r.code = std::atoi(read_file(dir / "rc").c_str());
+    r.out = read_file(dir / "out");
+    r.err = read_file(dir / "err");
+    return r;
+}
+
+int count_lines(const std::string& s) {
+    int n = 0;
+    for (char c : s) n += c == '\n';
+    return n;
+}
+
+// Text that only a crash, an abort or a sanitizer writes.
+void check_no_crash_text(const Outcome& r) {
+    for (const char* bad : {"terminate called", "Assertion", "AddressSanitizer", "runtime error:", "Segmentation",
+                            "internal error", "Aborted", "core dumped", "LeakSanitizer"})
+        CHECK_MESSAGE(r.err.find(bad) == std::string::npos, "stderr has '" << bad << "'");
+}
+
+// The error contract: exit code, exactly one line naming `names`, nothing on stdout.
+void check_error(const Outcome& r, int code, const std::string& names) {
+    CAPTURE(r.err);
+    CHECK_MESSAGE(r.code != 124, "tern hung (killed after " << kCaseSeconds << " s)");
+    CHECK(r.code == code);
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.starts_with("tern: "));
+    CHECK_MESSAGE(r.err.find(names) != std::string::npos, "the line does not name '" << names << "'");
+    CHECK(r.out.empty());
+    check_no_crash_text(r);
+}
+
+std::vector<std::string> dir_listing(const fs::path& d) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+std::string stories() { return test::shared_path("models/gguf/stories260K-f32.gguf").string(); }
+// No width fallbacks for q8_0, so quantize prints nothing but its error on stderr.
+std::string llama2xs() { return test::shared_path("models/gguf/llama2xs-tok512-f32.gguf").string(); }
+std::string vocab_only() { return test::shared_path("models/vocab/ggml-vocab-llama-spm.gguf").string(); }
+
+// A copy of `src` through GgufWriter with `change` applied to its metadata.
+void rewrite(const std::string& src_path, const fs::path& out, const std::function<void(GgufWriter&)>& change) {
+    const GgufFile src = GgufFile::open(src_path);
+    GgufWriter w;
+    w.copy_metadata_from(src);
+    change(w);
+    for (const GgufTensor& t : src.tensors())
+        w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), {t.data, t.n_bytes});
+    w.write(out.string());
+}
+
+// The file with its first tensor's format id replaced by `id` (one no ggml version defines).
+void poke_first_tensor_type(const fs::path& file, uint32_t id) {
+    const GgufFile f = GgufFile::open(file.string());
+    const GgufTensor& t = f.tensors().front();
+    std::string bytes = read_file(file);
+    std::string record(8, '\0');
+    const uint64_t len = t.name.size();
+    std::memcpy(record.data(), &len, 8);
+    record += t.name;
+    const size_t at = bytes.find(record);
+    REQUIRE(at != std::string::npos);
+    const size_t type_at = at + record.size() + 4 + 8 * static_cast<size_t>(t.n_dims);
+    std::memcpy(bytes.data() + type_at, &id, 4);
+    write_file(file, bytes);
+}
+
+// The files of the matrix, made once per test case in `dir`, by name.
+struct BadFiles {
+    std::vector<std::pair<std::string, std::string>> unparseable;   // (case, path): exit 2 everywhere
+    std::string unknown_arch, vocab;
+};
+
+BadFiles make_bad_files(const test::TempDir& dir) {
+    BadFiles b;
+    const std::string real = read_file(stories());
+    auto add = [&](const std::string& name, const std::string& bytes) {
+        write_file(dir / name, bytes);
+        b.unparseable.push_back({name, (dir / name).string()});
+    };
+    b.unparseable.push_back({"missing", (dir / "missing.gguf").string()});
+    add("empty.gguf", "");
+    fs::create_directory(dir / "dir.gguf");
+    b.unparseable.push_back({"directory", (dir / "dir.gguf").string()});
+    // A FIFO with no writer: open() without O_NONBLOCK would block forever.
+    REQUIRE(mkfifo((dir / "fifo.gguf").c_str(), 0644) == 0);
+    b.unparseable.push_back({"fifo", (dir / "fifo.gguf").string()});
+    fs::create_symlink(dir / "nowhere.gguf", dir / "dangling.gguf");
+    b.unparseable.push_back({"dangling symlink", (dir / "dangling.gguf").string()});
+    add("page.gguf", "<!DOCTYPE html>\n<html><head><title>stories260K</title></head><body>Not Found</body></html>\n");
+    add("pointer.gguf", "version https://git-lfs.github.com/spec/v1\noid sha256:"
+                        "2d4f0a2c8a0a1e7b4c9d2f6e8b0a3c5d7e9f1a2b3c4d5e6f7a8b9c0d1e2f3a4b\nsize 1185376\n");
+    for (size_t n : {size_t(3), size_t(8), size_t(100), size_t(5000), real.size() / 2, real.size() - 1})
+        add("cut-at-" + std::to_string(n) + ".gguf", real.substr(0, n));
+    add("zeros.gguf", std::string(64 * 1024, '\0'));
+    add("random.gguf", [] {
+        std::mt19937 rng(11);
+        std::string s(4096, '\0');
+        for (char& c : s) c = static_cast<char>(rng());
+        return s;
+    }());
+    rewrite(stories(), dir / "unknown-format.gguf", [](GgufWriter&) {});
+    poke_first_tensor_type(dir / "unknown-format.gguf", 99);
+    b.unparseable.push_back({"unknown tensor format", (dir / "unknown-format.gguf").string()});
+
+    b.unknown_arch = (dir / "unknown-arch.gguf").string();
+    rewrite(stories(), b.unknown_arch, [](GgufWriter& w) { w.set("general.architecture", GgufValue::make_string("mamba")); });
+    b.vocab = vocab_only();
+    return b;
+}
+
+// Each subcommand's argument list for a model path; `out` is a fresh directory for outputs.
+struct Command {
+    std::string name;
+    std::function<std::vector<std::string>(const std::string& model, const fs::path& out)> args;
+    std::string stdin_text;
+};
+
+std::vector<Command> model_commands(const fs::path& text_file) {
+    const std::string text = text_file.string();
+    return {
+        {"run", [](const std::string& m, const fs::path&) { return std::vector<std::string>{"run", "-m", m, "-p", "Once", "-n", "4"}; }, ""},
+        {"chat", [](const std::string& m, const fs::path&) { return std::vector<std::string>{"chat", "-m", m, "-n", "4"}; }, "hello\n"},
+        {"bench", [](const std::string& m, const fs::path&) {
+             return std::vector<std::string>{"bench", "-m", m, "-p", "8", "-n", "4", "-r", "1"}; }, ""},
+        {"perplexity", [text](const std::string& m, const fs::path&) {
+             return std::vector<std::string>{"perplexity", "-m", m, "-f", text, "-c", "16"}; }, ""},
+        {"info", [](const std::string& m, const fs::path&) { return std::vector<std::string>{"info", m}; }, ""},
+        {"tokenize", [](const std::string& m, const fs::path&) { return std::vector<std::string>{"tokenize", "-m", m, "-p", "hi"}; }, ""},
+        {"quantize", [](const std::string& m, const fs::path& out) {
+             return std::vector<std::string>{"quantize", m, (out / "q.gguf").string(), "--type", "q8_0"}; }, ""},
+        {"synth --vocab-from", [](const std::string& m, const fs::path& out) {
+             return std::vector<std::string>{"synth", (out / "s.gguf").string(), "--shape", "tiny", "--type", "q8_0",
+                                             "--vocab-from", m}; }, ""},
+    };
+}
+
+bool ready() {
+    if (!test::shared_available()) {
+        MESSAGE("../shared/models is missing: the bad-input matrix is skipped");
+        return false;
+    }
+    return true;
+}
+
+// A text of `n` short lines, for perplexity and tokenize.
+std::string story_text(int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += "Once upon a time there was a little girl named Lily. She liked to play outside.\n";
+    return s;
+}
+
+} // namespace
+
+TEST_CASE("every subcommand refuses each broken model file with exit 2, one line naming it, no output files") {
+    if (!ready()) return;
+    test::TempDir dir;
+    const BadFiles bad = make_bad_files(dir);
+    write_file(dir / "text.txt", story_text(20));
+    for (const Command& c : model_commands(dir / "text.txt")) {
+        for (const auto& [what, path] : bad.unparseable) {
+            CAPTURE(c.name);
+            CAPTURE(what);
+            test::TempDir out;
+            write_file(dir / "stdin.txt", c.stdin_text);
+            const Outcome r = run_tern(c.args(path, out.path()), Setup{(dir / "stdin.txt").string()});
+            check_error(r, 2, path);
+            CHECK(dir_listing(out.path()).empty());
+        }
+    }
+}
+
+TEST_CASE("an unknown architecture or a vocabulary-only file cannot be run, benched or scored (exit 2)") {
+    if (!ready()) return;
+    test::TempDir dir;
+    const BadFiles bad = make_bad_files(dir);
+    write_file(dir / "text.txt", story_text(20));
+    for (const Command& c : model_commands(dir / "text.txt")) {
+        if (c.name != "run" && c.name != "chat" && c.name != "bench" && c.name != "perplexity") continue;
+        CAPTURE(c.name);
+        write_file(dir / "stdin.txt", c.stdin_text);
+        const Setup s{(dir / "stdin.txt").string()};
+        Outcome r = run_tern(c.args(bad.unknown_arch, dir.path()), s);
+        check_error(r, 2, bad.unknown_arch);
+        CHECK(r.err.find("mamba") != std::string::npos);
+        r = run_tern(c.args(bad.vocab, dir.path()), s);
+        check_error(r, 2, bad.vocab);
+        CHECK(r.err.find("vocabulary-only") != std::string::npos);
+    }
+    // The commands that only read metadata or the vocabulary describe such files.
+    CHECK(run_tern({"info", bad.unknown_arch}).code == 0);
+    CHECK(run_tern({"info", bad.vocab}).code == 0);
+    const Outcome ids = run_tern({"tokenize", "-m", bad.vocab, "-p", "hello", "--ids"});
+    CHECK(ids.code == 0);
+    CHECK(!ids.out.empty());
+}
+
+TEST_CASE("a context larger than memory fails before allocating: exit 3 naming -c, the need and the remedies") {
+    if (!ready()) return;
+    test::TempDir dir;
+    write_file(dir / "text.txt", story_text(20));
+    write_file(dir / "stdin.txt", "hello\n");
+    const std::string c = "2000000000";   // 1.2 TB of f16 KV for stories260K
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"run", "-m", stories(), "-p", "Once", "-n", "4", "-c", c},
+          std::vector<std::string>{"chat", "-m", stories(), "-n", "4", "-c", c},
+          std::vector<std::string>{"bench", "-m", stories(), "-p", "8", "-n", "4", "-r", "1", "-c", c},
+          std::vector<std::string>{"perplexity", "-m", stories(), "-f", (dir / "text.txt").string(), "-c", c}}) {
+        CAPTURE(args[0]);
+        const Outcome r = run_tern(args, Setup{(dir / "stdin.txt").string()});
+        check_error(r, 3, "-c " + c);
+        CHECK(r.err.find("is available") != std::string::npos);
+        CHECK(r.err.find("--kv-type q8_0") != std::string::npos);
+    }
+    // An address-space limit (ulimit -v) is a limit too. ASan reserves terabytes of shadow
+    // address space, so a sanitized tern cannot start under one at all.
+    if (!kSanitized) {
+        const Outcome r = run_tern({"run", "-m", stories(), "-p", "Once", "-n", "4", "-c", "2000000"},
+                               Setup{"/dev/null", Stdout::file, "ulimit -v 1000000;"});
+        check_error(r, 3, "-c 2000000");
+        CHECK(r.err.find("RLIMIT_AS") != std::string::npos);
+    }
+}
+
+TEST_CASE("a prompt longer than the context names -c (run: exit 1; perplexity: exit 2 naming the text file)") {
+    if (!ready()) return;
+    test::TempDir dir;
+    write_file(dir / "long.txt", story_text(40));
+    check_error(run_tern({"run", "-m", stories(), "-f", (dir / "long.txt").string(), "-c", "32", "-n", "4"}), 1,
+                "--ctx-size");
+    write_file(dir / "short.txt", "Once upon a time.\n");
+    check_error(run_tern({"perplexity", "-m", stories(), "-f", (dir / "short.txt").string(), "-c", "64"}), 2,
+                (dir / "short.txt").string());
+    // tern chat keeps going after a turn that cannot fit (it is a conversation): the turn is
+    // refused with a line naming -c, and the process ends normally at EOF.
+    const Outcome r = run_tern({"chat", "-m", stories(), "-c", "32", "-n", "4", "--chat-template", "chatml"},
+                           Setup{(dir / "long.txt").string()});
+    CHECK(r.code == 0);
+    CHECK(r.err.find("raise -c") != std::string::npos);
+    check_no_crash_text(r);
+}
+
+TEST_CASE("invalid UTF-8 and binary data on stdin or in a file are text like any other: no crash, exit 0") {
+    if (!ready()) return;
+    test::TempDir dir;
+    std::string binary(60, '\0');
+    std::mt19937 rng(5);
+    for (char& c : binary) c = static_cast<char>(rng());
+    binary[7] = '\0';
+    write_file(dir / "binary.bin", binary);
+    write_file(dir / "invalid-utf8.txt", "abc\xff\xfe\xc0\x80 def \xed\xa0\x80 \xf4\x90\x80\x80 end\n");
+    std::string big_binary;
+    for (int i = 0; i < 40; ++i) big_binary += binary;
+    write_file(dir / "big.bin", big_binary);
+    for (const char* input : {"binary.bin", "invalid-utf8.txt"}) {
+        CAPTURE(input);
+        const Setup s{(dir / input).string()};
+        Outcome r = run_tern({"run", "-m", stories(), "-n", "4", "--temp", "0"}, s);
+        CHECK(r.code == 0);
+        check_no_crash_text(r);
+        r = run_tern({"run", "-m", stories(), "-n", "4", "--json"}, s);
+        CHECK(r.code == 0);
+        // Generated bytes that are not UTF-8 are replaced: the document always parses.
+        CHECK(nlohmann::json::accept(r.out));
+        r = run_tern({"chat", "-m", stories(), "-n", "4", "--chat-template", "chatml"}, s);
+        CHECK(r.code == 0);
+        check_no_crash_text(r);
+        r = run_tern({"tokenize", "-m", stories(), "-f", "/dev/stdin", "--ids"}, s);
+        CHECK(r.code == 0);
+        CHECK(!r.out.empty());
+        check_no_crash_text(r);
+    }
+    const Outcome r = run_tern({"perplexity", "-m", stories(), "-f", "/dev/stdin", "-c", "16", "--chunks", "4"},
+                           Setup{(dir / "big.bin").string()});
+    CHECK(r.code == 0);
+    check_no_crash_text(r);
+}
+
+TEST_CASE("a closed stdout is an error (exit 3, one line); a reader that leaves early is not") {
+    if (!ready()) return;
+    test::TempDir dir;
+    write_file(dir / "text.txt", story_text(20));
+    write_file(dir / "stdin.txt", "hello\n");
+    const std::vector<std::vector<std::string>> producers = {
+        {"info", stories()},
+        {"tokenize", "-m", stories(), "-p", "Once upon a time"},
+        {"run", "-m", stories(), "-p", "Once", "-n", "4"},
+        {"run", "-m", stories(), "-p", "Once", "-n", "4", "--json"},
+        {"chat", "-m", stories(), "-n", "4", "--chat-template", "chatml"},
+        {"bench", "-m", stories(), "-p", "8", "-n", "4", "-r", "1", "--json"},
+        {"perplexity", "-m", stories(), "-f", (dir / "text.txt").string(), "-c", "16", "--chunks", "2"},
+        {"quantize", llama2xs(), "--dry-run", "--type", "q8_0"},
+        {"--version"},
+    };
+    for (const std::vector<std::string>& args : producers) {
+        CAPTURE(args[0]);
+        const Outcome r = run_tern(args, Setup{(dir / "stdin.txt").string(), Stdout::closed});
+        CAPTURE(r.err);
+        CHECK(r.code == 3);
+        // Commands that report statistics on stderr before printing may have said so; the
+        // error is the one line about stdout, and it is the last.
+        const size_t last = r.err.rfind('\n', r.err.size() - 2);
+        const std::string last_line = r.err.substr(last == std::string::npos ? 0 : last + 1);
+        CHECK(last_line.find("stdout is closed") != std::string::npos);
+        int stdout_lines = 0;
+        for (size_t pos = 0; pos < r.err.size();) {
+            const size_t end = r.err.find('\n', pos);
+            stdout_lines += r.err.substr(pos, end - pos).find("stdout") != std::string::npos;
+            pos = end == std::string::npos ? r.err.size() : end + 1;
+        }
+        CHECK(stdout_lines == 1);
+        check_no_crash_text(r);
+    }
+    // 2 MB of ids through `head -c 1`: writes fail with EPIPE long before the end; that is the
+    // reader's choice, so tern ends quietly with 0.
+    write_file(dir / "big.txt", story_text(2000));
+    const Outcome r = run_tern({"tokenize", "-m", stories(), "-f", (dir / "big.txt").string(), "--ids"},
+                           Setup{"/dev/null", Stdout::pipe_closed_early});
+    CHECK(r.code == 0);
+    CHECK(r.err.empty());
+    // A command that prints nothing does not care that stdout is closed.
+    const Outcome q = run_tern({"quantize", llama2xs(), (dir / "q.gguf").string(), "--type", "q8_0"},
+                           Setup{"/dev/null", Stdout::closed});
+    CHECK(q.code == 0);
+    CHECK(fs::exists(dir / "q.gguf"));
+}
+
+TEST_CASE("quantize and synth outputs: a missing or read-only directory, a full disk, an existing OUT") {
+    if (!ready()) return;
+    test::TempDir dir;
+    write_file(dir / "plain-file", "not a directory\n");
+    const std::string under_file = (dir / "plain-file" / "out.gguf").string();
+    check_error(run_tern({"quantize", llama2xs(), under_file, "--type", "q8_0"}), 1, under_file);
+    check_error(run_tern({"synth", under_file, "--shape", "tiny", "--type", "q8_0"}), 1, under_file);
+    CHECK(dir_listing(dir.path()) == std::vector<std::string>{"plain-file"});
+
+    // Read-only even for root: sysfs refuses new files.
+    if (fs::is_directory("/sys/kernel")) {
+        const Outcome r = run_tern({"quantize", llama2xs(), "/sys/kernel/tern-bad-input.gguf", "--type", "q8_0"});
+        check_error(r, 3, "/sys/kernel/tern-bad-input.gguf");
+        CHECK(!fs::exists("/sys/kernel/tern-bad-input.gguf.tmp"));
+    }
+
+    // A full disk, as a file-size limit (ulimit -f counts 1024-byte blocks): exit 3, and neither
+    // OUT nor OUT.tmp is left behind.
+    const Setup full{"/dev/null", Stdout::file, "ulimit -f 64;"};
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"quantize", llama2xs(), (dir / "q.gguf").string(), "--type", "q8_0"},
+          std::vector<std::string>{"synth", (dir / "q.gguf").string(), "--shape", "tiny", "--type", "q8_0"}}) {
+        CAPTURE(args[0]);
+        check_error(run_tern(args, full), 3, (dir / "q.gguf.tmp").string());
+        CHECK(dir_listing(dir.path()) == std::vector<std::string>{"plain-file"});
+    }
+
+    // An existing OUT is kept, byte for byte, without --force; OUT == IN is refused with it.
+    write_file(dir / "keep.gguf", "precious");
+    check_error(run_tern({"quantize", llama2xs(), (dir / "keep.gguf").string(), "--type", "q8_0"}), 1, "--force");
+    CHECK(read_file(dir / "keep.gguf") == "precious");
+    check_error(run_tern({"quantize", llama2xs(), llama2xs(), "--type", "q8_0", "--force"}), 1, llama2xs());
+    CHECK(dir_listing(dir.path()) == std::vector<std::string>{"keep.gguf", "plain-file"});
+}
