@@ -29,21 +29,22 @@ void widen16_scalar(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
 
 // Below ~256K multiply-adds (e.g. one 512x512 matvec) a fork/join costs more than it saves.
 constexpr int64_t kMinParallelWork = 256 * 1024;
-// f32 activation bytes per column chunk: the chunk stays in L2 (2 MiB) while every tile of the matrix
-// passes over it, next to the tile's own working set.
-constexpr size_t kChunkActBytes = 1u << 20;
+// f32 activation bytes per column chunk. Each weight block is converted once per chunk, so wide chunks pay:
+// the tile reads 4 bytes of activations per two multiply-adds, which even L3 feeds, and the chunk's
+// output tile (64 rows x columns of f32, 128 KiB at 512 columns) stays in L2.
+constexpr size_t kChunkActBytes = 4u << 20;
 
 } // namespace
 
-void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, size_t x_stride,
-                     int64_t n_cols, float* out) {
+void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, int64_t n_cols,
+                     float* out) {
     for (int64_t c = 0; c < n_cols; ++c) {
-        const float* xc = x + static_cast<size_t>(c) * x_stride;
+        const float* xc = x + static_cast<size_t>(c / kF16ColGroup) * kF16ColGroup * static_cast<size_t>(n_in) + c % kF16ColGroup;
         for (int r = 0; r < n_panels * kF16PanelRows; ++r) {
             const uint16_t* w = panels + static_cast<size_t>(r / kF16PanelRows) * kF16PanelRows * static_cast<size_t>(n_in) +
                                 r % kF16PanelRows;
             float acc = 0.0f;
-            for (int64_t k = 0; k < n_in; ++k) acc = std::fma(widen(t, w[k * kF16PanelRows]), xc[k], acc);
+            for (int64_t k = 0; k < n_in; ++k) acc = std::fma(widen(t, w[k * kF16PanelRows]), xc[k * kF16ColGroup], acc);
             out[c * kF16TileRows + r] = acc;
         }
     }
@@ -83,24 +84,27 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
     const auto* x16 = static_cast<const uint16_t*>(x.data);
     const auto* wbase = static_cast<const uint16_t*>(w.data);
 
-    // The activations as f32 once per call (exact: every 16-bit value is an f32), so the tile broadcasts
-    // them straight from memory.
-    thread_local std::vector<float> xf;
-    xf.resize(static_cast<size_t>(n_cols * n_in));
+    // The activations as f32 once per call (exact: every 16-bit value is an f32), interleaved in groups of
+    // 8 columns (gemm_f16.h), so the tile broadcasts them straight from one 32-byte run per k.
+    const int64_t n_groups = (n_cols + kF16ColGroup - 1) / kF16ColGroup;
+    thread_local std::vector<float> xf, col;
+    xf.assign(static_cast<size_t>(n_groups * kF16ColGroup * n_in), 0.0f);
+    col.resize(static_cast<size_t>(n_in));
     for (int64_t c = 0; c < n_cols; ++c) {
         const uint16_t* src = x16 + static_cast<size_t>(c) * xstride16;
-        float* dst = xf.data() + static_cast<size_t>(c * n_in);
 #if defined(__x86_64__)
-        if (simd) {
-            widen16_avx512(t, src, dst, n_in);
-            continue;
-        }
+        if (simd)
+            widen16_avx512(t, src, col.data(), n_in);
+        else
 #endif
-        widen16_scalar(t, src, dst, n_in);
+            widen16_scalar(t, src, col.data(), n_in);
+        float* dst = xf.data() + static_cast<size_t>(c / kF16ColGroup) * kF16ColGroup * static_cast<size_t>(n_in) + c % kF16ColGroup;
+        for (int64_t k = 0; k < n_in; ++k) dst[k * kF16ColGroup] = col[static_cast<size_t>(k)];
     }
 
     const int64_t n_tiles = (n_out + kF16TileRows - 1) / kF16TileRows;
-    const int64_t chunk_cols = std::max<int64_t>(8, static_cast<int64_t>(kChunkActBytes / (static_cast<size_t>(n_in) * 4)));
+    const int64_t chunk_cols = std::max<int64_t>(
+        kF16ColGroup, static_cast<int64_t>(kChunkActBytes / (static_cast<size_t>(n_in) * 4)) / kF16ColGroup * kF16ColGroup);
     int nt = std::max(1, n_threads);
     if (n_in * n_out * n_cols < kMinParallelWork) nt = 1;
     nt = static_cast<int>(std::min<int64_t>(nt, n_tiles));
@@ -122,11 +126,11 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
                 const int64_t rows = std::min<int64_t>(kF16TileRows, n_out - r0);
                 const int np = static_cast<int>((rows + kF16PanelRows - 1) / kF16PanelRows);
                 const uint16_t* panels = wbase + static_cast<size_t>(r0 / kF16PanelRows) * panel_words;
-                const float* xc = xdata + static_cast<size_t>(c0 * n_in);
+                const float* xc = xdata + static_cast<size_t>(c0 * n_in);   // c0 is a multiple of 8
                 if (simd)
-                    simd(t, n_in, panels, np, xc, static_cast<size_t>(n_in), nc, tile.data());
+                    simd(t, n_in, panels, np, xc, nc, tile.data());
                 else
-                    f16_tile_scalar(t, n_in, panels, np, xc, static_cast<size_t>(n_in), nc, tile.data());
+                    f16_tile_scalar(t, n_in, panels, np, xc, nc, tile.data());
                 for (int64_t j = 0; j < nc; ++j)
                     std::memcpy(y + (c0 + j) * n_out + r0, tile.data() + j * kF16TileRows, static_cast<size_t>(rows) * 4);
             }

@@ -30,6 +30,10 @@ namespace tern {
 
 // Rows per tile handed to a thread: 4 panels.
 inline constexpr int kF16TileRows = 4 * kF16PanelRows;
+// Columns per activation group: the f32 activations are interleaved 8 columns wide, element (c, k) of a
+// group at 8 * k + c, so a register tile's broadcasts for one k read one 32-byte run instead of 8 lines
+// n_in * 4 bytes apart (which would all fall in the same L1 set for n_in a multiple of 1024).
+inline constexpr int kF16ColGroup = 8;
 
 // A panel copy: panel16_bytes(n_out, n_in) bytes at data, in format type (F16 or BF16).
 struct Panel16MatrixView {
@@ -40,15 +44,15 @@ struct Panel16MatrixView {
 };
 
 // One tile: n_panels (1..4) consecutive panels at `panels` (16 * n_in words each) against n_cols f32
-// columns x + c * x_stride (each the exact value of a 16-bit activation); out[c * kF16TileRows + r] for
-// r < 16 * n_panels, c < n_cols.
+// columns (each value exactly a 16-bit activation) in groups of 8: column c, element k at
+// x[(c / 8) * 8 * n_in + 8 * k + c % 8]; out[c * kF16TileRows + r] for r < 16 * n_panels, c < n_cols.
 using F16TileFn = void (*)(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x,
-                           size_t x_stride, int64_t n_cols, float* out);
+                           int64_t n_cols, float* out);
 
 // The scalar twin (any CPU) and the SIMD tile for the set k (nullptr when k's ISA has none: then the
 // caller keeps the plain layout and matmul_q).
-void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, size_t x_stride,
-                     int64_t n_cols, float* out);
+void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, int64_t n_cols,
+                     float* out);
 F16TileFn f16_tile_for(GgmlType t, const CpuKernels& k);
 
 // Whether weights of format t (rows of n_in) are worth a panel copy for the set k: a SIMD tile exists.
