@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config git python3 unzip
-          libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev)
+          libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev
+          clang libclang-rt-dev libomp-dev)   # the last three: scripts/fuzz.sh (libFuzzer)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds tern and runs every test: the Release build (with CUDA when nvcc is found; GPU tests
-# skip without a GPU), then the suite again under ASan+UBSan (CPU only). Installs missing Debian
-# packages and fetches the default model (for the Gemma 3 tests) first.
+# skip without a GPU), then the suite again under ASan+UBSan (CPU only), then a short fuzz run
+# (scripts/fuzz.sh: every libFuzzer target for TERN_FUZZ_SECONDS, default 30 s, each). Installs
+# missing Debian packages and fetches the default model (for the Gemma 3 tests) first.
 #   TERN_CUDA_ARCHS=89 bash scripts/test.sh   compile CUDA for one architecture (what CI does)
-#   TERN_TEST_SKIP_ASAN=1                     only the Release run
+#   TERN_TEST_SKIP_ASAN=1                     no ASan+UBSan run
+#   TERN_TEST_SKIP_FUZZ=1                     no fuzz run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${TERN_JOBS:-2}"
@@ -31,4 +33,9 @@ if [ -z "${TERN_TEST_SKIP_ASAN:-}" ]; then
     # even optimised; under the sanitizers they would dominate CI. Their code paths (loader,
     # forward, sampler, session, CLI) are exercised under ASan+UBSan by the other suites.
     ctest --preset asan -j "$jobs" -E '^(test_model_reference|test_perplexity)$'
+fi
+
+if [ -z "${TERN_TEST_SKIP_FUZZ:-}" ]; then
+    echo "== short fuzz run" >&2
+    bash scripts/fuzz.sh "${TERN_FUZZ_SECONDS:-30}"
 fi
