@@ -18,6 +18,9 @@ namespace tern {
 // of n 16-bit values of format t to f32 (exact).
 F16TileFn f16_tile_avx512(GgmlType t);
 void widen16_avx512(GgmlType t, const uint16_t* src, float* dst, int64_t n);
+// Defined in gemm_f16_avx2.cpp (x86-64 builds): the same for AVX2 + FMA + F16C.
+F16TileFn f16_tile_avx2(GgmlType t);
+void widen16_avx2(GgmlType t, const uint16_t* src, float* dst, int64_t n);
 
 namespace {
 
@@ -53,6 +56,7 @@ void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_pan
 F16TileFn f16_tile_for(GgmlType t, const CpuKernels& k) {
 #if defined(__x86_64__)
     if (k.isa == CpuIsa::avx512) return f16_tile_avx512(t);
+    if (k.isa == CpuIsa::avx2) return f16_tile_avx2(t);
 #else
     (void)t;
     (void)k;
@@ -93,8 +97,10 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
     for (int64_t c = 0; c < n_cols; ++c) {
         const uint16_t* src = x16 + static_cast<size_t>(c) * xstride16;
 #if defined(__x86_64__)
-        if (simd)
+        if (simd && k.isa == CpuIsa::avx512)
             widen16_avx512(t, src, col.data(), n_in);
+        else if (simd && k.isa == CpuIsa::avx2)
+            widen16_avx2(t, src, col.data(), n_in);
         else
 #endif
             widen16_scalar(t, src, col.data(), n_in);
@@ -141,6 +147,8 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
 #if !defined(__x86_64__)
 F16TileFn f16_tile_avx512(GgmlType) { return nullptr; }
 void widen16_avx512(GgmlType, const uint16_t*, float*, int64_t) {}
+F16TileFn f16_tile_avx2(GgmlType) { return nullptr; }
+void widen16_avx2(GgmlType, const uint16_t*, float*, int64_t) {}
 #endif
 
 } // namespace tern

@@ -1,0 +1,127 @@
+// AVX2 + FMA + F16C tiles of the 16-bit GEMM (gemm_f16.h; compiled with -mavx2 -mfma -mf16c,
+// kernels/CMakeLists.txt), for x86-64 CPUs without AVX-512. A 16-row panel is two 8-lane registers (rows
+// 0..7, 8..15); each accumulator lane is one output's single k-ordered chain, as in the AVX-512 file, so
+// both are bit-identical to the scalar twin. 16 registers allow 1 panel x 4 columns (8 accumulators).
+#include "kernels/cpu/gemm_f16.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <algorithm>
+
+namespace tern {
+namespace {
+
+constexpr int64_t kBlockK = 256;    // converted k per panel block: 256 * 16 f32 = 16 KiB, in L1
+constexpr int kTileCols = 4;        // columns per register tile of the converted path
+constexpr int64_t kPrefetchK = 32;  // as in gemm_f16_avx512.cpp: 1 KiB ahead per panel
+
+// 8 consecutive 16-bit values of format T as f32 (exact).
+template <GgmlType T>
+inline __m256 load8(const uint16_t* p) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (T == GgmlType::F16)
+        return _mm256_cvtph_ps(v);
+    else
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+// Few columns: one panel x C columns, the weights converted as they stream in.
+template <GgmlType T, int C>
+void stream_panel(int64_t n_in, const uint16_t* panel, const float* x, float* out) {
+    __m256 lo[C], hi[C];
+    for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_in; ++k) {
+        const uint16_t* w = panel + static_cast<size_t>(k) * kF16PanelRows;
+        if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchK * kF16PanelRows), _MM_HINT_T0);
+        const __m256 w0 = load8<T>(w), w1 = load8<T>(w + 8);
+        for (int c = 0; c < C; ++c) {
+            const __m256 xv = _mm256_broadcast_ss(x + kF16ColGroup * k + c);
+            lo[c] = _mm256_fmadd_ps(w0, xv, lo[c]);
+            hi[c] = _mm256_fmadd_ps(w1, xv, hi[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) {
+        _mm256_storeu_ps(out + c * kF16TileRows, lo[c]);
+        _mm256_storeu_ps(out + c * kF16TileRows + 8, hi[c]);
+    }
+}
+
+// Many columns: kb k values of a converted panel block (wbuf[16 * k + lane]) against C columns of one
+// activation group, continuing the chains in out (first: starting them from +0).
+template <int C>
+void block_tile(int64_t kb, const float* wbuf, const float* x, bool first, float* out) {
+    __m256 lo[C], hi[C];
+    for (int c = 0; c < C; ++c) {
+        lo[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + c * kF16TileRows);
+        hi[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + c * kF16TileRows + 8);
+    }
+    for (int64_t k = 0; k < kb; ++k) {
+        const __m256 w0 = _mm256_load_ps(wbuf + 16 * k), w1 = _mm256_load_ps(wbuf + 16 * k + 8);
+        for (int c = 0; c < C; ++c) {
+            const __m256 xv = _mm256_broadcast_ss(x + kF16ColGroup * k + c);
+            lo[c] = _mm256_fmadd_ps(w0, xv, lo[c]);
+            hi[c] = _mm256_fmadd_ps(w1, xv, hi[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) {
+        _mm256_storeu_ps(out + c * kF16TileRows, lo[c]);
+        _mm256_storeu_ps(out + c * kF16TileRows + 8, hi[c]);
+    }
+}
+
+using BlockTileFn = void (*)(int64_t, const float*, const float*, bool, float*);
+constexpr BlockTileFn kBlockTiles[kTileCols + 1] = {nullptr, block_tile<1>, block_tile<2>, block_tile<3>, block_tile<4>};
+
+template <GgmlType T>
+void tile(GgmlType, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, int64_t n_cols, float* out) {
+    const size_t pw = static_cast<size_t>(kF16PanelRows) * static_cast<size_t>(n_in);
+    if (n_cols <= 2) {
+        for (int p = 0; p < n_panels; ++p) {
+            if (n_cols == 1)
+                stream_panel<T, 1>(n_in, panels + p * pw, x, out + p * kF16PanelRows);
+            else
+                stream_panel<T, 2>(n_in, panels + p * pw, x, out + p * kF16PanelRows);
+        }
+        return;
+    }
+    alignas(32) float wbuf[kBlockK * kF16PanelRows];
+    for (int p = 0; p < n_panels; ++p) {
+        const uint16_t* panel = panels + p * pw;
+        for (int64_t k0 = 0; k0 < n_in; k0 += kBlockK) {
+            const int64_t kb = std::min<int64_t>(kBlockK, n_in - k0);
+            for (int64_t k = 0; k < kb; ++k) {
+                const uint16_t* w = panel + static_cast<size_t>(k0 + k) * kF16PanelRows;
+                _mm256_store_ps(wbuf + 16 * k, load8<T>(w));
+                _mm256_store_ps(wbuf + 16 * k + 8, load8<T>(w + 8));
+            }
+            // Column c of the chunk sits in group c / 8 at lane c % 8; tiles of 4 never straddle a group.
+            for (int64_t c0 = 0; c0 < n_cols; c0 += kTileCols) {
+                const int C = static_cast<int>(std::min<int64_t>(kTileCols, n_cols - c0));
+                const float* xg = x + static_cast<size_t>((c0 / kF16ColGroup) * kF16ColGroup * n_in + kF16ColGroup * k0 +
+                                                          c0 % kF16ColGroup);
+                kBlockTiles[C](kb, wbuf, xg, k0 == 0, out + c0 * kF16TileRows + p * kF16PanelRows);
+            }
+        }
+    }
+}
+
+} // namespace
+
+F16TileFn f16_tile_avx2(GgmlType t) {
+    if (t == GgmlType::F16) return tile<GgmlType::F16>;
+    if (t == GgmlType::BF16) return tile<GgmlType::BF16>;
+    return nullptr;
+}
+
+void widen16_avx2(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
+    int64_t i = 0;
+    if (t == GgmlType::F16)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8<GgmlType::F16>(src + i));
+    else
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8<GgmlType::BF16>(src + i));
+    for (; i < n; ++i) dst[i] = t == GgmlType::F16 ? _cvtsh_ss(src[i]) : _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(int(src[i]) << 16)));
+}
+
+} // namespace tern
+#endif
