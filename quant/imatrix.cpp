@@ -217,19 +217,45 @@ void q3_k_block(const float* x, const float* imp, BlockQ3_K& b) {
     pack_2bit(L, b.qs);
 }
 
+// Q4_0: one scale per 32 values, codes -8..7 (x = d * l). The same weighted symmetric fit as a Q3_K
+// sub-block, with the f16 scale stored directly (no second quantization of the scales). Q4_0 is
+// where q2_k / q3_k_* send the tensors whose width is not a multiple of 256 (Gemma 3's 640-wide
+// inputs), so without it --calibrate would not reach most of such a model.
+void q4_0_block(const float* x, const float* imp, BlockQ4_0& b) {
+    int l[QK4_0];
+    const float d = fit_symmetric(QK4_0, 8, x, imp, l, 9);
+    b.d = f32_to_f16(d);
+    if (d == 0.0f) {   // an all-zero block: d = -0 (0 / -8) and code 8 everywhere, as the reference stores it
+        b.d = f32_to_f16(-0.0f);
+        for (int& v : l) v = 0;
+    }
+    for (int j = 0; j < QK4_0 / 2; ++j)
+        b.qs[j] = static_cast<uint8_t>((l[j] + 8) | ((l[j + QK4_0 / 2] + 8) << 4));
+}
+
 } // namespace
 
-bool supports_importance(GgmlType t) { return t == GgmlType::Q2_K || t == GgmlType::Q3_K; }
+bool supports_importance(GgmlType t) { return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_0; }
 
 void quantize_row_importance(GgmlType type, const float* src, void* dst, int64_t n, const float* imp) {
     if (!supports_importance(type))
-        throw InputError(std::string(type_name(type)) + ": no importance-weighted quantizer (only q2_K and q3_K)");
-    if (n % QK_K != 0) throw InputError(std::string(type_name(type)) + ": row length is not a multiple of 256");
+        throw InputError(std::string(type_name(type)) + ": no importance-weighted quantizer (only q2_K, q3_K, q4_0)");
+    const int64_t block = type == GgmlType::Q4_0 ? QK4_0 : QK_K;
+    if (n % block != 0)
+        throw InputError(std::string(type_name(type)) + ": row length is not a multiple of " + std::to_string(block));
     for (int64_t i = 0; i < n; ++i)
         if (!std::isfinite(src[i]) || !std::isfinite(imp[i]) || imp[i] < 0.0f)
             throw InputError(std::string(type_name(type)) + ": non-finite value or importance at element " +
                              std::to_string(i));
     auto* p = static_cast<uint8_t*>(dst);
+    if (type == GgmlType::Q4_0) {
+        for (int64_t k = 0; k < n / QK4_0; ++k) {
+            BlockQ4_0 b;
+            q4_0_block(src + k * QK4_0, imp + k * QK4_0, b);
+            std::memcpy(p + k * sizeof b, &b, sizeof b);
+        }
+        return;
+    }
     for (int64_t k = 0; k < n / QK_K; ++k) {
         if (type == GgmlType::Q2_K) {
             BlockQ2_K b;

@@ -1,14 +1,16 @@
-// Importance-weighted Q2_K / Q3_K (quant/imatrix.h): on random rows with random per-column
+// Importance-weighted Q2_K / Q3_K / Q4_0 (quant/imatrix.h): on random rows with random per-column
 // importance, the weighted quantizers must give a smaller importance-weighted squared error than
 // the reference quantizers (which ignore the importance), at several row lengths; and they must
 // refuse what they cannot do.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "formats/error.h"
+#include "quant/half.h"
 #include "quant/imatrix.h"
 #include "quant/reference.h"
 #include "quant/types.h"
@@ -31,8 +33,26 @@ double weighted_error(GgmlType t, const std::vector<float>& x, const std::vector
 
 } // namespace
 
-TEST_CASE("importance-weighted q2_K / q3_K beat the reference on the weighted error") {
-    for (const GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K}) {
+TEST_CASE("importance-weighted q4_0: the Q4_0 layout, an all-zero block as the reference stores it") {
+    // Codes and scale read back through the reference dequantizer; a zero block is d = 0, codes 8.
+    std::vector<float> x(64, 0.0f), imp(64, 1.0f);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> gauss(0.0f, 1.0f);
+    for (int i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = gauss(rng);
+    std::vector<uint8_t> q(row_bytes(GgmlType::Q4_0, 64)), ref(q.size());
+    quantize_row_importance(GgmlType::Q4_0, x.data(), q.data(), 64, imp.data());
+    quantize_row(GgmlType::Q4_0, x.data(), ref.data(), 64);
+    CHECK(std::equal(q.begin(), q.begin() + 18, ref.begin()));   // the zero block
+    std::vector<float> y(64);
+    dequantize_row(GgmlType::Q4_0, q.data(), y.data(), 64);
+    // Every value within one step of its input (the fit may move a code off the nearest one).
+    const float d = std::fabs(f16_to_f32(static_cast<uint16_t>(q[18] | (q[19] << 8))));
+    CHECK(d > 0.0f);
+    for (int i = 32; i < 64; ++i) CHECK(std::fabs(y[static_cast<size_t>(i)] - x[static_cast<size_t>(i)]) <= d);
+}
+
+TEST_CASE("importance-weighted q2_K / q3_K / q4_0 beat the reference on the weighted error") {
+    for (const GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_0}) {
         REQUIRE(supports_importance(t));
         for (const int64_t n : {int64_t{256}, int64_t{1024}, int64_t{4096}}) {
             std::mt19937 rng(static_cast<uint32_t>(11 + n));
@@ -62,7 +82,7 @@ TEST_CASE("importance-weighted q2_K / q3_K beat the reference on the weighted er
 TEST_CASE("importance-weighted quantizers: uniform importance stays close to the reference") {
     // With every column equally important the weighted fit has no information the reference lacks:
     // its plain squared error must be within a few percent of the reference quantizer's.
-    for (const GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K}) {
+    for (const GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_0}) {
         std::mt19937 rng(3);
         std::normal_distribution<float> gauss(0.0f, 1.0f);
         std::vector<float> x(4096), ones(4096, 1.0f);
@@ -79,6 +99,8 @@ TEST_CASE("importance-weighted quantizers refuse other types, odd widths and bad
     CHECK_FALSE(supports_importance(GgmlType::Q4_K));
     CHECK_THROWS_AS(quantize_row_importance(GgmlType::Q4_K, x.data(), q.data(), 256, imp.data()), InputError);
     CHECK_THROWS_AS(quantize_row_importance(GgmlType::Q3_K, x.data(), q.data(), 128, imp.data()), InputError);
+    CHECK(supports_importance(GgmlType::Q4_0));
+    CHECK_THROWS_AS(quantize_row_importance(GgmlType::Q4_0, x.data(), q.data(), 48, imp.data()), InputError);
     imp[7] = -1.0f;
     CHECK_THROWS_AS(quantize_row_importance(GgmlType::Q3_K, x.data(), q.data(), 256, imp.data()), InputError);
     imp[7] = NAN;

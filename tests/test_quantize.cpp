@@ -184,7 +184,7 @@ TEST_CASE("quantize to f8_e4m3: the file loads and runs in tern") {
     CHECK(j["n_gen"].get<int>() >= 1);
 }
 
-TEST_CASE("quantize --calibrate: weights q2_K/q3_K tensors, leaves other types byte-identical") {
+TEST_CASE("quantize --calibrate: weights q2_K/q3_K/q4_0 tensors, leaves other types byte-identical") {
     if (!tern::test::shared_available()) return;
     TempDir dir;
     const std::string text = tern::test::shared_path("data/tinystories/cs336-tinystories_sample.txt").string();
@@ -197,6 +197,12 @@ TEST_CASE("quantize --calibrate: weights q2_K/q3_K tensors, leaves other types b
                   "--calibrate", text});
     REQUIRE(r.exit_code == 0);
     CHECK(same_bytes(dir / "d.gguf", synth("synth-k256-q4_k_m.gguf")));
+    // Q4_0, the width fallback of q2_k / q3_k_*, is weighted too.
+    r = run_tern({"quantize", synth("synth-k256-f32.gguf"), (dir / "f.gguf").string(), "--type", "q4_0",
+                  "--calibrate", text, "--json"});
+    REQUIRE(r.exit_code == 0);
+    CHECK(nlohmann::json::parse(r.out)["calibrated_tensors"].get<int>() > 0);
+    CHECK_FALSE(same_bytes(dir / "f.gguf", synth("synth-k256-q4_0.gguf")));
     CHECK(run_tern({"quantize", synth("synth-k256-f32.gguf"), (dir / "e.gguf").string(), "--type", "q2_k",
                     "--calibrate", (dir / "missing.txt").string()})
               .exit_code == 2);
