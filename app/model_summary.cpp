@@ -50,6 +50,9 @@ ModelSummary summarize_model(const GgufFile& file) {
         return lenient(
             [&] {
                 if (!file.has(key)) return int64_t{0};
+                // A scalar holds for every layer: not expanded to block_count copies, since
+                // block_count is not checked here and a hostile file sets it to 2^40 (fuzz finding).
+                if (file.find(key)->type != GgufType::array) return file.get_int(key);
                 const std::vector<int64_t> v = file.get_per_layer(key, std::max<int64_t>(n_layers, 1));
                 return v.empty() ? int64_t{0} : *std::max_element(v.begin(), v.end());
             },
