@@ -300,3 +300,29 @@ TEST_CASE("stdin not a terminal: one reply per line on stdout, nothing else; err
     CHECK(r.out.back() == '\n');
     CHECK(r.out.find("tern:") == std::string::npos);
 }
+
+TEST_CASE("a scripted conversation far beyond the context runs to the end") {
+    if (!shared_available()) return;
+    // 120 turns of ~80 tokens each (prompt and reply) through a 256-token context: about 40
+    // contexts' worth, so the oldest turns are dropped over and over.
+    std::string script;
+    for (int i = 1; i <= 120; ++i) script += "Tell me story number " + std::to_string(i) + " about a cat.\n";
+    const CommandResult r = run_tern({"chat", "-m", stories(), "--device", "cpu", "-t", "1", "--temp", "0", "-n",
+                                      "32", "-c", "256", "--no-repeat-guard"},
+                                     script);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.err.find("tern: turn 120:") != std::string::npos);
+    size_t notices = 0;
+    for (size_t at = r.err.find("dropping its oldest turns"); at != std::string::npos;
+         at = r.err.find("dropping its oldest turns", at + 1))
+        ++notices;
+    CHECK(notices == 1);
+    CHECK(r.err.find("stop: context") == std::string::npos);
+    // Late turns still reuse the cache: only the new turn is prefilled, not the kept window.
+    const size_t last = r.err.find("tern: turn 120:");
+    std::smatch m;
+    const std::string line = r.err.substr(last, r.err.find('\n', last) - last);
+    REQUIRE(std::regex_search(line, m, std::regex(R"(\((\d+) reused, (\d+) prefilled)")));
+    CHECK(std::stol(m[1]) > 0);
+    CHECK(std::stol(m[2]) < 128);
+}
