@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -618,4 +619,38 @@ TEST_CASE("tern run: -n past the context shifts it, once noted on stderr; --no-c
     const test::CommandResult bad = with({"-n", "200", "--keep", "-2"});
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("--keep") != std::string::npos);
+}
+
+// TERN_BENCH=1 ./test_context_shift -tc='bench*': one shift of a full Gemma 3 270M-shaped cache (18 layers,
+// 1 KV head, head dim 256, 8192 positions; keep 4, drop half the rest), one thread, thread CPU time (best of 3),
+// against moving the same rows without turning K (memmove only).
+TEST_CASE("bench: a context shift of a full cache, every KV type" * doctest::skip(std::getenv("TERN_BENCH") == nullptr)) {
+    const int32_t layers = 18, n_ctx = 8192, head_dim = 256;
+    auto cpu_ms = [] {
+        timespec t{};
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+        return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+    };
+    for (KvType type : kAllTypes) {
+        KvCache c;
+        c.init(type, std::vector<int32_t>(size_t(layers), 1), head_dim, head_dim, n_ctx);
+        const std::vector<float> k = random_vec(size_t(head_dim), 1), v = random_vec(size_t(head_dim), 2);
+        for (int32_t l = 0; l < layers; ++l)
+            for (int32_t p = 0; p < n_ctx; ++p) c.write(l, p, k.data(), v.data());
+        const int32_t begin = 4, end = 4 + (n_ctx - 4) / 2;
+        const std::vector<RopeRotation> turn(size_t(layers), rope_rotation(true, head_dim, begin - end, 1e6f, 1.0f, nullptr));
+        double shift = 1e30, move = 1e30;
+        for (int rep = 0; rep < 3; ++rep) {
+            c.set_n_past(n_ctx);
+            double t0 = cpu_ms();
+            c.erase(begin, end, turn, 1);
+            shift = std::min(shift, cpu_ms() - t0);
+            c.set_n_past(n_ctx);
+            t0 = cpu_ms();
+            c.erase(begin, end, {}, 1);
+            move = std::min(move, cpu_ms() - t0);
+        }
+        MESSAGE(std::string(kv_type_name(type)) << ": KV " << c.total_bytes() / 1e6 << " MB, shift " << shift
+                                                << " ms, memmove only " << move << " ms");
+    }
 }
