@@ -27,7 +27,10 @@ namespace tern {
 struct PrefixCacheOptions {
     std::filesystem::path dir;
     uint64_t max_bytes = uint64_t(1) << 30;   // --prompt-cache-size
-    int32_t block_tokens = 256;
+    // Small enough that the uncached tail (the partial last block of the shared part, which is
+    // prefilled again) stays a small fraction of a long prompt; large enough that a prompt is a
+    // few dozen files (Gemma 3 270M: 1.2 MB of f16 K/V per block).
+    int32_t block_tokens = 64;
 };
 
 // $XDG_CACHE_HOME/tern/prompts, else $HOME/.cache/tern/prompts; empty when neither is set.

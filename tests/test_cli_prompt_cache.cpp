@@ -34,7 +34,11 @@ std::string gemma_model() {
     return home ? std::string(home) + "/.cache/tern/models/gemma-3-270m-q4_k_m.gguf" : std::string();
 }
 
-// A story of about 800 stories260K tokens (three 256-token blocks) and a question after it.
+// The prompt cache's block (PrefixCacheOptions::block_tokens), and a story of about 800
+// stories260K tokens (twelve blocks) for the prompts, with a question after it.
+constexpr int kBlock = 64;
+constexpr size_t kBlocks = 12;
+
 std::string document(size_t bytes = 1600, size_t skip = 0) {
     const std::string all = read_file(shared_path("data/tinystories/cs336-tinystories_sample.txt"));
     return all.substr(skip, bytes);
@@ -103,13 +107,13 @@ TEST_CASE("prompt cache: a second run with another question restores the documen
     const Run first = run_prompt(tmp, small_model(), doc + " Who was happy?", flags);
     REQUIRE_MESSAGE(first.r.exit_code == 0, first.r.err);
     CHECK(first.j["prefix_cache"]["reused_tokens"] == 0);
-    CHECK(entries(cache).size() == 3);
+    CHECK(entries(cache).size() == kBlocks);
 
     const Run second = run_prompt(tmp, small_model(), doc + " Where did they go?", flags);
     REQUIRE_MESSAGE(second.r.exit_code == 0, second.r.err);
     const Run cold = run_prompt(tmp, small_model(), doc + " Where did they go?", {"--no-prompt-cache"});
     REQUIRE(cold.r.exit_code == 0);
-    CHECK(second.j["prefix_cache"]["reused_tokens"] == 768);
+    CHECK(second.j["prefix_cache"]["reused_tokens"] == 768);   // 12 blocks: the document's common part
     CHECK(second.j["prefix_cache"]["disk_tokens"] == 768);
     CHECK(cold.j["prefix_cache"]["reused_tokens"] == 0);
     CHECK(second.j["tokens"] == cold.j["tokens"]);
@@ -146,7 +150,7 @@ TEST_CASE("prompt cache: --chat and --lookup hit and give the same tokens as wit
         const Run cold = run_prompt(tmp, small_model(), doc + " Where did they go?", off);
         REQUIRE_MESSAGE(hit.r.exit_code == 0, hit.r.err);
         REQUIRE(cold.r.exit_code == 0);
-        CHECK(hit.j["prefix_cache"]["disk_tokens"].get<int>() >= 512);
+        CHECK(hit.j["prefix_cache"]["disk_tokens"].get<int>() >= 8 * kBlock);
         CHECK(hit.j["tokens"] == cold.j["tokens"]);
         CHECK(hit.j["text"] == cold.j["text"]);
     }
@@ -166,7 +170,7 @@ TEST_CASE("prompt cache: every damaged entry gives one warning naming it, the ru
                        {"--prompt-cache", foreign_dir.string()})
                 .r.exit_code == 0);
     const std::vector<fs::path> foreign = entries(foreign_dir);
-    REQUIRE(foreign.size() == 3);
+    REQUIRE(foreign.size() == kBlocks);
 
     using Damage = std::function<void(const fs::path&)>;
     auto cut_to = [](size_t n) {
@@ -183,7 +187,7 @@ TEST_CASE("prompt cache: every damaged entry gives one warning naming it, the ru
         {"empty", cut_to(0)},
         {"cut in the header", cut_to(20)},
         {"cut in the tokens", cut_to(300)},
-        {"cut in the K/V", cut_to(80000)},
+        {"cut in the K/V", cut_to(20000)},
         {"cut before the checksum", [](const fs::path& f) { fs::resize_file(f, fs::file_size(f) - 1); }},
         {"bit flip at the start", flip_at(0.0)},
         {"bit flip in the tokens", flip_at(0.002)},
@@ -206,14 +210,14 @@ TEST_CASE("prompt cache: every damaged entry gives one warning naming it, the ru
     for (size_t d = 0; d < damages.size(); ++d) {
         const auto& [name, damage] = damages[d];
         {
-            const size_t which = d % 2 == 0 ? 0 : 2;   // the first or the last block, in turn
+            const size_t which = d % 2 == 0 ? 0 : kBlocks - 1;   // the first or the last block, in turn
             CAPTURE(name);
             CAPTURE(which);
             const fs::path cache = tmp / ("cache-" + std::to_string(which));
             fs::remove_all(cache);
             REQUIRE(run_prompt(tmp, small_model(), prompt, {"--prompt-cache", cache.string()}).r.exit_code == 0);
             const std::vector<fs::path> files = entries(cache);
-            REQUIRE(files.size() == 3);
+            REQUIRE(files.size() == kBlocks);
             // The entries' names do not say which block they hold: find block `which` by content.
             fs::path target;
             for (const fs::path& f : files) {
@@ -228,12 +232,12 @@ TEST_CASE("prompt cache: every damaged entry gives one warning naming it, the ru
             const Run r = run_prompt(tmp, small_model(), prompt, {"--prompt-cache", cache.string()});
             REQUIRE_MESSAGE(r.r.exit_code == 0, r.r.err);
             CHECK(r.j["tokens"] == want.j["tokens"]);
-            CHECK(r.j["prefix_cache"]["disk_tokens"] == static_cast<int>(which) * 256);
+            CHECK(r.j["prefix_cache"]["disk_tokens"] == static_cast<int>(which) * kBlock);
             const std::vector<std::string> w = warnings(r.r.err);
             REQUIRE(w.size() == 1);
             CHECK(w[0].find(target.string()) != std::string::npos);
 
-            // Recovered: the entry was rewritten, the next run restores all three blocks quietly.
+            // Recovered: the entry was rewritten, the next run restores every block quietly.
             const Run again = run_prompt(tmp, small_model(), prompt, {"--prompt-cache", cache.string()});
             REQUIRE(again.r.exit_code == 0);
             CHECK(again.j["tokens"] == want.j["tokens"]);
@@ -269,7 +273,7 @@ TEST_CASE("prompt cache: two runs writing the same entries at once both succeed 
             CHECK(warnings(read_file(tmp / ("err" + std::to_string(i)))).empty());
         }
     }
-    CHECK(entries(cache).size() == 3);
+    CHECK(entries(cache).size() == kBlocks);
     const Run after = run_prompt(tmp, small_model(), prompt, {"--prompt-cache", cache.string()});
     CHECK(after.j["prefix_cache"]["disk_tokens"] == 768);
     CHECK(warnings(after.r.err).empty());
@@ -284,8 +288,8 @@ TEST_CASE("prompt cache: a file size limit (ulimit -f) gives one warning, no tem
     const Run want = run_prompt(tmp, small_model(), prompt, {"--no-prompt-cache"});
     write_file(tmp / "p.txt", prompt);
     const fs::path cache = tmp / "cache";
-    // 100 KiB: the JSON on stdout fits, an entry (161 KiB) does not.
-    const std::string cmd = "bash -c \"ulimit -f 100; XDG_CACHE_HOME='" + (tmp / "xdg").string() + "' '" +
+    // 20 KiB: the JSON on stdout fits, an entry (41 KiB) does not.
+    const std::string cmd = "bash -c \"ulimit -f 20; XDG_CACHE_HOME='" + (tmp / "xdg").string() + "' '" +
                             std::string(TERN_BIN) + "' run -m '" + small_model() +
                             "' --device cpu -c 1024 --temp 0 -n 12 --json -f '" + (tmp / "p.txt").string() +
                             "' --prompt-cache '" + cache.string() + "' >'" + (tmp / "out").string() + "' 2>'" +
@@ -301,18 +305,18 @@ TEST_CASE("prompt cache: a file size limit (ulimit -f) gives one warning, no tem
     // Without the limit the next run stores its entries.
     const Run r = run_prompt(tmp, small_model(), prompt, {"--prompt-cache", cache.string()});
     CHECK(r.r.exit_code == 0);
-    CHECK(entries(cache).size() == 3);
+    CHECK(entries(cache).size() == kBlocks);
 }
 
 TEST_CASE("prompt cache: the directory never grows past --prompt-cache-size") {
     if (!shared_available()) return;
     TempDir tmp;
     const fs::path cache = tmp / "cache";
-    const uint64_t limit = 400 * 1024;   // two 161 KiB entries
+    const uint64_t limit = 100 * 1024;   // two 41 KiB entries
     for (int i = 0; i < 4; ++i) {
         CAPTURE(i);
         const Run r = run_prompt(tmp, small_model(), document(900, 700 * static_cast<size_t>(i)) + " Why?",
-                                 {"--prompt-cache", cache.string(), "--prompt-cache-size", "400K"});
+                                 {"--prompt-cache", cache.string(), "--prompt-cache-size", "100K"});
         REQUIRE_MESSAGE(r.r.exit_code == 0, r.r.err);
         CHECK(dir_bytes(cache) <= limit);
         CHECK(entries(cache).size() >= 1);
@@ -320,14 +324,14 @@ TEST_CASE("prompt cache: the directory never grows past --prompt-cache-size") {
     }
     // A limit below one entry: nothing is stored, the run is fine.
     const fs::path small = tmp / "small";
-    const Run r = run_prompt(tmp, small_model(), document(), {"--prompt-cache", small.string(), "--prompt-cache-size", "100K"});
+    const Run r = run_prompt(tmp, small_model(), document(), {"--prompt-cache", small.string(), "--prompt-cache-size", "30K"});
     CHECK(r.r.exit_code == 0);
     CHECK(entries(small).empty());
     // A lowered limit evicts on the next run.
     const Run lower = run_prompt(tmp, small_model(), document(900, 3000) + " Why?",
-                                 {"--prompt-cache", cache.string(), "--prompt-cache-size", "200K"});
+                                 {"--prompt-cache", cache.string(), "--prompt-cache-size", "50K"});
     CHECK(lower.r.exit_code == 0);
-    CHECK(dir_bytes(cache) <= 200 * 1024);
+    CHECK(dir_bytes(cache) <= 50 * 1024);
 }
 
 TEST_CASE("prompt cache: flags") {
@@ -343,7 +347,7 @@ TEST_CASE("prompt cache: flags") {
                                       (tmp / "p.txt").string()},
                                      "", {"XDG_CACHE_HOME=" + xdg.string()});
     CHECK(r.exit_code == 0);
-    CHECK(entries(xdg / "tern" / "prompts").size() == 3);
+    CHECK(entries(xdg / "tern" / "prompts").size() == kBlocks);
     // --no-prompt-cache neither reads nor writes.
     const CommandResult off = run_tern({"run", "-m", small_model(), "--device", "cpu", "-c", "1024", "-n", "1", "-f",
                                         (tmp / "p.txt").string(), "--no-prompt-cache", "--json"},
@@ -370,13 +374,13 @@ TEST_CASE("prompt cache on Gemma 3 270M: a hit gives the greedy tokens of a cold
     const Run cold = run_prompt(tmp, gemma, doc + "\nQuestion: Where did they go?\nAnswer:", {"--no-prompt-cache"}, "2048");
     REQUIRE_MESSAGE(hit.r.exit_code == 0, hit.r.err);
     REQUIRE(cold.r.exit_code == 0);
-    CHECK(hit.j["prefix_cache"]["disk_tokens"].get<int>() >= 256);
+    CHECK(hit.j["prefix_cache"]["disk_tokens"].get<int>() >= 8 * kBlock);
     CHECK(hit.j["tokens"] == cold.j["tokens"]);
     CHECK(hit.j["text"] == cold.j["text"]);
     // With --chat (Gemma has a template) as well.
     REQUIRE(run_prompt(tmp, gemma, doc + "\nWho was happy?", {"--chat", "--prompt-cache", cache}, "2048").r.exit_code == 0);
     const Run chat_hit = run_prompt(tmp, gemma, doc + "\nWhere did they go?", {"--chat", "--prompt-cache", cache}, "2048");
     const Run chat_cold = run_prompt(tmp, gemma, doc + "\nWhere did they go?", {"--chat", "--no-prompt-cache"}, "2048");
-    CHECK(chat_hit.j["prefix_cache"]["disk_tokens"].get<int>() >= 256);
+    CHECK(chat_hit.j["prefix_cache"]["disk_tokens"].get<int>() >= 8 * kBlock);
     CHECK(chat_hit.j["tokens"] == chat_cold.j["tokens"]);
 }
