@@ -82,6 +82,16 @@ int32_t SubstringMatcher::push(int32_t token) {
     return match_;
 }
 
+int32_t SubstringMatcher::prefix_in_text(std::span<const int32_t> seq) const {
+    int32_t state = 0, n = 0;
+    for (int32_t t : seq) {
+        state = next(state, t);
+        if (state < 0) break;
+        ++n;
+    }
+    return n;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 std::string repeat_guard_params_error(const RepeatGuardParams& p) {
@@ -126,7 +136,10 @@ std::optional<RepeatCut> RepeatGuard::push(int32_t token) {
         // The shortest period that qualifies names the loop; its tail (run + s tokens) must not be
         // a verbatim piece of the prompt.
         if (found || run < (repeats_needed(s) - 1) * s || copied >= run + s) continue;
-        found = RepeatCut{s, (run + s) / s, run};
+        // Keep one occurrence, or all of the loop's start that copies the prompt when that is more.
+        const std::span<const int32_t> region(tokens_.data() + (n - run - s), static_cast<size_t>(run + s));
+        const int32_t keep = std::max(s, prompt_->prefix_in_text(region));
+        found = RepeatCut{s, (run + s) / s, run + s - keep};
     }
     return found;
 }

@@ -36,7 +36,9 @@ struct RepeatGuardParams {
 struct RepeatCut {
     int32_t span = 0;      // tokens in one occurrence
     int32_t repeats = 0;   // back-to-back occurrences seen (the last may be partial)
-    int32_t cut = 0;       // tail tokens to drop so that one occurrence remains
+    int32_t cut = 0;       // tail tokens to drop so that one occurrence remains (or, when the loop
+                           // began as a copy of the prompt, the copied part: "la la la" x18 in the
+                           // prompt, x40 in the output keeps 18)
 };
 
 // The longest suffix of a growing token sequence that occurs somewhere in a fixed text, updated in
@@ -47,6 +49,8 @@ public:
     // Appends a token to the sequence; returns the length of its longest suffix found in the text.
     int32_t push(int32_t token);
     int32_t match_length() const { return match_; }
+    // The length of the longest prefix of `seq` that occurs in the text.
+    int32_t prefix_in_text(std::span<const int32_t> seq) const;
 
 private:
     struct State {

@@ -154,12 +154,26 @@ TEST_CASE("a copy that runs on past the prompt's repeats is a loop again") {
     std::mt19937 rng(5);
     const std::vector<int32_t> unit = random_tokens(rng, 12, 100, 3000);   // needs 3 occurrences
     const std::vector<int32_t> prompt = concat(concat({1}, repeat(unit, 4)), {7, 7});
-    // 4 occurrences are copied; the 5th is more than the prompt has: the guard fires right there.
+    // 4 occurrences are copied; the 5th is more than the prompt has: the guard fires right there,
+    // and keeps the copied part.
     const Fed f = feed(on(), prompt, repeat(unit, 8));
     REQUIRE(f.cut);
     CHECK(f.at == 4 * 12 + 1);
     CHECK(f.cut->span == 12);
-    CHECK(f.cut->cut == 4 * 12 + 1 - 12);
+    CHECK(f.cut->cut == 1);
+    // A loop that only starts like the prompt's copy is cut to one occurrence as usual.
+    const Fed g = feed(on(), concat({1}, repeat(unit, 1)), repeat(unit, 8));
+    REQUIRE(g.cut);
+    CHECK(g.at == 3 * 12);
+    CHECK(g.cut->cut == 2 * 12);
+}
+
+TEST_CASE("SubstringMatcher::prefix_in_text") {
+    SubstringMatcher m(std::vector<int32_t>{5, 6, 7, 5, 6, 8});
+    CHECK(m.prefix_in_text(std::vector<int32_t>{5, 6, 8, 1}) == 3);
+    CHECK(m.prefix_in_text(std::vector<int32_t>{6, 7, 5, 6, 8}) == 5);
+    CHECK(m.prefix_in_text(std::vector<int32_t>{9}) == 0);
+    CHECK(m.prefix_in_text(std::vector<int32_t>{}) == 0);
 }
 
 TEST_CASE("near-loops with variation and random sequences never fire") {
