@@ -33,6 +33,7 @@ struct ChatFlags {
     ModelOptions model;
     SamplingOptions sampling;
     DraftOptions draft;
+    PromptCacheOptions prompt_cache;  // a conversation's opening turns are reused across runs
     RepeatGuardParams repeat_guard;   // on unless --no-repeat-guard
     int32_t n_predict = -1;
     std::string system;
@@ -322,8 +323,11 @@ int run(const ChatFlags& f) {
     resolve_sampling(f.sampling);   // bad values fail before the model loads
     check_draft_options(f.draft);
     check_repeat_guard(f.repeat_guard);
+    prompt_cache_size_bytes(f.prompt_cache);   // a bad size fails before the model loads
     const bool tty = isatty(STDIN_FILENO);
-    Chat chat(f, load_session(f.model), tty);
+    LoadedSession loaded = load_session(f.model);
+    attach_prompt_cache(loaded, f.model, f.prompt_cache);
+    Chat chat(f, std::move(loaded), tty);
     return chat.run();
 }
 
@@ -343,6 +347,7 @@ Command add_chat_command(CLI::App& root) {
     for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
     cmd->add_option("--chat-template", f->chat_template, "chat format instead of the model's template: " + names);
     add_draft_options(*cmd, f->draft);
+    add_prompt_cache_options(*cmd, f->prompt_cache);
     cmd->add_flag("--no-history", f->no_history,
                   "neither read nor write the input history ($XDG_STATE_HOME/tern/chat_history)");
     return {cmd, [f] { return run(*f); }};

@@ -45,7 +45,11 @@ public:
             if (no_color) setenv("NO_COLOR", "1", 1);
             else unsetenv("NO_COLOR");
             setenv("XDG_STATE_HOME", state_dir.c_str(), 1);
-            std::vector<std::string> all = {TERN_BIN, "chat", "--device", "cpu", "-t", "1", "--temp", "0"};
+            // Prefill counts are asserted: a prompt cache shared between the test's processes
+            // would change them (the disk cache has its own tests, test_cli_prompt_cache).
+            setenv("XDG_CACHE_HOME", state_dir.c_str(), 1);
+            std::vector<std::string> all = {TERN_BIN, "chat", "--device", "cpu", "-t", "1", "--temp", "0",
+                                            "--no-prompt-cache"};
             all.insert(all.end(), args.begin(), args.end());
             std::vector<char*> argv;
             for (std::string& a : all) argv.push_back(a.data());
