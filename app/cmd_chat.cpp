@@ -18,6 +18,7 @@
 
 #include "app/commands.h"
 #include "app/common_options.h"
+#include "app/console.h"
 #include "app/repl.h"
 #include "app/signals.h"
 #include "app/standard_streams.h"
@@ -41,21 +42,7 @@ struct ChatFlags {
     bool no_history = false;
 };
 
-// Writes one piece of a reply to stdout at once, so it shows as it is produced. False once
-// stdout is gone (EPIPE; SIGPIPE is ignored in main()).
-bool write_stdout(std::string_view s) {
-    if (s.empty()) return true;
-    errno = 0;
-    if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0) return true;
-    if (errno == EPIPE) return false;
-    throw RuntimeFailure(stdout_write_error(errno));
-}
 
-std::string fmt(const char* f, double v) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, f, v);
-    return buf;
-}
 
 struct Counts {
     int64_t turns = 0, prompt = 0, reused = 0, prefilled = 0, generated = 0, drafted = 0, accepted = 0;
@@ -75,12 +62,12 @@ struct Counts {
     std::string describe() const {
         std::string s = "prompt " + std::to_string(prompt) + " tokens (" + std::to_string(reused) + " reused, " +
                         std::to_string(prefilled) + " prefilled" +
-                        fmt(", %.1f tok/s)", prefill_ms > 0 ? prefilled * 1000.0 / prefill_ms : 0.0) + ", generated " +
+                        format_number(", %.1f tok/s)", prefill_ms > 0 ? prefilled * 1000.0 / prefill_ms : 0.0) + ", generated " +
                         std::to_string(generated) + " tokens" +
-                        fmt(" (%.1f tok/s)", decode_ms > 0 ? generated * 1000.0 / decode_ms : 0.0);
+                        format_number(" (%.1f tok/s)", decode_ms > 0 ? generated * 1000.0 / decode_ms : 0.0);
         if (drafted > 0)
             s += ", drafts accepted " + std::to_string(accepted) + "/" + std::to_string(drafted) +
-                 fmt(" (%.0f%%)", 100.0 * accepted / drafted);
+                 format_number(" (%.0f%%)", 100.0 * accepted / drafted);
         return s;
     }
 };

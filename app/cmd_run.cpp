@@ -15,6 +15,7 @@
 
 #include "app/commands.h"
 #include "app/common_options.h"
+#include "app/console.h"
 #include "app/signals.h"
 #include "app/standard_streams.h"
 #include "engine/backend.h"
@@ -77,22 +78,7 @@ std::string read_prompt(const RunFlags& f) {
     return drop_one_newline(std::move(all));
 }
 
-// Writes one piece to stdout and flushes it, so a reader sees text as it is produced. False once
-// stdout is gone (EPIPE: `tern run | head -c 20`; SIGPIPE is ignored in main()). Any other
-// failure (a full disk) is an error: the user would otherwise get a silently short file.
-bool write_stdout(std::string_view s) {
-    if (s.empty()) return true;
-    errno = 0;
-    if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0) return true;
-    if (errno == EPIPE) return false;
-    throw RuntimeFailure(stdout_write_error(errno));
-}
 
-std::string fmt(const char* f, double v) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, f, v);
-    return buf;
-}
 
 int run(const RunFlags& f) {
     const SamplingParams sampling = resolve_sampling(f.sampling);
@@ -203,13 +189,13 @@ int run(const RunFlags& f) {
         if (r.n_from_disk > 0) stats += ", " + std::to_string(r.n_from_disk) + " restored from disk";
         stats += ")";
     }
-    stats += fmt(" in %.1f ms", r.prefill_ms) + fmt(" (%.1f tok/s)", r.prefill_tps()) + ", generated " +
-             std::to_string(r.n_gen()) + fmt(" in %.1f ms", r.decode_ms) + fmt(" (%.1f tok/s)", r.decode_tps()) +
+    stats += format_number(" in %.1f ms", r.prefill_ms) + format_number(" (%.1f tok/s)", r.prefill_tps()) + ", generated " +
+             std::to_string(r.n_gen()) + format_number(" in %.1f ms", r.decode_ms) + format_number(" (%.1f tok/s)", r.decode_tps()) +
              ", stop: " + reason + ", " + loaded.device;
     if (drafter) {
         stats += ", " + std::string(drafter->name()) + " drafted " + std::to_string(r.n_drafted) + ", accepted " +
                  std::to_string(r.n_accepted);
-        if (r.n_drafted > 0) stats += fmt(" (%.0f%%)", 100.0 * r.n_accepted / r.n_drafted);
+        if (r.n_drafted > 0) stats += format_number(" (%.0f%%)", 100.0 * r.n_accepted / r.n_drafted);
     }
     if (sampling.temp > 0.0f) stats += ", seed " + std::to_string(sampling.seed);
     std::cerr << stats << "\n";

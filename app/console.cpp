@@ -72,4 +72,10 @@ void ProgressBar::finish() {
     enabled_ = false;
 }
 
+std::string format_number(const char* format, double value) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, format, value);
+    return buf;
+}
+
 } // namespace tern::app

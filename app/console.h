@@ -16,6 +16,8 @@ bool color_enabled();
 std::string format_bytes(uint64_t bytes);
 // "850 ms", "12.3 s", "4 min 05 s".
 std::string format_duration(double seconds);
+// One number through a printf format that takes a double: format_number(" (%.1f tok/s)", 12.34).
+std::string format_number(const char* format, double value);
 
 // A one-line bar redrawn in place with '\r': "label [#######.......]  45%  3.1 s". It draws only
 // when enabled (by default: when stderr is a terminal), at most ~10 times a second, and clears its

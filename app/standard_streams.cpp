@@ -70,4 +70,12 @@ std::string stdout_write_error(int err) {
     return "stdout: write failed: " + why;
 }
 
+bool write_stdout(std::string_view s) {
+    if (s.empty()) return true;
+    errno = 0;
+    if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0) return true;
+    if (errno == EPIPE) return false;
+    throw RuntimeFailure(stdout_write_error(errno));
+}
+
 } // namespace tern::app

@@ -4,6 +4,7 @@
 // that stops early (`tern run ... | head -c 20`) must not. And a closed descriptor must never be
 // reused by a file tern opens, or the product would be written into the model or OUT.tmp.
 #include <string>
+#include <string_view>
 
 namespace tern::app {
 
@@ -19,5 +20,11 @@ int finish_stdout(int status);
 // "stdout: write failed: <why>" for a failed write's errno, with a hint that fits it (a closed
 // stdout, a full disk), for the commands that stream to stdout and stop at the first failure.
 std::string stdout_write_error(int err);
+
+// Writes one piece of streamed output and flushes it, so a reader sees text as it is produced.
+// False once stdout is gone (EPIPE: `tern run | head -c 20`; SIGPIPE is ignored in main()). Any
+// other failure (a full disk) throws RuntimeFailure: the user would otherwise get a silently
+// short file.
+bool write_stdout(std::string_view s);
 
 } // namespace tern::app

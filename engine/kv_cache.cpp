@@ -109,15 +109,21 @@ KvSnapshot KvCache::save(int32_t n) const {
     if (n < 0 || n > n_past_)
         throw UsageError("kv_save: " + std::to_string(n) + " positions requested but the cache holds " +
                          std::to_string(n_past_));
+    return pack(kSnapshotMagic, n_ctx_, 0, n);
+}
+
+// A snapshot of positions [begin, begin + n): the header (its sixth field is the context size for
+// a whole snapshot, the first position for a range), then each layer's heads' K rows and V rows.
+KvSnapshot KvCache::pack(int32_t magic, int32_t field5, int32_t begin, int32_t n) const {
     KvSnapshot s;
     s.n_past = n;
     s.kv_type = type_;
-    const int32_t header[kHeaderInts] = {kSnapshotMagic,
+    const int32_t header[kHeaderInts] = {magic,
                                          static_cast<int32_t>(type_),
                                          static_cast<int32_t>(n_kv_heads_.size()),
                                          head_dim_,
                                          head_dim_v_,
-                                         n_ctx_,
+                                         field5,
                                          n};
     const size_t k_bytes = static_cast<size_t>(n) * k_row_bytes_;
     const size_t v_bytes = static_cast<size_t>(n) * v_row_bytes_;
@@ -130,9 +136,9 @@ KvSnapshot KvCache::save(int32_t n) const {
     out += sizeof header;
     for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
         for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
-            std::memcpy(out, k_head(static_cast<int32_t>(l), h), k_bytes);
+            std::memcpy(out, k_[l].data() + k_offset(h, begin), k_bytes);
             out += k_bytes;
-            std::memcpy(out, v_head(static_cast<int32_t>(l), h), v_bytes);
+            std::memcpy(out, v_[l].data() + v_offset(h, begin), v_bytes);
             out += v_bytes;
         }
     }
@@ -177,35 +183,7 @@ KvSnapshot KvCache::save_range(int32_t begin, int32_t end) const {
     if (begin < 0 || end < begin || end > n_past_)
         throw UsageError("kv_save_range: positions " + std::to_string(begin) + ".." + std::to_string(end) +
                          " requested but the cache holds " + std::to_string(n_past_));
-    const int32_t n = end - begin;
-    KvSnapshot s;
-    s.n_past = n;
-    s.kv_type = type_;
-    const int32_t header[kHeaderInts] = {kRangeMagic,
-                                         static_cast<int32_t>(type_),
-                                         static_cast<int32_t>(n_kv_heads_.size()),
-                                         head_dim_,
-                                         head_dim_v_,
-                                         begin,
-                                         n};
-    const size_t k_bytes = static_cast<size_t>(n) * k_row_bytes_;
-    const size_t v_bytes = static_cast<size_t>(n) * v_row_bytes_;
-    size_t total = sizeof header;
-    for (int32_t h : n_kv_heads_)
-        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
-    s.bytes.resize(total);
-    uint8_t* out = s.bytes.data();
-    std::memcpy(out, header, sizeof header);
-    out += sizeof header;
-    for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
-        for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
-            std::memcpy(out, k_[l].data() + k_offset(h, begin), k_bytes);
-            out += k_bytes;
-            std::memcpy(out, v_[l].data() + v_offset(h, begin), v_bytes);
-            out += v_bytes;
-        }
-    }
-    return s;
+    return pack(kRangeMagic, begin, begin, end - begin);
 }
 
 void KvCache::append(const KvSnapshot& s) {

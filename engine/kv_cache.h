@@ -58,6 +58,7 @@ public:
     void erase(int32_t begin, int32_t end, const std::vector<RopeRotation>& k_rotation, int n_threads);
 
 private:
+    KvSnapshot pack(int32_t magic, int32_t field5, int32_t begin, int32_t n) const;
     size_t k_offset(int32_t head, int32_t pos) const; // bytes into a layer's K buffer
     size_t v_offset(int32_t head, int32_t pos) const;
 
