@@ -122,7 +122,9 @@ LineEditor::LineEditor(std::string history_path, bool color) : impl_(std::make_u
     el_set(el, EL_EDITOR, "emacs");
     el_set(el, EL_PROMPT_ESC, prompt_of, '\1');
     el_set(el, EL_HIST, ::history, impl_->history);
-    el_set(el, EL_ADDFN, "tern-interrupt", "Ctrl-C: drop the line; on an empty line twice, quit", on_ctrl_c);
+    // The wide call: libedit keeps these static strings as they are, where the narrow el_set copies
+    // them (wcsdup) and never frees the copies (LeakSanitizer reports them at exit).
+    el_wset(el, EL_ADDFN, L"tern-interrupt", L"Ctrl-C: drop the line; on an empty line twice, quit", on_ctrl_c);
     el_set(el, EL_BIND, "^C", "tern-interrupt", nullptr);
     // While a line is edited, Ctrl-C is a key (above), not SIGINT; during a reply the terminal is
     // back in its normal mode and Ctrl-C raises the cancel flag (app/signals.h).
