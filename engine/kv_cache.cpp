@@ -159,24 +159,7 @@ void KvCache::load(const KvSnapshot& s) {
     if (n < 0 || n > n_ctx_)
         throw UsageError("kv_load: the snapshot holds " + std::to_string(n) + " positions but the context is " +
                          std::to_string(n_ctx_));
-    const size_t k_bytes = static_cast<size_t>(n) * k_row_bytes_;
-    const size_t v_bytes = static_cast<size_t>(n) * v_row_bytes_;
-    size_t total = sizeof header;
-    for (int32_t h : n_kv_heads_)
-        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
-    if (s.bytes.size() != total)
-        throw UsageError("kv_load: the snapshot has " + std::to_string(s.bytes.size()) + " bytes but " +
-                         std::to_string(total) + " were expected");
-    const uint8_t* in = s.bytes.data() + sizeof header;
-    for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
-        for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
-            std::memcpy(k_[l].data() + k_offset(h, 0), in, k_bytes);
-            in += k_bytes;
-            std::memcpy(v_[l].data() + v_offset(h, 0), in, v_bytes);
-            in += v_bytes;
-        }
-    }
-    n_past_ = n;
+    unpack(s, "kv_load: the snapshot", 0, n);
 }
 
 KvSnapshot KvCache::save_range(int32_t begin, int32_t end) const {
@@ -201,15 +184,21 @@ void KvCache::append(const KvSnapshot& s) {
     if (n < 0 || n > n_ctx_ - n_past_)
         throw UsageError("kv_append: the range holds " + std::to_string(n) + " positions but only " +
                          std::to_string(n_ctx_ - n_past_) + " are free");
+    unpack(s, "kv_append: the range", begin, n);
+}
+
+// The rows of a pack()ed snapshot or range (header already checked) into positions [begin, begin + n);
+// the cache then holds begin + n positions. `what` starts the error for a wrong size.
+void KvCache::unpack(const KvSnapshot& s, const char* what, int32_t begin, int32_t n) {
     const size_t k_bytes = static_cast<size_t>(n) * k_row_bytes_;
     const size_t v_bytes = static_cast<size_t>(n) * v_row_bytes_;
-    size_t total = sizeof header;
+    size_t total = kHeaderInts * sizeof(int32_t);
     for (int32_t h : n_kv_heads_)
         total += static_cast<size_t>(h) * (k_bytes + v_bytes);
     if (s.bytes.size() != total)
-        throw UsageError("kv_append: the range has " + std::to_string(s.bytes.size()) + " bytes but " +
+        throw UsageError(std::string(what) + " has " + std::to_string(s.bytes.size()) + " bytes but " +
                          std::to_string(total) + " were expected");
-    const uint8_t* in = s.bytes.data() + sizeof header;
+    const uint8_t* in = s.bytes.data() + kHeaderInts * sizeof(int32_t);
     for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
         for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
             std::memcpy(k_[l].data() + k_offset(h, begin), in, k_bytes);

@@ -59,6 +59,7 @@ public:
 
 private:
     KvSnapshot pack(int32_t magic, int32_t field5, int32_t begin, int32_t n) const;
+    void unpack(const KvSnapshot& s, const char* what, int32_t begin, int32_t n);
     size_t k_offset(int32_t head, int32_t pos) const; // bytes into a layer's K buffer
     size_t v_offset(int32_t head, int32_t pos) const;
 
