@@ -72,13 +72,7 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
                        const CpuKernels* kernels) {
     const std::string where = std::string("matmul_f16_panels(") + std::string(type_name(w.type)) + "): ";
     if (!panel16_packable(w.type, w.n_in)) throw std::invalid_argument(where + "no panel layout for these rows");
-    if (x.format != act_format_for(w.type) || x.n_in != w.n_in)
-        throw std::invalid_argument(where + "activations are " + act_format_name(x.format) + " with " +
-                                    std::to_string(x.n_in) + " elements per column, expected " +
-                                    act_format_name(act_format_for(w.type)) + " with " + std::to_string(w.n_in));
-    if (w.n_out < 0 || x.n_cols < 0 || (!w.data && w.n_out > 0) || (!x.data && x.n_cols > 0))
-        throw std::invalid_argument(where + "null data or negative shape");
-    if (w.n_out == 0 || x.n_cols == 0) return;
+    if (!check_tiled_matmul_args(where, w.type, w.n_in, w.n_out, w.data, x)) return;
 
     const CpuKernels& k = kernels ? *kernels : cpu_kernels();
     const F16TileFn simd = f16_tile_for(w.type, k);

@@ -80,4 +80,15 @@ void matmul_q(const WeightMatrixView& w, const QuantizedActs& x, float* y, int n
     }
 }
 
+bool check_tiled_matmul_args(const std::string& where, GgmlType type, int64_t n_in, int64_t n_out,
+                             const void* w_data, const QuantizedActs& x) {
+    if (x.format != act_format_for(type) || x.n_in != n_in)
+        throw std::invalid_argument(where + "activations are " + act_format_name(x.format) + " with " +
+                                    std::to_string(x.n_in) + " elements per column, expected " +
+                                    act_format_name(act_format_for(type)) + " with " + std::to_string(n_in));
+    if (n_out < 0 || x.n_cols < 0 || (!w_data && n_out > 0) || (!x.data && x.n_cols > 0))
+        throw std::invalid_argument(where + "null data or negative shape");
+    return n_out > 0 && x.n_cols > 0;
+}
+
 } // namespace tern

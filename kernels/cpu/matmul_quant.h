@@ -13,6 +13,7 @@
 // is in L1; prefill (more) walks tiles of rows that stay in L2 while all columns stream past them.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/dispatch.h"
@@ -53,5 +54,12 @@ private:
 // std::invalid_argument when the shapes or formats do not fit together.
 void matmul_q(const WeightMatrixView& w, const QuantizedActs& x, float* y, int n_threads,
               const CpuKernels* kernels = nullptr);
+
+// The argument contract of the tiled matmuls over repacked weights (matmul_packed, matmul_f16_panels),
+// after each has checked its own layout: activations in act_format_for(type) with n_in elements per
+// column, data present, shapes not negative. Throws std::invalid_argument starting with `where`; returns
+// false when there is nothing to compute (no rows or no columns).
+bool check_tiled_matmul_args(const std::string& where, GgmlType type, int64_t n_in, int64_t n_out,
+                             const void* w_data, const QuantizedActs& x);
 
 } // namespace tern
