@@ -127,9 +127,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
         v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
         norm_input(x.data(), lv.attn_norm, n, dim, xn.data(), lw.wq); // q, k and v share one quantized input
-        project(lw.wq, lv.bq, input_, q.data());
-        project(lw.wk, lv.bk, input_, k.data());
-        project(lw.wv, lv.bv, input_, v.data());
+        project_shared({&lw.wq, &lw.wk, &lw.wv}, {&lv.bq, &lv.bk, &lv.bv}, input_, {q.data(), k.data(), v.data()});
 
         // Per-head q/k norm (qwen3, gemma3), then RoPE at each token's position, then the KV write.
         const int rope_threads = threads_for_work(n * (n_heads + n_kv_heads) * head_dim * 16, nt);
@@ -165,8 +163,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
         up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
         norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), lw.w_gate); // gate and up share one quantized input
-        project(lw.w_gate, lv.b_gate, input_, gate.data());
-        project(lw.w_up, lv.b_up, input_, up.data());
+        project_shared({&lw.w_gate, &lw.w_up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
         if (c.ffn_act == FfnActivation::silu)
             swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
         else

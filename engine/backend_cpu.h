@@ -5,6 +5,7 @@
 // rows to f32 instead (kernels/cpu/ops.h matmul_dequant). Other activations are f32; the KV cache is
 // f32, f16 or bf16.
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -81,6 +82,23 @@ private:
     void pack_weights();
     // Packed bytes (new[] without value-initialisation: pages become resident only as they are written).
     std::unordered_map<const uint8_t*, std::unique_ptr<uint8_t[]>> packed_;
+    // Projections that read the same input (q/k/v, gate/up) packed back to back as one matrix, keyed by the
+    // first one's data pointer: one matmul streams all their rows, so decode pays one fork/join and one
+    // prefetch ramp per group instead of one per matrix. Only for packed (not panel) formats whose parts
+    // each fill whole 16-row groups, so every part starts on a group boundary.
+    struct FusedGroup {
+        GgmlType type = GgmlType::F32;
+        int64_t n_in = 0, n_out = 0;       // n_out: the parts' rows together
+        std::unique_ptr<uint8_t[]> data;
+    };
+    std::unordered_map<const uint8_t*, FusedGroup> fused_;
+    std::vector<float> fused_out_;      // (n_cols, group n_out) before it is split into the parts
+    // Packs w (rows [0, n_out)) into dst, releasing the mapped source pages slice by slice.
+    void pack_matrix(const WeightRef& w, bool panels, uint8_t* dst);
+    // ys[i] (n_cols, ws[i]->n_out) = W_i x (+ biases[i]) for projections sharing the input `in`: one matmul
+    // over their fused copy when pack_weights made one, else one project() each. Same bits either way.
+    void project_shared(std::initializer_list<const WeightRef*> ws, std::initializer_list<const std::vector<float>*> biases,
+                        MatmulInput& in, std::initializer_list<float*> ys);
     // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
     // l's cache, which already holds those positions. Defined in backend_cpu_attention.cpp.
     void attend(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "engine/backend_cpu.h"
@@ -63,41 +64,109 @@ void release_pages(const uint8_t* p, size_t n) {
     if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
+
+// Whether ws can share one packed matrix: one packed (not panel) format on this CPU, one input width, and
+// parts of whole 16-row groups.
+bool fusable(std::initializer_list<const WeightRef*> ws, const CpuKernels& k) {
+    const WeightRef& first = **ws.begin();
+    for (const WeightRef* w : ws) {
+        if (!w->present() || w->type != first.type || w->n_in() != first.n_in() || w->n_out() % kPackRows != 0) return false;
+        if (panel16_pays(w->type, w->n_in(), k) || !packing_pays(w->type, w->n_in(), k)) return false;
+    }
+    return ws.size() > 1;
+}
+
 } // namespace
+
+void CpuBackend::pack_matrix(const WeightRef& w, bool panels, uint8_t* dst) {
+    const int64_t n_out = w.n_out(), n_in = w.n_in();
+    // Slices of ~4 MiB of source rows, each released as soon as it is packed, so the transient
+    // double copy is one slice, not the whole tensor (a tied 128K-vocab embedding is 150+ MB).
+    const int64_t groups = (n_out + kPackRows - 1) / kPackRows;
+    const size_t group_src = w.row_size() * kPackRows;
+    const int64_t per_slice = std::max<int64_t>(1, static_cast<int64_t>((4u << 20) / group_src));
+    static_assert(kF16PanelRows == kPackRows, "one slicing serves both layouts");
+    for (int64_t g0 = 0; g0 < groups; g0 += per_slice) {
+        const int64_t g1 = std::min(groups, g0 + per_slice);
+#pragma omp parallel for schedule(static) num_threads(n_threads_)
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t r0 = g * kPackRows, r1 = std::min(n_out, (g + 1) * kPackRows);
+            if (panels)
+                repack_panel16(w.data, n_out, n_in, dst, r0, r1);
+            else
+                repack_rows(w.type, w.data, n_out, n_in, dst, r0, r1);
+        }
+        const int64_t r0 = g0 * kPackRows, r1 = std::min(n_out, g1 * kPackRows);
+        release_pages(w.data + static_cast<size_t>(r0) * w.row_size(), static_cast<size_t>(r1 - r0) * w.row_size());
+    }
+}
 
 void CpuBackend::pack_weights() {
     const CpuKernels& k = cpu_kernels();
-    std::vector<const WeightRef*> todo;
     for (const LayerWeights& lw : weights_.layers)
-        for (const WeightRef* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) todo.push_back(w);
+        for (const auto group : {std::initializer_list<const WeightRef*>{&lw.wq, &lw.wk, &lw.wv},
+                                 std::initializer_list<const WeightRef*>{&lw.w_gate, &lw.w_up}}) {
+            if (!fusable(group, k) || fused_.count((*group.begin())->data)) continue;
+            FusedGroup f;
+            f.type = (*group.begin())->type;
+            f.n_in = (*group.begin())->n_in();
+            for (const WeightRef* w : group) f.n_out += w->n_out();
+            f.data.reset(new uint8_t[packed_bytes(f.type, f.n_out, f.n_in)]);
+            size_t offset = 0;
+            for (const WeightRef* w : group) {
+                pack_matrix(*w, false, f.data.get() + offset);
+                offset += packed_bytes(w->type, w->n_out(), w->n_in());
+            }
+            fused_.emplace((*group.begin())->data, std::move(f));
+        }
+
+    std::vector<const WeightRef*> todo;
+    for (const LayerWeights& lw : weights_.layers) {
+        // Fused groups already hold their parts.
+        const bool qkv = fused_.count(lw.wq.data) > 0, ffn = fused_.count(lw.w_gate.data) > 0;
+        for (const WeightRef* w : {&lw.wq, &lw.wk, &lw.wv})
+            if (!qkv) todo.push_back(w);
+        todo.push_back(&lw.wo);
+        for (const WeightRef* w : {&lw.w_gate, &lw.w_up})
+            if (!ffn) todo.push_back(w);
+        todo.push_back(&lw.w_down);
+    }
     todo.push_back(&weights_.output);
     for (const WeightRef* w : todo) {
         if (!w->present() || packed_.count(w->data)) continue;
         // F16 / BF16: 16-row panels for the 16-bit GEMM (kernels/cpu/gemm_f16.h); the rest: packed groups.
         const bool panels = panel16_pays(w->type, w->n_in(), k);
         if (!panels && !packing_pays(w->type, w->n_in(), k)) continue;
-        const int64_t n_out = w->n_out(), n_in = w->n_in();
         std::unique_ptr<uint8_t[]>& dst = packed_[w->data];
-        dst.reset(new uint8_t[panels ? panel16_bytes(n_out, n_in) : packed_bytes(w->type, n_out, n_in)]);
-        // Slices of ~4 MiB of source rows, each released as soon as it is packed, so the transient
-        // double copy is one slice, not the whole tensor (a tied 128K-vocab embedding is 150+ MB).
-        const int64_t groups = (n_out + kPackRows - 1) / kPackRows;
-        const size_t group_src = w->row_size() * kPackRows;
-        const int64_t per_slice = std::max<int64_t>(1, static_cast<int64_t>((4u << 20) / group_src));
-        static_assert(kF16PanelRows == kPackRows, "one slicing serves both layouts");
-        for (int64_t g0 = 0; g0 < groups; g0 += per_slice) {
-            const int64_t g1 = std::min(groups, g0 + per_slice);
-#pragma omp parallel for schedule(static) num_threads(n_threads_)
-            for (int64_t g = g0; g < g1; ++g) {
-                const int64_t r0 = g * kPackRows, r1 = std::min(n_out, (g + 1) * kPackRows);
-                if (panels)
-                    repack_panel16(w->data, n_out, n_in, dst.get(), r0, r1);
-                else
-                    repack_rows(w->type, w->data, n_out, n_in, dst.get(), r0, r1);
-            }
-            const int64_t r0 = g0 * kPackRows, r1 = std::min(n_out, g1 * kPackRows);
-            release_pages(w->data + static_cast<size_t>(r0) * w->row_size(), static_cast<size_t>(r1 - r0) * w->row_size());
-        }
+        dst.reset(new uint8_t[panels ? panel16_bytes(w->n_out(), w->n_in()) : packed_bytes(w->type, w->n_out(), w->n_in())]);
+        pack_matrix(*w, panels, dst.get());
+    }
+}
+
+void CpuBackend::project_shared(std::initializer_list<const WeightRef*> ws,
+                                std::initializer_list<const std::vector<float>*> biases, MatmulInput& in,
+                                std::initializer_list<float*> ys) {
+    const auto it = exact_matmul_ ? fused_.end() : fused_.find((*ws.begin())->data);
+    if (it == fused_.end()) {
+        auto b = biases.begin();
+        auto y = ys.begin();
+        for (const WeightRef* w : ws) project(*w, **b++, in, *y++);
+        return;
+    }
+    const FusedGroup& f = it->second;
+    const ActFormat fmt = act_format_for(f.type);
+    const QuantizedActs acts{fmt, in.acts(fmt), in.n_in, in.n_cols, 0};
+    fused_out_.resize(static_cast<size_t>(in.n_cols * f.n_out));
+    matmul_packed(PackedMatrixView{f.type, f.data.get(), f.n_in, f.n_out}, acts, fused_out_.data(), n_threads_);
+    int64_t row0 = 0;
+    auto b = biases.begin();
+    auto y = ys.begin();
+    for (const WeightRef* w : ws) {
+        const int64_t n_out = w->n_out();
+        for (int64_t c = 0; c < in.n_cols; ++c)
+            std::memcpy(*y + c * n_out, fused_out_.data() + c * f.n_out + row0, static_cast<size_t>(n_out) * sizeof(float));
+        add_bias(**b++, n_out, in.n_cols, *y++);
+        row0 += n_out;
     }
 }
 
