@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/layer_rope.h"
 #include "kernels/cpu/ops.h"
 #include "quant/half.h"
 #include "quant/reference.h"
@@ -92,6 +93,95 @@ TEST_CASE("rope_normal_f32 and rope_neox_f32 rotate the right pairs by pos * sca
             }
         }
     }
+}
+
+TEST_CASE("rope tables (rope_cos_sin + rope_rotate_f32, LayerRope::apply) rotate bit-identically to rope_*_f32") {
+    std::vector<float> ff(64), ff2(64);
+    for (size_t i = 0; i < ff.size(); ++i) {
+        ff[i] = 1.0f + 0.5f * static_cast<float>(i);
+        ff2[i] = 1.0f + 0.25f * static_cast<float>(i);
+    }
+    int checked = 0;
+    for (int64_t head_dim : {8, 64, 128}) {
+        for (int64_t n_rot : {head_dim, head_dim / 2}) {
+            for (int32_t pos : {0, 1, 17, -5, 30000}) {
+                for (const float* fptr : {static_cast<const float*>(nullptr), static_cast<const float*>(ff.data())}) {
+                    for (bool neox : {false, true}) {
+                        CAPTURE(head_dim);
+                        CAPTURE(n_rot);
+                        CAPTURE(pos);
+                        CAPTURE(neox);
+                        const auto x = test::random_normal(static_cast<size_t>(head_dim), uint32_t(pos + 100));
+                        const float base = 10000.0f, scale = 0.25f;
+                        std::vector<float> want = x, got = x, layer = x;
+                        if (neox)
+                            rope_neox_f32(want.data(), head_dim, n_rot, pos, base, scale, fptr);
+                        else
+                            rope_normal_f32(want.data(), head_dim, n_rot, pos, base, scale, fptr);
+                        std::vector<float> c(size_t(n_rot / 2)), s(size_t(n_rot / 2));
+                        rope_cos_sin(n_rot, pos, base, scale, fptr, c.data(), s.data());
+                        rope_rotate_f32(got.data(), neox, n_rot, c.data(), s.data());
+                        CHECK(std::memcmp(got.data(), want.data(), x.size() * sizeof(float)) == 0);
+                        LayerRope r;
+                        r.neox = neox;
+                        r.head_dim = head_dim;
+                        r.n_rot = n_rot;
+                        r.base = base;
+                        r.freq_scale = scale;
+                        r.freq_factors = fptr;
+                        r.apply(layer.data(), pos);
+                        CHECK(std::memcmp(layer.data(), want.data(), x.size() * sizeof(float)) == 0);
+                        ++checked;
+                    }
+                }
+            }
+        }
+    }
+    CHECK(checked == 3 * 2 * 5 * 2 * 2);
+    // The per-thread table must notice every change of what the angles depend on, including new factor
+    // VALUES at the same address (a model loaded where a freed one lived).
+    LayerRope r;
+    r.neox = true;
+    r.head_dim = r.n_rot = 128;
+    r.freq_factors = ff.data();
+    const auto x = test::random_normal(128, 9);
+    auto expect_direct = [&](const LayerRope& rr, int32_t pos) {
+        std::vector<float> want = x, got = x;
+        rope_neox_f32(want.data(), rr.head_dim, rr.n_rot, pos, rr.base, rr.freq_scale, rr.freq_factors);
+        rr.apply(got.data(), pos);
+        CHECK(std::memcmp(got.data(), want.data(), x.size() * sizeof(float)) == 0);
+    };
+    expect_direct(r, 7);
+    expect_direct(r, 8);
+    std::vector<float> saved = ff;
+    ff = ff2;   // same address, other values
+    expect_direct(r, 8);
+    ff = saved;
+    r.base = 1e6f;
+    expect_direct(r, 8);
+    r.freq_scale = 0.5f;
+    expect_direct(r, 8);
+    r.freq_factors = nullptr;
+    expect_direct(r, 8);
+    r.n_rot = 64;
+    expect_direct(r, 8);
+}
+
+TEST_CASE("swiglu_f32 and geglu_tanh_f32 give the same bits on one thread and on several") {
+    for (int64_t n : {int64_t{1000}, int64_t{1} << 17}) {   // below and above threads_for_elems' cut
+        const auto g = test::random_normal(size_t(n), 11, 4.0f), u = test::random_normal(size_t(n), 12);
+        const auto un = static_cast<size_t>(n);
+        std::vector<float> a(un), b(un), c(un), d(un);
+        swiglu_f32(g.data(), u.data(), a.data(), n, 1);
+        swiglu_f32(g.data(), u.data(), b.data(), n, 2);
+        geglu_tanh_f32(g.data(), u.data(), c.data(), n, 1);
+        geglu_tanh_f32(g.data(), u.data(), d.data(), n, 3);
+        CHECK(a == b);
+        CHECK(c == d);
+        for (size_t i = 0; i < size_t(n); i += 997) CHECK(a[i] == silu_f32(g[i]) * u[i]);
+    }
+    CHECK(threads_for_elems(512, 4) == 1);
+    CHECK(threads_for_elems(512 * 8192, 4) == 4);
 }
 
 TEST_CASE("softmax_f32, silu_f32, gelu_tanh_f32, swiglu/geglu and softcap match their formulas") {

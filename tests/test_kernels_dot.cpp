@@ -12,10 +12,12 @@
 #include <stdexcept>
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/dot.h"
+#include "kernels/cpu/gemm_input.h"
 #include "kernels/cpu/quantize_act.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
@@ -155,6 +157,103 @@ TEST_CASE("every ISA's activation quantizer gives the scalar quantizer's bytes")
                 CHECK(quantize_act(*k, f, x) == quantize_act(*scalar, f, x));
             }
     }
+}
+
+// Rows whose Q8_K blocks hit every branch of the quantizer: exact .5 products (a block maximum of -127 or 127
+// makes iscale -1 or 1, so halves stay halves and round to even), a negative maximum, +m and -m in either order
+// (the first one sets the sign), an all-equal block, a zero block; the remaining blocks stay random.
+std::vector<float> q8_k_edge_row(int64_t n, uint32_t seed) {
+    std::vector<float> x = random_row(n, seed);
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> half_steps(-253, 253);   // k / 2 for |k / 2| <= 126.5
+    const int64_t blocks = n / QK_K;
+    for (int64_t b = 0; b < blocks; ++b) {
+        float* blk = x.data() + b * QK_K;
+        switch (b % 6) {
+        case 0:   // halves, maximum -127 somewhere in the middle: iscale = 1
+        case 1:   // halves, maximum +127: iscale = -1
+            for (int j = 0; j < QK_K; ++j) blk[j] = 0.5f * static_cast<float>(half_steps(rng));
+            blk[rng() % QK_K] = b % 6 == 0 ? -127.0f : 127.0f;
+            break;
+        case 2:   // +m before -m, and -m before +m in the next half (the first decides)
+            blk[40] = 5000.0f;   // far above the random values
+            blk[41] = -5000.0f;
+            if (b + 1 < blocks) {
+                blk[QK_K + 7] = -5000.5f;
+                blk[QK_K + 200] = 5000.5f;
+            }
+            break;
+        case 4:
+            for (int j = 0; j < QK_K; ++j) blk[j] = -3.7f;   // all equal, negative
+            break;
+        case 5:
+            for (int j = 0; j < QK_K; ++j) blk[j] = 0.0f;
+            break;
+        default: break;
+        }
+    }
+    return x;
+}
+
+TEST_CASE("every ISA's Q8_K quantizer gives the scalar bytes on ties, sign-of-max, all-equal and zero blocks") {
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    REQUIRE(scalar);
+    int tested = 0;
+    for (int64_t n : {256, 512, 1536, 4096, 11008})
+        for (uint32_t seed = 1; seed <= 3; ++seed) {
+            CAPTURE(n);
+            CAPTURE(seed);
+            const auto x = q8_k_edge_row(n, seed * 31 + uint32_t(n));
+            const auto want = quantize_act(*scalar, ActFormat::q8_k, x);
+            // The scalar quantizer is ggml's reference Q8_K quantizer (quant/), ties and all.
+            std::vector<unsigned char> ref(want.size());
+            quantize_row(GgmlType::Q8_K, x.data(), ref.data(), n);
+            CHECK(want == ref);
+            for (CpuIsa isa : kIsas) {
+                const CpuKernels* k = cpu_kernels_for(isa);
+                if (!k) continue;
+                CAPTURE(cpu_isa_name(isa));
+                CHECK(quantize_act(*k, ActFormat::q8_k, x) == want);
+                ++tested;
+            }
+        }
+    // The edge rows really contain what they claim: a tie rounded to even, and the sign of the first maximum.
+    const auto x = q8_k_edge_row(QK_K * 6, 5);
+    const auto q = quantize_act(*scalar, ActFormat::q8_k, x);
+    const auto* blk = reinterpret_cast<const BlockQ8_K*>(q.data());
+    CHECK(blk[0].d == 1.0f);    // max -127: iscale = 1, d = 1
+    CHECK(blk[1].d == -1.0f);   // max 127: iscale = -1
+    for (int j = 0; j < QK_K; ++j)
+        if (x[size_t(j)] == 2.5f) CHECK(blk[0].qs[j] == 2);
+    CHECK(blk[2].d * -127.0f == doctest::Approx(5000.0f));   // d = max / -127: +5000 came first in block 2
+    CHECK(blk[3].d * -127.0f == doctest::Approx(-5000.5f));  // and -5000.5 in block 3
+    for (int8_t c : blk[4].qs) CHECK(c == -127);           // all equal: every code is the maximum's, -127
+    for (int8_t c : blk[5].qs) CHECK(c == 0);
+    MESSAGE("Q8_K edge-row comparisons: " << tested);
+}
+
+TEST_CASE("quantize_acts and rmsnorm_quantize_rows give the same bytes on one thread and on several") {
+    // 64 columns of 2048 cross threads_for_elems' cut, 3 columns of 256 stay on one thread.
+    for (auto [n_in, n_cols] : {std::pair<int64_t, int64_t>{256, 3}, {2048, 64}})
+        for (ActFormat f : kActFormats) {
+            CAPTURE(act_format_name(f));
+            CAPTURE(n_cols);
+            const auto x = random_row(n_in * n_cols, uint32_t(n_cols) + 17 * uint32_t(f));
+            const auto w = random_row(n_in, 99);
+            const size_t bytes = act_row_bytes(f, n_in) * size_t(n_cols);
+            std::vector<unsigned char> one(bytes), two(bytes), serial(bytes), qn1(bytes), qn2(bytes);
+            quantize_acts(f, x.data(), n_in, n_cols, one.data(), 1);
+            quantize_acts(f, x.data(), n_in, n_cols, two.data(), 2);
+            for (int64_t c = 0; c < n_cols; ++c)
+                cpu_kernels().quantizer(f)(x.data() + c * n_in, serial.data() + size_t(c) * act_row_bytes(f, n_in), n_in);
+            CHECK(one == serial);
+            CHECK(two == serial);
+            std::vector<float> xn1(x.size()), xn2(x.size());
+            rmsnorm_quantize_rows(x.data(), w.data(), 1e-6f, n_cols, n_in, f, xn1.data(), qn1.data(), 1);
+            rmsnorm_quantize_rows(x.data(), w.data(), 1e-6f, n_cols, n_in, f, xn2.data(), qn2.data(), 2);
+            CHECK(xn1 == xn2);
+            CHECK(qn1 == qn2);
+        }
 }
 
 TEST_CASE("scalar dot twins equal the exact dot of the dequantized rows") {

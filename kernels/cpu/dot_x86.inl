@@ -484,6 +484,61 @@ void quantize_act_f16_x86(const float* x, void* dst, int64_t n) {
     for (; i < n; ++i) y[i] = static_cast<uint16_t>(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT));
 }
 
+// Q8_K, bit-identical to quantize_act_q8_k_scalar: the signed value of the FIRST element with the largest |x|
+// (the scalar loop keeps the first of equal maxima, so +m before -m gives m and -m before +m gives -m),
+// iscale = -127 / max, q = min(127, round-half-even(iscale * x)) (one f32 multiply, as in the scalar loop),
+// bsums per 16 codes, d = 1 / iscale. An all-zero block is all zero bytes.
+void quantize_act_q8_k_x86(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ8_K*>(dst);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
+        BlockQ8_K& blk = y[b];
+        // max(|v|, acc) returns acc when |v| is NaN, so a NaN never becomes the maximum (as with the scalar '>').
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) acc = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), acc);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        if (amax == 0.0f) {
+            std::memset(&blk, 0, sizeof blk);
+            continue;
+        }
+        const __m256 amax8 = _mm256_set1_ps(amax);
+        float max = 0.0f;
+        for (int j = 0; j < QK_K; j += 8) {
+            const __m256 eq = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), amax8, _CMP_EQ_OQ);
+            const int mask = _mm256_movemask_ps(eq);
+            if (mask != 0) {
+                max = x[j + __builtin_ctz(static_cast<unsigned>(mask))];
+                break;
+            }
+        }
+        const float iscale = -127.0f / max;
+        const __m256 is8 = _mm256_set1_ps(iscale);
+        const __m256 top = _mm256_set1_ps(127.0f);
+        constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (int j = 0; j < QK_K; j += 32) {
+            __m256i i[4];
+            for (int k = 0; k < 4; ++k)
+                i[k] = _mm256_cvtps_epi32(
+                    _mm256_min_ps(_mm256_round_ps(_mm256_mul_ps(is8, _mm256_loadu_ps(x + j + 8 * k)), kRound), top));
+            // Codes lie in [-127, 127] (|iscale * x| <= 127 up to one ulp), so the saturating packs are exact.
+            const __m256i q = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])), order);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk.qs + j), q);
+            // Sums of 4 codes per int32 lane: lanes 0-3 are codes j..j+15, lanes 4-7 codes j+16..j+31.
+            const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+            __m128i s = _mm_hadd_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+            s = _mm_hadd_epi32(s, s);
+            blk.bsums[j / 16] = static_cast<int16_t>(_mm_cvtsi128_si32(s));
+            blk.bsums[j / 16 + 1] = static_cast<int16_t>(_mm_extract_epi32(s, 1));
+        }
+        blk.d = 1.0f / iscale;
+    }
+}
+
 // Registers the 256-bit kernels (shared by the AVX2 and AVX-512 sets).
 void fill_x86_256(CpuKernels& k) {
     k.q4_0 = vec_dot_q4_0_q8_0_x86;
@@ -504,6 +559,7 @@ void fill_x86_256(CpuKernels& k) {
     k.f32 = vec_dot_f32_f32_x86;
     k.quantize[static_cast<int>(ActFormat::q8_0)] = quantize_act_q8_0_x86;
     k.quantize[static_cast<int>(ActFormat::q8_1)] = quantize_act_q8_1_x86;
+    k.quantize[static_cast<int>(ActFormat::q8_k)] = quantize_act_q8_k_x86;
     k.quantize[static_cast<int>(ActFormat::f16)] = quantize_act_f16_x86;
 }
 

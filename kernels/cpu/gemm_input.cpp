@@ -11,12 +11,14 @@
 namespace tern {
 
 void rmsnorm_quantize_rows(const float* x, const float* w, float eps, int64_t n_rows, int64_t width, ActFormat f,
-                           float* xn, void* q) {
+                           float* xn, void* q, int n_threads) {
     if (width % act_block_elems(f) != 0)
         throw std::invalid_argument("rmsnorm_quantize_rows: " + std::to_string(width) + " elements is not a multiple of the " +
                                     act_format_name(f) + " block size");
     const QuantizeActFn quantize = cpu_kernels().quantizer(f);
     const size_t rb = act_row_bytes(f, width);
+    const int threads = n_rows > 1 ? threads_for_elems(n_rows * width, n_threads) : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < n_rows; ++i) {
         float* row = xn + i * width;
         rmsnorm_f32(x + i * width, w, row, width, eps);

@@ -11,7 +11,9 @@ namespace tern {
 
 // xn (n_rows, width) = rmsnorm(x) * w (w may be nullptr); q (n_rows, act_row_bytes(f, width)) = its
 // quantized form in format f. width must be a multiple of act_block_elems(f) (std::invalid_argument).
+// Rows are split over n_threads when there are enough of them (kernels/cpu/ops.h threads_for_elems); each
+// row is computed the same way on any thread, so the split changes no bit.
 void rmsnorm_quantize_rows(const float* x, const float* w, float eps, int64_t n_rows, int64_t width, ActFormat f,
-                           float* xn, void* q);
+                           float* xn, void* q, int n_threads = 1);
 
 } // namespace tern

@@ -60,6 +60,27 @@ void rope_neox_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float
         rotate(x[i], x[i + half], rope_theta(i, n_rot, pos, base, freq_scale, freq_factors));
 }
 
+void rope_cos_sin(int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors, float* cos,
+                  float* sin) {
+    for (int64_t i = 0; i < n_rot / 2; ++i) {
+        const double theta = rope_theta(i, n_rot, pos, base, freq_scale, freq_factors);
+        cos[i] = static_cast<float>(std::cos(theta)); // the expressions of rotate()
+        sin[i] = static_cast<float>(std::sin(theta));
+    }
+}
+
+void rope_rotate_f32(float* x, bool neox, int64_t n_rot, const float* cos, const float* sin) {
+    const int64_t half = n_rot / 2;
+    const int64_t second = neox ? half : 1; // offset of a pair's second element
+    const int64_t step = neox ? 1 : 2;      // distance between pairs
+    for (int64_t i = 0; i < half; ++i) {
+        float* a = x + i * step;
+        const float x0 = a[0], x1 = a[second];
+        a[0] = x0 * cos[i] - x1 * sin[i];
+        a[second] = x0 * sin[i] + x1 * cos[i];
+    }
+}
+
 void softmax_f32(float* x, int64_t n) {
     float max = -INFINITY;
     for (int64_t i = 0; i < n; ++i)
@@ -84,12 +105,14 @@ float gelu_tanh_f32(float x) {
     return 0.5f * x * (1.0f + std::tanh(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
 }
 
-void swiglu_f32(const float* gate, const float* up, float* y, int64_t n) {
+void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads) {
+#pragma omp parallel for num_threads(threads_for_elems(n, n_threads)) schedule(static)
     for (int64_t i = 0; i < n; ++i)
         y[i] = silu_f32(gate[i]) * up[i];
 }
 
-void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n) {
+void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads) {
+#pragma omp parallel for num_threads(threads_for_elems(n, n_threads)) schedule(static)
     for (int64_t i = 0; i < n; ++i)
         y[i] = gelu_tanh_f32(gate[i]) * up[i];
 }
@@ -193,6 +216,10 @@ void dequantize_row_for_matmul(GgmlType type, const uint8_t* src, float* dst, in
 
 int threads_for_work(int64_t work, int n_threads) {
     return work < (int64_t{1} << 20) ? 1 : std::max(n_threads, 1);
+}
+
+int threads_for_elems(int64_t elems, int n_threads) {
+    return elems < (int64_t{1} << 16) ? 1 : std::max(n_threads, 1);
 }
 
 void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols, float* y,

@@ -29,15 +29,25 @@ void rope_normal_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, flo
 void rope_neox_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
                    const float* freq_factors);
 
+// The cos/sin table of rope_*_f32 at position pos: cos[i] and sin[i] (i < n_rot/2) are the floats those
+// functions compute for pair i (the same rope_theta angle, the same double cos/sin rounded to float), so a
+// rotation by the table is bit-identical to them. One table serves every head of a token: the angles
+// depend on the position only, and recomputing pow/sin/cos per head cost ~3% of a prefill.
+void rope_cos_sin(int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors, float* cos,
+                  float* sin);
+// One head's first n_rot dims rotated by a rope_cos_sin table: pairs (i, i + n_rot/2) when neox, else (2i, 2i+1).
+void rope_rotate_f32(float* x, bool neox, int64_t n_rot, const float* cos, const float* sin);
+
 // In-place softmax over n floats (max-subtracted; the sum of exponentials in double).
 void softmax_f32(float* x, int64_t n);
 
 // x / (1 + exp(-x)) and the tanh approximation of GELU, elementwise.
 float silu_f32(float x);
 float gelu_tanh_f32(float x);
-// y[i] = act(gate[i]) * up[i]: the gated FFN activation (SwiGLU / GeGLU).
-void swiglu_f32(const float* gate, const float* up, float* y, int64_t n);
-void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n);
+// y[i] = act(gate[i]) * up[i]: the gated FFN activation (SwiGLU / GeGLU). Elementwise, so the
+// n_threads split (threads_for_elems: a prefill's n_tokens * ffn_dim, not decode's one row) changes no bit.
+void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads = 1);
+void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads = 1);
 
 // c * tanh(x / c) over n floats (gemma2 logit and attention soft-capping).
 void softcap_f32(float* x, int64_t n, float cap);
@@ -57,6 +67,11 @@ void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, c
 // The thread count worth using for `work` multiply-adds: 1 below ~1M (a fork/join plus the idle
 // threads' spin-wait costs more than the ~0.5 ms of scalar work it would split), else n_threads.
 int threads_for_work(int64_t work, int n_threads);
+
+// The thread count worth using for a pass over `elems` independent floats (quantizing activations, SwiGLU):
+// 1 below 64K elements (a decode step's row is a few microseconds of work, about one fork/join), else
+// n_threads.
+int threads_for_elems(int64_t elems, int n_threads);
 
 // How the attention kernel reads the KV cache's elements.
 enum class KvElem { f32, f16, bf16 };

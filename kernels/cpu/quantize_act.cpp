@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/ops.h"
 #include "quant/half.h"
 
 namespace tern {
@@ -155,13 +156,15 @@ void quantize_act_f32(const float* x, void* dst, int64_t n) {
     std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
 }
 
-void quantize_acts(ActFormat f, const float* x, int64_t n_in, int64_t n_cols, void* dst) {
+void quantize_acts(ActFormat f, const float* x, int64_t n_in, int64_t n_cols, void* dst, int n_threads) {
     const int64_t be = act_block_elems(f);
     if (n_in % be != 0)
         throw std::invalid_argument("quantize_acts: " + std::to_string(n_in) + " elements is not a multiple of the " +
                                     act_format_name(f) + " block size " + std::to_string(be));
     const QuantizeActFn q = cpu_kernels().quantize[static_cast<int>(f)];
     const size_t rb = act_row_bytes(f, n_in);
+    const int threads = n_cols > 1 ? threads_for_elems(n_cols * n_in, n_threads) : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t c = 0; c < n_cols; ++c) q(x + c * n_in, static_cast<char*>(dst) + static_cast<size_t>(c) * rb, n_in);
 }
 

@@ -22,7 +22,7 @@ namespace tern {
 
 using QuantizeActFn = void (*)(const float* x, void* dst, int64_t n);
 
-// Scalar versions (quantize_act.cpp); SIMD versions are in dot_avx2.cpp / dot_avx512.cpp / dot_neon.cpp and
+// Scalar versions (quantize_act.cpp); SIMD versions are in dot_x86.inl (AVX2 and AVX-512 sets) / dot_neon.cpp and
 // reached through the dispatch table (kernels/cpu/dispatch.h).
 void quantize_act_q8_0_scalar(const float* x, void* dst, int64_t n);
 void quantize_act_q8_1_scalar(const float* x, void* dst, int64_t n);
@@ -32,7 +32,9 @@ void quantize_act_bf16_scalar(const float* x, void* dst, int64_t n);
 void quantize_act_f32(const float* x, void* dst, int64_t n);
 
 // f32 activations (n_cols, n_in) -> (n_cols, act_row_bytes(f, n_in)) bytes at dst, through the dispatched
-// kernels. Serial: n_cols * n_in is small next to the weights it is multiplied with.
-void quantize_acts(ActFormat f, const float* x, int64_t n_in, int64_t n_cols, void* dst);
+// kernels. Columns are split over n_threads when there are enough of them (kernels/cpu/ops.h
+// threads_for_elems: a prefill's 512 columns were ~5% of its time on one thread; decode's one column stays
+// serial). Columns are independent, so the bytes do not depend on the split.
+void quantize_acts(ActFormat f, const float* x, int64_t n_in, int64_t n_cols, void* dst, int n_threads = 1);
 
 } // namespace tern
