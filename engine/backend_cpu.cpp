@@ -38,6 +38,7 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     config_ = config;
     weights_ = weights;
     n_threads_ = options.n_threads > 0 ? options.n_threads : cpu_features().physical_cores;
+    input_.n_threads = n_threads_;
     exact_matmul_ = options.exact_matmul;
 
     layer_vectors_.assign(weights.layers.size(), {});
@@ -165,9 +166,9 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), lw.w_gate); // gate and up share one quantized input
         project_shared({&lw.w_gate, &lw.w_up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
         if (c.ffn_act == FfnActivation::silu)
-            swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
+            swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
         else
-            geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim);
+            geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
         input_.reset(gate.data(), ffn_dim, n);
         project(lw.w_down, lv.b_down, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);

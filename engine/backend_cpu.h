@@ -63,6 +63,7 @@ private:
     struct MatmulInput {
         const float* x = nullptr;
         int64_t n_in = 0, n_cols = 0;
+        int n_threads = 1;                               // for quantizing a prefill's many columns
         std::array<bool, 6> ready{};                     // indexed by ActFormat
         std::array<std::vector<unsigned char>, 6> bytes; // (n_cols, act_row_bytes(format, n_in)) per format
         void reset(const float* x_new, int64_t n_in_new, int64_t n_cols_new);

@@ -181,7 +181,7 @@ void CpuBackend::norm_input(const float* x, const std::vector<float>& w, int64_t
     const ActFormat f = act_format_for(reader.type);
     const auto fi = static_cast<size_t>(f);
     input_.bytes[fi].resize(act_row_bytes(f, dim) * static_cast<size_t>(n));
-    rmsnorm_quantize_rows(x, w.empty() ? nullptr : w.data(), eps, n, dim, f, xn, input_.bytes[fi].data());
+    rmsnorm_quantize_rows(x, w.empty() ? nullptr : w.data(), eps, n, dim, f, xn, input_.bytes[fi].data(), n_threads_);
     input_.ready[fi] = true;
 }
 
@@ -196,7 +196,7 @@ const void* CpuBackend::MatmulInput::acts(ActFormat f) {
     const size_t i = static_cast<size_t>(f);
     if (!ready[i]) {
         bytes[i].resize(act_row_bytes(f, n_in) * static_cast<size_t>(n_cols));
-        quantize_acts(f, x, n_in, n_cols, bytes[i].data());
+        quantize_acts(f, x, n_in, n_cols, bytes[i].data(), n_threads);
         ready[i] = true;
     }
     return bytes[i].data();
