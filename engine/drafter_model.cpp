@@ -86,7 +86,9 @@ void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_to
         return;
     }
 
-    if (history.size() > static_cast<size_t>(n_ctx_)) return; // the session never gets here
+    // A guard only: the draft shares the target's context size (load_draft_model), and the session keeps its
+    // history within that context (it shifts or stops first).
+    if (history.size() > static_cast<size_t>(n_ctx_)) return;
     // The last history token is always run again, because its logits give the first draft.
     sync(history, true);
 
