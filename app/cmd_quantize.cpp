@@ -32,6 +32,7 @@
 #include "formats/gguf_writer.h"
 #include "kernels/cpu_features.h"
 #include "quant/imatrix.h"
+#include "quant/imatrix_select.h"
 #include "quant/plan.h"
 #include "quant/reference.h"
 
@@ -214,8 +215,9 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
 }
 
 // --calibrate: run the input model over the text (at most 64 chunks of up to 512 tokens) and
-// collect each matrix's mean squared input per column (engine/calibration.h).
-ImportanceMatrix calibrate(const QuantizeArgs& a, int n_threads) {
+// collect each matrix's mean squared input per column (engine/calibration.h), on two disjoint
+// halves of the text for the held-out check (quant/imatrix_select.h) and on all of it.
+SplitImportance calibrate(const QuantizeArgs& a, int n_threads) {
     std::ifstream f(a.calibrate, std::ios::binary);
     if (!f) throw InputError(a.calibrate + ": cannot read the calibration text (--calibrate): " + std::strerror(errno));
     std::ostringstream ss;
@@ -228,11 +230,54 @@ ImportanceMatrix calibrate(const QuantizeArgs& a, int n_threads) {
                                              std::to_string(tokens.size()) + " tokens; give it a few thousand)");
     if (tokens.size() > static_cast<size_t>(64 * n_ctx)) tokens.resize(static_cast<size_t>(64 * n_ctx));
     const auto t0 = std::chrono::steady_clock::now();
-    ImportanceMatrix im = collect_importance(model, tokens, n_ctx, tok->add_bos_token() ? tok->bos() : -1, n_threads);
-    std::fprintf(stderr, "tern: quantize: --calibrate: %lld tokens in chunks of %d, %s\n",
-                 static_cast<long long>(im.tokens), n_ctx,
+    SplitImportance im =
+        collect_importance_split(model, tokens, n_ctx, tok->add_bos_token() ? tok->bos() : -1, n_threads);
+    std::fprintf(stderr, "tern: quantize: --calibrate: %lld tokens in chunks of %d (%lld to fit, %lld to check), %s\n",
+                 static_cast<long long>(im.all.tokens), n_ctx, static_cast<long long>(im.fit.tokens),
+                 static_cast<long long>(im.check.tokens),
                  format_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).c_str());
     return im;
+}
+
+const std::vector<float>* find_importance(const ImportanceMatrix& im, const PlannedTensor& t) {
+    const auto it = im.columns.find(t.name);
+    if (it == im.columns.end() || static_cast<int64_t>(it->second.size()) != t.ne[0]) return nullptr;
+    return &it->second;
+}
+
+const std::vector<float>* find_moments(const ImportanceMatrix& im, const PlannedTensor& t) {
+    const auto it = im.moments.find(t.name);
+    if (it == im.moments.end() || static_cast<int64_t>(it->second.size()) != t.ne[0] * t.ne[0]) return nullptr;
+    return &it->second;
+}
+
+// The held-out check of one tensor: does quantizing with the fit half's importance give a smaller
+// output error on the check half's activations than the reference quantizer? Per-row sums are added in row order,
+// so the decision is the same for every thread count.
+bool weighted_wins_held_out(const GgufTensor& src, const PlannedTensor& t, const std::vector<float>& fit,
+                            const std::vector<float>& check, int n_threads) {
+    const int64_t width = t.ne[0], rows = src.n_rows();
+    const size_t in_row = src.row_size();
+    std::vector<HeldOutErrors> per_row(static_cast<size_t>(rows));
+    std::string error;
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(n_threads, rows)))
+    {
+        std::vector<float> buf(static_cast<size_t>(width));
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t r = 0; r < rows; ++r) {
+            try {
+                dequantize_row(src.type, src.data + static_cast<size_t>(r) * in_row, buf.data(), width);
+                per_row[static_cast<size_t>(r)] = held_out_errors(t.to, buf.data(), width, fit.data(), check.data());
+            } catch (const std::exception& e) {
+#pragma omp critical(tern_quantize_error)
+                if (error.empty()) error = "tensor " + t.name + ", row " + std::to_string(r) + ": " + e.what();
+            }
+        }
+    }
+    if (!error.empty()) throw InputError(error);
+    HeldOutErrors sum;
+    for (const HeldOutErrors& e : per_row) sum += e;
+    return sum.keep_weighted();
 }
 
 int run_quantize(QuantizeArgs& a) {
@@ -313,9 +358,9 @@ int run_quantize(QuantizeArgs& a) {
     for (const PlannedTensor& t : plan.tensors)
         writer.add_tensor(t.name, t.to, std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)));
 
-    ImportanceMatrix imatrix;
+    SplitImportance imatrix;
     if (!a.calibrate.empty()) imatrix = calibrate(a, n_threads);
-    size_t n_weighted = 0;
+    size_t n_weighted = 0, n_candidates = 0;
 
     InterruptGuard guard;
     ProgressBar bar("quantizing " + std::string(fi.name), sizes.elements);
@@ -324,10 +369,16 @@ int run_quantize(QuantizeArgs& a) {
         const PlannedTensor& t = plan.tensors[i];
         bar.set_label("quantizing " + std::string(fi.name) + " " + t.name);
         const std::vector<float>* imp = nullptr;
-        if (auto it = imatrix.columns.find(t.name); it != imatrix.columns.end() && t.converted() &&
-                                                    supports_importance(t.to) &&
-                                                    static_cast<int64_t>(it->second.size()) == t.ne[0])
-            imp = &it->second;
+        if (t.converted() && supports_importance(t.to)) {
+            const std::vector<float>* fit = find_importance(imatrix.fit, t);
+            const std::vector<float>* check = find_moments(imatrix.check, t);
+            if (fit && check) {
+                ++n_candidates;
+                // The winner is quantized with the importance of the whole text (both halves).
+                if (weighted_wins_held_out(in.tensors()[t.source_index], t, *fit, *check, n_threads))
+                    imp = find_importance(imatrix.all, t);
+            }
+        }
         n_weighted += imp != nullptr;
         convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done, imp);
         if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
@@ -344,10 +395,12 @@ int run_quantize(QuantizeArgs& a) {
                  sizes.in_bpw(), format_bytes(out_size).c_str(), sizes.out_bpw(), n_converted, plan.tensors.size(),
                  format_duration(secs).c_str(), n_threads);
     if (!a.calibrate.empty())
-        std::fprintf(stderr, "tern: quantize: --calibrate: %zu tensors quantized with importance weights (%lld tokens)\n",
-                     n_weighted, static_cast<long long>(imatrix.tokens));
+        std::fprintf(stderr,
+                     "tern: quantize: --calibrate: %zu of %zu tensors quantized with importance weights (%lld tokens; "
+                     "the others kept the reference quantizer, which had the smaller error on the held-out half)\n",
+                     n_weighted, n_candidates, static_cast<long long>(imatrix.all.tokens));
     if (a.json) {
-        nlohmann::json j = {{"input", a.in}, {"output", a.out}, {"calibrated_tensors", n_weighted}, {"type", fi.name}, {"file_type", fi.file_type},
+        nlohmann::json j = {{"input", a.in}, {"output", a.out}, {"calibrated_tensors", n_weighted}, {"calibration_candidates", n_candidates}, {"type", fi.name}, {"file_type", fi.file_type},
                             {"input_bytes", in.file_size()}, {"output_bytes", out_size},
                             {"input_bpw", sizes.in_bpw()}, {"output_bpw", sizes.out_bpw()},
                             {"n_tensors", plan.tensors.size()}, {"n_converted", n_converted},
@@ -375,7 +428,8 @@ Command add_quantize_command(CLI::App& root) {
                     "PATTERN=TYPE: tensors whose name matches the regex PATTERN get tensor format TYPE (repeatable; "
                     "the first match wins)");
     cmd->add_option("--calibrate", a->calibrate,
-                    "TEXT file: run the model on it and weight q2_K/q3_K quantization by each column's activations");
+                    "TEXT file: run the model on it and weight q2_K/q3_K/q4_0 quantization by each column's activations "
+                    "where that wins on a held-out half of the text");
     return {cmd, [a] { return run_quantize(*a); }};
 }
 

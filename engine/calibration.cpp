@@ -27,6 +27,19 @@ std::vector<float> vec(const WeightRef& w) {
     return v;
 }
 
+// Adds the outer products x x^T of the n_cols activations to acc (width x width).
+void accumulate_moments(std::vector<float>& acc, const float* x, int64_t n_cols, int64_t width) {
+    if (acc.empty()) acc.assign(static_cast<size_t>(width * width), 0.0f);
+    for (int64_t c = 0; c < n_cols; ++c) {
+        const float* xc = x + c * width;
+        for (int64_t i = 0; i < width; ++i) {
+            float* row = acc.data() + i * width;
+            const float xi = xc[i];
+            for (int64_t j = 0; j < width; ++j) row[j] += xi * xc[j];
+        }
+    }
+}
+
 void project(const WeightRef& w, const WeightRef& b, const float* x, int64_t n, float* y, int nt) {
     matmul_dequant(w.type, w.data, w.n_in(), w.n_out(), x, n, y, nt);
     if (!b.present()) return;
@@ -38,11 +51,15 @@ void project(const WeightRef& w, const WeightRef& b, const float* x, int64_t n, 
 } // namespace
 
 ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t> tokens, int32_t n_ctx, int32_t bos,
-                                    int nt) {
+                                    int nt, bool second_moments) {
     const ModelConfig& c = model.config;
     const ModelWeights& W = model.weights;
     ImportanceMatrix im;
     std::map<std::string, std::vector<float>>& acc = im.columns;
+    auto record = [&](const std::string& name, const float* x, int64_t n_cols, int64_t width) {
+        accumulate(acc[name], x, n_cols, width);
+        if (second_moments) accumulate_moments(im.moments[name], x, n_cols, width);
+    };
     const int64_t dim = c.dim, hd = c.head_dim, hdv = c.head_dim_v;
     const auto rope = c.rope_style == RopeStyle::neox ? rope_neox_f32 : rope_normal_f32;
     const std::vector<float> freq = vec(W.rope_freqs);
@@ -65,7 +82,7 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
             const int64_t nh = lc.n_heads, nkv = lc.n_kv_heads, qd = nh * hd, kd = nkv * hd, vd = nkv * hdv;
             const std::vector<float> an = vec(lw.attn_norm), fn = vec(lw.ffn_norm);
             for (int64_t i = 0; i < n; ++i) rmsnorm_f32(&x[i * dim], an.data(), &xn[i * dim], dim, c.rms_eps);
-            accumulate(acc[lw.wq.name], xn.data(), n, dim);
+            record(lw.wq.name, xn.data(), n, dim);
             acc[lw.wk.name];
             acc[lw.wv.name];
             std::vector<float> q(static_cast<size_t>(n * qd)), k(static_cast<size_t>(n * kd)), v(static_cast<size_t>(n * vd));
@@ -101,7 +118,7 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
                                    i - lo + 1, hd, hdv, c.attn_scale, c.attn_softcap, scores.data(),
                                    &att[(i * nh + h) * hdv]);
                 }
-            accumulate(acc[lw.wo.name], att.data(), n, nh * hdv);
+            record(lw.wo.name, att.data(), n, nh * hdv);
             project(lw.wo, lw.bo, att.data(), n, out.data(), nt);
             if (c.post_norms) {
                 const std::vector<float> pn = vec(lw.post_attn_norm);
@@ -110,7 +127,7 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
             for (size_t e = 0; e < x.size(); ++e) x[e] += out[e];
 
             for (int64_t i = 0; i < n; ++i) rmsnorm_f32(&x[i * dim], fn.data(), &xn[i * dim], dim, c.rms_eps);
-            accumulate(acc[lw.w_gate.name], xn.data(), n, dim);
+            record(lw.w_gate.name, xn.data(), n, dim);
             acc[lw.w_up.name];
             const int64_t fd = lc.ffn_dim;
             std::vector<float> gate(static_cast<size_t>(n * fd)), up(gate.size());
@@ -118,7 +135,7 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
             project(lw.w_up, lw.b_up, xn.data(), n, up.data(), nt);
             if (c.ffn_act == FfnActivation::silu) swiglu_f32(gate.data(), up.data(), gate.data(), n * fd);
             else geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * fd);
-            accumulate(acc[lw.w_down.name], gate.data(), n, fd);
+            record(lw.w_down.name, gate.data(), n, fd);
             project(lw.w_down, lw.b_down, gate.data(), n, out.data(), nt);
             if (c.post_norms) {
                 const std::vector<float> pn = vec(lw.post_ffn_norm);
@@ -128,7 +145,7 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
             // q/k/v (gate/up) share one input: copy the sums after the chunk (below).
         }
         for (int64_t i = 0; i < n; ++i) rmsnorm_f32(&x[i * dim], out_norm.data(), &xn[i * dim], dim, c.rms_eps);
-        accumulate(acc[W.output.name], xn.data(), n, dim);
+        record(W.output.name, xn.data(), n, dim);
         im.tokens += n;
     }
     // Matrices that read the same input share its statistics; turn sums into means.
@@ -136,10 +153,47 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
         acc[lw.wk.name] = acc[lw.wq.name];
         acc[lw.wv.name] = acc[lw.wq.name];
         acc[lw.w_up.name] = acc[lw.w_gate.name];
+        if (!second_moments) continue;
+        im.moments[lw.wk.name] = im.moments[lw.wq.name];
+        im.moments[lw.wv.name] = im.moments[lw.wq.name];
+        im.moments[lw.w_up.name] = im.moments[lw.w_gate.name];
     }
-    for (auto& [name, v] : acc)
-        for (float& e : v) e /= static_cast<float>(std::max<int64_t>(1, im.tokens));
+    for (auto* m : {&acc, &im.moments})
+        for (auto& [name, v] : *m)
+            for (float& e : v) e /= static_cast<float>(std::max<int64_t>(1, im.tokens));
     return im;
+}
+
+SplitImportance collect_importance_split(const Model& model, std::span<const int32_t> tokens, int32_t n_ctx,
+                                         int32_t bos, int nt) {
+    std::vector<int32_t> even, odd;
+    const auto chunk = static_cast<size_t>(n_ctx);
+    if (tokens.size() < chunk + 16) {
+        // About one chunk: two halves, so both sides see activations (a 1-token odd chunk would not).
+        even.assign(tokens.begin(), tokens.begin() + static_cast<int64_t>(tokens.size() / 2));
+        odd.assign(tokens.begin() + static_cast<int64_t>(tokens.size() / 2), tokens.end());
+    } else {
+        // Whole chunks alternate, so every chunk is evaluated exactly as collect_importance would.
+        for (size_t start = 0, k = 0; start < tokens.size(); start += chunk, ++k) {
+            const size_t end = std::min(tokens.size(), start + chunk);
+            std::vector<int32_t>& side = k % 2 == 0 ? even : odd;
+            side.insert(side.end(), tokens.begin() + static_cast<int64_t>(start), tokens.begin() + static_cast<int64_t>(end));
+        }
+    }
+    SplitImportance s;
+    s.fit = collect_importance(model, even, n_ctx, bos, nt);
+    s.check = collect_importance(model, odd, n_ctx, bos, nt, true);
+    s.all.tokens = s.fit.tokens + s.check.tokens;
+    const double wf = s.all.tokens ? double(s.fit.tokens) / double(s.all.tokens) : 0.5;
+    for (const auto& [name, f] : s.fit.columns) {
+        const auto it = s.check.columns.find(name);
+        std::vector<float>& out = s.all.columns[name];
+        out = f;
+        if (it == s.check.columns.end() || it->second.size() != f.size()) continue;
+        for (size_t c = 0; c < f.size(); ++c)
+            out[c] = static_cast<float>(wf * f[c] + (1.0 - wf) * it->second[c]);
+    }
+    return s;
 }
 
 } // namespace tern
