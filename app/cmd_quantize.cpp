@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -22,10 +23,12 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "app/common_options.h"
 #include "app/console.h"
 #include "app/signals.h"
 #include "engine/calibration.h"
 #include "engine/model.h"
+#include "engine/perplexity.h"
 #include "engine/tokenizer.h"
 #include "formats/error.h"
 #include "formats/gguf.h"
@@ -230,8 +233,11 @@ SplitImportance calibrate(const QuantizeArgs& a, int n_threads) {
                                              std::to_string(tokens.size()) + " tokens; give it a few thousand)");
     if (tokens.size() > static_cast<size_t>(64 * n_ctx)) tokens.resize(static_cast<size_t>(64 * n_ctx));
     const auto t0 = std::chrono::steady_clock::now();
-    SplitImportance im =
-        collect_importance_split(model, tokens, n_ctx, tok->add_bos_token() ? tok->bos() : -1, n_threads);
+    const int32_t bos = tok->add_bos_token() ? tok->bos() : -1;
+    SplitImportance im = collect_importance_split(model, tokens, n_ctx, bos, n_threads);
+    im.bos = bos;
+    // perplexity scores whole chunks and needs two of them: shorter ones when the half is short.
+    im.check_n_ctx = std::max<int32_t>(4, std::min<int32_t>(n_ctx, static_cast<int32_t>(im.check_tokens.size() / 2)));
     std::fprintf(stderr, "tern: quantize: --calibrate: %lld tokens in chunks of %d (%lld to fit, %lld to check), %s\n",
                  static_cast<long long>(im.all.tokens), n_ctx, static_cast<long long>(im.fit.tokens),
                  static_cast<long long>(im.check.tokens),
@@ -278,6 +284,47 @@ bool weighted_wins_held_out(const GgufTensor& src, const PlannedTensor& t, const
     HeldOutErrors sum;
     for (const HeldOutErrors& e : per_row) sum += e;
     return sum.keep_weighted();
+}
+
+// Removes the temporary check files however the function leaves (error, Ctrl-C, or done).
+struct RemoveOnExit {
+    std::vector<std::string> paths;
+    ~RemoveOnExit() {
+        std::error_code ec;
+        for (const std::string& p : paths) std::filesystem::remove(p, ec);
+    }
+};
+
+struct HeldOutCheck {
+    double nll_calibrated = 0, nll_reference = 0;
+    int64_t tokens_scored = 0;
+    // Strictly lower: a tie writes the default bytes.
+    bool calibrated_wins() const { return nll_calibrated < nll_reference; }
+};
+
+// The mean NLL of both written candidates on the held-out tokens (engine/perplexity.h's method,
+// the same chunks for both, so the difference is paired).
+HeldOutCheck held_out_check(const std::string& calibrated, const std::string& reference,
+                            const std::vector<int32_t>& tokens, int32_t n_ctx, int32_t bos, int n_threads,
+                            InterruptGuard& guard) {
+    HeldOutCheck c;
+    for (const std::string* path : {&calibrated, &reference}) {
+        ModelOptions mo;
+        mo.model = *path;
+        mo.device = "cpu";
+        mo.threads = n_threads;
+        mo.ctx_size = n_ctx;
+        LoadedSession s = load_session(mo);
+        PerplexityOptions po;
+        po.n_ctx = n_ctx;
+        po.n_batch = 512;
+        po.bos = bos;
+        po.cancel = guard.flag();
+        const PerplexityResult r = compute_perplexity(s.session->backend(), tokens, po);
+        (path == &calibrated ? c.nll_calibrated : c.nll_reference) = r.nll_mean;
+        c.tokens_scored = r.tokens_scored;
+    }
+    return c;
 }
 
 int run_quantize(QuantizeArgs& a) {
@@ -360,30 +407,56 @@ int run_quantize(QuantizeArgs& a) {
 
     SplitImportance imatrix;
     if (!a.calibrate.empty()) imatrix = calibrate(a, n_threads);
-    size_t n_weighted = 0, n_candidates = 0;
 
     InterruptGuard guard;
-    ProgressBar bar("quantizing " + std::string(fi.name), sizes.elements);
-    uint64_t done = 0;
-    writer.write(a.out, [&](size_t i, std::span<uint8_t> out) {
+    // Writes the plan to `path`, tensor i quantized with importance imps[i] (nullptr: reference).
+    auto write_with = [&](const std::string& path, const std::vector<const std::vector<float>*>& imps,
+                          const std::string& what) {
+        ProgressBar bar(what + " " + std::string(fi.name), sizes.elements);
+        uint64_t done = 0;
+        writer.write(path, [&](size_t i, std::span<uint8_t> out) {
+            const PlannedTensor& t = plan.tensors[i];
+            bar.set_label(what + " " + std::string(fi.name) + " " + t.name);
+            convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done, imps[i]);
+            if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
+        });
+        bar.finish();
+    };
+    const std::vector<const std::vector<float>*> reference(plan.tensors.size(), nullptr);
+    std::vector<const std::vector<float>*> fit_imps = reference, all_imps = reference;
+    size_t n_weighted = 0, n_candidates = 0, n_selected = 0;
+    for (size_t i = 0; i < plan.tensors.size() && !a.calibrate.empty(); ++i) {
         const PlannedTensor& t = plan.tensors[i];
-        bar.set_label("quantizing " + std::string(fi.name) + " " + t.name);
-        const std::vector<float>* imp = nullptr;
-        if (t.converted() && supports_importance(t.to)) {
-            const std::vector<float>* fit = find_importance(imatrix.fit, t);
-            const std::vector<float>* check = find_moments(imatrix.check, t);
-            if (fit && check) {
-                ++n_candidates;
-                // The winner is quantized with the importance of the whole text (both halves).
-                if (weighted_wins_held_out(in.tensors()[t.source_index], t, *fit, *check, n_threads))
-                    imp = find_importance(imatrix.all, t);
-            }
-        }
-        n_weighted += imp != nullptr;
-        convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done, imp);
+        if (!t.converted() || !supports_importance(t.to)) continue;
+        const std::vector<float>* fit = find_importance(imatrix.fit, t);
+        const std::vector<float>* check = find_moments(imatrix.check, t);
+        if (!fit || !check) continue;
+        ++n_candidates;
+        if (!weighted_wins_held_out(in.tensors()[t.source_index], t, *fit, *check, n_threads)) continue;
+        ++n_selected;
+        fit_imps[i] = fit;
+        all_imps[i] = find_importance(imatrix.all, t);
         if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
-    });
-    bar.finish();
+    }
+    std::optional<HeldOutCheck> model_check;
+    if (n_selected == 0) {
+        write_with(a.out, reference, "quantizing");
+    } else {
+        // Each tensor's output error can shrink while the model's perplexity grows (stories260K),
+        // so the model as a whole must also win on the held-out half before it is written.
+        const std::string candidate = a.out + ".calibrated-check", plain = a.out + ".reference-check";
+        RemoveOnExit cleanup{{candidate, plain}};
+        write_with(candidate, fit_imps, "checking");
+        write_with(plain, reference, "checking");
+        model_check = held_out_check(candidate, plain, imatrix.check_tokens, imatrix.check_n_ctx, imatrix.bos,
+                                     n_threads, guard);
+        if (model_check->calibrated_wins()) {
+            write_with(a.out, all_imps, "quantizing");   // the winner, with the importance of the whole text
+            n_weighted = n_selected;
+        } else {
+            std::filesystem::rename(plain, a.out);   // exactly the default output
+        }
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const uint64_t out_size = std::filesystem::file_size(a.out);
     size_t n_converted = 0;
@@ -394,18 +467,32 @@ int run_quantize(QuantizeArgs& a) {
                  a.in.c_str(), a.out.c_str(), std::string(fi.name).c_str(), format_bytes(in.file_size()).c_str(),
                  sizes.in_bpw(), format_bytes(out_size).c_str(), sizes.out_bpw(), n_converted, plan.tensors.size(),
                  format_duration(secs).c_str(), n_threads);
-    if (!a.calibrate.empty())
+    if (!a.calibrate.empty()) {
         std::fprintf(stderr,
-                     "tern: quantize: --calibrate: %zu of %zu tensors quantized with importance weights (%lld tokens; "
-                     "the others kept the reference quantizer, which had the smaller error on the held-out half)\n",
-                     n_weighted, n_candidates, static_cast<long long>(imatrix.all.tokens));
+                     "tern: quantize: --calibrate: %zu of %zu tensors had the smaller output error with importance "
+                     "weights on the held-out half\n",
+                     n_selected, n_candidates);
+        if (model_check)
+            std::fprintf(stderr,
+                         "tern: quantize: --calibrate: held-out NLL (%lld tokens scored) %.6f weighted vs %.6f reference: "
+                         "%s\n",
+                         static_cast<long long>(model_check->tokens_scored), model_check->nll_calibrated,
+                         model_check->nll_reference,
+                         model_check->calibrated_wins() ? "kept the weighted tensors (fitted on the whole text)"
+                                                        : "wrote the reference quantization (calibration did not help)");
+    }
     if (a.json) {
-        nlohmann::json j = {{"input", a.in}, {"output", a.out}, {"calibrated_tensors", n_weighted}, {"calibration_candidates", n_candidates}, {"type", fi.name}, {"file_type", fi.file_type},
+        nlohmann::json j = {{"input", a.in}, {"output", a.out}, {"calibrated_tensors", n_weighted}, {"calibration_candidates", n_candidates}, {"calibration_selected", n_selected}, {"type", fi.name}, {"file_type", fi.file_type},
                             {"input_bytes", in.file_size()}, {"output_bytes", out_size},
                             {"input_bpw", sizes.in_bpw()}, {"output_bpw", sizes.out_bpw()},
                             {"n_tensors", plan.tensors.size()}, {"n_converted", n_converted},
                             {"requantized", !requantized.empty()}, {"threads", n_threads}, {"seconds", secs},
                             {"fallbacks", plan.fallback_notes}, {"tensors", plan_json(plan)}};
+        if (model_check)
+            j["calibration_check"] = {{"nll_calibrated", model_check->nll_calibrated},
+                                      {"nll_reference", model_check->nll_reference},
+                                      {"tokens_scored", model_check->tokens_scored},
+                                      {"kept", model_check->calibrated_wins()}};
         std::cout << j.dump() << "\n";
     }
     return 0;

@@ -183,6 +183,7 @@ SplitImportance collect_importance_split(const Model& model, std::span<const int
     SplitImportance s;
     s.fit = collect_importance(model, even, n_ctx, bos, nt);
     s.check = collect_importance(model, odd, n_ctx, bos, nt, true);
+    s.check_tokens = std::move(odd);
     s.all.tokens = s.fit.tokens + s.check.tokens;
     const double wf = s.all.tokens ? double(s.fit.tokens) / double(s.all.tokens) : 0.5;
     for (const auto& [name, f] : s.fit.columns) {

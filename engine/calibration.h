@@ -33,6 +33,8 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
 // collect_importance over every token.
 struct SplitImportance {
     ImportanceMatrix fit, check, all;
+    std::vector<int32_t> check_tokens;   // the held-out half itself, for a model-level check
+    int32_t check_n_ctx = 0, bos = -1;   // how the caller evaluates check_tokens (it sets them)
 };
 SplitImportance collect_importance_split(const Model& model, std::span<const int32_t> tokens, int32_t n_ctx,
                                          int32_t bos, int n_threads);
