@@ -3,9 +3,13 @@
 // hundred tokens can overfit (the weighted quantizer spends precision on columns that happened
 // to be loud in that text), and then the weighted tensor is worse than the reference one. So the
 // calibration tokens are split into two disjoint halves A and B; each tensor is quantized with
-// the reference quantizer and with A's importance, and both are scored by their squared error
-// weighted with B's importance (the expected output error on activations the fit never saw).
-// The weighted form is kept only where it wins on B. tests/test_quant_imatrix_select.cpp.
+// the reference quantizer and with A's importance, and both are scored by the mean squared output
+// error they cause on B's activations, E_B[(dw . x)^2] = dw^T M_B dw with M_B = mean x x^T (the
+// full matrix, not the diagonal the weighting itself assumes). The weighted form is kept only where
+// it wins on B. That is necessary, not sufficient: on stories260K every tensor wins here while the
+// model's perplexity grows, so `tern quantize` also compares the two whole models' NLL on B
+// (app/cmd_quantize.cpp). tests/test_quant_imatrix_select.cpp.
+
 #include <cstdint>
 
 #include "quant/types.h"
