@@ -463,7 +463,7 @@ void quantize_act_bf16_neon(const float* x, void* dst, int64_t n) {
     auto* y = static_cast<uint16_t*>(dst);
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        const uint32x4_t bits = vld1q_u32(reinterpret_cast<const uint32_t*>(x + i));
+        const uint32x4_t bits = vreinterpretq_u32_f32(vld1q_f32(x + i));
         const uint32x4_t lsb = vandq_u32(vshrq_n_u32(bits, 16), vdupq_n_u32(1));
         const uint16x4_t rounded = vshrn_n_u32(vaddq_u32(bits, vaddq_u32(lsb, vdupq_n_u32(0x7FFF))), 16);
         const uint16x4_t quiet = vorr_u16(vshrn_n_u32(bits, 16), vdup_n_u16(0x40));
