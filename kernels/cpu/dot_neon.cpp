@@ -1,10 +1,11 @@
 // NEON + dotprod kernel set, built only for aarch64 (-march=armv8.2-a+dotprod, kernels/CMakeLists.txt).
 // Covers every weight format of the dispatch table (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K IQ4_NL IQ4_XS
-// F8_E4M3 F16 BF16 F32) and the Q8_0, Q8_1, F16 and BF16 activation quantizers; Q8_K activations keep the
-// scalar quantizer (dispatch.cpp fills the scalar twins first, so a missing entry falls back to them).
+// F8_E4M3 F16 BF16 F32) and the Q8_0, Q8_1, Q8_K, F16 and BF16 activation quantizers (the f32 copy is shared;
+// dispatch.cpp fills the scalar twins first, so an entry missing here falls back to them).
 // The integer sums are exact, as in the scalar twins; only the float accumulation order differs.
 // Tested on x86-64 hosts under qemu-aarch64: scripts/test_neon.sh builds tests/neon/ with
 // cmake/toolchain-aarch64-linux-gnu.cmake and runs tests/test_kernels_*.cpp there.
+#include <cmath>
 #include <cstring>
 #include "kernels/cpu/dispatch.h"
 
@@ -442,6 +443,40 @@ void quantize_act_q8_1_neon(const float* x, void* dst, int64_t n) {
     }
 }
 
+// Q8_K as ggml's reference quantizer (quantize_act_q8_k_scalar): the first element with the largest |x|
+// sets the sign of the scale, iscale = -127 / max, codes round half to even and clamp at 127 (-128 is
+// out of reach: no |iscale * x| exceeds 127 by half a unit), d = 1 / iscale, bsums per 16.
+void quantize_act_q8_k_neon(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ8_K*>(dst);
+    for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
+        BlockQ8_K& blk = y[b];
+        float32x4_t amax4 = vdupq_n_f32(0.0f);
+        for (int j = 0; j < QK_K; j += 4) amax4 = vmaxnmq_f32(amax4, vabsq_f32(vld1q_f32(x + j)));
+        const float amax = vmaxnmvq_f32(amax4);
+        if (amax == 0.0f) {
+            std::memset(&blk, 0, sizeof blk);
+            continue;
+        }
+        float max = 0.0f;
+        for (int j = 0; j < QK_K; ++j)
+            if (std::fabs(x[j]) == amax) {
+                max = x[j];
+                break;
+            }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < QK_K; j += 16) {
+            int16x8_t q16[2];
+            for (int h = 0; h < 2; ++h)
+                q16[h] = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + j + 8 * h), iscale))),
+                                      vqmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + j + 8 * h + 4), iscale))));
+            const int8x16_t q = vcombine_s8(vqmovn_s16(q16[0]), vqmovn_s16(q16[1]));
+            vst1q_s8(blk.qs + j, q);
+            blk.bsums[j / 16] = static_cast<int16_t>(vaddlvq_s8(q));
+        }
+        blk.d = 1.0f / iscale;
+    }
+}
+
 // FCVTN rounds to nearest even with the default FPCR (no flush-to-zero on Linux), as f32_to_f16 does; only
 // NaNs differ (the hardware keeps the payload), so they are replaced by f32_to_f16's sign | 0x7E00.
 void quantize_act_f16_neon(const float* x, void* dst, int64_t n) {
@@ -497,6 +532,7 @@ void fill_cpu_kernels_neon(CpuKernels& k) {
     k.quantize[static_cast<int>(ActFormat::bf16)] = quantize_act_bf16_neon;
     k.quantize[static_cast<int>(ActFormat::q8_0)] = quantize_act_q8_0_neon;
     k.quantize[static_cast<int>(ActFormat::q8_1)] = quantize_act_q8_1_neon;
+    k.quantize[static_cast<int>(ActFormat::q8_k)] = quantize_act_q8_k_neon;
 }
 
 } // namespace tern

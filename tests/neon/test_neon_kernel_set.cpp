@@ -1,6 +1,6 @@
 // The NEON kernel set as it runs on aarch64 (under qemu-aarch64 via scripts/test_neon.sh): it is the set
 // this process picks, every dot kernel in it is a NEON one, and the entries that still hold a scalar twin
-// are named (today the f32 copy and the Q8_K activation quantizer, on purpose). tests/test_kernels_dot.cpp
+// are named (today only the f32 "quantizer", a copy every set shares). tests/test_kernels_dot.cpp
 // compares the kernels themselves with their scalar twins; that suite skips an ISA the CPU cannot run,
 // which is why this one insists that NEON does run here.
 #include <doctest/doctest.h>
@@ -57,9 +57,8 @@ TEST_CASE("aarch64: every NEON entry is a NEON kernel except the documented scal
     REQUIRE(scalar);
     const auto fallbacks = scalar_entries(*neon, *scalar);
     MESSAGE("NEON entries that run the scalar twin: " << joined(fallbacks));
-    // f32 "quantization" is a copy every set shares; Q8_K activations use ggml's reference quantizer
-    // (sign-of-max, quantize_act.h), quantized once per column: not worth a SIMD version yet.
-    CHECK(joined(fallbacks) == "quantize f32, quantize q8_K");
+    // f32 "quantization" is a copy (quantize_act_f32) that every set shares.
+    CHECK(joined(fallbacks) == "quantize f32");
 }
 
 #endif
@@ -92,9 +91,7 @@ TEST_CASE("an entry the NEON file leaves empty keeps the scalar twin, and an emp
     }
     // A weight format no set has: the error names the set and the format.
     CHECK_THROWS_WITH_AS(layered.dot(GgmlType::IQ2_XS), doctest::Contains("CPU kernels (neon)"), std::invalid_argument);
-#if defined(__aarch64__)
-    CHECK((neon_only.quantizer(ActFormat::q8_k) == nullptr)); // the documented gap, filled by the scalar twin
-#endif
+    CHECK((neon_only.quantizer(ActFormat::f32) == nullptr)); // no NEON copy: the scalar one fills the gap
 }
 
 } // namespace tern
