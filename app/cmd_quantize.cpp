@@ -426,6 +426,7 @@ int run_quantize(QuantizeArgs& a) {
     std::vector<const std::vector<float>*> fit_imps = reference, all_imps = reference;
     size_t n_weighted = 0, n_candidates = 0, n_selected = 0;
     for (size_t i = 0; i < plan.tensors.size() && !a.calibrate.empty(); ++i) {
+        if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
         const PlannedTensor& t = plan.tensors[i];
         if (!t.converted() || !supports_importance(t.to)) continue;
         const std::vector<float>* fit = find_importance(imatrix.fit, t);
@@ -436,7 +437,6 @@ int run_quantize(QuantizeArgs& a) {
         ++n_selected;
         fit_imps[i] = fit;
         all_imps[i] = find_importance(imatrix.all, t);
-        if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
     }
     std::optional<HeldOutCheck> model_check;
     if (n_selected == 0) {
