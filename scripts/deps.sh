@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(build-essential cmake pkg-config git python3 unzip
           libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev
-          clang libclang-rt-dev libomp-dev)   # the last three: scripts/fuzz.sh (libFuzzer)
+          clang libclang-rt-dev libomp-dev    # scripts/fuzz.sh (libFuzzer)
+          g++-aarch64-linux-gnu qemu-user)   # scripts/test_neon.sh (NEON kernels under qemu)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds tern and runs every test: the Release build (with CUDA when nvcc is found; GPU tests
 # skip without a GPU), then the suite again under ASan+UBSan (CPU only), then a short fuzz run
-# (scripts/fuzz.sh: every libFuzzer target for TERN_FUZZ_SECONDS, default 30 s, each). Installs
+# (scripts/fuzz.sh: every libFuzzer target for TERN_FUZZ_SECONDS, default 30 s, each), then the CPU
+# kernel tests cross-built for aarch64 and run under qemu (scripts/test_neon.sh: the NEON set). Installs
 # missing Debian packages and fetches the default model (for the Gemma 3 tests) first.
 #   TERN_CUDA_ARCHS=89 bash scripts/test.sh   compile CUDA for one architecture (what CI does)
 #   TERN_TEST_SKIP_ASAN=1                     no ASan+UBSan run
 #   TERN_TEST_SKIP_FUZZ=1                     no fuzz run
+#   TERN_TEST_SKIP_NEON=1                     no aarch64 / qemu run
 #   TERN_TEST_QUICK=1                         (set for the ASan run) the model-accuracy suites
 #                                             run a covering subset of files and prompts
 set -euo pipefail
@@ -41,4 +43,11 @@ fi
 if [ -z "${TERN_TEST_SKIP_FUZZ:-}" ]; then
     echo "== short fuzz run" >&2
     bash scripts/fuzz.sh "${TERN_FUZZ_SECONDS:-30}"
+fi
+
+if [ -z "${TERN_TEST_SKIP_NEON:-}" ]; then
+    echo "== NEON kernels under qemu-aarch64" >&2
+    # The attention kernels have no NEON version (the scalar twin runs there, ~10 min under qemu); x86
+    # already tests that twin, so it is left out here.
+    bash scripts/test_neon.sh -E test_kernels_attention
 fi
