@@ -252,9 +252,8 @@ const std::vector<float>* find_importance(const ImportanceMatrix& im, const Plan
 }
 
 const std::vector<float>* find_moments(const ImportanceMatrix& im, const PlannedTensor& t) {
-    const auto it = im.moments.find(t.name);
-    if (it == im.moments.end() || static_cast<int64_t>(it->second.size()) != t.ne[0] * t.ne[0]) return nullptr;
-    return &it->second;
+    const std::vector<float>* m = im.moments_of(t.name);
+    return m && static_cast<int64_t>(m->size()) == t.ne[0] * t.ne[0] ? m : nullptr;
 }
 
 // The held-out check of one tensor: does quantizing with the fit half's importance give a smaller
@@ -430,10 +429,12 @@ int run_quantize(QuantizeArgs& a) {
         const PlannedTensor& t = plan.tensors[i];
         if (!t.converted() || !supports_importance(t.to)) continue;
         const std::vector<float>* fit = find_importance(imatrix.fit, t);
-        const std::vector<float>* check = find_moments(imatrix.check, t);
-        if (!fit || !check) continue;
+        if (!fit) continue;
         ++n_candidates;
-        if (!weighted_wins_held_out(in.tensors()[t.source_index], t, *fit, *check, n_threads)) continue;
+        // Inputs wider than kMaxMomentWidth have no moments: such a tensor skips the per-tensor check and
+        // is judged by the whole-model check below only.
+        const std::vector<float>* check = find_moments(imatrix.check, t);
+        if (check && !weighted_wins_held_out(in.tensors()[t.source_index], t, *fit, *check, n_threads)) continue;
         ++n_selected;
         fit_imps[i] = fit;
         all_imps[i] = find_importance(imatrix.all, t);

@@ -58,7 +58,7 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
     std::map<std::string, std::vector<float>>& acc = im.columns;
     auto record = [&](const std::string& name, const float* x, int64_t n_cols, int64_t width) {
         accumulate(acc[name], x, n_cols, width);
-        if (second_moments) accumulate_moments(im.moments[name], x, n_cols, width);
+        if (second_moments && width <= kMaxMomentWidth) accumulate_moments(im.moments[name], x, n_cols, width);
     };
     const int64_t dim = c.dim, hd = c.head_dim, hdv = c.head_dim_v;
     const auto rope = c.rope_style == RopeStyle::neox ? rope_neox_f32 : rope_normal_f32;
@@ -154,14 +154,19 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
         acc[lw.wv.name] = acc[lw.wq.name];
         acc[lw.w_up.name] = acc[lw.w_gate.name];
         if (!second_moments) continue;
-        im.moments[lw.wk.name] = im.moments[lw.wq.name];
-        im.moments[lw.wv.name] = im.moments[lw.wq.name];
-        im.moments[lw.w_up.name] = im.moments[lw.w_gate.name];
+        im.moment_owner[lw.wk.name] = im.moment_owner[lw.wv.name] = lw.wq.name;
+        im.moment_owner[lw.w_up.name] = lw.w_gate.name;
     }
     for (auto* m : {&acc, &im.moments})
         for (auto& [name, v] : *m)
             for (float& e : v) e /= static_cast<float>(std::max<int64_t>(1, im.tokens));
     return im;
+}
+
+const std::vector<float>* ImportanceMatrix::moments_of(const std::string& tensor) const {
+    const auto owner = moment_owner.find(tensor);
+    const auto it = moments.find(owner == moment_owner.end() ? tensor : owner->second);
+    return it == moments.end() ? nullptr : &it->second;
 }
 
 SplitImportance collect_importance_split(const Model& model, std::span<const int32_t> tokens, int32_t n_ctx,

@@ -17,13 +17,20 @@ struct ImportanceMatrix {
     int64_t tokens = 0;                                   // activations averaged over
     // With second_moments: tensor name -> mean x x^T (width x width, row-major). The diagonal
     // approximation above ignores how columns move together; the held-out check must not.
+    // Only inputs up to kMaxMomentWidth wide get one (width^2 floats and width^2 multiply-adds per token:
+    // 8192-wide inputs would cost 256 MB and hours each); matrices that read the same input (attn_k/v,
+    // ffn_up) are not stored again but named in moment_owner.
     std::map<std::string, std::vector<float>> moments;
+    std::map<std::string, std::string> moment_owner;      // tensor name -> the name its moments are under
+    const std::vector<float>* moments_of(const std::string& tensor) const;
 };
+
+inline constexpr int64_t kMaxMomentWidth = 2048;
 
 // Evaluates `tokens` in independent chunks of n_ctx (each starting with `bos` when >= 0), with
 // n_threads threads. Covers every matrix of the forward: attn_q/k/v/output, ffn_gate/up/down and
-// output (token_embd too when the output is tied). second_moments also fills `moments`
-// (width^2 floats per matrix: fine for small models, ~1 GB for a 270M one).
+// output (token_embd too when the output is tied). second_moments also fills `moments` (16 MB per
+// distinct input of width 2048; inputs wider than kMaxMomentWidth get none).
 ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t> tokens, int32_t n_ctx, int32_t bos,
                                     int n_threads, bool second_moments = false);
 
