@@ -76,6 +76,24 @@ bool fusable(std::initializer_list<const WeightRef*> ws, const CpuKernels& k) {
     return ws.size() > 1;
 }
 
+
+// Asks for transparent huge pages on the whole 2 MiB pages inside a packed buffer. Decode streams every
+// weight once per token, and with 4 KiB pages that is a TLB miss every 4 KiB; the read-bandwidth probe uses
+// huge pages too. Measured (llama-1b, tern bench -p 16 -n 64, interleaved A/B): Q4_0 -t 2 decode +7%,
+// Q4_K_M +3..13%, Q4_0 -t 1 +17%. Only the interior is advised, so a buffer's partial first and last
+// huge page never becomes resident beyond its bytes (peak RSS unchanged: 809 MiB on llama-1b Q4_0).
+// Advice only: where THP is off or the call fails, nothing changes.
+void advise_huge_pages(uint8_t* p, size_t n) {
+#if defined(MADV_HUGEPAGE)
+    constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) / kHuge * kHuge;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
 } // namespace
 
 void CpuBackend::pack_matrix(const WeightRef& w, bool panels, uint8_t* dst) {
@@ -112,6 +130,7 @@ void CpuBackend::pack_weights() {
             f.n_in = (*group.begin())->n_in();
             for (const WeightRef* w : group) f.n_out += w->n_out();
             f.data.reset(new uint8_t[packed_bytes(f.type, f.n_out, f.n_in)]);
+            advise_huge_pages(f.data.get(), packed_bytes(f.type, f.n_out, f.n_in));
             size_t offset = 0;
             for (const WeightRef* w : group) {
                 pack_matrix(*w, false, f.data.get() + offset);
@@ -138,7 +157,9 @@ void CpuBackend::pack_weights() {
         const bool panels = panel16_pays(w->type, w->n_in(), k);
         if (!panels && !packing_pays(w->type, w->n_in(), k)) continue;
         std::unique_ptr<uint8_t[]>& dst = packed_[w->data];
-        dst.reset(new uint8_t[panels ? panel16_bytes(w->n_out(), w->n_in()) : packed_bytes(w->type, w->n_out(), w->n_in())]);
+        const size_t bytes = panels ? panel16_bytes(w->n_out(), w->n_in()) : packed_bytes(w->type, w->n_out(), w->n_in());
+        dst.reset(new uint8_t[bytes]);
+        advise_huge_pages(dst.get(), bytes);
         pack_matrix(*w, panels, dst.get());
     }
 }
