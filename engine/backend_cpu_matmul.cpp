@@ -54,46 +54,47 @@ void add_bias(const std::vector<float>& bias, int64_t n_out, int64_t n_cols, flo
             y[c * n_out + r] += bias[static_cast<size_t>(r)];
 }
 
+// madvise(advice) on the whole `unit`-sized pages inside [p, p + n), none of the partial ones at its ends. Advice
+// only: a failure changes nothing that matters, so it is ignored.
+void advise_inside(const uint8_t* p, size_t n, uintptr_t unit, int advice) {
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + unit - 1) / unit * unit;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) / unit * unit;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, advice);
+}
+
 // Drops the resident pages of [p, p + n) that lie wholly inside it: the mapping is private and read-only, so
 // the kernel just forgets them (a later read, e.g. a tied embedding's row lookup, faults the page back in
-// from the page cache). Failure only costs memory, so it is ignored.
+// from the page cache). Failure only costs memory.
 void release_pages(const uint8_t* p, size_t n) {
-    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
-    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    advise_inside(p, n, static_cast<uintptr_t>(sysconf(_SC_PAGESIZE)), MADV_DONTNEED);
 }
-
-
-// Whether ws can share one packed matrix: one packed (not panel) format on this CPU, one input width, and
-// parts of whole 16-row groups.
-bool fusable(std::initializer_list<const WeightRef*> ws, const CpuKernels& k) {
-    const WeightRef& first = **ws.begin();
-    for (const WeightRef* w : ws) {
-        if (!w->present() || w->type != first.type || w->n_in() != first.n_in() || w->n_out() % kPackRows != 0) return false;
-        if (panel16_pays(w->type, w->n_in(), k) || !packing_pays(w->type, w->n_in(), k)) return false;
-    }
-    return ws.size() > 1;
-}
-
 
 // Asks for transparent huge pages on the whole 2 MiB pages inside a packed buffer. Decode streams every
 // weight once per token, and with 4 KiB pages that is a TLB miss every 4 KiB; the read-bandwidth probe uses
 // huge pages too. Measured (llama-1b, tern bench -p 16 -n 64, interleaved A/B): Q4_0 -t 2 decode +7%,
 // Q4_K_M +3..13%, Q4_0 -t 1 +17%. Only the interior is advised, so a buffer's partial first and last
 // huge page never becomes resident beyond its bytes (peak RSS unchanged: 809 MiB on llama-1b Q4_0).
-// Advice only: where THP is off or the call fails, nothing changes.
-void advise_huge_pages(uint8_t* p, size_t n) {
+// Where THP is off, nothing changes.
+void advise_huge_pages(const uint8_t* p, size_t n) {
 #if defined(MADV_HUGEPAGE)
-    constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge;
-    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) / kHuge * kHuge;
-    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+    advise_inside(p, n, uintptr_t(2) << 20, MADV_HUGEPAGE);
 #else
     (void)p;
     (void)n;
 #endif
 }
+
+// Whether ws can share one packed matrix: one packed format on this CPU (packing_pays is false for the
+// F16/BF16 panel formats), one input width, and parts of whole 16-row groups.
+bool fusable(std::initializer_list<const WeightRef*> ws, const CpuKernels& k) {
+    const WeightRef& first = **ws.begin();
+    for (const WeightRef* w : ws)
+        if (!w->present() || w->type != first.type || w->n_in() != first.n_in() || w->n_out() % kPackRows != 0 ||
+            !packing_pays(w->type, w->n_in(), k))
+            return false;
+    return ws.size() > 1;
+}
+
 } // namespace
 
 void CpuBackend::pack_matrix(const WeightRef& w, bool panels, uint8_t* dst) {
@@ -124,19 +125,21 @@ void CpuBackend::pack_weights() {
     for (const LayerWeights& lw : weights_.layers)
         for (const auto group : {std::initializer_list<const WeightRef*>{&lw.wq, &lw.wk, &lw.wv},
                                  std::initializer_list<const WeightRef*>{&lw.w_gate, &lw.w_up}}) {
-            if (!fusable(group, k) || fused_.count((*group.begin())->data)) continue;
+            const WeightRef& first = **group.begin();
+            if (!fusable(group, k) || fused_.count(first.data)) continue;
             FusedGroup f;
-            f.type = (*group.begin())->type;
-            f.n_in = (*group.begin())->n_in();
+            f.type = first.type;
+            f.n_in = first.n_in();
             for (const WeightRef* w : group) f.n_out += w->n_out();
-            f.data.reset(new uint8_t[packed_bytes(f.type, f.n_out, f.n_in)]);
-            advise_huge_pages(f.data.get(), packed_bytes(f.type, f.n_out, f.n_in));
-            size_t offset = 0;
+            const size_t bytes = packed_bytes(f.type, f.n_out, f.n_in);
+            f.data.reset(new uint8_t[bytes]);
+            advise_huge_pages(f.data.get(), bytes);
+            size_t offset = 0;   // parts are whole groups, so each starts where the previous one's bytes end
             for (const WeightRef* w : group) {
                 pack_matrix(*w, false, f.data.get() + offset);
                 offset += packed_bytes(w->type, w->n_out(), w->n_in());
             }
-            fused_.emplace((*group.begin())->data, std::move(f));
+            fused_.emplace(first.data, std::move(f));
         }
 
     std::vector<const WeightRef*> todo;
