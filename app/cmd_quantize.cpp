@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "app/commands.h"
 #include "app/common_options.h"
 #include "app/console.h"
@@ -445,7 +447,9 @@ int run_quantize(QuantizeArgs& a) {
     } else {
         // Each tensor's output error can shrink while the model's perplexity grows (stories260K),
         // so the model as a whole must also win on the held-out half before it is written.
-        const std::string candidate = a.out + ".calibrated-check", plain = a.out + ".reference-check";
+        // The process id in the names keeps a user's own file of the plain name from being overwritten and removed.
+        const std::string pid = std::to_string(::getpid());
+        const std::string candidate = a.out + ".calibrated-check-" + pid, plain = a.out + ".reference-check-" + pid;
         RemoveOnExit cleanup{{candidate, plain}};
         write_with(candidate, fit_imps, "checking");
         write_with(plain, reference, "checking");
