@@ -113,7 +113,7 @@ TEST_CASE("KV element bytes match the row sizes the KV cache stores") {
                       tern::kv_type_name(type));
 }
 
-TEST_CASE("read bandwidth probe: the SIMD sum equals its scalar twin on random words") {
+TEST_CASE("read bandwidth probe: the SIMD sums (plain and prefetching) equal their scalar twin on random words") {
     std::mt19937_64 rng(7);
     for (size_t n : {size_t(0), size_t(1), size_t(3), size_t(15), size_t(16), size_t(17), size_t(1000), size_t(4099)}) {
         std::vector<uint64_t> w(n);
@@ -122,6 +122,7 @@ TEST_CASE("read bandwidth probe: the SIMD sum equals its scalar twin on random w
         for (uint64_t x : w) expected += x;
         CHECK(tern::read_sum_scalar(w.data(), n) == expected);
         CHECK(tern::read_sum_simd(w.data(), n) == expected);
+        CHECK(tern::read_sum_simd_prefetch(w.data(), n) == expected);
     }
 }
 
@@ -132,6 +133,8 @@ TEST_CASE("read bandwidth probe: finite positive GB/s on a small buffer, both lo
         CHECK(bw.best_gbps > 0);
         CHECK(bw.median_gbps > 0);
         CHECK(bw.median_gbps <= bw.best_gbps);
+        CHECK(bw.plain_best_gbps > 0);
+        CHECK(bw.plain_best_gbps <= bw.best_gbps);   // the peak is the faster loop's
         CHECK(bw.buffer_bytes == (8u << 20));
         CHECK(bw.n_threads == 1);
         CHECK_FALSE(bw.method.empty());

@@ -17,10 +17,13 @@ namespace {
 // k values per converted block of two panels: 128 * 32 f32 = 16 KiB, which stays in L1 (48 KiB) next to
 // the 8 columns' activations (4 KiB) while every column of the chunk passes over it.
 constexpr int64_t kBlockK = 128;
-// How far ahead (in k) the streaming path prefetches each panel: 32 k = 1 KiB per panel, 4 KiB per tile.
-// Measured on the shared 2-core Xeon (decode 1 thread, CPU time, 2048 x 8192): ~10.5 GB/s without,
-// ~14 GB/s with 32, no better with 64 or 128 (noisy: other agents were running).
+// How far ahead (in k) the streaming path prefetches each panel: into L1 32 k ahead (1 KiB per panel) and,
+// as the packed tiles do (gemm_packed_avx512.cpp), into L2 128 k ahead (4 KiB per panel), so more lines are
+// in flight than the L1's fill buffers allow. Measured on the shared 2-core Xeon (decode 1 thread, CPU time,
+// 2048 x 8192): ~10.5 GB/s without, ~14 GB/s with the L1 prefetch, no better with 64 or 128. The L2 one:
+// `tern bench` llama-1b F16 decode at 2 threads 9.66-9.78 -> 9.75-10.23 tok/s (256 k ahead: 9.88-10.01).
 constexpr int64_t kPrefetchK = 32;
+constexpr int64_t kFarPrefetchK = 128;
 // Columns per register tile of the converted path: 2 panels x 8 columns = 16 accumulators.
 constexpr int kTileColsF16 = kF16ColGroup;
 
@@ -43,9 +46,12 @@ void stream_tile(int64_t n_in, const uint16_t* panels, const float* x, float* ou
         for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
     for (int64_t k = 0; k < n_in; ++k) {
         if (k % 2 == 0)   // one 64-byte line of each panel per 2 k
-            for (int p = 0; p < NP; ++p)
+            for (int p = 0; p < NP; ++p) {
+                _mm_prefetch(reinterpret_cast<const char*>(panels + p * pw + static_cast<size_t>(k + kFarPrefetchK) * kF16PanelRows),
+                             _MM_HINT_T1);
                 _mm_prefetch(reinterpret_cast<const char*>(panels + p * pw + static_cast<size_t>(k + kPrefetchK) * kF16PanelRows),
                              _MM_HINT_T0);
+            }
         __m512 w[NP];
         for (int p = 0; p < NP; ++p) w[p] = load16<T>(panels + p * pw + static_cast<size_t>(k) * kF16PanelRows);
         for (int c = 0; c < C; ++c) {
