@@ -171,14 +171,19 @@ for f, t in keys:
     ld, lp = med([llama(d, "tg") for d in lr]), med([llama(d, "pp") for d in lr])
     print("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |" % (
         os.path.basename(f), t, td, ld, ratio(td, ld), gb, 100 * share, tp, lp, ratio(tp, lp)))
-peaks = {}
+peaks, plains = {}, {}
 for r in rows:
     if r["tool"] == "tern" and r["data"].get("peak_gbps"):
         peaks.setdefault(r["threads"], []).append(r["data"]["peak_gbps"])
+    if r["tool"] == "tern" and r["data"].get("plain_read_gbps"):
+        plains.setdefault(r["threads"], []).append(r["data"]["plain_read_gbps"])
 if peaks:
     print()
     print("Peak read bandwidth measured by each tern run (min-max): " +
           ", ".join("-t %d: %.2f-%.2f GB/s" % (t, min(v), max(v)) for t, v in sorted(peaks.items())))
+if plains:
+    print("Of which the plain (STREAM-like, no software prefetch) read loop: " +
+          ", ".join("-t %d: %.2f-%.2f GB/s" % (t, min(v), max(v)) for t, v in sorted(plains.items())))
 PY
 [ $? = 0 ] || { echo "cpu_vs_llamacpp.sh: could not build the table from $results" >&2; exit 3; }
 cat "$work/table.md"

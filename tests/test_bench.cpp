@@ -192,11 +192,12 @@ TEST_CASE("tern bench --json: every field present, speeds and bandwidths positiv
     }
     for (const char* key : {"threads", "prefill_tokens", "prefill_tps", "decode_tokens", "decode_tps", "decode_gbps",
                             "peak_gbps", "bandwidth_share", "bytes_per_token", "weight_bytes_per_token",
-                            "prefill_ms_median", "decode_ms_median", "model_bytes"}) {
+                            "prefill_ms_median", "decode_ms_median", "model_bytes", "plain_read_gbps"}) {
         REQUIRE_MESSAGE(j.contains(key), key);
         REQUIRE_MESSAGE(j[key].is_number(), key);
         CHECK_MESSAGE(j[key].get<double>() > 0, key);
     }
+    CHECK(j["plain_read_gbps"].get<double>() <= j["peak_gbps"].get<double>());   // the peak is the faster loop's
     CHECK(j["format"] == "Q4_0");
     CHECK(j["device"] == "cpu");
     CHECK(j["threads"] == 1);
