@@ -50,36 +50,23 @@ uint64_t available_memory_bytes() {
 
 #if defined(__x86_64__)
 // Four independent accumulators so the adds never wait on each other; the loop is bound by the
-// loads, which is the point.
+// loads, which is the point. kPrefetch also requests every line ahead, into L2 8 KiB and into L1 2 KiB
+// ahead (the distances the weight-streaming tiles use, gemm_packed_avx512.cpp). The plain loop leaves the read
+// to the hardware prefetchers and the L1's few fill buffers: on the 2-core Xeon it reads 23-24 GB/s at 2 threads
+// where the prefetching one reads 28-29, and decode itself prefetches, so the plain loop alone would give a
+// "peak" that decode beats.
+template <bool kPrefetch>
 __attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint64_t* words, size_t n) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i + 4)));
-        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i + 8)));
-        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i + 12)));
-    }
-    const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-    alignas(32) uint64_t lanes[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
-    uint64_t sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-    for (; i < n; ++i) sum += words[i];
-    return sum;
-}
-// The same loop with every line also requested ahead, into L2 8 KiB and into L1 2 KiB ahead (the distances
-// the weight-streaming tiles use, gemm_packed_avx512.cpp). A plain loop leaves the read to the hardware
-// prefetchers and the L1's few fill buffers: on the 2-core Xeon it reads 23-24 GB/s at 2 threads where this one
-// reads 28-29, and decode itself prefetches, so without it the "peak" would be one decode can beat.
-__attribute__((target("avx2"))) uint64_t read_sum_avx2_prefetch(const uint64_t* words, size_t n) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    size_t i = 0;
     for (; i + 16 <= n; i += 16) {   // 128 bytes: two lines
-        const char* line = reinterpret_cast<const char*>(words + i);
-        _mm_prefetch(line + 8192, _MM_HINT_T1);
-        _mm_prefetch(line + 8192 + 64, _MM_HINT_T1);
-        _mm_prefetch(line + 2048, _MM_HINT_T0);
-        _mm_prefetch(line + 2048 + 64, _MM_HINT_T0);
+        if constexpr (kPrefetch) {
+            const char* line = reinterpret_cast<const char*>(words + i);
+            _mm_prefetch(line + 8192, _MM_HINT_T1);
+            _mm_prefetch(line + 8192 + 64, _MM_HINT_T1);
+            _mm_prefetch(line + 2048, _MM_HINT_T0);
+            _mm_prefetch(line + 2048 + 64, _MM_HINT_T0);
+        }
         a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i)));
         a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i + 4)));
         a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i + 8)));
@@ -123,14 +110,14 @@ uint64_t read_sum_scalar(const uint64_t* words, size_t n) {
 
 uint64_t read_sum_simd(const uint64_t* words, size_t n) {
 #if defined(__x86_64__)
-    if (have_simd()) return read_sum_avx2(words, n);
+    if (have_simd()) return read_sum_avx2<false>(words, n);
 #endif
     return read_sum_scalar(words, n);
 }
 
 uint64_t read_sum_simd_prefetch(const uint64_t* words, size_t n) {
 #if defined(__x86_64__)
-    if (have_simd()) return read_sum_avx2_prefetch(words, n);
+    if (have_simd()) return read_sum_avx2<true>(words, n);
 #endif
     return read_sum_scalar(words, n);
 }
