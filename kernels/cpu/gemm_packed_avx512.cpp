@@ -11,23 +11,20 @@
 
 #include <cstring>
 
+#include "kernels/cpu/stream_prefetch.h"
 #include "quant/blocks.h"
 
 namespace tern {
 namespace {
 
 // Decode reads each group once from DRAM, and with this much arithmetic per cache line the hardware
-// prefetchers alone keep too few lines in flight. So every line is requested twice ahead of its load: into L2
-// kFarPrefetchBytes ahead (an L2 miss can wait in the L2's deeper queue without holding one of the L1's few
-// fill buffers) and into L1 kNearPrefetchBytes ahead (by then it is an L2 hit). Measured on the 2-core Xeon,
+// prefetchers alone keep too few lines in flight. So every line is requested twice ahead of its load, into L2
+// and into L1, 8 KiB and 2 KiB ahead (stream_prefetch.h). Measured on the 2-core Xeon,
 // interleaved runs: `tern bench` llama-1b Q4_0 decode at 2 threads 23.0-26.0 tok/s with one L1 prefetch 4 KiB
 // ahead, 28.2-29.0 with this pair; in a decode-shaped microbenchmark (16 layers of llama-1b matvecs + the Q6_K
 // output) Q4_0 19.6-22.4 -> 23.5-23.9 GB/s, Q4_K 20.9 -> 23.1, 1 thread 10.6-11.2 -> 10.7-12.4. Of the
 // distances tried (L2 4-16 KiB, L1 0.5-2 KiB) this pair was the best. Prefill's extra columns reuse a group
 // from L1, so there it costs a few stray lines past the group's end.
-constexpr size_t kFarPrefetchBytes = 8192;
-constexpr size_t kNearPrefetchBytes = 2048;
-
 inline void prefetch_ahead(const uint8_t* line) {
     _mm_prefetch(reinterpret_cast<const char*>(line + kFarPrefetchBytes), _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(line + kNearPrefetchBytes), _MM_HINT_T0);

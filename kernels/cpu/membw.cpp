@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/stream_prefetch.h"
 #include "kernels/cpu_features.h"
 
 namespace tern {
@@ -50,8 +51,8 @@ uint64_t available_memory_bytes() {
 
 #if defined(__x86_64__)
 // Four independent accumulators so the adds never wait on each other; the loop is bound by the
-// loads, which is the point. kPrefetch also requests every line ahead, into L2 8 KiB and into L1 2 KiB
-// ahead (the distances the weight-streaming tiles use, gemm_packed_avx512.cpp). The plain loop leaves the read
+// loads, which is the point. kPrefetch also requests every line ahead, into L2 and into L1, as the
+// weight-streaming tiles do (stream_prefetch.h). The plain loop leaves the read
 // to the hardware prefetchers and the L1's few fill buffers: on the 2-core Xeon it reads 23-24 GB/s at 2 threads
 // where the prefetching one reads 28-29, and decode itself prefetches, so the plain loop alone would give a
 // "peak" that decode beats.
@@ -62,10 +63,10 @@ __attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint64_t* words, si
     for (; i + 16 <= n; i += 16) {   // 128 bytes: two lines
         if constexpr (kPrefetch) {
             const char* line = reinterpret_cast<const char*>(words + i);
-            _mm_prefetch(line + 8192, _MM_HINT_T1);
-            _mm_prefetch(line + 8192 + 64, _MM_HINT_T1);
-            _mm_prefetch(line + 2048, _MM_HINT_T0);
-            _mm_prefetch(line + 2048 + 64, _MM_HINT_T0);
+            _mm_prefetch(line + kFarPrefetchBytes, _MM_HINT_T1);
+            _mm_prefetch(line + kFarPrefetchBytes + 64, _MM_HINT_T1);
+            _mm_prefetch(line + kNearPrefetchBytes, _MM_HINT_T0);
+            _mm_prefetch(line + kNearPrefetchBytes + 64, _MM_HINT_T0);
         }
         a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i)));
         a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i + 4)));
