@@ -36,6 +36,7 @@
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "kernels/cpu_features.h"
+#include "quant/compensated.h"
 #include "quant/imatrix.h"
 #include "quant/imatrix_select.h"
 #include "quant/plan.h"
@@ -178,11 +179,18 @@ void check_paths(const QuantizeArgs& a) {
         throw UsageError(a.out + ": the directory " + parent.string() + " does not exist (create it first)");
 }
 
+// What --calibrate gives one tensor's quantizer: nothing (the reference quantizer), an importance
+// vector (quant/imatrix.h), or its input's second moments (quant/compensated.h).
+struct TensorCalibration {
+    const std::vector<float>* importance = nullptr;
+    const std::vector<float>* moments = nullptr;
+};
+
 // Converts one tensor: rows are independent, so OpenMP over rows gives the same bytes for every
 // thread count. Rows go in slabs so the progress bar and Ctrl-C are served between slabs.
 void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uint8_t> out, int n_threads,
                     const std::atomic<bool>* cancel, ProgressBar& bar, uint64_t& done_elems,
-                    const std::vector<float>* importance) {
+                    const TensorCalibration& cal) {
     if (!t.converted()) {
         std::memcpy(out.data(), src.data, src.n_bytes);
         done_elems += static_cast<uint64_t>(t.n_elements());
@@ -192,6 +200,8 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
     const int64_t width = t.ne[0], rows = src.n_rows();
     const size_t in_row = src.row_size(), out_row = row_bytes(t.to, width);
     const int64_t slab = std::max<int64_t>(int64_t{n_threads} * 4, std::min<int64_t>(rows, (1 << 22) / width + 1));
+    std::optional<CompensationFactor> factor;
+    if (cal.moments) factor = compensation_factor(cal.moments->data(), width);
     std::string error;
     for (int64_t r0 = 0; r0 < rows; r0 += slab) {
         if (cancel && cancel->load()) throw TernError(ExitCode::interrupted, kInterrupted);
@@ -205,7 +215,8 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
                 try {
                     dequantize_row(src.type, src.data + static_cast<size_t>(r) * in_row, buf.data(), width);
                     uint8_t* dst = out.data() + static_cast<size_t>(r) * out_row;
-                    if (importance) quantize_row_importance(t.to, buf.data(), dst, width, importance->data());
+                    if (factor) quantize_row_compensated(t.to, buf.data(), dst, *factor);
+                    else if (cal.importance) quantize_row_importance(t.to, buf.data(), dst, width, cal.importance->data());
                     else quantize_row(t.to, buf.data(), dst, width);
                 } catch (const std::exception& e) {
 #pragma omp critical(tern_quantize_error)
@@ -221,8 +232,9 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
 
 // --calibrate: run the input model over the text (at most 64 chunks of up to 512 tokens) and
 // collect each matrix's mean squared input per column (engine/calibration.h), on two disjoint
-// halves of the text for the held-out check (quant/imatrix_select.h) and on all of it.
-SplitImportance calibrate(const QuantizeArgs& a, int n_threads) {
+// halves of the text for the held-out check (quant/imatrix_select.h) and on all of it; with
+// fit_moments also the second moments the error-compensating quantizer needs.
+SplitImportance calibrate(const QuantizeArgs& a, int n_threads, bool fit_moments) {
     std::ifstream f(a.calibrate, std::ios::binary);
     if (!f) throw InputError(a.calibrate + ": cannot read the calibration text (--calibrate): " + std::strerror(errno));
     std::ostringstream ss;
@@ -236,7 +248,7 @@ SplitImportance calibrate(const QuantizeArgs& a, int n_threads) {
     if (tokens.size() > static_cast<size_t>(64 * n_ctx)) tokens.resize(static_cast<size_t>(64 * n_ctx));
     const auto t0 = std::chrono::steady_clock::now();
     const int32_t bos = tok->add_bos_token() ? tok->bos() : -1;
-    SplitImportance im = collect_importance_split(model, tokens, n_ctx, bos, n_threads);
+    SplitImportance im = collect_importance_split(model, tokens, n_ctx, bos, n_threads, fit_moments);
     im.bos = bos;
     // perplexity scores whole chunks and needs two of them: shorter ones when the half is short.
     im.check_n_ctx = std::max<int32_t>(4, std::min<int32_t>(n_ctx, static_cast<int32_t>(im.check_tokens.size() / 2)));
@@ -258,11 +270,12 @@ const std::vector<float>* find_moments(const ImportanceMatrix& im, const Planned
     return m && static_cast<int64_t>(m->size()) == t.ne[0] * t.ne[0] ? m : nullptr;
 }
 
-// The held-out check of one tensor: does quantizing with the fit half's importance give a smaller
-// output error on the check half's activations than the reference quantizer? Per-row sums are added in row order,
-// so the decision is the same for every thread count.
-bool weighted_wins_held_out(const GgufTensor& src, const PlannedTensor& t, const std::vector<float>& fit,
-                            const std::vector<float>& check, int n_threads) {
+// The held-out check of one tensor: does quantizing with what the fit half measured (importance
+// weights, or the error-compensating factor) give a smaller output error on the check half's
+// activations than the reference quantizer? score_row(row) gives both errors of one row. Per-row sums
+// are added in row order, so the decision is the same for every thread count.
+template <class ScoreRow>
+bool calibration_wins_held_out(const GgufTensor& src, const PlannedTensor& t, int n_threads, const ScoreRow& score_row) {
     const int64_t width = t.ne[0], rows = src.n_rows();
     const size_t in_row = src.row_size();
     std::vector<HeldOutErrors> per_row(static_cast<size_t>(rows));
@@ -274,7 +287,7 @@ bool weighted_wins_held_out(const GgufTensor& src, const PlannedTensor& t, const
         for (int64_t r = 0; r < rows; ++r) {
             try {
                 dequantize_row(src.type, src.data + static_cast<size_t>(r) * in_row, buf.data(), width);
-                per_row[static_cast<size_t>(r)] = held_out_errors(t.to, buf.data(), width, fit.data(), check.data());
+                per_row[static_cast<size_t>(r)] = score_row(buf.data());
             } catch (const std::exception& e) {
 #pragma omp critical(tern_quantize_error)
                 if (error.empty()) error = "tensor " + t.name + ", row " + std::to_string(r) + ": " + e.what();
@@ -285,6 +298,21 @@ bool weighted_wins_held_out(const GgufTensor& src, const PlannedTensor& t, const
     HeldOutErrors sum;
     for (const HeldOutErrors& e : per_row) sum += e;
     return sum.keep_weighted();
+}
+
+bool weighted_wins_held_out(const GgufTensor& src, const PlannedTensor& t, const std::vector<float>& fit,
+                            const std::vector<float>& check, int n_threads) {
+    return calibration_wins_held_out(src, t, n_threads, [&](const float* row) {
+        return held_out_errors(t.to, row, t.ne[0], fit.data(), check.data());
+    });
+}
+
+bool compensated_wins_held_out(const GgufTensor& src, const PlannedTensor& t, const std::vector<float>& fit_moments,
+                               const std::vector<float>& check, int n_threads) {
+    const CompensationFactor factor = compensation_factor(fit_moments.data(), t.ne[0]);
+    return calibration_wins_held_out(src, t, n_threads, [&](const float* row) {
+        return held_out_errors_compensated(t.to, row, factor, check.data());
+    });
 }
 
 // Removes the temporary check files however the function leaves (error, Ctrl-C, or done).
@@ -407,39 +435,55 @@ int run_quantize(QuantizeArgs& a) {
         writer.add_tensor(t.name, t.to, std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)));
 
     SplitImportance imatrix;
-    if (!a.calibrate.empty()) imatrix = calibrate(a, n_threads);
+    bool any_compensated = false;
+    for (const PlannedTensor& t : plan.tensors) any_compensated |= t.converted() && supports_compensation(t.to);
+    if (!a.calibrate.empty()) imatrix = calibrate(a, n_threads, any_compensated);
 
     InterruptGuard guard;
-    // Writes the plan to `path`, tensor i quantized with importance imps[i] (nullptr: reference).
-    auto write_with = [&](const std::string& path, const std::vector<const std::vector<float>*>& imps,
+    // Writes the plan to `path`, tensor i quantized as cals[i] says.
+    auto write_with = [&](const std::string& path, const std::vector<TensorCalibration>& cals,
                           const std::string& what) {
         ProgressBar bar(what + " " + std::string(fi.name), sizes.elements);
         uint64_t done = 0;
         writer.write(path, [&](size_t i, std::span<uint8_t> out) {
             const PlannedTensor& t = plan.tensors[i];
             bar.set_label(what + " " + std::string(fi.name) + " " + t.name);
-            convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done, imps[i]);
+            convert_tensor(in.tensors()[t.source_index], t, out, n_threads, guard.flag(), bar, done, cals[i]);
             if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
         });
         bar.finish();
     };
-    const std::vector<const std::vector<float>*> reference(plan.tensors.size(), nullptr);
-    std::vector<const std::vector<float>*> fit_imps = reference, all_imps = reference;
+    const std::vector<TensorCalibration> reference(plan.tensors.size());
+    std::vector<TensorCalibration> fit_cals = reference, all_cals = reference;
     size_t n_weighted = 0, n_candidates = 0, n_selected = 0;
     for (size_t i = 0; i < plan.tensors.size() && !a.calibrate.empty(); ++i) {
         if (guard.interrupted()) throw TernError(ExitCode::interrupted, kInterrupted);
         const PlannedTensor& t = plan.tensors[i];
-        if (!t.converted() || !supports_importance(t.to)) continue;
-        const std::vector<float>* fit = find_importance(imatrix.fit, t);
-        if (!fit) continue;
-        ++n_candidates;
-        // Inputs wider than kMaxMomentWidth have no moments: such a tensor skips the per-tensor check and
-        // is judged by the whole-model check below only.
+        if (!t.converted()) continue;
+        const GgufTensor& src = in.tensors()[t.source_index];
         const std::vector<float>* check = find_moments(imatrix.check, t);
-        if (check && !weighted_wins_held_out(in.tensors()[t.source_index], t, *fit, *check, n_threads)) continue;
+        if (supports_importance(t.to)) {
+            const std::vector<float>* fit = find_importance(imatrix.fit, t);
+            if (!fit) continue;
+            ++n_candidates;
+            // Inputs wider than kMaxMomentWidth have no moments: such a tensor skips the per-tensor check and
+            // is judged by the whole-model check below only.
+            if (check && !weighted_wins_held_out(src, t, *fit, *check, n_threads)) continue;
+            fit_cals[i].importance = fit;
+            all_cals[i].importance = find_importance(imatrix.all, t);
+        } else if (supports_compensation(t.to)) {
+            // Compensation needs the moments themselves, so inputs wider than kMaxMomentWidth keep the
+            // reference quantizer.
+            const std::vector<float>* fit = find_moments(imatrix.fit, t);
+            if (!fit || !check) continue;
+            ++n_candidates;
+            if (!compensated_wins_held_out(src, t, *fit, *check, n_threads)) continue;
+            fit_cals[i].moments = fit;
+            all_cals[i].moments = find_moments(imatrix.all, t);
+        } else {
+            continue;
+        }
         ++n_selected;
-        fit_imps[i] = fit;
-        all_imps[i] = find_importance(imatrix.all, t);
     }
     std::optional<HeldOutCheck> model_check;
     if (n_selected == 0) {
@@ -451,12 +495,12 @@ int run_quantize(QuantizeArgs& a) {
         const std::string pid = std::to_string(::getpid());
         const std::string candidate = a.out + ".calibrated-check-" + pid, plain = a.out + ".reference-check-" + pid;
         RemoveOnExit cleanup{{candidate, plain}};
-        write_with(candidate, fit_imps, "checking");
+        write_with(candidate, fit_cals, "checking");
         write_with(plain, reference, "checking");
         model_check = held_out_check(candidate, plain, imatrix.check_tokens, imatrix.check_n_ctx, imatrix.bos,
                                      n_threads, guard);
         if (model_check->calibrated_wins()) {
-            write_with(a.out, all_imps, "quantizing");   // the winner, with the importance of the whole text
+            write_with(a.out, all_cals, "quantizing");   // the winner, with the statistics of the whole text
             n_weighted = n_selected;
         } else {
             std::filesystem::rename(plain, a.out);   // exactly the default output
@@ -474,8 +518,8 @@ int run_quantize(QuantizeArgs& a) {
                  format_duration(secs).c_str(), n_threads);
     if (!a.calibrate.empty()) {
         std::fprintf(stderr,
-                     "tern: quantize: --calibrate: %zu of %zu tensors had the smaller output error with importance "
-                     "weights on the held-out half\n",
+                     "tern: quantize: --calibrate: %zu of %zu tensors had the smaller output error with the calibration "
+                     "(importance weights or error compensation) on the held-out half\n",
                      n_selected, n_candidates);
         if (model_check)
             std::fprintf(stderr,
@@ -520,8 +564,8 @@ Command add_quantize_command(CLI::App& root) {
                     "PATTERN=TYPE: tensors whose name matches the regex PATTERN get tensor format TYPE (repeatable; "
                     "the first match wins)");
     cmd->add_option("--calibrate", a->calibrate,
-                    "TEXT file: run the model on it and weight q2_K/q3_K/q4_0 quantization by each column's activations "
-                    "where that wins on a held-out half of the text");
+                    "TEXT file: run the model on it and weight q2_K/q3_K/q4_0 quantization by each column's activations, "
+                    "and round f8_e4m3 with error compensation, where that wins on a held-out half of the text");
     return {cmd, [a] { return run_quantize(*a); }};
 }
 

@@ -169,8 +169,18 @@ const std::vector<float>* ImportanceMatrix::moments_of(const std::string& tensor
     return it == moments.end() ? nullptr : &it->second;
 }
 
+namespace {
+
+// a = wa * a + (1 - wa) * b, element by element, for vectors of equal size (else a is kept).
+void mix_into(std::vector<float>& a, const std::vector<float>& b, double wa) {
+    if (a.size() != b.size()) return;
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(wa * a[i] + (1.0 - wa) * b[i]);
+}
+
+} // namespace
+
 SplitImportance collect_importance_split(const Model& model, std::span<const int32_t> tokens, int32_t n_ctx,
-                                         int32_t bos, int nt) {
+                                         int32_t bos, int nt, bool fit_moments) {
     std::vector<int32_t> even, odd;
     const auto chunk = static_cast<size_t>(n_ctx);
     if (tokens.size() < chunk + 16) {
@@ -186,18 +196,19 @@ SplitImportance collect_importance_split(const Model& model, std::span<const int
         }
     }
     SplitImportance s;
-    s.fit = collect_importance(model, even, n_ctx, bos, nt);
+    s.fit = collect_importance(model, even, n_ctx, bos, nt, fit_moments);
     s.check = collect_importance(model, odd, n_ctx, bos, nt, true);
     s.check_tokens = std::move(odd);
     s.all.tokens = s.fit.tokens + s.check.tokens;
     const double wf = s.all.tokens ? double(s.fit.tokens) / double(s.all.tokens) : 0.5;
-    for (const auto& [name, f] : s.fit.columns) {
-        const auto it = s.check.columns.find(name);
-        std::vector<float>& out = s.all.columns[name];
-        out = f;
-        if (it == s.check.columns.end() || it->second.size() != f.size()) continue;
-        for (size_t c = 0; c < f.size(); ++c)
-            out[c] = static_cast<float>(wf * f[c] + (1.0 - wf) * it->second[c]);
+    s.all.columns = s.fit.columns;
+    for (auto& [name, v] : s.all.columns)
+        if (const auto it = s.check.columns.find(name); it != s.check.columns.end()) mix_into(v, it->second, wf);
+    if (fit_moments) {
+        s.all.moments = s.fit.moments;
+        s.all.moment_owner = s.fit.moment_owner;
+        for (auto& [name, v] : s.all.moments)
+            if (const auto it = s.check.moments.find(name); it != s.check.moments.end()) mix_into(v, it->second, wf);
     }
     return s;
 }

@@ -37,13 +37,14 @@ ImportanceMatrix collect_importance(const Model& model, std::span<const int32_t>
 // The same statistics split for a held-out check (quant/imatrix_select.h): `fit` from the even
 // chunks of n_ctx tokens, `check` (with its second moments) from the odd ones (from the two halves
 // when there is about one chunk), and `all` the token-weighted mean of their columns, i.e.
-// collect_importance over every token.
+// collect_importance over every token. fit_moments: `fit` and `all` get second moments too (the
+// error-compensating quantizer of quant/compensated.h is built from them).
 struct SplitImportance {
     ImportanceMatrix fit, check, all;
     std::vector<int32_t> check_tokens;   // the held-out half itself, for a model-level check
     int32_t check_n_ctx = 0, bos = -1;   // how the caller evaluates check_tokens (it sets them)
 };
 SplitImportance collect_importance_split(const Model& model, std::span<const int32_t> tokens, int32_t n_ctx,
-                                         int32_t bos, int n_threads);
+                                         int32_t bos, int n_threads, bool fit_moments = false);
 
 } // namespace tern

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "quant/compensated.h"
 #include "quant/imatrix.h"
 #include "quant/reference.h"
 
@@ -34,6 +35,19 @@ HeldOutErrors held_out_errors(GgmlType type, const float* row, int64_t width, co
     quantize_row(type, row, q.data(), width);
     e.reference = output_error(type, row, q, width, check_moments, back);
     quantize_row_importance(type, row, q.data(), width, fit);
+    e.weighted = output_error(type, row, q, width, check_moments, back);
+    return e;
+}
+
+HeldOutErrors held_out_errors_compensated(GgmlType type, const float* row, const CompensationFactor& fit,
+                                          const float* check_moments) {
+    const int64_t width = fit.width;
+    std::vector<uint8_t> q(row_bytes(type, width));
+    std::vector<float> back(static_cast<size_t>(width));
+    HeldOutErrors e;
+    quantize_row(type, row, q.data(), width);
+    e.reference = output_error(type, row, q, width, check_moments, back);
+    quantize_row_compensated(type, row, q.data(), fit);
     e.weighted = output_error(type, row, q, width, check_moments, back);
     return e;
 }

@@ -16,6 +16,8 @@
 
 namespace tern {
 
+struct CompensationFactor;
+
 struct HeldOutErrors {
     double reference = 0.0;   // sum over the rows scored so far of dw^T M dw, dw = w - ref(w)
     double weighted = 0.0;    // the same for the quantizer weighted with the fit importance
@@ -33,5 +35,10 @@ struct HeldOutErrors {
 // `check_moments` (width x width, row-major, symmetric).
 HeldOutErrors held_out_errors(GgmlType type, const float* row, int64_t width, const float* fit,
                               const float* check_moments);
+
+// The same for the error-compensating quantizer (quant/compensated.h; type must satisfy
+// supports_compensation): `weighted` is the row quantized with the factor of the fit half's moments.
+HeldOutErrors held_out_errors_compensated(GgmlType type, const float* row, const CompensationFactor& fit,
+                                          const float* check_moments);
 
 } // namespace tern

@@ -227,6 +227,13 @@ TEST_CASE("quantize --calibrate: weighted q2_K/q3_K/q4_0 only where they win on 
     j = check_outcome(stories, "q3_k_m", (dir / "s-def.gguf").string(), "s.gguf");
     CHECK(j["calibration_selected"].get<int>() > 0);
     CHECK(j["calibrated_tensors"] == 0);
+    // f8_e4m3 gets the error-compensating rounding (quant/compensated.h); on llama2xs every matrix
+    // wins its check and the model wins the held-out NLL (2.5704 vs 2.5756 when measured).
+    const std::string xs = tern::test::shared_path("models/gguf/llama2xs-tok512-f32.gguf").string();
+    run_tern({"quantize", xs, (dir / "x-def.gguf").string(), "--type", "f8_e4m3"});
+    j = check_outcome(xs, "f8_e4m3", (dir / "x-def.gguf").string(), "x.gguf");
+    CHECK(j["calibration_candidates"] == 35);   // every matrix but token_embd and output (f16)
+    CHECK(j["calibrated_tensors"] == 35);
     auto r = run_tern({"quantize", synth("synth-k256-f32.gguf"), (dir / "d.gguf").string(), "--type", "q4_k_m",
                        "--calibrate", text});
     REQUIRE(r.exit_code == 0);
