@@ -13,52 +13,56 @@
 namespace tern {
 namespace {
 
-// Lower Cholesky factor of the n x n symmetric a (row-major; only its lower half is read), in place
-// row by row (each entry needs the finished rows above it and the entries to its left). False when a
-// pivot is not positive: a is not positive definite in floating point.
+// sum a[k] b[k] in a fixed order: four interleaved partial sums, which the compiler can keep in vector
+// registers without -ffast-math (a plain running sum cannot be vectorized without reordering it).
+double dot(const double* a, const double* b, int64_t n) {
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t k = 0;
+    for (; k + 4 <= n; k += 4)
+        for (int l = 0; l < 4; ++l) s[l] += a[k + l] * b[k + l];
+    double t = (s[0] + s[1]) + (s[2] + s[3]);
+    for (; k < n; ++k) t += a[k] * b[k];
+    return t;
+}
+
+// Lower Cholesky factor of the n x n symmetric a (row-major; only its lower half is read), in place,
+// column by column: once L[j][j] is known, each entry below it is a dot product of two finished row
+// prefixes. False when a pivot is not positive: a is not positive definite in floating point.
 bool cholesky_lower(std::vector<double>& a, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        double* ri = a.data() + i * n;
-        for (int64_t j = 0; j <= i; ++j) {
-            const double* rj = a.data() + j * n;
-            double s = ri[j];
-            for (int64_t k = 0; k < j; ++k) s -= ri[k] * rj[k];
-            if (j < i) {
-                ri[j] = s / rj[j];
-            } else {
-                if (!(s > 0.0) || !std::isfinite(s)) return false;
-                ri[i] = std::sqrt(s);
-            }
+    for (int64_t j = 0; j < n; ++j) {
+        double* rj = a.data() + j * n;
+        const double pivot = rj[j] - dot(rj, rj, j);
+        if (!(pivot > 0.0) || !std::isfinite(pivot)) return false;
+        rj[j] = std::sqrt(pivot);
+        const double inv = 1.0 / rj[j];
+        for (int64_t i = j + 1; i < n; ++i) {
+            double* ri = a.data() + i * n;
+            ri[j] = (ri[j] - dot(ri, rj, j)) * inv;
         }
-        for (int64_t j = i + 1; j < n; ++j) ri[j] = 0.0;
     }
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = i + 1; j < n; ++j) a[static_cast<size_t>(i * n + j)] = 0.0;
     return true;
 }
 
-// (L L^T)^-1 = L^-T L^-1 for a lower triangular L: the rows of L^-1 by forward substitution
-// (L[i][i] row_i = e_i - sum_{k<i} L[i][k] row_k), then the sum of their outer products; lower half.
+// (L L^T)^-1 = L^-T L^-1 for a lower triangular L, lower half. Column j of L^-1 solves L y = e_j
+// (y_k = 0 for k < j), independently of the other columns; they are kept as rows t[j] of its transpose,
+// so the result's (a, b) entry, b <= a, is the dot product of t[a] and t[b] over k >= a. (Single-threaded,
+// like the factorization: splitting its columns over threads needs a barrier per column, which stalled
+// 10x when the cores were busy with other work; a 2048-wide factor takes about 3 s.)
 std::vector<double> inverse_from_cholesky(const std::vector<double>& l, int64_t n) {
-    std::vector<double> inv(l.size(), 0.0), out(l.size(), 0.0);
-    for (int64_t i = 0; i < n; ++i) {
-        double* row = inv.data() + i * n;
-        const double* li = l.data() + i * n;
-        for (int64_t k = 0; k < i; ++k) {
-            const double c = li[k];
-            const double* rk = inv.data() + k * n;
-            for (int64_t j = 0; j <= k; ++j) row[j] -= c * rk[j];
-        }
-        row[i] = 1.0;
-        const double scale = 1.0 / li[i];
-        for (int64_t j = 0; j <= i; ++j) row[j] *= scale;
-    }
-    for (int64_t k = 0; k < n; ++k) {
-        const double* rk = inv.data() + k * n;
-        for (int64_t a = 0; a <= k; ++a) {
-            const double c = rk[a];
-            double* oa = out.data() + a * n;
-            for (int64_t b = 0; b <= a; ++b) oa[b] += c * rk[b];
+    std::vector<double> t(l.size(), 0.0), out(l.size(), 0.0);
+    for (int64_t j = 0; j < n; ++j) {
+        double* y = t.data() + j * n;
+        y[j] = 1.0 / l[static_cast<size_t>(j * n + j)];
+        for (int64_t i = j + 1; i < n; ++i) {
+            const double* li = l.data() + i * n;
+            y[i] = -dot(li + j, y + j, i - j) / li[i];
         }
     }
+    for (int64_t a = 0; a < n; ++a)
+        for (int64_t b = 0; b <= a; ++b)
+            out[static_cast<size_t>(a * n + b)] = dot(t.data() + a * n + a, t.data() + b * n + a, n - a);
     return out;
 }
 
