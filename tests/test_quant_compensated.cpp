@@ -42,10 +42,12 @@ Activations correlated_activations(int64_t width, int n, uint32_t seed, uint32_t
             for (int64_t d = 0; d < k; ++d) v += z[static_cast<size_t>(d)] * basis[static_cast<size_t>(d * width + c)];
             x[static_cast<size_t>(c)] = scale[static_cast<size_t>(c)] * v;
         }
-        for (int64_t i = 0; i < width; ++i)
-            for (int64_t j = 0; j < width; ++j) acc[static_cast<size_t>(i * width + j)] += double(x[size_t(i)]) * x[size_t(j)];
+        for (int64_t i = 0; i < width; ++i)   // the lower half; mirrored below
+            for (int64_t j = 0; j <= i; ++j) acc[static_cast<size_t>(i * width + j)] += double(x[size_t(i)]) * x[size_t(j)];
     }
-    for (size_t i = 0; i < acc.size(); ++i) a.moments[i] = static_cast<float>(acc[i] / n);
+    for (int64_t i = 0; i < width; ++i)
+        for (int64_t j = 0; j <= i; ++j)
+            a.moments[size_t(i * width + j)] = a.moments[size_t(j * width + i)] = static_cast<float>(acc[size_t(i * width + j)] / n);
     return a;
 }
 
@@ -70,19 +72,18 @@ TEST_CASE("compensation factor: U is upper triangular with U^T U (H + damp I) = 
         double mean_diag = 0.0;
         for (int64_t i = 0; i < width; ++i) mean_diag += a.moments[size_t(i * width + i)];
         const double damp = 0.01 * mean_diag / double(width);
+        const auto n = static_cast<size_t>(width);
+        std::vector<double> utu(n * n, 0.0);   // U^T U
+        for (size_t r = 0; r < n; ++r)
+            for (size_t i = 0; i < n; ++i)
+                for (size_t k = 0; k < n; ++k) utu[i * n + k] += double(f.u[r * n + i]) * f.u[r * n + k];
         double worst = 0.0;
-        for (int64_t i = 0; i < width; ++i) {
-            for (int64_t j = 0; j < i; ++j) CHECK(f.u[size_t(i * width + j)] == 0.0f);
-            CHECK(f.u[size_t(i * width + i)] > 0.0f);
-            for (int64_t j = 0; j < width; ++j) {
-                // (U^T U H)_ij = sum_k (U^T U)_ik H_kj
-                double s = 0.0;
-                for (int64_t k = 0; k < width; ++k) {
-                    double utu = 0.0;
-                    for (int64_t r = 0; r <= std::min(i, k); ++r)
-                        utu += double(f.u[size_t(r * width + i)]) * f.u[size_t(r * width + k)];
-                    s += utu * (a.moments[size_t(k * width + j)] + (k == j ? damp : 0.0));
-                }
+        for (size_t i = 0; i < n; ++i) {
+            for (size_t j = 0; j < i; ++j) CHECK(f.u[i * n + j] == 0.0f);
+            CHECK(f.u[i * n + i] > 0.0f);
+            for (size_t j = 0; j < n; ++j) {
+                double s = 0.0;   // (U^T U (H + damp I))_ij
+                for (size_t k = 0; k < n; ++k) s += utu[i * n + k] * (a.moments[k * n + j] + (k == j ? damp : 0.0));
                 worst = std::max(worst, std::fabs(s - (i == j ? 1.0 : 0.0)));
             }
         }
