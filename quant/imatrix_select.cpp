@@ -25,31 +25,33 @@ double output_error(GgmlType type, const float* row, const std::vector<uint8_t>&
     return e;
 }
 
-} // namespace
-
-HeldOutErrors held_out_errors(GgmlType type, const float* row, int64_t width, const float* fit,
-                              const float* check_moments) {
+// Both errors of one row: the reference quantizer's, and quantize_candidate(q)'s, which writes the
+// row's blocks to q.
+template <class QuantizeCandidate>
+HeldOutErrors score_against_reference(GgmlType type, const float* row, int64_t width, const float* check_moments,
+                                      const QuantizeCandidate& quantize_candidate) {
     std::vector<uint8_t> q(row_bytes(type, width));
     std::vector<float> back(static_cast<size_t>(width));
     HeldOutErrors e;
     quantize_row(type, row, q.data(), width);
     e.reference = output_error(type, row, q, width, check_moments, back);
-    quantize_row_importance(type, row, q.data(), width, fit);
+    quantize_candidate(q.data());
     e.weighted = output_error(type, row, q, width, check_moments, back);
     return e;
 }
 
+} // namespace
+
+HeldOutErrors held_out_errors(GgmlType type, const float* row, int64_t width, const float* fit,
+                              const float* check_moments) {
+    return score_against_reference(type, row, width, check_moments,
+                                   [&](uint8_t* q) { quantize_row_importance(type, row, q, width, fit); });
+}
+
 HeldOutErrors held_out_errors_compensated(GgmlType type, const float* row, const CompensationFactor& fit,
                                           const float* check_moments) {
-    const int64_t width = fit.width;
-    std::vector<uint8_t> q(row_bytes(type, width));
-    std::vector<float> back(static_cast<size_t>(width));
-    HeldOutErrors e;
-    quantize_row(type, row, q.data(), width);
-    e.reference = output_error(type, row, q, width, check_moments, back);
-    quantize_row_compensated(type, row, q.data(), fit);
-    e.weighted = output_error(type, row, q, width, check_moments, back);
-    return e;
+    return score_against_reference(type, row, fit.width, check_moments,
+                                   [&](uint8_t* q) { quantize_row_compensated(type, row, q, fit); });
 }
 
 } // namespace tern
