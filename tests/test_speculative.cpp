@@ -21,6 +21,7 @@
 #include "engine/model.h"
 #include "engine/session.h"
 #include "formats/error.h"
+#include "tests/eager_drafter.h"
 #include "tests/test_support.h"
 
 using namespace tern;
@@ -310,25 +311,6 @@ public:
     std::string_view name() const override { return "oracle"; }
 };
 
-// A drafter told that drafting is free: it drafts as long as it may (the most verification work).
-class Eager : public Drafter {
-public:
-    explicit Eager(Drafter& inner) : inner_(inner) {
-        free_.step_ms = 1e9;
-        free_.column_samples = 1;
-    }
-    void begin(std::span<const int32_t> context) override { inner_.begin(context); }
-    void propose(std::span<const int32_t> h, int32_t max_tokens, const DraftCost&, std::vector<int32_t>& out) override {
-        inner_.propose(h, max_tokens, free_, out);
-    }
-    void observe(int32_t p, int32_t a) override { inner_.observe(p, a); }
-    std::string_view name() const override { return "eager"; }
-
-private:
-    Drafter& inner_;
-    DraftCost free_;
-};
-
 struct FakeRun {
     GenerateResult result;
     int forwards = 0;
@@ -407,7 +389,7 @@ TEST_CASE("a right draft saves forwards; the drafted counts add up") {
 
     // The lookup drafter on the fake's looping output: hits, and the same text.
     PromptLookupDrafter lookup(8, 3);
-    Eager eager(lookup);
+    test::EagerDrafter eager(lookup);
     GenerateOptions l = greedy_opts(120);
     l.drafter = &eager;
     const FakeRun lp = fake_generate(greedy_opts(120));
@@ -575,7 +557,7 @@ TEST_CASE("real models: greedy output with prompt lookup is byte-identical, for 
         CAPTURE(path);
         Loaded l = load(path, 256);
         PromptLookupDrafter always(8, 3);
-        Eager eager(always);
+        test::EagerDrafter eager(always);
         PromptLookupDrafter lookup(8, 3); // as tern run uses it: drafts only where they pay
         int32_t accepted = 0;
         for (const std::string& prompt : reference_prompts()) {
@@ -601,7 +583,7 @@ TEST_CASE("real models: a draft model gives the same greedy and sampled output")
         CAPTURE(draft);
         Loaded l = load(gguf(p.target));
         auto drafter = load_draft(gguf(p.draft), *l.model, 6);
-        Eager eager(*drafter);
+        test::EagerDrafter eager(*drafter);
         int32_t accepted = 0, drafted = 0;
         for (const std::string& prompt : reference_prompts()) {
             CAPTURE(prompt);
@@ -624,6 +606,10 @@ TEST_CASE("real models: a draft model gives the same greedy and sampled output")
 TEST_CASE("real model: sampled output with prompt lookup is the same for the same seed") {
     if (!test::shared_available()) return;
     Loaded l = load(gguf("stories260K-f32"));
+    // Accepted drafts are counted on the eager wrapper (a loaded CI machine once made the
+    // cost-aware lookup never draft: 0 accepted); both must give the plain output.
+    PromptLookupDrafter always(8, 3);
+    test::EagerDrafter eager(always);
     PromptLookupDrafter lookup(8, 3);
     int32_t accepted = 0;
     for (uint64_t seed : {1u, 2u, 3u, 4u}) {
@@ -631,8 +617,10 @@ TEST_CASE("real model: sampled output with prompt lookup is the same for the sam
         o.n_predict = 64;
         o.sampling.seed = seed;
         o.sampling.repeat_penalty = 1.05f;
-        for (const std::string& prompt : reference_prompts())
-            accepted += compare(*l.session, prompt, &lookup, o).n_accepted;
+        for (const std::string& prompt : reference_prompts()) {
+            accepted += compare(*l.session, prompt, &eager, o).n_accepted;
+            compare(*l.session, prompt, &lookup, o);
+        }
     }
     CHECK(accepted > 0);
 }
@@ -646,12 +634,13 @@ TEST_CASE("Gemma 3 270M: greedy output with prompt lookup is byte-identical") {
         return;
     }
     Loaded l = load(path.string(), 512);
+    PromptLookupDrafter always(8, 3);
+    test::EagerDrafter eager(always);
     PromptLookupDrafter lookup(8, 3);
-    const GenerateResult r = compare(*l.session,
-                                     "Copy the list exactly.\nList: apples, pears, plums, cherries, figs, dates.\n"
-                                     "Copy: apples, pears,",
-                                     &lookup, greedy_opts(32));
-    CHECK(r.n_accepted > 0);
+    const std::string copy_prompt =
+        "Copy the list exactly.\nList: apples, pears, plums, cherries, figs, dates.\nCopy: apples, pears,";
+    CHECK(compare(*l.session, copy_prompt, &eager, greedy_opts(32)).n_accepted > 0);
+    compare(*l.session, copy_prompt, &lookup, greedy_opts(32));
     compare(*l.session, "The capital of France is", &lookup, greedy_opts(24));
 }
 
