@@ -106,7 +106,7 @@ void pack_q6_k(const BlockQ6_K* const rows[kPackRows], uint8_t* out) {
         const BlockQ6_K* b = rows[r];
         if (!b) continue;
         std::memcpy(out + 2 * r, &b->d, 2);
-        for (int j = 0; j < 16; ++j) out[32 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(b->scales[j]);
+        for (int j = 0; j < 16; ++j) out[32 + 16 * j + r] = static_cast<uint8_t>(b->scales[j]);
         uint8_t q[QK_K];
         q6_k_codes(*b, q);
         for (int e = 0; e < QK_K; ++e) {
@@ -121,7 +121,7 @@ void pack_q6_k(const BlockQ6_K* const rows[kPackRows], uint8_t* out) {
 
 void unpack_q6_k(const uint8_t* in, int r, BlockQ6_K* b) {
     std::memcpy(&b->d, in + 2 * r, 2);
-    for (int j = 0; j < 16; ++j) b->scales[j] = static_cast<int8_t>(in[32 + 32 * (j / 2) + 2 * r + j % 2]);
+    for (int j = 0; j < 16; ++j) b->scales[j] = static_cast<int8_t>(in[32 + 16 * j + r]);
     uint8_t q[QK_K];
     for (int e = 0; e < QK_K; ++e) {
         size_t lb, hb;

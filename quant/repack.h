@@ -20,8 +20,8 @@
 //     codes: c = 0..3, s = 0..7: chunks of 64 bytes, row r's qs[32c + 4s .. 32c + 4s + 3] at 4r, so the low
 //     nibbles are elements 64c + 4s.. (sub-block 2c) and the high ones 64c + 32 + 4s.. (sub-block 2c + 1).
 //     The scales are unpacked from their 6-bit packing (a bijection, so unpack_rows restores the bytes).
-//   Q6_Kx16 super-block (3360 bytes = 16 * 210): d[16], then scales: pair k = 0..7: 32 bytes, row r's signed
-//     scales of sub-blocks 2k, 2k + 1 at 32k + 2r, +1; then low nibbles: c = 0..3, s = 0..7: chunks of 64 bytes,
+//   Q6_Kx16 super-block (3360 bytes = 16 * 210): d[16], then scales: sub-block j = 0..15: 16 bytes, row r's
+//     signed scale at 16j + r (one sign-extending load per sub-block); then low nibbles: c = 0..3, s = 0..7: chunks of 64 bytes,
 //     lane r byte t = low4(64c + 4s + t) | low4(64c + 32 + 4s + t) << 4; then top bits: c = 0..3, s' = 0..3:
 //     chunks of 64 bytes, lane r byte t holds the top two bits of elements 64c + 4s' + t, 64c + 16 + 4s' + t,
 //     64c + 32 + 4s' + t, 64c + 48 + 4s' + t in bit pairs 0-1, 2-3, 4-5, 6-7 (codes 0..63, value q - 32).

@@ -42,21 +42,19 @@ int packed_code(GgmlType t, const uint8_t* codes, int r, int i) {
     return codes[(i / 4) * 64 + 4 * r + i % 4];
 }
 
-// Q4_0 / Q8_0, per (column, block): -offset * (sum of the block's activation codes), the integer correction
-// that turns sum(u * a) into sum((u - offset) * a).
+// Q4_0 / Q8_0, per (column, block), 2 words: -offset * (sum of the block's activation codes), the integer
+// correction that turns sum(u * a) into sum((u - offset) * a), and the bits of the block's scale as an f32
+// (the tile then broadcasts it from memory instead of converting the f16 in every tile: the same value).
 // Q4_K, per (column, super-block), 4 words: word k holds the activation sums of sub-blocks 2k and 2k + 1
 // (each bsums[2j] + bsums[2j + 1], |.| <= 2 * 16 * 127) as two i16, the multiplicands of the mins.
 void act_corrections(GgmlType t, const QuantizedActs& x, int64_t nb, size_t xstride, int offset, std::vector<int32_t>& corr) {
     const auto* base = static_cast<const uint8_t*>(x.data);
-    if (t == GgmlType::Q6_K) {   // 8 words: the raw pairs (bsums[2k], bsums[2k + 1])
-        corr.resize(static_cast<size_t>(x.n_cols * nb * 8));
+    if (t == GgmlType::Q6_K) {   // 16 words: -32 * bsums[j], the offset of the codes, per sub-block
+        corr.resize(static_cast<size_t>(x.n_cols * nb * 16));
         for (int64_t c = 0; c < x.n_cols; ++c) {
             const auto* xb = reinterpret_cast<const BlockQ8_K*>(base + static_cast<size_t>(c) * xstride);
             for (int64_t b = 0; b < nb; ++b)
-                for (int k = 0; k < 8; ++k)
-                    corr[static_cast<size_t>((c * nb + b) * 8 + k)] =
-                        static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(xb[b].bsums[2 * k])) |
-                                             (static_cast<uint32_t>(static_cast<uint16_t>(xb[b].bsums[2 * k + 1])) << 16));
+                for (int j = 0; j < 16; ++j) corr[static_cast<size_t>((c * nb + b) * 16 + j)] = -32 * xb[b].bsums[j];
         }
         return;
     }
@@ -75,13 +73,17 @@ void act_corrections(GgmlType t, const QuantizedActs& x, int64_t nb, size_t xstr
         }
         return;
     }
-    corr.resize(static_cast<size_t>(x.n_cols * nb));
+    corr.resize(static_cast<size_t>(x.n_cols * nb * 2));
     for (int64_t c = 0; c < x.n_cols; ++c) {
         const auto* xb = reinterpret_cast<const BlockQ8_0*>(base + static_cast<size_t>(c) * xstride);
         for (int64_t b = 0; b < nb; ++b) {
             int32_t s = 0;
             for (int i = 0; i < QK8_0; ++i) s += xb[b].qs[i];
-            corr[static_cast<size_t>(c * nb + b)] = -offset * s;
+            const float d = f16_to_f32(xb[b].d);
+            int32_t d_bits;
+            std::memcpy(&d_bits, &d, 4);
+            corr[static_cast<size_t>((c * nb + b) * 2)] = -offset * s;
+            corr[static_cast<size_t>((c * nb + b) * 2 + 1)] = d_bits;
         }
     }
 }
@@ -134,8 +136,8 @@ void packed_tile_q4_k_scalar(int64_t nb, const uint8_t* group, const uint8_t* x,
     }
 }
 
-// Q6_K: per super-block  isum = sum_j sc_j * sum_{i in j} q_i a_i + sum_j (-32 sc_j) * (sum_{i in j} a_i) over
-// the 16 sub-blocks of 16 (q the unsigned 6-bit code), acc = fma(f32(d) * d_x, float(isum), acc).
+// Q6_K: per super-block  isum = sum_j sc_j * (sum_{i in j} q_i a_i - 32 * sum_{i in j} a_i) over the 16
+// sub-blocks of 16 (q the unsigned 6-bit code), acc = fma(f32(d) * d_x, float(isum), acc).
 void packed_tile_q6_k_scalar(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                              size_t corr_stride, int n_cols, float* out) {
     constexpr size_t kBlock = 32 + 256 + 2048 + 1024;
@@ -158,10 +160,8 @@ void packed_tile_q6_k_scalar(int64_t nb, const uint8_t* group, const uint8_t* x,
                         const int q = ((lo >> (4 * half)) & 0x0F) | (((hi >> (4 * half + 2 * (s / 4))) & 3) << 4);
                         sj += q * xb[b].qs[e];
                     }
-                    const int sc = static_cast<int8_t>(blk[32 + 32 * (j / 2) + 2 * r + j % 2]);
-                    const uint32_t wd = static_cast<uint32_t>(corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b) * 8 + j / 2]);
-                    const int16_t bs = static_cast<int16_t>(j % 2 ? wd >> 16 : wd & 0xFFFF);
-                    isum += sc * sj + (-32 * sc) * bs;
+                    const int sc = static_cast<int8_t>(blk[32 + 16 * j + r]);
+                    isum += sc * (sj + corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b) * 16 + j]);
                 }
                 acc = std::fma(f16_to_f32(dw) * xb[b].d, static_cast<float>(isum), acc);
             }
@@ -185,7 +185,7 @@ void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint
                 const uint8_t* blk = group + static_cast<size_t>(b) * L.block;
                 uint16_t dw;
                 std::memcpy(&dw, blk + 2 * r, 2);
-                int32_t isum = corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b)];
+                int32_t isum = corr[static_cast<size_t>(c) * corr_stride + 2 * static_cast<size_t>(b)];
                 for (int i = 0; i < QK8_0; ++i) isum += packed_code(t, blk + 32, r, i) * xb[b].qs[i];
                 const float d = f16_to_f32(dw) * f16_to_f32(xb[b].d);
                 acc = std::fma(d, static_cast<float>(isum), acc);
@@ -219,7 +219,7 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
     const GgmlType t = w.type;
     const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
     const int64_t nb = w.n_in / (k_quant ? QK_K : QK8_0), n_out = w.n_out, n_cols = x.n_cols;
-    const int corr_words = t == GgmlType::Q6_K ? 8 : t == GgmlType::Q4_K ? 4 : 1;   // per block and column
+    const int corr_words = t == GgmlType::Q6_K ? 16 : t == GgmlType::Q4_K ? 4 : 2;   // per block and column
     const size_t corr_stride = static_cast<size_t>(corr_words * nb);
     const size_t xstride = x.col_stride ? x.col_stride : act_row_bytes(x.format, x.n_in);
     const size_t gbytes = packed_group_bytes(t, w.n_in);

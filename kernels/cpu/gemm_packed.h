@@ -38,8 +38,9 @@ struct PackedMatrixView {
 };
 
 // One tile: nb blocks (Q4_K: super-blocks) of one group at `group`; column c's activation blocks at
-// x + c * x_stride and its per-block corrections (Q4_0/Q8_0: -off * sum of the block's codes; Q4_K: 4 words
-// of sub-block sums, see gemm_packed.cpp) at corr + c * corr_stride; out[c * 16 + r] for c < n_cols.
+// x + c * x_stride and its per-block activation words (Q4_0/Q8_0: 2, -off * sum of the block's codes and
+// the block's scale as f32 bits; Q4_K: 4 of sub-block sums; Q6_K: 16, -32 * each sub-block's sum; see
+// gemm_packed.cpp) at corr + c * corr_stride; out[c * 16 + r] for c < n_cols.
 using PackedTileFn = void (*)(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                               size_t corr_stride, int n_cols, float* out);
 

@@ -43,39 +43,51 @@ inline __m512i bcast4(const int8_t* p) {
 
 // C columns against one group; kQ8: Q8_0x16 (8 chunks of codes + 128), else Q4_0x16 (4 chunks of nibbles).
 // Every column runs the same instruction sequence (the arithmetic contract of gemm_packed.h): two integer
-// chains (exact, so their split does not matter) and one fused multiply-add per block.
+// chains (exact, so their split does not matter) and one fused multiply-add per block. Q4_0's high nibbles
+// stay in place (16 x the code: one mask instead of shift and mask) and their chain is divided by 16 at the
+// end, exactly, since every term is a multiple of 16.
 template <int C, bool kQ8>
 void tile(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr, size_t corr_stride,
           float* out) {
     constexpr int kChunks = kQ8 ? 8 : 4;
     constexpr size_t kBlock = 32 + 64 * kChunks;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
         prefetch_range_ahead(p, kBlock);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-        // w[k] multiplies activation bytes 4k .. 4k+3 of the block.
+        // Q8_0: w[k] multiplies activation bytes 4k .. 4k+3 of the block. Q4_0: w[k] (k < 4) the low
+        // nibbles, elements 4k .. 4k+3; w[k + 4] the high ones in place, elements 16+4k .. 16+4k+3.
         __m512i w[8];
-        if constexpr (kQ8) {
-            for (int s = 0; s < 8; ++s) w[s] = _mm512_loadu_si512(p + 32 + 64 * s);
-        } else {
+        for (int s = 0; s < kChunks; ++s) w[s] = _mm512_loadu_si512(p + 32 + 64 * s);
+        if constexpr (!kQ8) {
             for (int s = 0; s < 4; ++s) {
-                const __m512i v = _mm512_loadu_si512(p + 32 + 64 * s);
-                w[s] = _mm512_and_si512(v, m4);                             // elements 4s .. 4s+3
-                w[s + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);   // elements 16+4s .. 16+4s+3
+                w[s + 4] = _mm512_and_si512(w[s], mf0);
+                w[s] = _mm512_and_si512(w[s], m4);
             }
         }
         for (int c = 0; c < C; ++c) {
             const auto* xb = reinterpret_cast<const BlockQ8_0*>(x + static_cast<size_t>(c) * x_stride) + b;
-            __m512i i0 = _mm512_set1_epi32(corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b)]);
+            const int32_t* terms = corr + static_cast<size_t>(c) * corr_stride + 2 * static_cast<size_t>(b);
+            __m512i i0 = _mm512_set1_epi32(terms[0]);
             __m512i i1 = _mm512_setzero_si512();
-            for (int k = 0; k < 8; k += 2) {
-                i0 = _mm512_dpbusd_epi32(i0, w[k], bcast4(xb->qs + 4 * k));
-                i1 = _mm512_dpbusd_epi32(i1, w[k + 1], bcast4(xb->qs + 4 * k + 4));
+            if constexpr (kQ8) {
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, w[k], bcast4(xb->qs + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, w[k + 1], bcast4(xb->qs + 4 * k + 4));
+                }
+            } else {
+                for (int k = 0; k < 4; ++k) {
+                    i0 = _mm512_dpbusd_epi32(i0, w[k], bcast4(xb->qs + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, w[k + 4], bcast4(xb->qs + 16 + 4 * k));
+                }
+                i1 = _mm512_srai_epi32(i1, 4);
             }
-            const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(_cvtsh_ss(xb->d)));
+            float dx;
+            std::memcpy(&dx, terms + 1, 4);
+            const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dx));
             acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[c]);
         }
     }
@@ -90,7 +102,7 @@ template <int C>
 void tile_q4_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                size_t corr_stride, float* out) {
     constexpr size_t kBlock = 64 + 128 + 128 + 2048;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -107,12 +119,13 @@ void tile_q4_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
                 prefetch_ahead(p + 320 + 64 * (8 * pair + s));
                 const __m512i v = _mm512_loadu_si512(p + 320 + 64 * (8 * pair + s));
                 const __m512i wl = _mm512_and_si512(v, m4);
-                const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                const __m512i wh = _mm512_and_si512(v, mf0);   // 16 x the codes: hi is divided by 16 below
                 for (int c = 0; c < C; ++c) {
                     lo[c] = _mm512_dpbusd_epi32(lo[c], wl, bcast4(xb[c]->qs + 64 * pair + 4 * s));
                     hi[c] = _mm512_dpbusd_epi32(hi[c], wh, bcast4(xb[c]->qs + 64 * pair + 32 + 4 * s));
                 }
             }
+            for (int c = 0; c < C; ++c) hi[c] = _mm512_srai_epi32(hi[c], 4);   // exact: every term is a multiple of 16
             const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 32 * pair)));
             const __m512i sh = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 32 * pair + 16)));
             for (int c = 0; c < C; ++c)
@@ -145,57 +158,61 @@ void tile_q4_k_any(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_
     }
 }
 
+// vpternlogd truth table for (a, b, c) -> c ? a : b, bit by bit: bits of a where the mask c is set, else b's.
+constexpr int kSelectByMask = 0xE4;
+
 // Q6_K super-blocks (layout in quant/repack.h, arithmetic in gemm_packed.cpp's scalar twin). Per 64-element
-// pair c: 8 chunks of low nibbles and 4 of top bits give the codes of sub-blocks 4c .. 4c + 3; the -32 offset
-// enters as vpdpwssd of (-32 * scale) pairs with the activation sub-block sums, into the same integer total.
+// pair c: 8 chunks of low nibbles and 4 of top bits give the codes of sub-blocks 4c .. 4c + 3. Each
+// sub-block's integer sum starts from its activation word (-32 * the activation sub-block sum, the codes'
+// offset), collects its codes' products and is multiplied by the lane's scale (vpmulld) into one total.
 template <int C>
 void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                size_t corr_stride, float* out) {
     constexpr size_t kBlock = 32 + 256 + 2048 + 1024;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
         prefetch_range_ahead(p, 288);   // scales; the code chunks as they are loaded
         const BlockQ8_K* xb[C];
-        for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride) + b;
+        const int32_t* terms[C];
+        for (int c = 0; c < C; ++c) {
+            xb[c] = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride) + b;
+            terms[c] = corr + static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b) * 16;
+        }
         __m512i isum[C];
         for (int c = 0; c < C; ++c) isum[c] = _mm512_setzero_si512();
         for (int pc = 0; pc < 4; ++pc) {
-            for (int k = 2 * pc; k < 2 * pc + 2; ++k) {   // scale pairs of sub-blocks 4pc, 4pc+1 and 4pc+2, 4pc+3
-                const __m512i sp = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * k)));
-                const __m512i off = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(sp, 5));
-                for (int c = 0; c < C; ++c)
-                    isum[c] = _mm512_dpwssd_epi32(isum[c], off,
-                                                  _mm512_set1_epi32(corr[static_cast<size_t>(c) * corr_stride + static_cast<size_t>(b) * 8 + k]));
-            }
-            const __m512i sp0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 64 * pc)));
-            const __m512i sp1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 + 64 * pc)));
-            // Per lane: scales of sub-blocks 4pc + 0, 1 (low nibbles) and 4pc + 2, 3 (high nibbles).
-            const __m512i sc[4] = {_mm512_srai_epi32(_mm512_slli_epi32(sp0, 16), 16), _mm512_srai_epi32(sp0, 16),
-                                   _mm512_srai_epi32(_mm512_slli_epi32(sp1, 16), 16), _mm512_srai_epi32(sp1, 16)};
             for (int half = 0; half < 2; ++half) {   // s = 4 half .. 4 half + 3: sub-blocks 4pc + half, 4pc + 2 + half
+                const int jl = 4 * pc + half, jh = 4 * pc + 2 + half;
                 __m512i lo[C], hi[C];
-                for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm512_setzero_si512();
+                for (int c = 0; c < C; ++c) {
+                    lo[c] = _mm512_set1_epi32(terms[c][jl]);
+                    hi[c] = _mm512_set1_epi32(terms[c][jh]);
+                }
                 for (int s4 = 0; s4 < 4; ++s4) {
                     const int s = 4 * half + s4;
                     prefetch_ahead(p + 288 + 64 * (8 * pc + s));
                     if (half == 0) prefetch_ahead(p + 288 + 2048 + 64 * (4 * pc + s4));
                     const __m512i v = _mm512_loadu_si512(p + 288 + 64 * (8 * pc + s));
                     const __m512i h = _mm512_loadu_si512(p + 288 + 2048 + 64 * (4 * pc + s4));
-                    const __m512i hl = _mm512_and_si512(_mm512_srli_epi16(h, 2 * half), m3);
-                    const __m512i hh = _mm512_and_si512(_mm512_srli_epi16(h, 4 + 2 * half), m3);
-                    const __m512i wl = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_slli_epi16(hl, 4));
-                    const __m512i wh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), _mm512_slli_epi16(hh, 4));
+                    // The code's top bits moved to bits 4-5 of their byte (bit pair 2 half for wl, 4 + 2 half
+                    // for wh; the 16-bit shifts carry bits across bytes, the mask drops them), then the low
+                    // nibble selected in beside them: 3 operations a register where shift, mask, shift, or took 5.
+                    const __m512i tl = _mm512_and_si512(_mm512_slli_epi16(h, 4 - 2 * half), m30);
+                    const __m512i th = _mm512_and_si512(half ? _mm512_srli_epi16(h, 2) : h, m30);
+                    const __m512i wl = _mm512_ternarylogic_epi32(v, tl, m4, kSelectByMask);
+                    const __m512i wh = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), th, m4, kSelectByMask);
                     for (int c = 0; c < C; ++c) {
                         lo[c] = _mm512_dpbusd_epi32(lo[c], wl, bcast4(xb[c]->qs + 64 * pc + 4 * s));
                         hi[c] = _mm512_dpbusd_epi32(hi[c], wh, bcast4(xb[c]->qs + 64 * pc + 32 + 4 * s));
                     }
                 }
+                const __m512i sl = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * jl)));
+                const __m512i sh = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * jh)));
                 for (int c = 0; c < C; ++c)
-                    isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(lo[c], sc[half]),
-                                                                         _mm512_mullo_epi32(hi[c], sc[2 + half])));
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(lo[c], sl), _mm512_mullo_epi32(hi[c], sh)));
             }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
