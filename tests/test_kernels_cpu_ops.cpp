@@ -4,11 +4,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "engine/layer_rope.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/silu.h"
 #include "quant/half.h"
 #include "quant/reference.h"
 #include "quant/types.h"
@@ -343,6 +346,50 @@ TEST_CASE("threads_for_work keeps small work on one thread") {
     CHECK(threads_for_work(1000, 8) == 1);
     CHECK(threads_for_work(int64_t{1} << 24, 8) == 8);
     CHECK(threads_for_work(int64_t{1} << 24, 0) == 1);
+}
+
+TEST_CASE("exp_f32 is within 2 ulp of exp over [-87, 88], and clamps outside") {
+    double worst = 0;
+    for (int i = 0; i <= 200000; ++i) {
+        const float x = -87.0f + 175.0f * static_cast<float>(i) / 200000.0f;
+        const double want = std::exp(static_cast<double>(x));
+        const double ulp = std::nextafter(static_cast<float>(want), INFINITY) - static_cast<float>(want);
+        worst = std::max(worst, std::abs(exp_f32(x) - want) / ulp);
+    }
+    MESSAGE("exp_f32: worst error " << worst << " ulp");
+    CHECK(worst <= 2.0);
+    CHECK(exp_f32(0.0f) == 1.0f);
+    CHECK(exp_f32(-1000.0f) == exp_f32(-87.0f));
+    CHECK(exp_f32(1000.0f) == exp_f32(88.0f));
+    CHECK(std::isfinite(exp_f32(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(std::isnan(silu_f32(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(std::abs(silu_f32(-200.0f)) < 1e-30f);   // -200 / (1 + e^87): the clamp, not an underflow
+    CHECK(silu_f32(200.0f) == 200.0f);
+}
+
+TEST_CASE("the AVX2 SwiGLU kernel gives its scalar twin's bits at every size") {
+    const SwigluFn avx2 = swiglu_avx2_kernel();
+    const CpuKernels* k = cpu_kernels_for(CpuIsa::avx2);
+    if (!avx2 || !k) {
+        MESSAGE("skipped: no AVX2 on this build or CPU");
+        return;
+    }
+    for (int64_t n : {1, 7, 8, 9, 63, 1000, 8192, 8195}) {
+        CAPTURE(n);
+        auto g = test::random_normal(size_t(n), 21, 6.0f);
+        const auto u = test::random_normal(size_t(n), 22);
+        if (n > 8) {   // the ends of the range and beyond, inside the vector part
+            g[0] = 95.0f;
+            g[1] = -95.0f;
+            g[2] = 87.5f;
+            g[3] = -88.5f;
+            g[4] = 0.0f;
+        }
+        std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+        swiglu_rows_scalar(g.data(), u.data(), a.data(), n);
+        avx2(g.data(), u.data(), b.data(), n);
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    }
 }
 
 } // namespace tern

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/silu.h"
 #include "quant/half.h"
 #include "quant/reference.h"
 
@@ -96,7 +97,7 @@ void softmax_f32(float* x, int64_t n) {
 }
 
 float silu_f32(float x) {
-    return x / (1.0f + std::exp(-x));
+    return x / (1.0f + exp_f32(-x));   // silu.h: the same bits as the SwiGLU kernels
 }
 
 float gelu_tanh_f32(float x) {
@@ -106,9 +107,17 @@ float gelu_tanh_f32(float x) {
 }
 
 void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads) {
-#pragma omp parallel for num_threads(threads_for_elems(n, n_threads)) schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-        y[i] = silu_f32(gate[i]) * up[i];
+    const SwigluFn kernel = swiglu_kernel();
+    const int threads = threads_for_elems(n, n_threads);
+    // One piece per thread, whole cache lines each; the kernel's lanes and its scalar tail give the same
+    // bits, so where the pieces split changes nothing.
+    const int64_t piece = (n / threads + 15) / 16 * 16;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; ++t) {
+        const int64_t begin = std::min<int64_t>(n, t * piece);
+        const int64_t end = t == threads - 1 ? n : std::min<int64_t>(n, begin + piece);
+        kernel(gate + begin, up + begin, y + begin, end - begin);
+    }
 }
 
 void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads) {
