@@ -65,6 +65,12 @@ for t in "$TERN" "$here/build-bench/bin/tern" "$here/build/bin/tern"; do
     if [ -n "$t" ] && [ -x "$t" ]; then TERN=$t; break; fi
 done
 [ -x "$TERN" ] || { echo "cpu_vs_llamacpp.sh: no tern binary (build it, or set TERN)" >&2; exit 1; }
+# The table names the checkout's commit, so a binary older than that commit would be measured under the
+# wrong name: refuse it (it happened: a build-bench/ left from an earlier day).
+if head_time=$(git -C "$here" log -1 --format=%ct 2>/dev/null) && [ "$(stat -c %Y "$TERN")" -lt "$head_time" ]; then
+    echo "cpu_vs_llamacpp.sh: $TERN is older than commit $(git -C "$here" rev-parse --short HEAD); rebuild it or set TERN to a current binary" >&2
+    exit 2
+fi
 
 # llama.cpp from the PyPI sdist of llama-cpp-python (its vendor/llama.cpp); the sdist carries no git
 # history, so the commit reported is llama-bench's own build_commit field.
