@@ -111,11 +111,10 @@ void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, int n_t
     const int threads = threads_for_elems(n, n_threads);
     // One piece per thread, whole cache lines each; the kernel's lanes and its scalar tail give the same
     // bits, so where the pieces split changes nothing.
-    const int64_t piece = (n / threads + 15) / 16 * 16;
+    const int64_t piece = ((n + threads - 1) / threads + 15) / 16 * 16;   // threads * piece >= n
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; ++t) {
-        const int64_t begin = std::min<int64_t>(n, t * piece);
-        const int64_t end = t == threads - 1 ? n : std::min<int64_t>(n, begin + piece);
+        const int64_t begin = std::min<int64_t>(n, t * piece), end = std::min<int64_t>(n, begin + piece);
         kernel(gate + begin, up + begin, y + begin, end - begin);
     }
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/ops.h"
 
 namespace tern {
 
@@ -24,10 +25,7 @@ float exp_f32(float x) {
 }
 
 void swiglu_rows_scalar(const float* gate, const float* up, float* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const float x = gate[i];
-        y[i] = x / (1.0f + exp_f32(-x)) * up[i];
-    }
+    for (int64_t i = 0; i < n; ++i) y[i] = silu_f32(gate[i]) * up[i];
 }
 
 SwigluFn swiglu_kernel() {
