@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "kernels/cpu/stealing_split.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
 #include "quant/repack.h"
@@ -90,8 +91,9 @@ void act_corrections(GgmlType t, const QuantizedActs& x, int64_t nb, size_t xstr
 
 // Below ~256K multiply-adds (e.g. one 512x512 matvec) a fork/join costs more than it saves.
 constexpr int64_t kMinParallelWork = 256 * 1024;
-// Weight bytes a thread takes at a time (see matmul_packed).
-constexpr size_t kRunBytes = 256u << 10;
+// Weight bytes (times column tiles) a thread claims at most at once from its slice (stealing_split.h): 14 groups
+// of Q4_0 at n_in = 2048.
+constexpr size_t kClaimBytes = 256u << 10;
 // Activation bytes per column chunk: the chunk stays in L2 while every group of the matrix passes it.
 constexpr size_t kChunkActBytes = 1u << 20;
 
@@ -236,24 +238,13 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
     if (w.n_in * n_out * n_cols < kMinParallelWork) nt = 1;
     nt = static_cast<int>(std::min<int64_t>(nt, n_groups));
     const int32_t* corr_data = corr.data();
-    // Groups are handed out in runs of about kRunBytes of weights: a thread streams each run with its lines
-    // prefetched ahead (gemm_packed_avx512.cpp), and only a run's first lines wait on DRAM. Runs of 2 groups
-    // (36 KiB of Q4_0 at n_in = 2048) lost about 5% of decode against runs of 4-16 on the 2-core Xeon (and one
-    // static half per thread lost 20%); at least 4 runs per thread stay, so a thread delayed by other work
-    // still leaves most of its share to the others.
-    const int64_t run_groups = std::clamp<int64_t>(static_cast<int64_t>(kRunBytes / gbytes), 1,
-                                                   std::max<int64_t>(1, n_groups / (4 * nt)));
 
     for (int64_t c0 = 0; c0 < n_cols; c0 += chunk_cols) {
         const int64_t c1 = std::min(n_cols, c0 + chunk_cols);
-        // Dynamic hand-out of groups: on a machine shared with other processes one thread is often descheduled,
-        // and a static split would make the other wait at the join for the whole of its share. Which thread
-        // computes a group never changes its results (one tile call per output).
-#pragma omp parallel for schedule(dynamic, run_groups) num_threads(nt)
-        for (int64_t g = 0; g < n_groups; ++g) {
+        // One group against the chunk's columns, kTileCols at a time.
+        auto run_group = [&](int64_t g, float* tile) {
             const uint8_t* grp = wbase + static_cast<size_t>(g) * gbytes;
             const int64_t rows = std::min<int64_t>(kPackRows, n_out - g * kPackRows);
-            float tile[kTileCols * kPackRows];
             for (int64_t c = c0; c < c1; c += kTileCols) {
                 const int nc = static_cast<int>(std::min<int64_t>(kTileCols, c1 - c));
                 const uint8_t* xc = xbase + static_cast<size_t>(c) * xstride;
@@ -265,6 +256,19 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
                 for (int j = 0; j < nc; ++j)
                     std::memcpy(y + (c + j) * n_out + g * kPackRows, tile + j * kPackRows, static_cast<size_t>(rows) * 4);
             }
+        };
+        // Each thread streams one contiguous slice of the groups and steals from the others' backs when it runs
+        // dry (stealing_split.h). Which thread computes a group never changes its results (one tile call per
+        // output).
+        const int64_t col_tiles = (c1 - c0 + kTileCols - 1) / kTileCols;
+        StealingSplit split(n_groups, nt, static_cast<int64_t>(kClaimBytes / (gbytes * static_cast<size_t>(col_tiles))));
+#pragma omp parallel num_threads(nt)
+        {
+            const int thread = omp_get_thread_num();
+            float tile[kTileCols * kPackRows];
+            int64_t g0 = 0, g1 = 0;
+            while (split.next(thread, &g0, &g1))
+                for (int64_t g = g0; g < g1; ++g) run_group(g, tile);
         }
     }
 }
