@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "kernels/cpu/stealing_split.h"
 #include "quant/half.h"
 
 namespace tern {
@@ -113,27 +114,30 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
 
     for (int64_t c0 = 0; c0 < n_cols; c0 += chunk_cols) {
         const int64_t nc = std::min(n_cols, c0 + chunk_cols) - c0;
-        // Dynamic hand-out of tiles: on a machine shared with other processes one thread is often descheduled,
-        // and a static split would make the other wait at the join for the whole of its share. Which thread
-        // computes a tile never changes its results (one tile call per output).
+        // Each thread streams one contiguous slice of the tiles and steals from the others' backs when it runs dry
+        // (stealing_split.h); tiles are 64 KiB and more, so every claim is one tile. Which thread computes a tile
+        // never changes its results (one tile call per output).
+        StealingSplit split(n_tiles, nt);
 #pragma omp parallel num_threads(nt)
         {
+            const int thread = omp_get_thread_num();
             thread_local std::vector<float> tile;
             tile.resize(static_cast<size_t>(nc * kF16TileRows));
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t g = 0; g < n_tiles; ++g) {
-                const int64_t r0 = g * kF16TileRows;
-                const int64_t rows = std::min<int64_t>(kF16TileRows, n_out - r0);
-                const int np = static_cast<int>((rows + kF16PanelRows - 1) / kF16PanelRows);
-                const uint16_t* panels = wbase + static_cast<size_t>(r0 / kF16PanelRows) * panel_words;
-                const float* xc = xdata + static_cast<size_t>(c0 * n_in);   // c0 is a multiple of 8
-                if (simd)
-                    simd(t, n_in, panels, np, xc, nc, tile.data());
-                else
-                    f16_tile_scalar(t, n_in, panels, np, xc, nc, tile.data());
-                for (int64_t j = 0; j < nc; ++j)
-                    std::memcpy(y + (c0 + j) * n_out + r0, tile.data() + j * kF16TileRows, static_cast<size_t>(rows) * 4);
-            }
+            int64_t g0 = 0, g1 = 0;
+            while (split.next(thread, &g0, &g1))
+                for (int64_t g = g0; g < g1; ++g) {
+                    const int64_t r0 = g * kF16TileRows;
+                    const int64_t rows = std::min<int64_t>(kF16TileRows, n_out - r0);
+                    const int np = static_cast<int>((rows + kF16PanelRows - 1) / kF16PanelRows);
+                    const uint16_t* panels = wbase + static_cast<size_t>(r0 / kF16PanelRows) * panel_words;
+                    const float* xc = xdata + static_cast<size_t>(c0 * n_in);   // c0 is a multiple of 8
+                    if (simd)
+                        simd(t, n_in, panels, np, xc, nc, tile.data());
+                    else
+                        f16_tile_scalar(t, n_in, panels, np, xc, nc, tile.data());
+                    for (int64_t j = 0; j < nc; ++j)
+                        std::memcpy(y + (c0 + j) * n_out + r0, tile.data() + j * kF16TileRows, static_cast<size_t>(rows) * 4);
+                }
         }
     }
 }
