@@ -197,7 +197,10 @@ void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, 
     const int32_t last = pos0 + static_cast<int32_t>(n) - 1;
     const int64_t visible = window > 0 ? std::min<int64_t>(window, last + 1) : last + 1;
     const int64_t work = n * n_kv_heads * p.group * visible * (p.head_dim + p.head_dim_v);
-    const int threads = threads_for_work(work, n_threads);
+    // A thread per 32K multiply-adds at least: decode at a few dozen positions already pays for a second thread
+    // (llama-1b, 64 positions: 23 -> 17 us per layer on the 2-core Xeon), and a many-core machine does not wake
+    // dozens of threads for it.
+    const int threads = static_cast<int>(std::clamp<int64_t>(work >> 15, 1, std::max(1, n_threads)));
     const int64_t pairs = n * n_kv_heads;
     if (pairs >= threads) {
         // Enough (token, KV head) pairs to share out: each walks its chunks in order.
