@@ -47,9 +47,13 @@ void stream_tile(int64_t n_in, const uint16_t* panels, const float* x, float* ou
     // The loop below prefetches each panel from kFarPrefetchK on; its first lines are requested here, at once,
     // so the panels' starts do not each wait on DRAM in turn.
     for (int p = 0; p < NP; ++p)
-        for (int64_t k = 0; k < std::min(kFarPrefetchK, n_in); k += 2)
-            _mm_prefetch(reinterpret_cast<const char*>(panels + p * pw + static_cast<size_t>(k) * kF16PanelRows),
-                         k < kPrefetchK ? _MM_HINT_T0 : _MM_HINT_T1);
+        for (int64_t k = 0; k < std::min(kFarPrefetchK, n_in); k += 2) {
+            const char* line = reinterpret_cast<const char*>(panels + p * pw + static_cast<size_t>(k) * kF16PanelRows);
+            if (k < kPrefetchK)   // the hint must be a constant even where the branch is not folded (-O0)
+                _mm_prefetch(line, _MM_HINT_T0);
+            else
+                _mm_prefetch(line, _MM_HINT_T1);
+        }
     for (int64_t k = 0; k < n_in; ++k) {
         if (k % 2 == 0)   // one 64-byte line of each panel per 2 k
             for (int p = 0; p < NP; ++p) {
