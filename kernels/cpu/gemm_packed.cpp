@@ -17,8 +17,9 @@
 
 namespace tern {
 
-// Defined in gemm_packed_avx512.cpp (x86-64 builds): the AVX-512 VNNI tile for t, or nullptr.
+// Defined in gemm_packed_avx512.cpp / gemm_packed_avx2.cpp (x86-64 builds): the tile for t, or nullptr.
 PackedTileFn packed_tile_avx512(GgmlType t);
+PackedTileFn packed_tile_avx2(GgmlType t);
 
 namespace {
 
@@ -200,6 +201,7 @@ void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint
 PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k) {
 #if defined(__x86_64__)
     if (k.isa == CpuIsa::avx512) return packed_tile_avx512(t);
+    if (k.isa == CpuIsa::avx2) return packed_tile_avx2(t);
 #else
     (void)t;
     (void)k;
@@ -275,6 +277,7 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
 
 #if !defined(__x86_64__)
 PackedTileFn packed_tile_avx512(GgmlType) { return nullptr; }
+PackedTileFn packed_tile_avx2(GgmlType) { return nullptr; }
 #endif
 
 } // namespace tern

@@ -24,16 +24,8 @@ namespace {
 // ahead, 28.2-29.0 with this pair; in a decode-shaped microbenchmark (16 layers of llama-1b matvecs + the Q6_K
 // output) Q4_0 19.6-22.4 -> 23.5-23.9 GB/s, Q4_K 20.9 -> 23.1, 1 thread 10.6-11.2 -> 10.7-12.4. Of the
 // distances tried (L2 4-16 KiB, L1 0.5-2 KiB) this pair was the best. Prefill's extra columns reuse a group
-// from L1, so there it costs a few stray lines past the group's end.
-inline void prefetch_ahead(const uint8_t* line) {
-    _mm_prefetch(reinterpret_cast<const char*>(line + kFarPrefetchBytes), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(line + kNearPrefetchBytes), _MM_HINT_T0);
-}
-
-// Every cache line of [p, p + bytes), both distances ahead.
-inline void prefetch_range_ahead(const uint8_t* p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) prefetch_ahead(p + o);
-}
+// from L1, so there it costs a few stray lines past the group's end. (prefetch_ahead, prefetch_range_ahead:
+// stream_prefetch.h.)
 
 inline __m512i bcast4(const int8_t* p) {
     int32_t v;

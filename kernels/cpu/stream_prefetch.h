@@ -5,10 +5,24 @@
 // (gemm_packed_avx512.cpp) and the read-bandwidth probe (membw.cpp), so the probe's peak is measured the way
 // decode reads. Measured on the 2-core Xeon: bench/results/cpu-2026-11-22-s5.md (L2 4-16 KiB x L1 0.5-4 KiB swept).
 #include <cstddef>
+#include <cstdint>
 
 namespace tern {
 
 constexpr size_t kFarPrefetchBytes = 8192;
 constexpr size_t kNearPrefetchBytes = 2048;
+
+// Requests the line at `line` both distances ahead: into L2 (prefetcht1) and into L1 (prefetcht0). The hints
+// are literal constants (gcc rejects a hint it cannot fold, as in an -O1 sanitizer build). Always inlined: the
+// per-ISA files include this, and no out-of-line copy built with one file's flags may serve another.
+[[gnu::always_inline]] inline void prefetch_ahead(const uint8_t* line) {
+    __builtin_prefetch(line + kFarPrefetchBytes, 0, 2);
+    __builtin_prefetch(line + kNearPrefetchBytes, 0, 3);
+}
+
+// Every cache line of [p, p + bytes), both distances ahead.
+[[gnu::always_inline]] inline void prefetch_range_ahead(const uint8_t* p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) prefetch_ahead(p + o);
+}
 
 } // namespace tern

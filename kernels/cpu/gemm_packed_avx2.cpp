@@ -1,0 +1,285 @@
+// AVX2 tile kernels of the packed matmul (gemm_packed.h; compiled with -mavx2 -mfma -mf16c,
+// kernels/CMakeLists.txt). A 16-row group is two 256-bit halves: i32 lane r of half h is row 8h + r, so
+// nothing is ever summed across lanes, as in the AVX-512 tiles. Without VNNI, vpmaddubsw multiplies 4 code
+// bytes by 4 broadcast activation bytes into two i16 pair sums per row; several such products add in i16 as
+// long as the sum provably fits (the bound is given at each place), and one vpmaddwd widens them to i32,
+// by ones or directly by the rows' sub-block scales. Every column runs the same instruction sequence and the
+// integer sums are exact, so the results equal the scalar twin's bit for bit (the contract of gemm_packed.h).
+#include "kernels/cpu/gemm_packed.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/stream_prefetch.h"
+#include "quant/blocks.h"
+
+namespace tern {
+namespace {
+
+inline __m256i bcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 8 f16 at p as f32 (a half's scales).
+inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+inline __m256i mul_u8_i8(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
+
+// The 8 scale bytes of half h of a 16-byte row vector at p, each as the i16 pair (s, s) of its row's i32 lane:
+// vpmaddwd by this multiplies both pair sums of row r by s_r and adds them. kSigned: the bytes are int8.
+template <bool kSigned>
+inline __m256i scale_pairs(const uint8_t* p, int h) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    // Lane 0 takes rows 8h .. 8h + 3, lane 1 rows 8h + 4 .. 8h + 7; the byte goes to the high byte of each i16
+    // (kSigned, then an arithmetic shift sign-extends it) or the low one (0x80 zeroes the other byte).
+    const char z = static_cast<char>(0x80);
+    const char r0 = static_cast<char>(8 * h), r4 = static_cast<char>(8 * h + 4);
+    if constexpr (kSigned) {
+        const __m256i idx = _mm256_setr_epi8(z, r0, z, r0, z, r0 + 1, z, r0 + 1, z, r0 + 2, z, r0 + 2, z, r0 + 3, z, r0 + 3,
+                                             z, r4, z, r4, z, r4 + 1, z, r4 + 1, z, r4 + 2, z, r4 + 2, z, r4 + 3, z, r4 + 3);
+        return _mm256_srai_epi16(_mm256_shuffle_epi8(v, idx), 8);
+    } else {
+        const __m256i idx = _mm256_setr_epi8(r0, z, r0, z, r0 + 1, z, r0 + 1, z, r0 + 2, z, r0 + 2, z, r0 + 3, z, r0 + 3, z,
+                                             r4, z, r4, z, r4 + 1, z, r4 + 1, z, r4 + 2, z, r4 + 2, z, r4 + 3, z, r4 + 3, z);
+        return _mm256_shuffle_epi8(v, idx);
+    }
+}
+
+// Q4_0x16 / Q8_0x16 (quant/repack.h), C columns. Q4_0: the 8 nibble products of a block (each pair sum
+// |.| <= 2 * 15 * 127 = 3810) add in i16 (<= 30480) before one vpmaddwd, and the block's activation word
+// -8 * sum(a) completes sum((u - 8) a). Q8_0: the stored code + 128 is flipped back to the signed code, whose
+// sign moves onto the activation (vpsignb) so that vpmaddubsw takes |code| <= 128 as its unsigned side; pair
+// sums reach 2 * 128 * 127 = 32512, so each chunk widens on its own, and sum(code * a) already is the block's
+// integer (the activation word's -128 * sum(a) is for the unsigned codes; the same integer either way).
+template <int C, bool kQ8>
+void tile(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr, size_t corr_stride,
+          float* out) {
+    constexpr int kChunks = kQ8 ? 8 : 4;
+    constexpr size_t kBlock = 32 + 64 * kChunks;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[C][2];
+    for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
+        prefetch_range_ahead(p, kBlock);
+        const int8_t* qs[C];
+        __m256 dx[C];
+        for (int c = 0; c < C; ++c) {
+            qs[c] = (reinterpret_cast<const BlockQ8_0*>(x + static_cast<size_t>(c) * x_stride) + b)->qs;
+            float d;
+            std::memcpy(&d, corr + static_cast<size_t>(c) * corr_stride + 2 * static_cast<size_t>(b) + 1, 4);
+            dx[c] = _mm256_set1_ps(d);
+        }
+        for (int h = 0; h < 2; ++h) {
+            __m256i isum[C];
+            if constexpr (kQ8) {
+                for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+                for (int s = 0; s < 8; ++s) {
+                    const __m256i w = _mm256_xor_si256(load256(p + 32 + 64 * s + 32 * h), flip);
+                    const __m256i aw = _mm256_abs_epi8(w);
+                    for (int c = 0; c < C; ++c) {
+                        const __m256i pairs = mul_u8_i8(aw, _mm256_sign_epi8(bcast4(qs[c] + 4 * s), w));
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            } else {
+                __m256i s16[C];
+                for (int c = 0; c < C; ++c) s16[c] = _mm256_setzero_si256();
+                for (int s = 0; s < 4; ++s) {
+                    const __m256i v = load256(p + 32 + 64 * s + 32 * h);
+                    const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    for (int c = 0; c < C; ++c) {
+                        const __m256i t = _mm256_add_epi16(mul_u8_i8(lo, bcast4(qs[c] + 4 * s)),
+                                                           mul_u8_i8(hi, bcast4(qs[c] + 16 + 4 * s)));
+                        s16[c] = _mm256_add_epi16(s16[c], t);
+                    }
+                }
+                for (int c = 0; c < C; ++c)
+                    isum[c] = _mm256_add_epi32(_mm256_madd_epi16(s16[c], ones),
+                                               _mm256_set1_epi32(corr[static_cast<size_t>(c) * corr_stride + 2 * static_cast<size_t>(b)]));
+            }
+            const __m256 dw = f16x8(p + 16 * h);
+            for (int c = 0; c < C; ++c)
+                acc[c][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[c]), _mm256_cvtepi32_ps(isum[c]), acc[c][h]);
+        }
+    }
+    for (int c = 0; c < C; ++c) {
+        _mm256_storeu_ps(out + 16 * c, acc[c][0]);
+        _mm256_storeu_ps(out + 16 * c + 8, acc[c][1]);
+    }
+}
+
+// Q4_Kx16 super-blocks (layout in quant/repack.h, arithmetic in gemm_packed.cpp's scalar twin). Per 64-element
+// pair of sub-blocks: 8 chunks give the low-nibble codes of sub-block 2 pair and the high-nibble codes of
+// 2 pair + 1; each sub-block's 8 products add in i16 (<= 8 * 2 * 15 * 127 = 30480) and one vpmaddwd by the
+// rows' scales (<= 63) adds it to the integer total. The mins meet the activation sub-block sums (two i16 per
+// word) in 4 vpmaddwd.
+template <int C>
+void tile_q4_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+               size_t corr_stride, float* out) {
+    constexpr size_t kBlock = 64 + 128 + 128 + 2048;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[C][2];
+    for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
+        prefetch_range_ahead(p, 320);   // scales and mins; the code chunks as they are loaded
+        const BlockQ8_K* xb[C];
+        for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride) + b;
+        for (int h = 0; h < 2; ++h) {
+            __m256i isum[C], msum[C];
+            for (int c = 0; c < C; ++c) isum[c] = msum[c] = _mm256_setzero_si256();
+            for (int pair = 0; pair < 4; ++pair) {
+                __m256i lo[C], hi[C];
+                for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm256_setzero_si256();
+                for (int s = 0; s < 8; ++s) {
+                    const uint8_t* chunk = p + 320 + 64 * (8 * pair + s);
+                    if (h == 0) prefetch_ahead(chunk);
+                    const __m256i v = load256(chunk + 32 * h);
+                    const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    for (int c = 0; c < C; ++c) {
+                        const __m256i pl = mul_u8_i8(wl, bcast4(xb[c]->qs + 64 * pair + 4 * s));
+                        const __m256i ph = mul_u8_i8(wh, bcast4(xb[c]->qs + 64 * pair + 32 + 4 * s));
+                        lo[c] = _mm256_add_epi16(lo[c], pl);
+                        hi[c] = _mm256_add_epi16(hi[c], ph);
+                    }
+                }
+                const __m256i sl = scale_pairs<false>(p + 64 + 16 * (2 * pair), h);
+                const __m256i sh = scale_pairs<false>(p + 64 + 16 * (2 * pair + 1), h);
+                for (int c = 0; c < C; ++c)
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(lo[c], sl), _mm256_madd_epi16(hi[c], sh)));
+            }
+            for (int k = 0; k < 4; ++k) {
+                // Row r's mins of sub-blocks 2k and 2k + 1 as two i16, against the word of their activation sums.
+                const __m256i mk = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * k + 16 * h)));
+                for (int c = 0; c < C; ++c)
+                    msum[c] = _mm256_add_epi32(msum[c], _mm256_madd_epi16(mk, _mm256_set1_epi32(corr[static_cast<size_t>(c) * corr_stride +
+                                                                                                  static_cast<size_t>(b) * 4 + k])));
+            }
+            const __m256 dw = f16x8(p + 16 * h), dm = f16x8(p + 32 + 16 * h);
+            for (int c = 0; c < C; ++c) {
+                const __m256 dx = _mm256_set1_ps(xb[c]->d);
+                acc[c][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[c]), acc[c][h]);
+                acc[c][h] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[c]), acc[c][h]);
+            }
+        }
+    }
+    for (int c = 0; c < C; ++c) {
+        _mm256_storeu_ps(out + 16 * c, acc[c][0]);
+        _mm256_storeu_ps(out + 16 * c + 8, acc[c][1]);
+    }
+}
+
+// Q6_Kx16 super-blocks (layout in quant/repack.h, arithmetic in gemm_packed.cpp's scalar twin). Per 64-element
+// pair pc: 8 chunks of low nibbles and 4 of top bits give the codes (0..63) of sub-blocks 4pc .. 4pc + 3. A
+// sub-block's 4 products fit i16 two at a time (2 * 2 * 63 * 127 = 32004), so it widens in two vpmaddwd by the
+// rows' signed scales. The codes' offset, -32 * sum_j sc_j * (activation sum of sub-block j), is collected
+// from the activation block's own sub-block sums (bsums, |.| <= 2032, one vpmaddwd each) and applied once.
+template <int C>
+void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* /*corr*/,
+               size_t /*corr_stride*/, float* out) {
+    constexpr size_t kBlock = 32 + 256 + 2048 + 1024;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[C][2];
+    for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
+        prefetch_range_ahead(p, 288);   // scales; the code chunks as they are loaded
+        const BlockQ8_K* xb[C];
+        for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride) + b;
+        for (int h = 0; h < 2; ++h) {
+            __m256i isum[C], bterm[C];
+            for (int c = 0; c < C; ++c) isum[c] = bterm[c] = _mm256_setzero_si256();
+            for (int pc = 0; pc < 4; ++pc) {
+                for (int half = 0; half < 2; ++half) {   // chunks s = 4 half .. 4 half + 3: sub-blocks jl, jh
+                    const int jl = 4 * pc + half, jh = 4 * pc + 2 + half;
+                    __m256i lo[C][2], hi[C][2];
+                    for (int c = 0; c < C; ++c) lo[c][0] = lo[c][1] = hi[c][0] = hi[c][1] = _mm256_setzero_si256();
+                    for (int s4 = 0; s4 < 4; ++s4) {
+                        const int s = 4 * half + s4;
+                        const uint8_t* lchunk = p + 288 + 64 * (8 * pc + s);
+                        const uint8_t* hchunk = p + 288 + 2048 + 64 * (4 * pc + s4);
+                        if (h == 0) {
+                            prefetch_ahead(lchunk);
+                            if (half == 0) prefetch_ahead(hchunk);
+                        }
+                        const __m256i v = load256(lchunk + 32 * h), t = load256(hchunk + 32 * h);
+                        // The code's top bit pair (bits 2 half for the low nibble, 4 + 2 half for the high one) moved
+                        // to bits 4-5 (the 16-bit shifts carry bits across bytes; the mask drops them).
+                        const __m256i tl = _mm256_and_si256(_mm256_slli_epi16(t, 4 - 2 * half), m30);
+                        const __m256i th = _mm256_and_si256(half ? _mm256_srli_epi16(t, 2) : t, m30);
+                        const __m256i wl = _mm256_or_si256(_mm256_and_si256(v, m4), tl);
+                        const __m256i wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), th);
+                        for (int c = 0; c < C; ++c) {
+                            const __m256i pl = mul_u8_i8(wl, bcast4(xb[c]->qs + 64 * pc + 4 * s));
+                            const __m256i ph = mul_u8_i8(wh, bcast4(xb[c]->qs + 64 * pc + 32 + 4 * s));
+                            const int k = s4 / 2;
+                            lo[c][k] = _mm256_add_epi16(lo[c][k], pl);
+                            hi[c][k] = _mm256_add_epi16(hi[c][k], ph);
+                        }
+                    }
+                    const __m256i sl = scale_pairs<true>(p + 32 + 16 * jl, h), sh = scale_pairs<true>(p + 32 + 16 * jh, h);
+                    for (int c = 0; c < C; ++c) {
+                        const __m256i pl = _mm256_add_epi32(_mm256_madd_epi16(lo[c][0], sl), _mm256_madd_epi16(lo[c][1], sl));
+                        const __m256i ph = _mm256_add_epi32(_mm256_madd_epi16(hi[c][0], sh), _mm256_madd_epi16(hi[c][1], sh));
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(pl, ph));
+                        // (sc, sc) . (bsum, 0) = sc * bsum per row.
+                        const __m256i bl = _mm256_set1_epi32(static_cast<uint16_t>(xb[c]->bsums[jl]));
+                        const __m256i bh = _mm256_set1_epi32(static_cast<uint16_t>(xb[c]->bsums[jh]));
+                        bterm[c] = _mm256_add_epi32(bterm[c], _mm256_add_epi32(_mm256_madd_epi16(sl, bl), _mm256_madd_epi16(sh, bh)));
+                    }
+                }
+            }
+            const __m256 dw = f16x8(p + 16 * h);
+            for (int c = 0; c < C; ++c) {
+                const __m256i total = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(bterm[c], 5));
+                acc[c][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb[c]->d)), _mm256_cvtepi32_ps(total), acc[c][h]);
+            }
+        }
+    }
+    for (int c = 0; c < C; ++c) {
+        _mm256_storeu_ps(out + 16 * c, acc[c][0]);
+        _mm256_storeu_ps(out + 16 * c + 8, acc[c][1]);
+    }
+}
+
+// 1..kTileCols columns: one instantiation per count, so each column's sequence is the same at every count.
+template <template <int> class Tile>
+void any_cols(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+              size_t corr_stride, int n_cols, float* out) {
+    switch (n_cols) {
+    case 1: Tile<1>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
+    case 2: Tile<2>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
+    case 3: Tile<3>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
+    default: Tile<4>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
+    }
+}
+
+template <int C> struct Q4_0Tile { static constexpr auto run = tile<C, false>; };
+template <int C> struct Q8_0Tile { static constexpr auto run = tile<C, true>; };
+template <int C> struct Q4_KTile { static constexpr auto run = tile_q4_k<C>; };
+template <int C> struct Q6_KTile { static constexpr auto run = tile_q6_k<C>; };
+
+static_assert(kTileCols == 4, "any_cols handles 1..4 columns");
+
+} // namespace
+
+PackedTileFn packed_tile_avx2(GgmlType t) {
+    switch (t) {
+    case GgmlType::Q4_0: return any_cols<Q4_0Tile>;
+    case GgmlType::Q8_0: return any_cols<Q8_0Tile>;
+    case GgmlType::Q4_K: return any_cols<Q4_KTile>;
+    case GgmlType::Q6_K: return any_cols<Q6_KTile>;
+    default: return nullptr;
+    }
+}
+
+} // namespace tern
+#endif
