@@ -31,24 +31,32 @@ inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(r
 
 inline __m256i mul_u8_i8(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
 
+// pshufb indices that spread the 8 scale bytes of rows 8h .. 8h + 7 (of a 16-byte row vector broadcast to both
+// 128-bit lanes) into one i16 pair per row's i32 lane: lane 0 takes rows 8h .. 8h + 3, lane 1 rows 8h + 4 ..
+// 8h + 7. kSigned puts the byte in the high byte of each i16 (an arithmetic shift then sign-extends it), else
+// in the low one; index 0x80 zeroes the other byte. A table, so that the index vector is one load whatever h.
+struct ScaleSpread {
+    alignas(32) int8_t idx[2][2][32];   // [kSigned][h]
+    constexpr ScaleSpread() : idx{} {
+        for (int sgn = 0; sgn < 2; ++sgn)
+            for (int h = 0; h < 2; ++h)
+                for (int i = 0; i < 32; ++i) {
+                    const int row = 8 * h + 4 * (i / 16) + (i % 16) / 4;
+                    const bool data_byte = sgn ? i % 2 == 1 : i % 2 == 0;
+                    idx[sgn][h][i] = static_cast<int8_t>(data_byte ? row : -128);
+                }
+    }
+};
+constexpr ScaleSpread kScaleSpread;
+
 // The 8 scale bytes of half h of a 16-byte row vector at p, each as the i16 pair (s, s) of its row's i32 lane:
 // vpmaddwd by this multiplies both pair sums of row r by s_r and adds them. kSigned: the bytes are int8.
 template <bool kSigned>
 inline __m256i scale_pairs(const uint8_t* p, int h) {
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    // Lane 0 takes rows 8h .. 8h + 3, lane 1 rows 8h + 4 .. 8h + 7; the byte goes to the high byte of each i16
-    // (kSigned, then an arithmetic shift sign-extends it) or the low one (0x80 zeroes the other byte).
-    const char z = static_cast<char>(0x80);
-    const char r0 = static_cast<char>(8 * h), r4 = static_cast<char>(8 * h + 4);
-    if constexpr (kSigned) {
-        const __m256i idx = _mm256_setr_epi8(z, r0, z, r0, z, r0 + 1, z, r0 + 1, z, r0 + 2, z, r0 + 2, z, r0 + 3, z, r0 + 3,
-                                             z, r4, z, r4, z, r4 + 1, z, r4 + 1, z, r4 + 2, z, r4 + 2, z, r4 + 3, z, r4 + 3);
-        return _mm256_srai_epi16(_mm256_shuffle_epi8(v, idx), 8);
-    } else {
-        const __m256i idx = _mm256_setr_epi8(r0, z, r0, z, r0 + 1, z, r0 + 1, z, r0 + 2, z, r0 + 2, z, r0 + 3, z, r0 + 3, z,
-                                             r4, z, r4, z, r4 + 1, z, r4 + 1, z, r4 + 2, z, r4 + 2, z, r4 + 3, z, r4 + 3, z);
-        return _mm256_shuffle_epi8(v, idx);
-    }
+    const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(kScaleSpread.idx[kSigned][h]));
+    if constexpr (kSigned) return _mm256_srai_epi16(_mm256_shuffle_epi8(v, idx), 8);
+    return _mm256_shuffle_epi8(v, idx);
 }
 
 // Q4_0x16 / Q8_0x16 (quant/repack.h), C columns. Q4_0: the 8 nibble products of a block (each pair sum
@@ -181,7 +189,8 @@ void tile_q4_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
 // pair pc: 8 chunks of low nibbles and 4 of top bits give the codes (0..63) of sub-blocks 4pc .. 4pc + 3. A
 // sub-block's 4 products fit i16 two at a time (2 * 2 * 63 * 127 = 32004), so it widens in two vpmaddwd by the
 // rows' signed scales. The codes' offset, -32 * sum_j sc_j * (activation sum of sub-block j), is collected
-// from the activation block's own sub-block sums (bsums, |.| <= 2032, one vpmaddwd each) and applied once.
+// from the activation block's own sub-block sums (bsums, |.| <= 2032; two sub-blocks a vpmaddwd) and applied
+// once.
 template <int C>
 void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* /*corr*/,
                size_t /*corr_stride*/, float* out) {
@@ -198,10 +207,12 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
             __m256i isum[C], bterm[C];
             for (int c = 0; c < C; ++c) isum[c] = bterm[c] = _mm256_setzero_si256();
             for (int pc = 0; pc < 4; ++pc) {
+                #pragma GCC unroll 8
                 for (int half = 0; half < 2; ++half) {   // chunks s = 4 half .. 4 half + 3: sub-blocks jl, jh
                     const int jl = 4 * pc + half, jh = 4 * pc + 2 + half;
                     __m256i lo[C][2], hi[C][2];
                     for (int c = 0; c < C; ++c) lo[c][0] = lo[c][1] = hi[c][0] = hi[c][1] = _mm256_setzero_si256();
+                    #pragma GCC unroll 8
                     for (int s4 = 0; s4 < 4; ++s4) {
                         const int s = 4 * half + s4;
                         const uint8_t* lchunk = p + 288 + 64 * (8 * pc + s);
@@ -230,11 +241,18 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
                         const __m256i pl = _mm256_add_epi32(_mm256_madd_epi16(lo[c][0], sl), _mm256_madd_epi16(lo[c][1], sl));
                         const __m256i ph = _mm256_add_epi32(_mm256_madd_epi16(hi[c][0], sh), _mm256_madd_epi16(hi[c][1], sh));
                         isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(pl, ph));
-                        // (sc, sc) . (bsum, 0) = sc * bsum per row.
-                        const __m256i bl = _mm256_set1_epi32(static_cast<uint16_t>(xb[c]->bsums[jl]));
-                        const __m256i bh = _mm256_set1_epi32(static_cast<uint16_t>(xb[c]->bsums[jh]));
-                        bterm[c] = _mm256_add_epi32(bterm[c], _mm256_add_epi32(_mm256_madd_epi16(sl, bl), _mm256_madd_epi16(sh, bh)));
                     }
+                }
+            }
+            for (int i = 0; i < 8; ++i) {
+                // Row r's scales of sub-blocks 2i and 2i + 1 as two i16, against the pair of activation sub-block sums.
+                const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 + 16 * (2 * i) + 8 * h));
+                const __m128i b2 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 + 16 * (2 * i + 1) + 8 * h));
+                const __m256i sp = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b2));
+                for (int c = 0; c < C; ++c) {
+                    int32_t pair;
+                    std::memcpy(&pair, xb[c]->bsums + 2 * i, 4);
+                    bterm[c] = _mm256_add_epi32(bterm[c], _mm256_madd_epi16(sp, _mm256_set1_epi32(pair)));
                 }
             }
             const __m256 dw = f16x8(p + 16 * h);
