@@ -44,6 +44,23 @@ struct PackedMatrixView {
 using PackedTileFn = void (*)(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                               size_t corr_stride, int n_cols, float* out);
 
+// A PackedTileFn over a tile template: Tile<C>::run(nb, group, x, x_stride, corr, corr_stride, out) for
+// C = n_cols = 1..kTileCols. One instantiation per count keeps each column's instruction sequence the same at
+// every count. For the per-ISA files: static, so that each file's copy (built with that file's ISA flags) keeps
+// internal linkage; gcc emits an instantiation over a file's anonymous-namespace Tile as a weak symbol of the same
+// name in every file, and the linker would keep one file's code for all.
+template <template <int> class Tile>
+static void packed_tile_any_cols(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+                          size_t corr_stride, int n_cols, float* out) {
+    static_assert(kTileCols == 4, "handles 1..4 columns");
+    switch (n_cols) {
+    case 1: Tile<1>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
+    case 2: Tile<2>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
+    case 3: Tile<3>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
+    default: Tile<4>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
+    }
+}
+
 // The scalar twin (any CPU) and the SIMD kernel for the set k (nullptr when k's ISA has none: then the
 // caller keeps the plain layout and matmul_q).
 void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride,

@@ -268,33 +268,20 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
     }
 }
 
-// 1..kTileCols columns: one instantiation per count, so each column's sequence is the same at every count.
-template <template <int> class Tile>
-void any_cols(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
-              size_t corr_stride, int n_cols, float* out) {
-    switch (n_cols) {
-    case 1: Tile<1>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
-    case 2: Tile<2>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
-    case 3: Tile<3>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
-    default: Tile<4>::run(nb, group, x, x_stride, corr, corr_stride, out); break;
-    }
-}
-
+// The tiles as templates over the column count, for packed_tile_any_cols (gemm_packed.h).
 template <int C> struct Q4_0Tile { static constexpr auto run = tile<C, false>; };
 template <int C> struct Q8_0Tile { static constexpr auto run = tile<C, true>; };
 template <int C> struct Q4_KTile { static constexpr auto run = tile_q4_k<C>; };
 template <int C> struct Q6_KTile { static constexpr auto run = tile_q6_k<C>; };
 
-static_assert(kTileCols == 4, "any_cols handles 1..4 columns");
-
 } // namespace
 
 PackedTileFn packed_tile_avx2(GgmlType t) {
     switch (t) {
-    case GgmlType::Q4_0: return any_cols<Q4_0Tile>;
-    case GgmlType::Q8_0: return any_cols<Q8_0Tile>;
-    case GgmlType::Q4_K: return any_cols<Q4_KTile>;
-    case GgmlType::Q6_K: return any_cols<Q6_KTile>;
+    case GgmlType::Q4_0: return packed_tile_any_cols<Q4_0Tile>;
+    case GgmlType::Q8_0: return packed_tile_any_cols<Q8_0Tile>;
+    case GgmlType::Q4_K: return packed_tile_any_cols<Q4_KTile>;
+    case GgmlType::Q6_K: return packed_tile_any_cols<Q6_KTile>;
     default: return nullptr;
     }
 }

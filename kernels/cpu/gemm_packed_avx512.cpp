@@ -140,16 +140,6 @@ void tile_q4_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
-void tile_q4_k_any(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
-                   size_t corr_stride, int n_cols, float* out) {
-    switch (n_cols) {
-    case 1: tile_q4_k<1>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    case 2: tile_q4_k<2>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    case 3: tile_q4_k<3>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    default: tile_q4_k<4>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    }
-}
-
 // vpternlogd truth table for (a, b, c) -> c ? a : b, bit by bit: bits of a where the mask c is set, else b's.
 constexpr int kSelectByMask = 0xE4;
 
@@ -214,37 +204,20 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
-void tile_q6_k_any(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
-                   size_t corr_stride, int n_cols, float* out) {
-    switch (n_cols) {
-    case 1: tile_q6_k<1>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    case 2: tile_q6_k<2>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    case 3: tile_q6_k<3>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    default: tile_q6_k<4>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    }
-}
-
-template <bool kQ8>
-void tile_any(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
-              size_t corr_stride, int n_cols, float* out) {
-    switch (n_cols) {
-    case 1: tile<1, kQ8>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    case 2: tile<2, kQ8>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    case 3: tile<3, kQ8>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    default: tile<4, kQ8>(nb, group, x, x_stride, corr, corr_stride, out); break;
-    }
-}
-
-static_assert(kTileCols == 4, "tile_any handles 1..4 columns");
+// The tiles as templates over the column count, for packed_tile_any_cols (gemm_packed.h).
+template <int C> struct Q4_0Tile { static constexpr auto run = tile<C, false>; };
+template <int C> struct Q8_0Tile { static constexpr auto run = tile<C, true>; };
+template <int C> struct Q4_KTile { static constexpr auto run = tile_q4_k<C>; };
+template <int C> struct Q6_KTile { static constexpr auto run = tile_q6_k<C>; };
 
 } // namespace
 
 PackedTileFn packed_tile_avx512(GgmlType t) {
     switch (t) {
-    case GgmlType::Q4_0: return tile_any<false>;
-    case GgmlType::Q8_0: return tile_any<true>;
-    case GgmlType::Q4_K: return tile_q4_k_any;
-    case GgmlType::Q6_K: return tile_q6_k_any;
+    case GgmlType::Q4_0: return packed_tile_any_cols<Q4_0Tile>;
+    case GgmlType::Q8_0: return packed_tile_any_cols<Q8_0Tile>;
+    case GgmlType::Q4_K: return packed_tile_any_cols<Q4_KTile>;
+    case GgmlType::Q6_K: return packed_tile_any_cols<Q6_KTile>;
     default: return nullptr;
     }
 }
