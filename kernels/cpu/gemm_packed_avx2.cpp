@@ -31,6 +31,11 @@ inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(r
 
 inline __m256i mul_u8_i8(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
 
+// An empty asm that claims to change v: gcc then keeps the running sum in one register, updated in program
+// order. Without it gcc reassociated a tile's integer sums into trees over all of a block's products, which
+// needs far more than the 16 ymm registers and spilled (tile_half: ~100 stack accesses per block).
+[[gnu::always_inline]] inline void keep_sum_in_register(__m256i& v) { asm("" : "+x"(v)); }
+
 // pshufb indices that spread the 8 scale bytes of rows 8h .. 8h + 7 (of a 16-byte row vector broadcast to both
 // 128-bit lanes) into one i16 pair per row's i32 lane: lane 0 takes rows 8h .. 8h + 3, lane 1 rows 8h + 4 ..
 // 8h + 7. kSigned puts the byte in the high byte of each i16 (an arithmetic shift then sign-extends it), else
@@ -59,68 +64,133 @@ inline __m256i scale_pairs(const uint8_t* p, int h) {
     return _mm256_shuffle_epi8(v, idx);
 }
 
-// Q4_0x16 / Q8_0x16 (quant/repack.h), C columns. Q4_0: the 8 nibble products of a block (each pair sum
+// Q4_0x16 / Q8_0x16 (quant/repack.h). Q4_0: the 8 nibble products of a block (each pair sum
 // |.| <= 2 * 15 * 127 = 3810) add in i16 (<= 30480) before one vpmaddwd, and the block's activation word
 // -8 * sum(a) completes sum((u - 8) a). Q8_0: the stored code + 128 is flipped back to the signed code, whose
 // sign moves onto the activation (vpsignb) so that vpmaddubsw takes |code| <= 128 as its unsigned side; pair
 // sums reach 2 * 128 * 127 = 32512, so each chunk widens on its own, and sum(code * a) already is the block's
 // integer (the activation word's -128 * sum(a) is for the unsigned codes; the same integer either way).
-template <int C, bool kQ8>
-void tile(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr, size_t corr_stride,
-          float* out) {
-    constexpr int kChunks = kQ8 ? 8 : 4;
-    constexpr size_t kBlock = 32 + 64 * kChunks;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+// Per block and column, both ways below: acc = fma(d_w * d_x, float(isum), acc).
+
+// One 8-row half's integer sum of one block for column c: Q4_0 before its activation word, Q8_0 complete.
+// `codes` is the block's code chunks offset to the half (chunk s at codes + 64 s).
+template <bool kQ8>
+[[gnu::always_inline]] inline __m256i block_isum(const uint8_t* codes, const int8_t* qs) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[C][2];
-    for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    if constexpr (kQ8) {
+        const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+        __m256i isum = _mm256_setzero_si256();
+        for (int s = 0; s < 8; ++s) {
+            const __m256i w = _mm256_xor_si256(load256(codes + 64 * s), flip);
+            const __m256i pairs = mul_u8_i8(_mm256_abs_epi8(w), _mm256_sign_epi8(bcast4(qs + 4 * s), w));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, ones));
+        }
+        return isum;
+    } else {
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        __m256i s16 = _mm256_setzero_si256();
+        for (int s = 0; s < 4; ++s) {
+            const __m256i v = load256(codes + 64 * s);
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            s16 = _mm256_add_epi16(s16, _mm256_add_epi16(mul_u8_i8(lo, bcast4(qs + 4 * s)), mul_u8_i8(hi, bcast4(qs + 16 + 4 * s))));
+        }
+        return _mm256_madd_epi16(s16, ones);
+    }
+}
+
+// Decode (1 column): both halves per block, so the group streams through once, in order.
+template <bool kQ8>
+void tile_1col(int64_t nb, const uint8_t* group, const uint8_t* x, const int32_t* corr, float* out) {
+    constexpr size_t kBlock = 32 + 64 * (kQ8 ? 8 : 4);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
         prefetch_range_ahead(p, kBlock);
-        const int8_t* qs[C];
-        __m256 dx[C];
+        float d;
+        std::memcpy(&d, corr + 2 * b + 1, 4);
+        const __m256 dx = _mm256_set1_ps(d);
+        __m256i i0 = block_isum<kQ8>(p + 32, xb[b].qs), i1 = block_isum<kQ8>(p + 64, xb[b].qs);
+        if constexpr (!kQ8) {
+            const __m256i off = _mm256_set1_epi32(corr[2 * b]);
+            i0 = _mm256_add_epi32(i0, off);
+            i1 = _mm256_add_epi32(i1, off);
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_mul_ps(f16x8(p), dx), _mm256_cvtepi32_ps(i0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_mul_ps(f16x8(p + 16), dx), _mm256_cvtepi32_ps(i1), acc1);
+    }
+    _mm256_storeu_ps(out, acc0);
+    _mm256_storeu_ps(out + 8, acc1);
+}
+
+// Prefill (C >= 2 columns): one 8-row half at a time over all blocks, so that the C accumulators, C block sums
+// and the code temporaries fit the 16 registers (both halves at once spilled). The group is in L1 or L2 by then.
+// Each chunk of codes is unpacked once for all C columns.
+template <int C, bool kQ8>
+void tile_half(int h, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+               size_t corr_stride, float* out) {
+    constexpr size_t kBlock = 32 + 64 * (kQ8 ? 8 : 4);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    const int8_t* xq[C];
+    for (int c = 0; c < C; ++c) xq[c] = reinterpret_cast<const BlockQ8_0*>(x + static_cast<size_t>(c) * x_stride)->qs;
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
+        const uint8_t* codes = p + 32 + 32 * h;
+        const size_t xo = static_cast<size_t>(b) * sizeof(BlockQ8_0);
+        __m256i isum[C];
+        if constexpr (kQ8) {
+            const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+            for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int s = 0; s < 8; ++s) {
+                const __m256i w = _mm256_xor_si256(load256(codes + 64 * s), flip);
+                const __m256i aw = _mm256_abs_epi8(w);
+                #pragma GCC unroll 4
+                for (int c = 0; c < C; ++c) {
+                    const __m256i pairs = mul_u8_i8(aw, _mm256_sign_epi8(bcast4(xq[c] + xo + 4 * s), w));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pairs, ones));
+                    keep_sum_in_register(isum[c]);
+                }
+            }
+        } else {
+            const __m256i m4 = _mm256_set1_epi8(0x0F);
+            __m256i s16[C];
+            for (int c = 0; c < C; ++c) s16[c] = _mm256_setzero_si256();
+            #pragma GCC unroll 4
+            for (int s = 0; s < 4; ++s) {
+                const __m256i v = load256(codes + 64 * s);
+                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                #pragma GCC unroll 4
+                for (int c = 0; c < C; ++c) {
+                    s16[c] = _mm256_add_epi16(s16[c], mul_u8_i8(lo, bcast4(xq[c] + xo + 4 * s)));
+                    s16[c] = _mm256_add_epi16(s16[c], mul_u8_i8(hi, bcast4(xq[c] + xo + 16 + 4 * s)));
+                    keep_sum_in_register(s16[c]);
+                }
+            }
+            for (int c = 0; c < C; ++c)
+                isum[c] = _mm256_add_epi32(_mm256_madd_epi16(s16[c], ones),
+                                           _mm256_set1_epi32(corr[static_cast<size_t>(c) * corr_stride + 2 * static_cast<size_t>(b)]));
+        }
+        const __m256 dw = f16x8(p + 16 * h);
         for (int c = 0; c < C; ++c) {
-            qs[c] = (reinterpret_cast<const BlockQ8_0*>(x + static_cast<size_t>(c) * x_stride) + b)->qs;
             float d;
             std::memcpy(&d, corr + static_cast<size_t>(c) * corr_stride + 2 * static_cast<size_t>(b) + 1, 4);
-            dx[c] = _mm256_set1_ps(d);
-        }
-        for (int h = 0; h < 2; ++h) {
-            __m256i isum[C];
-            if constexpr (kQ8) {
-                for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
-                for (int s = 0; s < 8; ++s) {
-                    const __m256i w = _mm256_xor_si256(load256(p + 32 + 64 * s + 32 * h), flip);
-                    const __m256i aw = _mm256_abs_epi8(w);
-                    for (int c = 0; c < C; ++c) {
-                        const __m256i pairs = mul_u8_i8(aw, _mm256_sign_epi8(bcast4(qs[c] + 4 * s), w));
-                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(pairs, ones));
-                    }
-                }
-            } else {
-                __m256i s16[C];
-                for (int c = 0; c < C; ++c) s16[c] = _mm256_setzero_si256();
-                for (int s = 0; s < 4; ++s) {
-                    const __m256i v = load256(p + 32 + 64 * s + 32 * h);
-                    const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    for (int c = 0; c < C; ++c) {
-                        const __m256i t = _mm256_add_epi16(mul_u8_i8(lo, bcast4(qs[c] + 4 * s)),
-                                                           mul_u8_i8(hi, bcast4(qs[c] + 16 + 4 * s)));
-                        s16[c] = _mm256_add_epi16(s16[c], t);
-                    }
-                }
-                for (int c = 0; c < C; ++c)
-                    isum[c] = _mm256_add_epi32(_mm256_madd_epi16(s16[c], ones),
-                                               _mm256_set1_epi32(corr[static_cast<size_t>(c) * corr_stride + 2 * static_cast<size_t>(b)]));
-            }
-            const __m256 dw = f16x8(p + 16 * h);
-            for (int c = 0; c < C; ++c)
-                acc[c][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[c]), _mm256_cvtepi32_ps(isum[c]), acc[c][h]);
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(d)), _mm256_cvtepi32_ps(isum[c]), acc[c]);
         }
     }
-    for (int c = 0; c < C; ++c) {
-        _mm256_storeu_ps(out + 16 * c, acc[c][0]);
-        _mm256_storeu_ps(out + 16 * c + 8, acc[c][1]);
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 16 * c + 8 * h, acc[c]);
+}
+
+template <int C, bool kQ8>
+void tile(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr, size_t corr_stride,
+          float* out) {
+    if constexpr (C == 1) {
+        tile_1col<kQ8>(nb, group, x, corr, out);
+    } else {
+        tile_half<C, kQ8>(0, nb, group, x, x_stride, corr, corr_stride, out);
+        tile_half<C, kQ8>(1, nb, group, x, x_stride, corr, corr_stride, out);
     }
 }
 
