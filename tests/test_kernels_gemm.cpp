@@ -2,7 +2,7 @@
 // twin (bit-exact) and against matmul_q on the plain layout (normalised error); batch invariance (each of
 // N = 1..40 columns equals the 1-column result bit for bit, 1 and 2 threads, every format, on the path the
 // backend takes); the fused rmsnorm + quantization (bit-exact vs unfused); with TERN_BENCH=1 decode GB/s and
-// prefill GMAC/s on llama-1b shapes (printed, never asserted).
+// prefill GMAC/s on llama-1b shapes and decode over 256 MiB of weights from memory (printed, never asserted).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "kernels/cpu/gemm_input.h"
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/matmul_quant.h"
+#include "kernels/cpu/membw.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quantize_act.h"
 #include "quant/reference.h"
@@ -225,6 +226,42 @@ TEST_CASE("bench: packed vs plain on llama-1b shapes" * doctest::skip(std::geten
                                     macs / best_plain / 1e9, macs / best_packed / 1e9);
                 }
             }
+        }
+    }
+}
+
+// TERN_BENCH=1: decode as a model does it, the weights streaming from memory: copies of one packed 2048x8192
+// matrix filling 256 MiB, each multiplied once per pass, against the read-bandwidth probe of the same run.
+// Set against the hot numbers above, it shows how much of the tile's arithmetic hides behind the memory reads.
+TEST_CASE("bench: packed decode from memory vs the read probe" * doctest::skip(std::getenv("TERN_BENCH") == nullptr)) {
+    using clock = std::chrono::steady_clock;
+    const int64_t n_out = 2048, n_in = 8192;
+    const char* only = std::getenv("TERN_BENCH_TYPE");
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+        if (only && std::string(only) != type_name(t)) continue;
+        const Weights w = random_weights(t, n_out, n_in, 77);
+        const size_t bytes = w.packed.size(), copies = (size_t(256) << 20) / bytes;
+        std::vector<uint8_t> big(bytes * copies);
+        for (size_t i = 0; i < copies; ++i) std::memcpy(big.data() + i * bytes, w.packed.data(), bytes);
+        const auto x = random_vec(size_t(n_in), 78);
+        const auto a = acts(t, x, n_in, 1);
+        const QuantizedActs qa{act_format_for(t), a.data(), n_in, 1, 0};
+        std::vector<float> y(static_cast<size_t>(n_out));
+        for (int nt : {1, 2}) {
+            double cold = 1e30, hot = 1e30;
+            for (int r = 0; r < 4; ++r) {
+                auto t0 = clock::now();
+                for (size_t i = 0; i < copies; ++i)
+                    matmul_packed(PackedMatrixView{t, big.data() + i * bytes, n_in, n_out}, qa, y.data(), nt);
+                cold = std::min(cold, std::chrono::duration<double>(clock::now() - t0).count() / double(copies));
+                t0 = clock::now();
+                for (size_t i = 0; i < copies; ++i) matmul_packed(w.pview, qa, y.data(), nt);
+                hot = std::min(hot, std::chrono::duration<double>(clock::now() - t0).count() / double(copies));
+            }
+            const ReadBandwidth probe = measure_read_bandwidth(nt, size_t(512) << 20, 3);
+            std::printf("bench: %-4s decode from memory %d thr: %6.1f GB/s (hot %6.1f GB/s, read probe %6.1f GB/s): %3.0f%% of the probe\n",
+                        std::string(type_name(t)).c_str(), nt, double(bytes) / cold / 1e9, double(bytes) / hot / 1e9,
+                        probe.best_gbps, 100.0 * double(bytes) / cold / 1e9 / probe.best_gbps);
         }
     }
 }

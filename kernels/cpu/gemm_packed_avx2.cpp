@@ -199,60 +199,98 @@ void tile(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, c
 // 2 pair + 1; each sub-block's 8 products add in i16 (<= 8 * 2 * 15 * 127 = 30480) and one vpmaddwd by the
 // rows' scales (<= 63) adds it to the integer total. The mins meet the activation sub-block sums (two i16 per
 // word) in 4 vpmaddwd.
-template <int C>
-void tile_q4_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+//
+// q4_k_rows covers H halves (8 rows each) from half h0 against C columns. Decode (1 column) takes both halves
+// in one pass, each 64-byte chunk whole and in order; prefill takes one half and two columns at a time, which
+// keeps its sums in the 16 registers (4 columns of both halves spilled on every chunk).
+template <int C, int H>
+void q4_k_rows(int h0, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                size_t corr_stride, float* out) {
     constexpr size_t kBlock = 64 + 128 + 128 + 2048;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[C][2];
-    for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    __m256 acc[C][H];
+    for (int c = 0; c < C; ++c)
+        for (int h = 0; h < H; ++h) acc[c][h] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
-        prefetch_range_ahead(p, 320);   // scales and mins; the code chunks as they are loaded
+        if (h0 == 0) prefetch_range_ahead(p, 320);   // scales and mins; the code chunks as they are loaded
         const BlockQ8_K* xb[C];
         for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride) + b;
-        for (int h = 0; h < 2; ++h) {
-            __m256i isum[C], msum[C];
-            for (int c = 0; c < C; ++c) isum[c] = msum[c] = _mm256_setzero_si256();
-            for (int pair = 0; pair < 4; ++pair) {
-                __m256i lo[C], hi[C];
-                for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm256_setzero_si256();
-                for (int s = 0; s < 8; ++s) {
-                    const uint8_t* chunk = p + 320 + 64 * (8 * pair + s);
-                    if (h == 0) prefetch_ahead(chunk);
-                    const __m256i v = load256(chunk + 32 * h);
+        __m256i isum[C][H];
+        for (int c = 0; c < C; ++c)
+            for (int h = 0; h < H; ++h) isum[c][h] = _mm256_setzero_si256();
+        for (int pair = 0; pair < 4; ++pair) {
+            __m256i lo[C][H], hi[C][H];
+            for (int c = 0; c < C; ++c)
+                for (int h = 0; h < H; ++h) lo[c][h] = hi[c][h] = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int s = 0; s < 8; ++s) {
+                const uint8_t* chunk = p + 320 + 64 * (8 * pair + s);
+                if (h0 == 0) prefetch_ahead(chunk);
+                for (int h = 0; h < H; ++h) {
+                    const __m256i v = load256(chunk + 32 * (h0 + h));
                     const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                     for (int c = 0; c < C; ++c) {
-                        const __m256i pl = mul_u8_i8(wl, bcast4(xb[c]->qs + 64 * pair + 4 * s));
-                        const __m256i ph = mul_u8_i8(wh, bcast4(xb[c]->qs + 64 * pair + 32 + 4 * s));
-                        lo[c] = _mm256_add_epi16(lo[c], pl);
-                        hi[c] = _mm256_add_epi16(hi[c], ph);
+                        lo[c][h] = _mm256_add_epi16(lo[c][h], mul_u8_i8(wl, bcast4(xb[c]->qs + 64 * pair + 4 * s)));
+                        hi[c][h] = _mm256_add_epi16(hi[c][h], mul_u8_i8(wh, bcast4(xb[c]->qs + 64 * pair + 32 + 4 * s)));
+                        keep_sum_in_register(lo[c][h]);
+                        keep_sum_in_register(hi[c][h]);
                     }
                 }
-                const __m256i sl = scale_pairs<false>(p + 64 + 16 * (2 * pair), h);
-                const __m256i sh = scale_pairs<false>(p + 64 + 16 * (2 * pair + 1), h);
-                for (int c = 0; c < C; ++c)
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(lo[c], sl), _mm256_madd_epi16(hi[c], sh)));
             }
+            for (int h = 0; h < H; ++h) {
+                const __m256i sl = scale_pairs<false>(p + 64 + 16 * (2 * pair), h0 + h);
+                const __m256i sh = scale_pairs<false>(p + 64 + 16 * (2 * pair + 1), h0 + h);
+                for (int c = 0; c < C; ++c)
+                    isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_add_epi32(_mm256_madd_epi16(lo[c][h], sl), _mm256_madd_epi16(hi[c][h], sh)));
+            }
+        }
+        for (int h = 0; h < H; ++h) {
+            __m256i msum[C];
+            for (int c = 0; c < C; ++c) msum[c] = _mm256_setzero_si256();
             for (int k = 0; k < 4; ++k) {
                 // Row r's mins of sub-blocks 2k and 2k + 1 as two i16, against the word of their activation sums.
-                const __m256i mk = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * k + 16 * h)));
+                const __m256i mk =
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * k + 16 * (h0 + h))));
                 for (int c = 0; c < C; ++c)
                     msum[c] = _mm256_add_epi32(msum[c], _mm256_madd_epi16(mk, _mm256_set1_epi32(corr[static_cast<size_t>(c) * corr_stride +
                                                                                                   static_cast<size_t>(b) * 4 + k])));
             }
-            const __m256 dw = f16x8(p + 16 * h), dm = f16x8(p + 32 + 16 * h);
+            const __m256 dw = f16x8(p + 16 * (h0 + h)), dm = f16x8(p + 32 + 16 * (h0 + h));
             for (int c = 0; c < C; ++c) {
                 const __m256 dx = _mm256_set1_ps(xb[c]->d);
-                acc[c][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[c]), acc[c][h]);
+                acc[c][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[c][h]), acc[c][h]);
                 acc[c][h] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[c]), acc[c][h]);
             }
         }
     }
-    for (int c = 0; c < C; ++c) {
-        _mm256_storeu_ps(out + 16 * c, acc[c][0]);
-        _mm256_storeu_ps(out + 16 * c + 8, acc[c][1]);
+    for (int c = 0; c < C; ++c)
+        for (int h = 0; h < H; ++h) _mm256_storeu_ps(out + 16 * c + 8 * (h0 + h), acc[c][h]);
+}
+
+// A tile of C >= 2 columns as single halves against column pairs (and a last single column); `Rows` is the
+// kernel of H = 1 half and 1 or 2 columns. Each output's arithmetic is the same as in any other split.
+template <int C, typename RowsFn2, typename RowsFn1>
+[[gnu::always_inline]] inline void by_half_and_pair(RowsFn2 rows2, RowsFn1 rows1, int64_t nb, const uint8_t* group, const uint8_t* x,
+                                                    size_t x_stride, const int32_t* corr, size_t corr_stride, float* out) {
+    for (int h = 0; h < 2; ++h) {
+        int c = 0;
+        for (; c + 2 <= C; c += 2)
+            rows2(h, nb, group, x + static_cast<size_t>(c) * x_stride, x_stride, corr + static_cast<size_t>(c) * corr_stride,
+                  corr_stride, out + 16 * c);
+        if (c < C)
+            rows1(h, nb, group, x + static_cast<size_t>(c) * x_stride, x_stride, corr + static_cast<size_t>(c) * corr_stride,
+                  corr_stride, out + 16 * c);
     }
+}
+
+template <int C>
+void tile_q4_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
+               size_t corr_stride, float* out) {
+    if constexpr (C == 1)
+        q4_k_rows<1, 2>(0, nb, group, x, x_stride, corr, corr_stride, out);
+    else
+        by_half_and_pair<C>(q4_k_rows<2, 1>, q4_k_rows<1, 1>, nb, group, x, x_stride, corr, corr_stride, out);
 }
 
 // Q6_Kx16 super-blocks (layout in quant/repack.h, arithmetic in gemm_packed.cpp's scalar twin). Per 64-element
