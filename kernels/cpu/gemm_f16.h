@@ -18,7 +18,7 @@
 // tiles of kF16TileRows rows, one contiguous slice each (stealing_split.h). Few columns (decode): the tile's panels stream from memory
 // once, converted on the fly. Many (prefill): a block of k of the panels is converted to f32 once into an L1
 // buffer and reused by every column of the chunk: AVX-512 (gemm_f16_avx512.cpp) 32 rows x 8 columns of
-// accumulators at a time, AVX2 + F16C (gemm_f16_avx2.cpp) 16 rows x 4 columns.
+// accumulators at a time, AVX2 + F16C (gemm_f16_avx2.cpp) 16 rows x 6 columns.
 #include <cstddef>
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C tiles of the 16-bit GEMM (gemm_f16.h; compiled with -mavx2 -mfma -mf16c,
 // kernels/CMakeLists.txt), for x86-64 CPUs without AVX-512. A 16-row panel is two 8-lane registers (rows
 // 0..7, 8..15); each accumulator lane is one output's single k-ordered chain, as in the AVX-512 file, so
-// both are bit-identical to the scalar twin. 16 registers allow 1 panel x 4 columns (8 accumulators).
+// both are bit-identical to the scalar twin. 16 registers allow 1 panel x 6 columns (12 accumulators).
 #include "kernels/cpu/gemm_f16.h"
 
 #if defined(__x86_64__)
@@ -13,7 +13,7 @@ namespace tern {
 namespace {
 
 constexpr int64_t kBlockK = 256;    // converted k per panel block: 256 * 16 f32 = 16 KiB, in L1
-constexpr int kTileCols = 4;        // columns per register tile of the converted path
+constexpr int kTileCols = 6;        // columns per register tile of the converted path
 constexpr int64_t kPrefetchK = 32;  // as in gemm_f16_avx512.cpp: 1 KiB ahead per panel
 
 // 8 consecutive 16-bit values of format T as f32 (exact).
@@ -47,14 +47,17 @@ void stream_panel(int64_t n_in, const uint16_t* panel, const float* x, float* ou
     }
 }
 
-// Many columns: kb k values of a converted panel block (wbuf[16 * k + lane]) against C columns of one
-// activation group, continuing the chains in out (first: starting them from +0). The 8 accumulators are
-// named variables: with arrays, gcc 12 kept a stack copy of every accumulator and stored all 8 each k (prefill
-// ran at ~40% of the FMA peak).
+// Many columns: kb k values of a converted panel block (wbuf[16 * k + lane]) against C columns, column c's value
+// for k at xc[c][kF16ColGroup * k] (its activation group's interleave; a tile may span two groups), continuing
+// the chains in out (first: starting them from +0). 16 rows x 6 columns: 12 independent FMA chains, more than
+// the FMA latency x pipes of current cores (4 x 2), with 2 weight registers and the broadcast in the other 2.
+// The 12 accumulators are named variables: with arrays, gcc 12 kept a stack copy of every accumulator and
+// stored all of them each k (prefill ran at ~40% of the FMA peak).
 template <int C>
-void block_tile(int64_t kb, const float* wbuf, const float* x, bool first, float* out) {
-    static_assert(C >= 1 && C <= 4, "1..4 columns");
-    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+void block_tile(int64_t kb, const float* wbuf, const float* const* xc, bool first, float* out) {
+    static_assert(C >= 1 && C <= 6, "1..6 columns");
+    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0, l4 = l0, h4 = l0,
+           l5 = l0, h5 = l0;
     auto load_pair = [&](int c, __m256& lo, __m256& hi) {
         lo = _mm256_loadu_ps(out + c * kF16TileRows);
         hi = _mm256_loadu_ps(out + c * kF16TileRows + 8);
@@ -64,19 +67,29 @@ void block_tile(int64_t kb, const float* wbuf, const float* x, bool first, float
         if constexpr (C > 1) load_pair(1, l1, h1);
         if constexpr (C > 2) load_pair(2, l2, h2);
         if constexpr (C > 3) load_pair(3, l3, h3);
+        if constexpr (C > 4) load_pair(4, l4, h4);
+        if constexpr (C > 5) load_pair(5, l5, h5);
     }
+    const float* x0 = xc[0];
+    const float* x1 = C > 1 ? xc[1] : x0;
+    const float* x2 = C > 2 ? xc[2] : x0;
+    const float* x3 = C > 3 ? xc[3] : x0;
+    const float* x4 = C > 4 ? xc[4] : x0;
+    const float* x5 = C > 5 ? xc[5] : x0;
     for (int64_t k = 0; k < kb; ++k) {
         const __m256 w0 = _mm256_load_ps(wbuf + 16 * k), w1 = _mm256_load_ps(wbuf + 16 * k + 8);
-        const float* xk = x + kF16ColGroup * k;
-        auto step = [&](int c, __m256& lo, __m256& hi) {
-            const __m256 xv = _mm256_broadcast_ss(xk + c);
+        const int64_t o = kF16ColGroup * k;
+        auto step = [&](const float* xcol, __m256& lo, __m256& hi) {
+            const __m256 xv = _mm256_broadcast_ss(xcol + o);
             lo = _mm256_fmadd_ps(w0, xv, lo);
             hi = _mm256_fmadd_ps(w1, xv, hi);
         };
-        step(0, l0, h0);
-        if constexpr (C > 1) step(1, l1, h1);
-        if constexpr (C > 2) step(2, l2, h2);
-        if constexpr (C > 3) step(3, l3, h3);
+        step(x0, l0, h0);
+        if constexpr (C > 1) step(x1, l1, h1);
+        if constexpr (C > 2) step(x2, l2, h2);
+        if constexpr (C > 3) step(x3, l3, h3);
+        if constexpr (C > 4) step(x4, l4, h4);
+        if constexpr (C > 5) step(x5, l5, h5);
     }
     auto store_pair = [&](int c, __m256 lo, __m256 hi) {
         _mm256_storeu_ps(out + c * kF16TileRows, lo);
@@ -86,10 +99,13 @@ void block_tile(int64_t kb, const float* wbuf, const float* x, bool first, float
     if constexpr (C > 1) store_pair(1, l1, h1);
     if constexpr (C > 2) store_pair(2, l2, h2);
     if constexpr (C > 3) store_pair(3, l3, h3);
+    if constexpr (C > 4) store_pair(4, l4, h4);
+    if constexpr (C > 5) store_pair(5, l5, h5);
 }
 
-using BlockTileFn = void (*)(int64_t, const float*, const float*, bool, float*);
-constexpr BlockTileFn kBlockTiles[kTileCols + 1] = {nullptr, block_tile<1>, block_tile<2>, block_tile<3>, block_tile<4>};
+using BlockTileFn = void (*)(int64_t, const float*, const float* const*, bool, float*);
+constexpr BlockTileFn kBlockTiles[kTileCols + 1] = {nullptr,       block_tile<1>, block_tile<2>, block_tile<3>,
+                                                    block_tile<4>, block_tile<5>, block_tile<6>};
 
 template <GgmlType T>
 void tile(GgmlType, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, int64_t n_cols, float* out) {
@@ -113,12 +129,15 @@ void tile(GgmlType, int64_t n_in, const uint16_t* panels, int n_panels, const fl
                 _mm256_store_ps(wbuf + 16 * k, load8<T>(w));
                 _mm256_store_ps(wbuf + 16 * k + 8, load8<T>(w + 8));
             }
-            // Column c of the chunk sits in group c / 8 at lane c % 8; tiles of 4 never straddle a group.
+            // Column c of the chunk sits in group c / 8 at lane c % 8; a tile may span two groups.
             for (int64_t c0 = 0; c0 < n_cols; c0 += kTileCols) {
                 const int C = static_cast<int>(std::min<int64_t>(kTileCols, n_cols - c0));
-                const float* xg = x + static_cast<size_t>((c0 / kF16ColGroup) * kF16ColGroup * n_in + kF16ColGroup * k0 +
-                                                          c0 % kF16ColGroup);
-                kBlockTiles[C](kb, wbuf, xg, k0 == 0, out + c0 * kF16TileRows + p * kF16PanelRows);
+                const float* xc[kTileCols];
+                for (int j = 0; j < C; ++j) {
+                    const int64_t c = c0 + j;
+                    xc[j] = x + static_cast<size_t>((c / kF16ColGroup) * kF16ColGroup * n_in + kF16ColGroup * k0 + c % kF16ColGroup);
+                }
+                kBlockTiles[C](kb, wbuf, xc, k0 == 0, out + c0 * kF16TileRows + p * kF16PanelRows);
             }
         }
     }
