@@ -72,8 +72,8 @@ inline __m256i scale_pairs(const uint8_t* p, int h) {
 // integer (the activation word's -128 * sum(a) is for the unsigned codes; the same integer either way).
 // Per block and column, both ways below: acc = fma(d_w * d_x, float(isum), acc).
 
-// One 8-row half's integer sum of one block for column c: Q4_0 before its activation word, Q8_0 complete.
-// `codes` is the block's code chunks offset to the half (chunk s at codes + 64 s).
+// Decode's integer sum of one block for one 8-row half (Q4_0: before its activation word; Q8_0: complete);
+// `codes` is the block's code chunks offset to the half (chunk s at codes + 64 s), qs the activation block's codes.
 template <bool kQ8>
 [[gnu::always_inline]] inline __m256i block_isum(const uint8_t* codes, const int8_t* qs) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -268,8 +268,8 @@ void q4_k_rows(int h0, int64_t nb, const uint8_t* group, const uint8_t* x, size_
         for (int h = 0; h < H; ++h) _mm256_storeu_ps(out + 16 * c + 8 * (h0 + h), acc[c][h]);
 }
 
-// A tile of C >= 2 columns as single halves against column pairs (and a last single column); `Rows` is the
-// kernel of H = 1 half and 1 or 2 columns. Each output's arithmetic is the same as in any other split.
+// A tile of C >= 2 columns as single halves against column pairs (and a last single column): rows2 and rows1 are
+// a format's kernels of one half against 2 and 1 columns. Each output's arithmetic is the same in any split.
 template <int C, typename RowsFn2, typename RowsFn1>
 [[gnu::always_inline]] inline void by_half_and_pair(RowsFn2 rows2, RowsFn1 rows1, int64_t nb, const uint8_t* group, const uint8_t* x,
                                                     size_t x_stride, const int32_t* corr, size_t corr_stride, float* out) {
