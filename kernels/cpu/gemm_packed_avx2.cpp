@@ -308,7 +308,7 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
     for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
-        prefetch_range_ahead(p, 288);   // scales; the code chunks as they are loaded
+        prefetch_range_ahead(p, 288);   // scales; the code chunks in the passes below
         const BlockQ8_K* xb[C];
         for (int c = 0; c < C; ++c) xb[c] = reinterpret_cast<const BlockQ8_K*>(x + static_cast<size_t>(c) * x_stride) + b;
         for (int h = 0; h < 2; ++h) {
@@ -325,10 +325,11 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
                         const int s = 4 * half + s4;
                         const uint8_t* lchunk = p + 288 + 64 * (8 * pc + s);
                         const uint8_t* hchunk = p + 288 + 2048 + 64 * (4 * pc + s4);
-                        if (h == 0) {
-                            prefetch_ahead(lchunk);
-                            if (half == 0) prefetch_ahead(hchunk);
-                        }
+                        // The low-nibble lines are requested in the first pass and the top-bit lines in the
+                        // second, so that requests go out all through the block: with all of them in the first
+                        // pass, decode from memory reached 57-65% of the read probe at 1 thread, 86-101% this way.
+                        if (h == 0) prefetch_ahead(lchunk);
+                        else if (half == 0) prefetch_ahead(hchunk);
                         const __m256i v = load256(lchunk + 32 * h), t = load256(hchunk + 32 * h);
                         // The code's top bit pair (bits 2 half for the low nibble, 4 + 2 half for the high one) moved
                         // to bits 4-5 (the 16-bit shifts carry bits across bytes; the mask drops them).
