@@ -89,7 +89,7 @@ TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged group
         ++simd_sets;
         for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
             for (int64_t n_in : {256, 768, 2048}) {
-                for (int64_t n_out : {16, 37}) {
+                for (int64_t n_out : {16, 37, 200}) {   // 1, 3 and 13 groups (decode takes up to 4 side by side)
                     const Weights w = random_weights(t, n_out, n_in, uint32_t(n_in + n_out));
                     for (int64_t n_cols : {1, 2, 3, 4, 5, 9}) {
                         CAPTURE(type_name(t));
@@ -109,6 +109,45 @@ TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged group
         }
     }
     MESSAGE("SIMD sets with packed kernels on this CPU: " << simd_sets);
+}
+
+TEST_CASE("decode kernels: 1..4 groups side by side equal the scalar tile one group at a time, bit for bit") {
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    REQUIRE(scalar);
+    REQUIRE(!packed_decode_for(GgmlType::Q4_0, *scalar));   // the scalar set takes the tile
+    int kernels = 0;
+    for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon}) {
+        const CpuKernels* k = cpu_kernels_for(isa);
+        if (!k) continue;
+        for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+            const PackedDecodeFn decode = packed_decode_for(t, *k);
+            if (!decode) continue;
+            ++kernels;
+            const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+            for (int64_t n_in : {256, 768, 4096}) {
+                const int64_t n_out = kDecodeGroups * kPackRows, nb = n_in / (k_quant ? 256 : 32);
+                const Weights w = random_weights(t, n_out, n_in, uint32_t(3 * n_in + int(t)));
+                const auto x = random_vec(size_t(n_in), uint32_t(n_in));
+                const auto a = acts(t, x, n_in, 1);
+                std::vector<int32_t> corr;
+                packed_act_words(t, QuantizedActs{act_format_for(t), a.data(), n_in, 1, 0}, corr);
+                const size_t gbytes = packed_group_bytes(t, n_in);
+                for (int ng = 1; ng <= kDecodeGroups; ++ng) {
+                    CAPTURE(type_name(t));
+                    CAPTURE(n_in);
+                    CAPTURE(ng);
+                    std::vector<float> want(size_t(ng * kPackRows), -1.0f), got(want.size() + 16, -2.0f);
+                    for (int g = 0; g < ng; ++g)
+                        packed_tile_scalar(t, nb, w.packed.data() + size_t(g) * gbytes, a.data(), 0, corr.data(), 0, 1,
+                                           want.data() + g * kPackRows);
+                    decode(nb, w.packed.data(), gbytes, ng, a.data(), corr.data(), got.data());
+                    CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+                    CHECK(got[want.size()] == -2.0f);   // nothing written past the last group
+                }
+            }
+        }
+    }
+    MESSAGE("decode kernels on this CPU: " << kernels);
 }
 
 TEST_CASE("the packed matmul agrees with matmul_q on the plain rows (normalised error)") {

@@ -20,6 +20,7 @@ namespace tern {
 // Defined in gemm_packed_avx512.cpp / gemm_packed_avx2.cpp (x86-64 builds): the tile for t, or nullptr.
 PackedTileFn packed_tile_avx512(GgmlType t);
 PackedTileFn packed_tile_avx2(GgmlType t);
+PackedDecodeFn packed_decode_avx2(GgmlType t);
 
 namespace {
 
@@ -209,6 +210,22 @@ PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k) {
     return nullptr;
 }
 
+PackedDecodeFn packed_decode_for(GgmlType t, const CpuKernels& k) {
+#if defined(__x86_64__)
+    if (k.isa == CpuIsa::avx2) return packed_decode_avx2(t);
+#else
+    (void)t;
+    (void)k;
+#endif
+    return nullptr;
+}
+
+void packed_act_words(GgmlType t, const QuantizedActs& x, std::vector<int32_t>& words) {
+    const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+    const size_t xstride = x.col_stride ? x.col_stride : act_row_bytes(x.format, x.n_in);
+    act_corrections(t, x, x.n_in / (k_quant ? QK_K : QK8_0), xstride, k_quant ? 0 : layout_of(t).offset, words);
+}
+
 bool packing_pays(GgmlType t, int64_t n_in, const CpuKernels& k) {
     return packable(t, n_in) && packed_tile_for(t, k) != nullptr;
 }
@@ -231,22 +248,35 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
     const auto* xbase = static_cast<const uint8_t*>(x.data);
 
     thread_local std::vector<int32_t> corr;
-    act_corrections(t, x, nb, xstride, k_quant ? 0 : layout_of(t).offset, corr);
+    packed_act_words(t, x, corr);
 
     const int64_t n_groups = (n_out + kPackRows - 1) / kPackRows;
     const int64_t chunk_cols =
         std::max<int64_t>(kTileCols, static_cast<int64_t>(kChunkActBytes / xstride) / kTileCols * kTileCols);
+    // Decode with a decode kernel hands out kDecodeGroups groups at a time, read side by side.
+    const PackedDecodeFn decode = n_cols == 1 && simd ? packed_decode_for(t, k) : nullptr;
+    const int64_t unit = decode ? kDecodeGroups : 1;
+    const int64_t n_units = (n_groups + unit - 1) / unit;
     int nt = std::max(1, n_threads);
     if (w.n_in * n_out * n_cols < kMinParallelWork) nt = 1;
-    nt = static_cast<int>(std::min<int64_t>(nt, n_groups));
+    nt = static_cast<int>(std::min<int64_t>(nt, n_units));
     const int32_t* corr_data = corr.data();
+    auto copy_rows = [&](int64_t c, int64_t g, const float* from) {
+        std::memcpy(y + c * n_out + g * kPackRows, from, static_cast<size_t>(std::min<int64_t>(kPackRows, n_out - g * kPackRows)) * 4);
+    };
 
     for (int64_t c0 = 0; c0 < n_cols; c0 += chunk_cols) {
         const int64_t c1 = std::min(n_cols, c0 + chunk_cols);
-        // One group against the chunk's columns, kTileCols at a time.
-        auto run_group = [&](int64_t g, float* tile) {
-            const uint8_t* grp = wbase + static_cast<size_t>(g) * gbytes;
-            const int64_t rows = std::min<int64_t>(kPackRows, n_out - g * kPackRows);
+        // Unit u: its groups against the chunk's columns, kTileCols at a time (or all at once by the decode kernel).
+        auto run_unit = [&](int64_t u, float* tile) {
+            if (decode) {
+                const int64_t g0 = u * unit;
+                const int ng = static_cast<int>(std::min<int64_t>(unit, n_groups - g0));
+                decode(nb, wbase + static_cast<size_t>(g0) * gbytes, gbytes, ng, xbase, corr_data, tile);
+                for (int i = 0; i < ng; ++i) copy_rows(0, g0 + i, tile + i * kPackRows);
+                return;
+            }
+            const uint8_t* grp = wbase + static_cast<size_t>(u) * gbytes;
             for (int64_t c = c0; c < c1; c += kTileCols) {
                 const int nc = static_cast<int>(std::min<int64_t>(kTileCols, c1 - c));
                 const uint8_t* xc = xbase + static_cast<size_t>(c) * xstride;
@@ -255,22 +285,22 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
                     simd(nb, grp, xc, xstride, cc, corr_stride, nc, tile);
                 else
                     packed_tile_scalar(t, nb, grp, xc, xstride, cc, corr_stride, nc, tile);
-                for (int j = 0; j < nc; ++j)
-                    std::memcpy(y + (c + j) * n_out + g * kPackRows, tile + j * kPackRows, static_cast<size_t>(rows) * 4);
+                for (int j = 0; j < nc; ++j) copy_rows(c + j, u, tile + j * kPackRows);
             }
         };
-        // Each thread streams one contiguous slice of the groups and steals from the others' backs when it runs
-        // dry (stealing_split.h). Which thread computes a group never changes its results (one tile call per
+        // Each thread streams one contiguous slice of the units and steals from the others' backs when it runs
+        // dry (stealing_split.h). Which thread computes a group never changes its results (one kernel call per
         // output).
         const int64_t col_tiles = (c1 - c0 + kTileCols - 1) / kTileCols;
-        StealingSplit split(n_groups, nt, static_cast<int64_t>(kClaimBytes / (gbytes * static_cast<size_t>(col_tiles))));
+        const size_t unit_bytes = gbytes * static_cast<size_t>(unit * col_tiles);
+        StealingSplit split(n_units, nt, static_cast<int64_t>(kClaimBytes / unit_bytes));
 #pragma omp parallel num_threads(nt)
         {
             const int thread = omp_get_thread_num();
-            float tile[kTileCols * kPackRows];
-            int64_t g0 = 0, g1 = 0;
-            while (split.next(thread, &g0, &g1))
-                for (int64_t g = g0; g < g1; ++g) run_group(g, tile);
+            float tile[std::max(kTileCols, kDecodeGroups) * kPackRows];
+            int64_t u0 = 0, u1 = 0;
+            while (split.next(thread, &u0, &u1))
+                for (int64_t u = u0; u < u1; ++u) run_unit(u, tile);
         }
     }
 }
@@ -278,6 +308,7 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
 #if !defined(__x86_64__)
 PackedTileFn packed_tile_avx512(GgmlType) { return nullptr; }
 PackedTileFn packed_tile_avx2(GgmlType) { return nullptr; }
+PackedDecodeFn packed_decode_avx2(GgmlType) { return nullptr; }
 #endif
 
 } // namespace tern

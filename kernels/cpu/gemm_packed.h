@@ -17,9 +17,11 @@
 // Loop nest (matmul_packed): column chunks sized so their activations stay in L2; inside a chunk the
 // threads split the groups, and each group (16 rows, e.g. 18 KiB of Q4_0 at n_in = 2048) stays in L1
 // while the chunk's columns pass over it kTileCols at a time. Decode is the same nest with one column:
-// the weights stream through once, 16 rows per step, with no horizontal sums.
+// the weights stream through once, 16 rows per step, with no horizontal sums; where the ISA has a decode
+// kernel (PackedDecodeFn) a thread takes kDecodeGroups groups at a time and reads them side by side.
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/matmul_quant.h"
@@ -61,11 +63,24 @@ static void packed_tile_any_cols(int64_t nb, const uint8_t* group, const uint8_t
     }
 }
 
+// Decode (one column) of n_groups consecutive groups, 1 <= n_groups <= kDecodeGroups, the first at `first`, each
+// group_bytes long: out[16 g + r] is exactly what the tile gives for group g (same x and corr as a 1-column
+// tile). A thread that reads several groups side by side keeps several memory streams going at once.
+inline constexpr int kDecodeGroups = 4;
+using PackedDecodeFn = void (*)(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x,
+                                const int32_t* corr, float* out);
+
 // The scalar twin (any CPU) and the SIMD kernel for the set k (nullptr when k's ISA has none: then the
 // caller keeps the plain layout and matmul_q).
 void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride,
                         const int32_t* corr, size_t corr_stride, int n_cols, float* out);
 PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k);
+// k's decode kernel for t, or nullptr (then decode takes the tile one group at a time).
+PackedDecodeFn packed_decode_for(GgmlType t, const CpuKernels& k);
+
+// The per-block activation words of x's columns that the tiles and decode kernels take as corr (see
+// PackedTileFn), x.n_cols * corr_stride of them: column c's at c * corr_stride.
+void packed_act_words(GgmlType t, const QuantizedActs& x, std::vector<int32_t>& words);
 
 // Whether weights of format t (rows of n_in) are worth packing for the set k: a SIMD tile kernel exists.
 bool packing_pays(GgmlType t, int64_t n_in, const CpuKernels& k);

@@ -10,6 +10,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/stream_prefetch.h"
@@ -98,27 +99,31 @@ template <bool kQ8>
     }
 }
 
-// Decode (1 column): both halves per block, so the group streams through once, in order.
+// Decode (1 column), one block of one group: both halves, so the group streams through once, in order.
+template <bool kQ8>
+[[gnu::always_inline]] inline void block_1col(const uint8_t* p, const BlockQ8_0& xb, const int32_t* corr, __m256& acc0,
+                                              __m256& acc1) {
+    constexpr size_t kBlock = 32 + 64 * (kQ8 ? 8 : 4);
+    prefetch_range_ahead(p, kBlock);
+    float d;
+    std::memcpy(&d, corr + 1, 4);
+    const __m256 dx = _mm256_set1_ps(d);
+    __m256i i0 = block_isum<kQ8>(p + 32, xb.qs), i1 = block_isum<kQ8>(p + 64, xb.qs);
+    if constexpr (!kQ8) {
+        const __m256i off = _mm256_set1_epi32(corr[0]);
+        i0 = _mm256_add_epi32(i0, off);
+        i1 = _mm256_add_epi32(i1, off);
+    }
+    acc0 = _mm256_fmadd_ps(_mm256_mul_ps(f16x8(p), dx), _mm256_cvtepi32_ps(i0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_mul_ps(f16x8(p + 16), dx), _mm256_cvtepi32_ps(i1), acc1);
+}
+
 template <bool kQ8>
 void tile_1col(int64_t nb, const uint8_t* group, const uint8_t* x, const int32_t* corr, float* out) {
     constexpr size_t kBlock = 32 + 64 * (kQ8 ? 8 : 4);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
-        prefetch_range_ahead(p, kBlock);
-        float d;
-        std::memcpy(&d, corr + 2 * b + 1, 4);
-        const __m256 dx = _mm256_set1_ps(d);
-        __m256i i0 = block_isum<kQ8>(p + 32, xb[b].qs), i1 = block_isum<kQ8>(p + 64, xb[b].qs);
-        if constexpr (!kQ8) {
-            const __m256i off = _mm256_set1_epi32(corr[2 * b]);
-            i0 = _mm256_add_epi32(i0, off);
-            i1 = _mm256_add_epi32(i1, off);
-        }
-        acc0 = _mm256_fmadd_ps(_mm256_mul_ps(f16x8(p), dx), _mm256_cvtepi32_ps(i0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_mul_ps(f16x8(p + 16), dx), _mm256_cvtepi32_ps(i1), acc1);
-    }
+    for (int64_t b = 0; b < nb; ++b) block_1col<kQ8>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
     _mm256_storeu_ps(out, acc0);
     _mm256_storeu_ps(out + 8, acc1);
 }
@@ -377,6 +382,35 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
     }
 }
 
+// Decode of n_groups (1..kDecodeGroups) consecutive groups side by side (PackedDecodeFn): kStep blocks (~0.5 KiB)
+// of each group in turn, so that a thread keeps several prefetched memory streams going (in a scratch read loop,
+// one such stream per thread read at 75-92% of the plain loop). Each output's chain is tile_1col's, block by
+// block. Decode 2048x8192 from memory against the tile one group at a time, alternated per pass in one process
+// (30 pairs, median ratio, 4 runs): Q4_0 1.10-1.20x at 1 thread, 1.00-1.07x at 2; Q8_0 1.07-1.20x and 1.00-1.05x.
+// Q4_K and Q6_K read no faster this way (0.84-0.97x) and keep their tiles.
+template <bool kQ8>
+void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x,
+                   const int32_t* corr, float* out) {
+    constexpr size_t kBlock = 32 + 64 * (kQ8 ? 8 : 4);
+    constexpr int64_t kStep = kQ8 ? 1 : 2;
+    const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
+    for (int g = 0; g < n_groups; ++g) {
+        _mm256_storeu_ps(out + 16 * g, _mm256_setzero_ps());
+        _mm256_storeu_ps(out + 16 * g + 8, _mm256_setzero_ps());
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += kStep) {
+        const int64_t b1 = std::min(nb, b0 + kStep);
+        for (int g = 0; g < n_groups; ++g) {
+            const uint8_t* group = first + static_cast<size_t>(g) * group_bytes;
+            __m256 acc0 = _mm256_loadu_ps(out + 16 * g), acc1 = _mm256_loadu_ps(out + 16 * g + 8);
+            for (int64_t b = b0; b < b1; ++b)
+                block_1col<kQ8>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
+            _mm256_storeu_ps(out + 16 * g, acc0);
+            _mm256_storeu_ps(out + 16 * g + 8, acc1);
+        }
+    }
+}
+
 // The tiles as templates over the column count, for packed_tile_any_cols (gemm_packed.h).
 template <int C> struct Q4_0Tile { static constexpr auto run = tile<C, false>; };
 template <int C> struct Q8_0Tile { static constexpr auto run = tile<C, true>; };
@@ -391,6 +425,14 @@ PackedTileFn packed_tile_avx2(GgmlType t) {
     case GgmlType::Q8_0: return packed_tile_any_cols<Q8_0Tile>;
     case GgmlType::Q4_K: return packed_tile_any_cols<Q4_KTile>;
     case GgmlType::Q6_K: return packed_tile_any_cols<Q6_KTile>;
+    default: return nullptr;
+    }
+}
+
+PackedDecodeFn packed_decode_avx2(GgmlType t) {
+    switch (t) {
+    case GgmlType::Q4_0: return decode_groups<false>;
+    case GgmlType::Q8_0: return decode_groups<true>;
     default: return nullptr;
     }
 }
