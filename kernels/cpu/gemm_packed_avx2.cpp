@@ -99,12 +99,13 @@ template <bool kQ8>
     }
 }
 
-// Decode (1 column), one block of one group: both halves, so the group streams through once, in order.
-template <bool kQ8>
+// Decode (1 column), one block of one group: both halves, so the group streams through once, in order. kPrefetch:
+// request the block's lines ahead (stream_prefetch.h) here; decode_groups requests its own.
+template <bool kQ8, bool kPrefetch>
 [[gnu::always_inline]] inline void block_1col(const uint8_t* p, const BlockQ8_0& xb, const int32_t* corr, __m256& acc0,
                                               __m256& acc1) {
     constexpr size_t kBlock = 32 + 64 * (kQ8 ? 8 : 4);
-    prefetch_range_ahead(p, kBlock);
+    if constexpr (kPrefetch) prefetch_range_ahead(p, kBlock);
     float d;
     std::memcpy(&d, corr + 1, 4);
     const __m256 dx = _mm256_set1_ps(d);
@@ -123,7 +124,8 @@ void tile_1col(int64_t nb, const uint8_t* group, const uint8_t* x, const int32_t
     constexpr size_t kBlock = 32 + 64 * (kQ8 ? 8 : 4);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
-    for (int64_t b = 0; b < nb; ++b) block_1col<kQ8>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
+    for (int64_t b = 0; b < nb; ++b)
+        block_1col<kQ8, true>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
     _mm256_storeu_ps(out, acc0);
     _mm256_storeu_ps(out + 8, acc1);
 }
@@ -385,9 +387,13 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
 // Decode of n_groups (1..kDecodeGroups) consecutive groups side by side (PackedDecodeFn): kStep blocks (~0.5 KiB)
 // of each group in turn, so that a thread keeps several prefetched memory streams going (in a scratch read loop,
 // one such stream per thread read at 75-92% of the plain loop). Each output's chain is tile_1col's, block by
-// block. Decode 2048x8192 from memory against the tile one group at a time, alternated per pass in one process
-// (30 pairs, median ratio, 4 runs): Q4_0 1.10-1.20x at 1 thread, 1.00-1.07x at 2; Q8_0 1.07-1.20x and 1.00-1.05x.
-// Q4_K and Q6_K read no faster this way (0.84-0.97x) and keep their tiles.
+// block. Each line of a step is requested once, into L2 only, kFarPrefetchBytes ahead; the tile's second request
+// into L1 (kNearPrefetchBytes ahead, and each block's lines, so a shared line twice) costs more than it saves here.
+// Decode 2048x8192 from memory, alternated per pass in one process (30 pairs, median ratio):
+//   4 groups side by side, the tile's prefetches, against the tile (4 runs): Q4_0 1.10-1.20x at 1 thread and
+//   1.00-1.07x at 2; Q8_0 1.07-1.20x and 1.00-1.05x;
+//   these prefetches against the tile's (2 runs): Q4_0 1.02-1.04x and 1.03-1.07x, Q8_0 1.28-1.38x and 1.18-1.24x.
+// Q4_K and Q6_K read no faster side by side (0.84-0.97x) and keep their tiles.
 template <bool kQ8>
 void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x,
                    const int32_t* corr, float* out) {
@@ -402,9 +408,10 @@ void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_g
         const int64_t b1 = std::min(nb, b0 + kStep);
         for (int g = 0; g < n_groups; ++g) {
             const uint8_t* group = first + static_cast<size_t>(g) * group_bytes;
+            prefetch_lines_far(group + static_cast<size_t>(b0) * kBlock, static_cast<size_t>(b1 - b0) * kBlock);
             __m256 acc0 = _mm256_loadu_ps(out + 16 * g), acc1 = _mm256_loadu_ps(out + 16 * g + 8);
             for (int64_t b = b0; b < b1; ++b)
-                block_1col<kQ8>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
+                block_1col<kQ8, false>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
             _mm256_storeu_ps(out + 16 * g, acc0);
             _mm256_storeu_ps(out + 16 * g + 8, acc1);
         }
