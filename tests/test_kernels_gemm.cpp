@@ -23,6 +23,7 @@
 #include "kernels/cpu/membw.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quantize_act.h"
+#include "kernels/cpu/stream_prefetch.h"
 #include "quant/reference.h"
 #include "quant/repack.h"
 #include "quant/types.h"
@@ -148,6 +149,40 @@ TEST_CASE("decode kernels: 1..4 groups side by side equal the scalar tile one gr
         }
     }
     MESSAGE("decode kernels on this CPU: " << kernels);
+}
+
+// The decode kernels' far prefetches (stream_prefetch.h) follow a stream past its end into its successor in the next
+// run of streams: a wrong mapping costs only speed, so it is checked here, against the byte offsets it must cover.
+TEST_CASE("for_each_successor_piece: a stream's bytes past its end are its successor's, in order, across runs") {
+    const std::vector<uint8_t> memory(size_t(8) * 4 * 18432);   // the pointers only: no byte is read
+    const uint8_t* base = memory.data();
+    for (size_t stream_bytes : {size_t(100), size_t(2304), size_t(18432)})
+        for (int n_streams : {1, 3, 4})
+            for (int stream = 0; stream < n_streams; ++stream)
+                for (size_t ahead : {size_t(0), size_t(37), stream_bytes - 1, stream_bytes, 3 * stream_bytes + 5})
+                    for (size_t bytes : {size_t(1), size_t(64), size_t(576), 2 * stream_bytes + 7}) {
+                        CAPTURE(stream_bytes);
+                        CAPTURE(n_streams);
+                        CAPTURE(stream);
+                        CAPTURE(ahead);
+                        CAPTURE(bytes);
+                        // Virtual offset v of stream s lies in run v / stream_bytes, at byte v % stream_bytes of that
+                        // run's stream s; runs are n_streams * stream_bytes apart.
+                        auto where = [&](size_t v) {
+                            return (v / stream_bytes) * size_t(n_streams) * stream_bytes + size_t(stream) * stream_bytes + v % stream_bytes;
+                        };
+                        size_t v = ahead, covered = 0;
+                        bool in_order = true;
+                        for_each_successor_piece(base + size_t(stream) * stream_bytes, stream_bytes, n_streams, ahead, bytes,
+                                                 [&](const uint8_t* p, size_t n) {
+                                                     in_order = in_order && n > 0 && size_t(p - base) == where(v) &&
+                                                                where(v + n - 1) == where(v) + n - 1;
+                                                     v += n;
+                                                     covered += n;
+                                                 });
+                        CHECK(in_order);
+                        CHECK(covered == bytes);
+                    }
 }
 
 TEST_CASE("the packed matmul agrees with matmul_q on the plain rows (normalised error)") {

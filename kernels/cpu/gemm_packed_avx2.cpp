@@ -387,7 +387,8 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
 // Decode of n_groups (1..kDecodeGroups) consecutive groups side by side (PackedDecodeFn): kStep blocks (~0.5 KiB)
 // of each group in turn, so that a thread keeps several prefetched memory streams going (in a scratch read loop,
 // one such stream per thread read at 75-92% of the plain loop). Each output's chain is tile_1col's, block by
-// block. Each line of a step is requested once, into L2 only, kFarPrefetchBytes ahead; the tile's second request
+// block. Each line of a step is requested once, into L2 only, kFarPrefetchBytes ahead, and near a group's end in
+// the same group of the next unit of kDecodeGroups (prefetch_streams_far: what the thread reads next); the tile's second request
 // into L1 (kNearPrefetchBytes ahead, and each block's lines, so a shared line twice) costs more than it saves here.
 // Decode 2048x8192 from memory, alternated per pass in one process (30 pairs, median ratio):
 //   4 groups side by side, the tile's prefetches, against the tile (4 runs): Q4_0 1.10-1.20x at 1 thread and
@@ -408,7 +409,7 @@ void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_g
         const int64_t b1 = std::min(nb, b0 + kStep);
         for (int g = 0; g < n_groups; ++g) {
             const uint8_t* group = first + static_cast<size_t>(g) * group_bytes;
-            prefetch_lines_far(group + static_cast<size_t>(b0) * kBlock, static_cast<size_t>(b1 - b0) * kBlock);
+            prefetch_streams_far(group, group_bytes, n_groups, static_cast<size_t>(b0) * kBlock, static_cast<size_t>(b1 - b0) * kBlock);
             __m256 acc0 = _mm256_loadu_ps(out + 16 * g), acc1 = _mm256_loadu_ps(out + 16 * g + 8);
             for (int64_t b = b0; b < b1; ++b)
                 block_1col<kQ8, false>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
