@@ -384,35 +384,34 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
     }
 }
 
-// Decode of n_groups (1..kDecodeGroups) consecutive groups side by side (PackedDecodeFn): kStep blocks (~0.5 KiB)
-// of each group in turn, so that a thread keeps several prefetched memory streams going (in a scratch read loop,
-// one such stream per thread read at 75-92% of the plain loop). Each output's chain is tile_1col's, block by
-// block. Each line of a step is requested once, into L2 only, kFarPrefetchBytes ahead, and near a group's end in
-// the same group of the next unit of kDecodeGroups (prefetch_streams_far: what the thread reads next); the tile's second request
-// into L1 (kNearPrefetchBytes ahead, and each block's lines, so a shared line twice) costs more than it saves here.
-// Decode 2048x8192 from memory, alternated per pass in one process (30 pairs, median ratio):
-//   4 groups side by side, the tile's prefetches, against the tile (4 runs): Q4_0 1.10-1.20x at 1 thread and
-//   1.00-1.07x at 2; Q8_0 1.07-1.20x and 1.00-1.05x;
-//   these prefetches against the tile's (2 runs): Q4_0 1.02-1.04x and 1.03-1.07x, Q8_0 1.28-1.38x and 1.18-1.24x.
+// Decode of n_groups (1..kDecodeGroups) consecutive groups side by side (PackedDecodeFn): one block of each group
+// in turn, so that a thread keeps several prefetched memory streams going (in a scratch read loop, one such stream
+// per thread read at 75-92% of the plain loop). Each output's chain is tile_1col's, block by block. A block's lines
+// are requested into L2 only, kFarPrefetchBytes ahead, and near a group's end in the same group of the next unit of
+// kDecodeGroups (prefetch_streams_far: what the thread reads next); the tile's second request into L1
+// (kNearPrefetchBytes ahead) costs more than it saves here. Measured, alternated per pass in one process:
+//   2048x8192 from memory (30 pairs, median ratio): 4 groups side by side, the tile's prefetches, against the
+//   tile (4 runs): Q4_0 1.10-1.20x at 1 thread and 1.00-1.07x at 2; Q8_0 1.07-1.20x and 1.00-1.05x; L2-only
+//   prefetches against the tile's (2 runs): Q4_0 1.02-1.04x and 1.03-1.07x, Q8_0 1.28-1.38x and 1.18-1.24x;
+//   llama-1b's layer matrices, per token (15-20 pairs): prefetching into the next unit 1.17-1.20x / 1.11x (Q4_0),
+//   1.06x / 1.04x (Q8_0); then for Q4_0 one block per turn instead of two 1.06-1.07x / 1.06-1.10x (four: 0.92-0.95x;
+//   8 groups of one block: 1.10x / 0.97x).
 // Q4_K and Q6_K read no faster side by side (0.84-0.97x) and keep their tiles.
 template <bool kQ8>
 void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x,
                    const int32_t* corr, float* out) {
     constexpr size_t kBlock = 32 + 64 * (kQ8 ? 8 : 4);
-    constexpr int64_t kStep = kQ8 ? 1 : 2;
     const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
     for (int g = 0; g < n_groups; ++g) {
         _mm256_storeu_ps(out + 16 * g, _mm256_setzero_ps());
         _mm256_storeu_ps(out + 16 * g + 8, _mm256_setzero_ps());
     }
-    for (int64_t b0 = 0; b0 < nb; b0 += kStep) {
-        const int64_t b1 = std::min(nb, b0 + kStep);
+    for (int64_t b = 0; b < nb; ++b) {
         for (int g = 0; g < n_groups; ++g) {
             const uint8_t* group = first + static_cast<size_t>(g) * group_bytes;
-            prefetch_streams_far(group, group_bytes, n_groups, static_cast<size_t>(b0) * kBlock, static_cast<size_t>(b1 - b0) * kBlock);
+            prefetch_streams_far(group, group_bytes, n_groups, static_cast<size_t>(b) * kBlock, kBlock);
             __m256 acc0 = _mm256_loadu_ps(out + 16 * g), acc1 = _mm256_loadu_ps(out + 16 * g + 8);
-            for (int64_t b = b0; b < b1; ++b)
-                block_1col<kQ8, false>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
+            block_1col<kQ8, false>(group + static_cast<size_t>(b) * kBlock, xb[b], corr + 2 * b, acc0, acc1);
             _mm256_storeu_ps(out + 16 * g, acc0);
             _mm256_storeu_ps(out + 16 * g + 8, acc1);
         }
