@@ -396,7 +396,7 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
 //   llama-1b's layer matrices, per token (15-20 pairs): prefetching into the next unit 1.17-1.20x / 1.11x (Q4_0),
 //   1.06x / 1.04x (Q8_0); then for Q4_0 one block per turn instead of two 1.06-1.07x / 1.06-1.10x (four: 0.92-0.95x;
 //   8 groups of one block: 1.10x / 0.97x).
-// Q4_K and Q6_K read no faster side by side (0.84-0.97x) and keep their tiles.
+// Q6_K reads no faster side by side (a super-block per turn: 0.42x / 0.47x) and keeps its tile; Q4_K: decode_q4_k.
 template <bool kQ8>
 void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x,
                    const int32_t* corr, float* out) {
@@ -418,6 +418,70 @@ void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_g
     }
 }
 
+// Q4_K decode side by side: n_groups (1..kDecodeGroups) groups, one 64-element pair of sub-blocks (512 bytes of
+// codes; the first also takes the super-block's 320 bytes of scales and mins) of each group in turn, the groups'
+// integer sums kept in memory between turns, the lines requested as in decode_groups. Each output's arithmetic is
+// q4_k_rows<1, 2>'s: the same integer sums (exact in any order) and the same two fused multiply-adds per
+// super-block, so the bits are the tile's. llama-1b's Q4_K layer matrices against the tile, alternated per token in
+// one process (10 pairs, 3 runs): 1.14-1.17x at 1 thread but 0.90-0.95x at 2, so it is used only while a thread
+// streams alone (packed_decode_avx2): one core's outstanding misses then limit it, and more streams raise them;
+// with both cores reading, the memory is the limit. Tried: a whole super-block per turn 0.80x / 0.77x, half a
+// pair 0.83x / 0.84x, 2 groups 0.97x / 0.94x, 3 groups 1.03x / 1.01x.
+void decode_q4_k(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x, const int32_t* corr,
+                 float* out) {
+    constexpr size_t kBlock = 64 + 128 + 128 + 2048, kHead = 320, kPairBytes = 512;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i isum[kDecodeGroups][2];
+    for (int g = 0; g < n_groups; ++g) {
+        _mm256_storeu_ps(out + 16 * g, _mm256_setzero_ps());
+        _mm256_storeu_ps(out + 16 * g + 8, _mm256_setzero_ps());
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ8_K* xb = reinterpret_cast<const BlockQ8_K*>(x) + b;
+        for (int pair = 0; pair < 4; ++pair)
+            for (int g = 0; g < n_groups; ++g) {
+                const uint8_t* group = first + static_cast<size_t>(g) * group_bytes;
+                const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
+                const size_t begin = pair == 0 ? 0 : kHead + kPairBytes * pair, end = kHead + kPairBytes * (pair + 1);
+                prefetch_streams_far(group, group_bytes, n_groups, static_cast<size_t>(b) * kBlock + begin, end - begin);
+                __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};
+                #pragma GCC unroll 8
+                for (int s = 0; s < 8; ++s) {
+                    const uint8_t* chunk = p + kHead + 64 * (8 * pair + s);
+                    const __m256i al = bcast4(xb->qs + 64 * pair + 4 * s), ah = bcast4(xb->qs + 64 * pair + 32 + 4 * s);
+                    for (int h = 0; h < 2; ++h) {
+                        const __m256i v = load256(chunk + 32 * h);
+                        const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        lo[h] = _mm256_add_epi16(lo[h], mul_u8_i8(wl, al));
+                        hi[h] = _mm256_add_epi16(hi[h], mul_u8_i8(wh, ah));
+                        keep_sum_in_register(lo[h]);
+                        keep_sum_in_register(hi[h]);
+                    }
+                }
+                for (int h = 0; h < 2; ++h) {
+                    const __m256i sl = scale_pairs<false>(p + 64 + 16 * (2 * pair), h);
+                    const __m256i sh = scale_pairs<false>(p + 64 + 16 * (2 * pair + 1), h);
+                    const __m256i part = _mm256_add_epi32(_mm256_madd_epi16(lo[h], sl), _mm256_madd_epi16(hi[h], sh));
+                    isum[g][h] = pair == 0 ? part : _mm256_add_epi32(isum[g][h], part);
+                }
+                if (pair < 3) continue;
+                const __m256 dx = _mm256_set1_ps(xb->d);
+                for (int h = 0; h < 2; ++h) {
+                    __m256i msum = _mm256_setzero_si256();
+                    for (int k = 0; k < 4; ++k) {
+                        const __m256i mk = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * k + 16 * h)));
+                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mk, _mm256_set1_epi32(corr[static_cast<size_t>(b) * 4 + k])));
+                    }
+                    const __m256 dw = f16x8(p + 16 * h), dm = f16x8(p + 32 + 16 * h);
+                    __m256 acc = _mm256_loadu_ps(out + 16 * g + 8 * h);
+                    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[g][h]), acc);
+                    acc = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum), acc);
+                    _mm256_storeu_ps(out + 16 * g + 8 * h, acc);
+                }
+            }
+    }
+}
+
 // The tiles as templates over the column count, for packed_tile_any_cols (gemm_packed.h).
 template <int C> struct Q4_0Tile { static constexpr auto run = tile<C, false>; };
 template <int C> struct Q8_0Tile { static constexpr auto run = tile<C, true>; };
@@ -436,10 +500,11 @@ PackedTileFn packed_tile_avx2(GgmlType t) {
     }
 }
 
-PackedDecodeFn packed_decode_avx2(GgmlType t) {
+PackedDecodeFn packed_decode_avx2(GgmlType t, int n_threads) {
     switch (t) {
     case GgmlType::Q4_0: return decode_groups<false>;
     case GgmlType::Q8_0: return decode_groups<true>;
+    case GgmlType::Q4_K: return n_threads <= 1 ? decode_q4_k : nullptr;   // see decode_q4_k
     default: return nullptr;
     }
 }
