@@ -396,7 +396,9 @@ void tile_q6_k(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stri
 //   llama-1b's layer matrices, per token (15-20 pairs): prefetching into the next unit 1.17-1.20x / 1.11x (Q4_0),
 //   1.06x / 1.04x (Q8_0); then for Q4_0 one block per turn instead of two 1.06-1.07x / 1.06-1.10x (four: 0.92-0.95x;
 //   8 groups of one block: 1.10x / 0.97x).
-// Q6_K reads no faster side by side (a super-block per turn: 0.42x / 0.47x) and keeps its tile; Q4_K: decode_q4_k.
+// Q6_K reads slower side by side and keeps its tile (a super-block per turn: 0.42x / 0.47x; a 64-element pair, as
+// decode_q4_k: 0.45-0.54x at 1 and 2 threads, with or without software prefetches, though as fast as the tile
+// from L2: its two code regions per group make 8 streams); Q4_K: decode_q4_k.
 template <bool kQ8>
 void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x,
                    const int32_t* corr, float* out) {
