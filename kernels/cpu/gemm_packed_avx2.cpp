@@ -210,11 +210,67 @@ void tile(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, c
 // q4_k_rows covers H halves (8 rows each) from half h0 against C columns. Decode (1 column) takes both halves
 // in one pass, each 64-byte chunk whole and in order; prefill takes one half and two columns at a time, which
 // keeps its sums in the 16 registers (4 columns of both halves spilled on every chunk).
+// One pair of sub-blocks of a Q4_K super-block p, halves h0 .. h0 + H - 1, against C columns' activation blocks xb:
+// isum[c][h] += the pair's integer sum (before the mins). prefetch: request each code chunk ahead as it is loaded.
+template <int C, int H>
+[[gnu::always_inline]] inline void q4_k_pair_isum(const uint8_t* p, int pair, int h0, bool prefetch, const BlockQ8_K* const xb[C],
+                                                  __m256i isum[C][H]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i lo[C][H], hi[C][H];
+    for (int c = 0; c < C; ++c)
+        for (int h = 0; h < H; ++h) lo[c][h] = hi[c][h] = _mm256_setzero_si256();
+    #pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+        const uint8_t* chunk = p + 320 + 64 * (8 * pair + s);
+        if (prefetch) prefetch_ahead(chunk);
+        for (int h = 0; h < H; ++h) {
+            const __m256i v = load256(chunk + 32 * (h0 + h));
+            const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int c = 0; c < C; ++c) {
+                lo[c][h] = _mm256_add_epi16(lo[c][h], mul_u8_i8(wl, bcast4(xb[c]->qs + 64 * pair + 4 * s)));
+                hi[c][h] = _mm256_add_epi16(hi[c][h], mul_u8_i8(wh, bcast4(xb[c]->qs + 64 * pair + 32 + 4 * s)));
+                keep_sum_in_register(lo[c][h]);
+                keep_sum_in_register(hi[c][h]);
+            }
+        }
+    }
+    for (int h = 0; h < H; ++h) {
+        const __m256i sl = scale_pairs<false>(p + 64 + 16 * (2 * pair), h0 + h);
+        const __m256i sh = scale_pairs<false>(p + 64 + 16 * (2 * pair + 1), h0 + h);
+        for (int c = 0; c < C; ++c)
+            isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_add_epi32(_mm256_madd_epi16(lo[c][h], sl), _mm256_madd_epi16(hi[c][h], sh)));
+    }
+}
+
+// The end of a Q4_K super-block p (block b): the mins against the activation sub-block sums (corr, column c's at
+// c * corr_stride), then acc[c][h] gets the super-block's two fused multiply-adds.
+template <int C, int H>
+[[gnu::always_inline]] inline void q4_k_block_end(const uint8_t* p, int64_t b, int h0, const BlockQ8_K* const xb[C],
+                                                  const int32_t* corr, size_t corr_stride, __m256i isum[C][H], __m256 acc[C][H]) {
+    for (int h = 0; h < H; ++h) {
+        __m256i msum[C];
+        for (int c = 0; c < C; ++c) msum[c] = _mm256_setzero_si256();
+        for (int k = 0; k < 4; ++k) {
+            // Row r's mins of sub-blocks 2k and 2k + 1 as two i16, against the word of their activation sums.
+            const __m256i mk =
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * k + 16 * (h0 + h))));
+            for (int c = 0; c < C; ++c)
+                msum[c] = _mm256_add_epi32(msum[c], _mm256_madd_epi16(mk, _mm256_set1_epi32(corr[static_cast<size_t>(c) * corr_stride +
+                                                                                              static_cast<size_t>(b) * 4 + k])));
+        }
+        const __m256 dw = f16x8(p + 16 * (h0 + h)), dm = f16x8(p + 32 + 16 * (h0 + h));
+        for (int c = 0; c < C; ++c) {
+            const __m256 dx = _mm256_set1_ps(xb[c]->d);
+            acc[c][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[c][h]), acc[c][h]);
+            acc[c][h] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[c]), acc[c][h]);
+        }
+    }
+}
+
 template <int C, int H>
 void q4_k_rows(int h0, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                size_t corr_stride, float* out) {
     constexpr size_t kBlock = 64 + 128 + 128 + 2048;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[C][H];
     for (int c = 0; c < C; ++c)
         for (int h = 0; h < H; ++h) acc[c][h] = _mm256_setzero_ps();
@@ -226,50 +282,8 @@ void q4_k_rows(int h0, int64_t nb, const uint8_t* group, const uint8_t* x, size_
         __m256i isum[C][H];
         for (int c = 0; c < C; ++c)
             for (int h = 0; h < H; ++h) isum[c][h] = _mm256_setzero_si256();
-        for (int pair = 0; pair < 4; ++pair) {
-            __m256i lo[C][H], hi[C][H];
-            for (int c = 0; c < C; ++c)
-                for (int h = 0; h < H; ++h) lo[c][h] = hi[c][h] = _mm256_setzero_si256();
-            #pragma GCC unroll 8
-            for (int s = 0; s < 8; ++s) {
-                const uint8_t* chunk = p + 320 + 64 * (8 * pair + s);
-                if (h0 == 0) prefetch_ahead(chunk);
-                for (int h = 0; h < H; ++h) {
-                    const __m256i v = load256(chunk + 32 * (h0 + h));
-                    const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    for (int c = 0; c < C; ++c) {
-                        lo[c][h] = _mm256_add_epi16(lo[c][h], mul_u8_i8(wl, bcast4(xb[c]->qs + 64 * pair + 4 * s)));
-                        hi[c][h] = _mm256_add_epi16(hi[c][h], mul_u8_i8(wh, bcast4(xb[c]->qs + 64 * pair + 32 + 4 * s)));
-                        keep_sum_in_register(lo[c][h]);
-                        keep_sum_in_register(hi[c][h]);
-                    }
-                }
-            }
-            for (int h = 0; h < H; ++h) {
-                const __m256i sl = scale_pairs<false>(p + 64 + 16 * (2 * pair), h0 + h);
-                const __m256i sh = scale_pairs<false>(p + 64 + 16 * (2 * pair + 1), h0 + h);
-                for (int c = 0; c < C; ++c)
-                    isum[c][h] = _mm256_add_epi32(isum[c][h], _mm256_add_epi32(_mm256_madd_epi16(lo[c][h], sl), _mm256_madd_epi16(hi[c][h], sh)));
-            }
-        }
-        for (int h = 0; h < H; ++h) {
-            __m256i msum[C];
-            for (int c = 0; c < C; ++c) msum[c] = _mm256_setzero_si256();
-            for (int k = 0; k < 4; ++k) {
-                // Row r's mins of sub-blocks 2k and 2k + 1 as two i16, against the word of their activation sums.
-                const __m256i mk =
-                    _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * k + 16 * (h0 + h))));
-                for (int c = 0; c < C; ++c)
-                    msum[c] = _mm256_add_epi32(msum[c], _mm256_madd_epi16(mk, _mm256_set1_epi32(corr[static_cast<size_t>(c) * corr_stride +
-                                                                                                  static_cast<size_t>(b) * 4 + k])));
-            }
-            const __m256 dw = f16x8(p + 16 * (h0 + h)), dm = f16x8(p + 32 + 16 * (h0 + h));
-            for (int c = 0; c < C; ++c) {
-                const __m256 dx = _mm256_set1_ps(xb[c]->d);
-                acc[c][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[c][h]), acc[c][h]);
-                acc[c][h] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[c]), acc[c][h]);
-            }
-        }
+        for (int pair = 0; pair < 4; ++pair) q4_k_pair_isum<C, H>(p, pair, h0, h0 == 0, xb, isum);
+        q4_k_block_end<C, H>(p, b, h0, xb, corr, corr_stride, isum, acc);
     }
     for (int c = 0; c < C; ++c)
         for (int h = 0; h < H; ++h) _mm256_storeu_ps(out + 16 * c + 8 * (h0 + h), acc[c][h]);
@@ -423,9 +437,8 @@ void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_g
 
 // Q4_K decode side by side: n_groups (1..kDecodeGroups) groups, one 64-element pair of sub-blocks (512 bytes of
 // codes; the first also takes the super-block's 320 bytes of scales and mins) of each group in turn, the groups'
-// integer sums kept in memory between turns, the lines requested as in decode_groups. Each output's arithmetic is
-// q4_k_rows<1, 2>'s: the same integer sums (exact in any order) and the same two fused multiply-adds per
-// super-block, so the bits are the tile's. llama-1b's Q4_K layer matrices against the tile, alternated per token in
+// integer sums kept in memory between turns, the lines requested as in decode_groups. The arithmetic is
+// q4_k_rows<1, 2>'s own (q4_k_pair_isum, q4_k_block_end), so the bits are the tile's. llama-1b's Q4_K layer matrices against the tile, alternated per token in
 // one process (10 pairs, 3 runs): 1.14-1.17x at 1 thread but 0.90-0.95x at 2, so it is used only while a thread
 // streams alone (packed_decode_avx2): one core's outstanding misses then limit it, and more streams raise them;
 // with both cores reading, the memory is the limit. Tried: a whole super-block per turn 0.80x / 0.77x, half a
@@ -433,54 +446,26 @@ void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_g
 void decode_q4_k(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x, const int32_t* corr,
                  float* out) {
     constexpr size_t kBlock = 64 + 128 + 128 + 2048, kHead = 320, kPairBytes = 512;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i isum[kDecodeGroups][2];
+    __m256i isum[kDecodeGroups][1][2];
     for (int g = 0; g < n_groups; ++g) {
         _mm256_storeu_ps(out + 16 * g, _mm256_setzero_ps());
         _mm256_storeu_ps(out + 16 * g + 8, _mm256_setzero_ps());
     }
     for (int64_t b = 0; b < nb; ++b) {
-        const BlockQ8_K* xb = reinterpret_cast<const BlockQ8_K*>(x) + b;
+        const BlockQ8_K* const xb[1] = {reinterpret_cast<const BlockQ8_K*>(x) + b};
         for (int pair = 0; pair < 4; ++pair)
             for (int g = 0; g < n_groups; ++g) {
                 const uint8_t* group = first + static_cast<size_t>(g) * group_bytes;
                 const uint8_t* p = group + static_cast<size_t>(b) * kBlock;
                 const size_t begin = pair == 0 ? 0 : kHead + kPairBytes * pair, end = kHead + kPairBytes * (pair + 1);
                 prefetch_streams_far(group, group_bytes, n_groups, static_cast<size_t>(b) * kBlock + begin, end - begin);
-                __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};
-                #pragma GCC unroll 8
-                for (int s = 0; s < 8; ++s) {
-                    const uint8_t* chunk = p + kHead + 64 * (8 * pair + s);
-                    const __m256i al = bcast4(xb->qs + 64 * pair + 4 * s), ah = bcast4(xb->qs + 64 * pair + 32 + 4 * s);
-                    for (int h = 0; h < 2; ++h) {
-                        const __m256i v = load256(chunk + 32 * h);
-                        const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                        lo[h] = _mm256_add_epi16(lo[h], mul_u8_i8(wl, al));
-                        hi[h] = _mm256_add_epi16(hi[h], mul_u8_i8(wh, ah));
-                        keep_sum_in_register(lo[h]);
-                        keep_sum_in_register(hi[h]);
-                    }
-                }
-                for (int h = 0; h < 2; ++h) {
-                    const __m256i sl = scale_pairs<false>(p + 64 + 16 * (2 * pair), h);
-                    const __m256i sh = scale_pairs<false>(p + 64 + 16 * (2 * pair + 1), h);
-                    const __m256i part = _mm256_add_epi32(_mm256_madd_epi16(lo[h], sl), _mm256_madd_epi16(hi[h], sh));
-                    isum[g][h] = pair == 0 ? part : _mm256_add_epi32(isum[g][h], part);
-                }
+                if (pair == 0) isum[g][0][0] = isum[g][0][1] = _mm256_setzero_si256();
+                q4_k_pair_isum<1, 2>(p, pair, 0, false, xb, isum[g]);
                 if (pair < 3) continue;
-                const __m256 dx = _mm256_set1_ps(xb->d);
-                for (int h = 0; h < 2; ++h) {
-                    __m256i msum = _mm256_setzero_si256();
-                    for (int k = 0; k < 4; ++k) {
-                        const __m256i mk = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * k + 16 * h)));
-                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mk, _mm256_set1_epi32(corr[static_cast<size_t>(b) * 4 + k])));
-                    }
-                    const __m256 dw = f16x8(p + 16 * h), dm = f16x8(p + 32 + 16 * h);
-                    __m256 acc = _mm256_loadu_ps(out + 16 * g + 8 * h);
-                    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[g][h]), acc);
-                    acc = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum), acc);
-                    _mm256_storeu_ps(out + 16 * g + 8 * h, acc);
-                }
+                __m256 acc[1][2] = {{_mm256_loadu_ps(out + 16 * g), _mm256_loadu_ps(out + 16 * g + 8)}};
+                q4_k_block_end<1, 2>(p, b, 0, xb, corr, 0, isum[g], acc);
+                _mm256_storeu_ps(out + 16 * g, acc[0][0]);
+                _mm256_storeu_ps(out + 16 * g + 8, acc[0][1]);
             }
     }
 }
