@@ -1,5 +1,6 @@
 // kernels/cpu/gemm_packed: the packed (row-interleaved) Q4_0 / Q8_0 / Q4_K / Q6_K matmul against its scalar
-// twin (bit-exact), the decode kernels (several groups side by side) against it too, and against matmul_q on the plain layout (normalised error); batch invariance (each of
+// twin (bit-exact), the decode kernels (several groups side by side) against it too, the decode prefetches'
+// stream mapping, the matmul against matmul_q on the plain layout (normalised error); batch invariance (each of
 // N = 1..40 columns equals the 1-column result bit for bit, 1 and 2 threads, every format, on the path the
 // backend takes); the fused rmsnorm + quantization (bit-exact vs unfused); with TERN_BENCH=1 decode GB/s and
 // prefill GMAC/s on llama-1b shapes and decode over 256 MiB of weights from memory (printed, never asserted).
