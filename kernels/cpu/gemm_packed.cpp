@@ -20,7 +20,7 @@ namespace tern {
 // Defined in gemm_packed_avx512.cpp / gemm_packed_avx2.cpp (x86-64 builds): the tile for t, or nullptr.
 PackedTileFn packed_tile_avx512(GgmlType t);
 PackedTileFn packed_tile_avx2(GgmlType t);
-PackedDecodeFn packed_decode_avx2(GgmlType t, int n_threads);
+PackedDecodeFn packed_decode_avx2(GgmlType t);
 
 namespace {
 
@@ -210,13 +210,12 @@ PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k) {
     return nullptr;
 }
 
-PackedDecodeFn packed_decode_for(GgmlType t, const CpuKernels& k, int n_threads) {
+PackedDecodeFn packed_decode_for(GgmlType t, const CpuKernels& k) {
 #if defined(__x86_64__)
-    if (k.isa == CpuIsa::avx2) return packed_decode_avx2(t, n_threads);
+    if (k.isa == CpuIsa::avx2) return packed_decode_avx2(t);
 #else
     (void)t;
     (void)k;
-    (void)n_threads;
 #endif
     return nullptr;
 }
@@ -255,7 +254,7 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
     const int64_t chunk_cols =
         std::max<int64_t>(kTileCols, static_cast<int64_t>(kChunkActBytes / xstride) / kTileCols * kTileCols);
     // Decode with a decode kernel hands out kDecodeGroups groups at a time, read side by side.
-    const PackedDecodeFn decode = n_cols == 1 && simd ? packed_decode_for(t, k, n_threads) : nullptr;
+    const PackedDecodeFn decode = n_cols == 1 && simd ? packed_decode_for(t, k) : nullptr;
     const int64_t unit = decode ? kDecodeGroups : 1;
     const int64_t n_units = (n_groups + unit - 1) / unit;
     int nt = std::max(1, n_threads);
@@ -309,7 +308,7 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
 #if !defined(__x86_64__)
 PackedTileFn packed_tile_avx512(GgmlType) { return nullptr; }
 PackedTileFn packed_tile_avx2(GgmlType) { return nullptr; }
-PackedDecodeFn packed_decode_avx2(GgmlType, int) { return nullptr; }
+PackedDecodeFn packed_decode_avx2(GgmlType) { return nullptr; }
 #endif
 
 } // namespace tern

@@ -75,9 +75,8 @@ using PackedDecodeFn = void (*)(int64_t nb, const uint8_t* first, size_t group_b
 void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride,
                         const int32_t* corr, size_t corr_stride, int n_cols, float* out);
 PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k);
-// k's decode kernel for t when a matmul runs on n_threads threads, or nullptr (then decode takes the tile one group
-// at a time): for some formats reading several groups side by side pays only while a thread streams alone.
-PackedDecodeFn packed_decode_for(GgmlType t, const CpuKernels& k, int n_threads = 1);
+// k's decode kernel for t, or nullptr (then decode takes the tile one group at a time).
+PackedDecodeFn packed_decode_for(GgmlType t, const CpuKernels& k);
 
 // The per-block activation words of x's columns that the tiles and decode kernels take as corr (see
 // PackedTileFn), x.n_cols * corr_stride of them: column c's at c * corr_stride.

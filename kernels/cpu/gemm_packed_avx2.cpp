@@ -438,11 +438,12 @@ void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_g
 // Q4_K decode side by side: n_groups (1..kDecodeGroups) groups, one 64-element pair of sub-blocks (512 bytes of
 // codes; the first also takes the super-block's 320 bytes of scales and mins) of each group in turn, the groups'
 // integer sums kept in memory between turns, the lines requested as in decode_groups. The arithmetic is
-// q4_k_rows<1, 2>'s own (q4_k_pair_isum, q4_k_block_end), so the bits are the tile's. llama-1b's Q4_K layer matrices against the tile, alternated per token in
-// one process (10 pairs, 3 runs): 1.14-1.17x at 1 thread but 0.90-0.95x at 2, so it is used only while a thread
-// streams alone (packed_decode_avx2): one core's outstanding misses then limit it, and more streams raise them;
-// with both cores reading, the memory is the limit. Tried: a whole super-block per turn 0.80x / 0.77x, half a
-// pair 0.83x / 0.84x, 2 groups 0.97x / 0.94x, 3 groups 1.03x / 1.01x.
+// q4_k_rows<1, 2>'s own (q4_k_pair_isum, q4_k_block_end), so the bits are the tile's. Against the tile, llama-1b's
+// Q4_K layer matrices alternated per token in one process: 1.14-1.17x at 1 thread (3 runs of 10 pairs); at 2 threads
+// a median of 1.05x over 14 runs of 12-16 pairs taken at different times (0.93x to 1.10x: it loses while the host's
+// memory is slow, which the first runs, with the tile always first in each pair, took for the rule), and tern bench
+// Q4_K_M -t 2 decode, 6 alternated pairs: +4% median, 5 wins. Tried: a whole super-block per turn 0.80x / 0.77x,
+// half a pair 0.83x / 0.84x, 2 groups 0.97x / 0.94x, 3 groups 1.03x / 1.01x (1 / 2 threads).
 void decode_q4_k(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x, const int32_t* corr,
                  float* out) {
     constexpr size_t kBlock = 64 + 128 + 128 + 2048, kHead = 320, kPairBytes = 512;
@@ -488,11 +489,11 @@ PackedTileFn packed_tile_avx2(GgmlType t) {
     }
 }
 
-PackedDecodeFn packed_decode_avx2(GgmlType t, int n_threads) {
+PackedDecodeFn packed_decode_avx2(GgmlType t) {
     switch (t) {
     case GgmlType::Q4_0: return decode_groups<false>;
     case GgmlType::Q8_0: return decode_groups<true>;
-    case GgmlType::Q4_K: return n_threads <= 1 ? decode_q4_k : nullptr;   // see decode_q4_k
+    case GgmlType::Q4_K: return decode_q4_k;
     default: return nullptr;
     }
 }
