@@ -441,7 +441,7 @@ void decode_groups(int64_t nb, const uint8_t* first, size_t group_bytes, int n_g
 // q4_k_rows<1, 2>'s own (q4_k_pair_isum, q4_k_block_end), so the bits are the tile's. Against the tile, llama-1b's
 // Q4_K layer matrices alternated per token in one process: 1.14-1.17x at 1 thread (3 runs of 10 pairs); at 2 threads
 // a median of 1.05x over 14 runs of 12-16 pairs taken at different times (0.93x to 1.10x: it loses while the host's
-// memory is slow, which the first runs, with the tile always first in each pair, took for the rule), and tern bench
+// memory is slow; an earlier harness that always ran the tile first in each pair read 0.90-0.95x), and tern bench
 // Q4_K_M -t 2 decode, 6 alternated pairs: +4% median, 5 wins. Tried: a whole super-block per turn 0.80x / 0.77x,
 // half a pair 0.83x / 0.84x, 2 groups 0.97x / 0.94x, 3 groups 1.03x / 1.01x (1 / 2 threads).
 void decode_q4_k(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x, const int32_t* corr,
