@@ -205,11 +205,8 @@ void tile(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, c
 // pair of sub-blocks: 8 chunks give the low-nibble codes of sub-block 2 pair and the high-nibble codes of
 // 2 pair + 1; each sub-block's 8 products add in i16 (<= 8 * 2 * 15 * 127 = 30480) and one vpmaddwd by the
 // rows' scales (<= 63) adds it to the integer total. The mins meet the activation sub-block sums (two i16 per
-// word) in 4 vpmaddwd.
+// word) in 4 vpmaddwd. Two steps, shared by the tile (q4_k_rows) and the decode kernel (decode_q4_k):
 //
-// q4_k_rows covers H halves (8 rows each) from half h0 against C columns. Decode (1 column) takes both halves
-// in one pass, each 64-byte chunk whole and in order; prefill takes one half and two columns at a time, which
-// keeps its sums in the 16 registers (4 columns of both halves spilled on every chunk).
 // One pair of sub-blocks of a Q4_K super-block p, halves h0 .. h0 + H - 1, against C columns' activation blocks xb:
 // isum[c][h] += the pair's integer sum (before the mins). prefetch: request each code chunk ahead as it is loaded.
 template <int C, int H>
@@ -267,6 +264,9 @@ template <int C, int H>
     }
 }
 
+// q4_k_rows covers H halves (8 rows each) from half h0 against C columns. One column takes both halves in one
+// pass, each 64-byte chunk whole and in order; more take one half and two columns at a time, which keeps their sums
+// in the 16 registers (4 columns of both halves spilled on every chunk).
 template <int C, int H>
 void q4_k_rows(int h0, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
                size_t corr_stride, float* out) {

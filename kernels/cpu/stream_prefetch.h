@@ -58,9 +58,10 @@ template <typename Piece>
 // The lines of stream `stream`'s bytes [offset, offset + bytes) kFarPrefetchBytes ahead, into L2 only (once each per
 // call; a line two calls share is requested twice), continuing past the stream's end in its successor
 // (for_each_successor_piece): so the first 8 KiB of the next run's streams are on their way before it starts (a
-// plain address + kFarPrefetchBytes lands in the neighbouring stream, which is read already). In llama-1b's Q4_0 matrices of n_in 2048 (18 KiB groups, 4 side by side) those starts
-// were a third of the bytes; decode of the model's layer matrices, alternated per token in one process, 20 pairs:
-// Q4_0 1.17-1.20x at 1 thread and 1.11x at 2, Q8_0 1.06x and 1.04x.
+// plain address + kFarPrefetchBytes lands in the neighbouring stream, which is read already). In llama-1b's Q4_0
+// matrices of n_in 2048 (18 KiB groups, 4 side by side) those starts were a third of the bytes; decode of the
+// model's layer matrices, alternated per token in one process, 20 pairs: Q4_0 1.17-1.20x at 1 thread and 1.11x at
+// 2, Q8_0 1.06x and 1.04x.
 [[gnu::always_inline]] inline void prefetch_streams_far(const uint8_t* stream, size_t stream_bytes, int n_streams, size_t offset,
                                                         size_t bytes) {
     for_each_successor_piece(stream, stream_bytes, n_streams, offset + kFarPrefetchBytes, bytes, prefetch_lines_l2);
