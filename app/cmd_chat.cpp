@@ -2,7 +2,8 @@
 // multi-line input and /commands (app/repl.h), replies streamed as they come, Ctrl-C stopping a
 // reply. With stdin not a terminal: one user turn per input line and one reply per turn on stdout,
 // followed by a newline, and nothing else there (notices and per-turn statistics go to stderr), so
-// scripts and tests can drive it.
+// scripts and tests can drive it. A reply may itself hold newlines, so --json frames each reply as
+// one JSON object on one line (newlines inside it escaped): the unambiguous form for programs.
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,9 +41,8 @@ struct ChatFlags {
     std::string system;
     std::string chat_template;
     bool no_history = false;
+    bool json = false;   // scripted chat: one JSON object per reply, on one line
 };
-
-
 
 struct Counts {
     int64_t turns = 0, prompt = 0, reused = 0, prefilled = 0, generated = 0, drafted = 0, accepted = 0;
@@ -71,6 +71,11 @@ struct Counts {
         return s;
     }
 };
+
+// "1 turn", "2 turns": counts said in words.
+std::string count_noun(int64_t n, const char* noun) {
+    return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
 
 constexpr const char* kHelp =
     "  /help               this list\n"
@@ -116,9 +121,9 @@ private:
                 if (!command(line)) return 0;
                 continue;
             }
-            const GenerateResult r = turn(line);
+            const GenerateResult r = turn(line, /*stream=*/!flags_.json);
             if (!stdout_ok_) return 0;
-            if (!write_stdout("\n")) return 0;
+            if (!write_stdout(flags_.json ? reply_json(r) : std::string("\n"))) return 0;
             say("tern: turn " + std::to_string(totals_.turns) + ": " + last_.describe() + ", stop: " +
                 std::string(stop_reason_name(r.stop_reason)));
             if (interrupt_.interrupted()) return static_cast<int>(ExitCode::interrupted);
@@ -151,7 +156,7 @@ private:
                 if (!command(in.text)) return 0;
                 continue;
             }
-            const GenerateResult r = turn(in.text);
+            const GenerateResult r = turn(in.text, /*stream=*/true);
             if (!stdout_ok_) return 0;
             // After Ctrl-C the terminal echoed "^C" behind the text: the prompt needs a new line.
             if (r.stop_reason == StopReason::cancelled || r.text.empty() || r.text.back() != '\n') write_stdout("\n");
@@ -159,7 +164,25 @@ private:
         }
     }
 
-    GenerateResult turn(const std::string& text) {
+    // One reply as one line of JSON (--json): the text with its newlines escaped, why it stopped
+    // and the turn's counts. Invalid UTF-8 from the model is replaced, so the line always parses.
+    std::string reply_json(const GenerateResult& r) const {
+        nlohmann::json j;
+        j["turn"] = totals_.turns;
+        j["text"] = r.text;
+        j["tokens"] = r.tokens;
+        j["stop_reason"] = stop_reason_name(r.stop_reason);
+        j["n_prompt"] = r.n_prompt();
+        j["n_reused"] = r.n_reused;
+        j["n_gen"] = r.n_gen();
+        j["timings"] = {{"prefill_ms", r.prefill_ms}, {"decode_ms", r.decode_ms},
+                        {"prefill_tps", r.prefill_tps()}, {"decode_tps", r.decode_tps()}};
+        j["lookup"] = {{"drafted", r.n_drafted}, {"accepted", r.n_accepted}};
+        j["context"] = {{"used", conversation_.tokens().size()}, {"size", session_.n_ctx()}};
+        return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    }
+
+    GenerateResult turn(const std::string& text, bool stream) {
         const int32_t n_ctx = session_.n_ctx();
         const int32_t reserve = options_.n_predict > 0 ? std::min(options_.n_predict, n_ctx / 2) : n_ctx / 4;
         GenerateResult r;
@@ -171,7 +194,8 @@ private:
             return r;
         }
         if (tty_) interrupt_.clear();   // a stray SIGINT at the prompt must not cancel this reply
-        const TextCallback on_text = [this](std::string_view piece) { return stdout_ok_ = write_stdout(piece); };
+        TextCallback on_text;
+        if (stream) on_text = [this](std::string_view piece) { return stdout_ok_ = write_stdout(piece); };
         r = session_.generate(prompt, options_, on_text);
         if (r.stop_reason == StopReason::repetition)   // on a terminal the reply's line is still open
             say(std::string(tty_ ? "\n" : "") + "tern: " + repeat_guard_note(r.repeat_cut));
@@ -206,10 +230,10 @@ private:
             set(rest);
         } else if (name == "/stats") {
             say("last turn: " + (last_.turns ? last_.describe() : std::string("none yet")));
-            say("totals: " + std::to_string(totals_.turns) + " turns, " + totals_.describe());
+            say("totals: " + count_noun(totals_.turns, "turn") + ", " + totals_.describe());
             say("context: " + std::to_string(conversation_.tokens().size()) + " of " +
-                std::to_string(session_.n_ctx()) + " tokens, " + std::to_string(conversation_.n_dropped_turns()) +
-                " turns dropped (" + std::to_string(conversation_.n_dropped_tokens()) + " tokens)");
+                std::to_string(session_.n_ctx()) + " tokens, " + count_noun(conversation_.n_dropped_turns(), "turn") +
+                " dropped (" + count_noun(conversation_.n_dropped_tokens(), "token") + ")");
         } else if (name == "/save") {
             if (rest.empty()) return say("tern: /save: give a file name (/save FILE)"), true;
             try {
@@ -312,6 +336,9 @@ int run(const ChatFlags& f) {
     check_repeat_guard(f.repeat_guard);
     prompt_cache_size_bytes(f.prompt_cache);   // a bad size fails before the model loads
     const bool tty = isatty(STDIN_FILENO);
+    if (f.json && tty)
+        throw UsageError("--json: frames replies for scripts and needs stdin to be a pipe or a file, not a terminal "
+                         "(drop --json to chat interactively)");
     LoadedSession loaded = load_session(f.model);
     attach_prompt_cache(loaded, f.model, f.prompt_cache);
     Chat chat(f, std::move(loaded), tty);
@@ -337,6 +364,9 @@ Command add_chat_command(CLI::App& root) {
     add_prompt_cache_options(*cmd, f->prompt_cache);
     cmd->add_flag("--no-history", f->no_history,
                   "neither read nor write the input history ($XDG_STATE_HOME/tern/chat_history)");
+    cmd->add_flag("--json", f->json,
+                  "stdin not a terminal: print each reply as one JSON object on its own line (text, tokens, "
+                  "stop_reason, counts, timings) instead of the raw text");
     return {cmd, [f] { return run(*f); }};
 }
 

@@ -1,11 +1,14 @@
 // tern tokenize: the ids a model's tokenizer gives a text (../shared/CLI.md). Default output is
 // one token per line, "<id>\t'<piece>'" with control characters and stray bytes escaped so
 // every line is readable; --ids prints the ids on one line, separated by single spaces.
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
 #include "app/commands.h"
@@ -86,6 +89,14 @@ std::string read_text(const TokenizeArgs& a) {
     return ss.str();
 }
 
+// All of stdin, bytes exactly as -f reads a file (`echo text | tern tokenize -m M` shows the final
+// newline too: tokenize shows what the tokenizer is given).
+std::string read_stdin_text() {
+    std::string all{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+    if (std::cin.bad()) throw InputError("stdin: error while reading the text to tokenize");
+    return all;
+}
+
 } // namespace
 
 Command add_tokenize_command(CLI::App& root) {
@@ -93,16 +104,17 @@ Command add_tokenize_command(CLI::App& root) {
     auto a = std::make_shared<TokenizeArgs>();
     cmd->add_option("-m,--model", a->model, "GGUF file (its tokenizer.ggml.* vocabulary)")->required();
     a->prompt_opt = cmd->add_option("-p,--prompt", a->prompt, "text to tokenize (taken literally)");
-    a->file_opt = cmd->add_option("-f,--file", a->file, "file whose bytes to tokenize");
+    a->file_opt = cmd->add_option("-f,--file", a->file, "file whose bytes to tokenize (default: stdin when it is not a terminal)");
     a->prompt_opt->excludes(a->file_opt);
     cmd->add_flag("--ids", a->ids, "print only the ids, on one line, separated by single spaces");
     cmd->add_flag("--no-bos", a->no_bos, "do not add BOS (nor EOS) even where the vocabulary asks for them");
     cmd->add_flag("--parse-special", a->parse_special,
                   "recognise control-token texts such as <start_of_turn> in the text");
     return {cmd, [a] {
-                if (a->prompt_opt->count() == 0 && a->file_opt->count() == 0)
-                    throw UsageError("tokenize: no text; give it with -p TEXT or -f FILE");
-                const std::string text = read_text(*a);
+                const bool from_stdin = a->prompt_opt->count() == 0 && a->file_opt->count() == 0;
+                if (from_stdin && isatty(STDIN_FILENO))
+                    throw UsageError("tokenize: no text; give it with -p TEXT or -f FILE, or pipe it on stdin");
+                const std::string text = from_stdin ? read_stdin_text() : read_text(*a);
                 const GgufFile file = GgufFile::open(a->model);
                 const std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(file);
                 const std::vector<int32_t> ids = tok->encode(text, EncodeOptions{!a->no_bos, a->parse_special});

@@ -337,10 +337,19 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
         }
     }
 
+    // Stopped by the user (Ctrl-C) while the guard still held back the text of the last tokens:
+    // the reply ends where the user saw it stop. Those tokens are dropped (their K/V are simply
+    // not reused by the next prompt), so no text appears after the terminal's "^C".
+    bool rederived = false;
+    if (r.stop_reason == StopReason::cancelled && output_open && guard.at_risk() > 0) {
+        r.tokens.resize(r.tokens.size() - std::min(r.tokens.size(), static_cast<size_t>(guard.at_risk())));
+        r.text = stream_text(*tokenizer_, r.tokens, options.stop);
+        rederived = true;
+    }
     // Release what the decoder and the filter still hold (a trailing partial character becomes
-    // U+FFFD), unless a stop string already ended the text, a cut already did, or nobody is
-    // listening; then show what the guard held back.
-    if (output_open && !filter.matched() && r.stop_reason != StopReason::repetition) {
+    // U+FFFD), unless a stop string already ended the text, a cut or a cancel already re-derived
+    // it, or nobody is listening; then show what the guard held back.
+    if (output_open && !filter.matched() && r.stop_reason != StopReason::repetition && !rederived) {
         r.text += filter.push(decoder.flush());
         if (filter.matched()) {
             r.stop_reason = StopReason::stop;

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tern needs to build and test, only those missing (run as root on
 # Debian/Ubuntu; elsewhere it says what to install). Safe to run again.
+#   bash scripts/deps.sh          everything scripts/test.sh needs (fuzzing, the aarch64 cross build, qemu)
+#   bash scripts/deps.sh --build  only what building tern needs (scripts/quickstart.sh)
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config git python3 unzip
-          libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev
-          clang libclang-rt-dev libomp-dev    # scripts/fuzz.sh (libFuzzer)
-          g++-aarch64-linux-gnu qemu-user)   # scripts/test_neon.sh (NEON kernels under qemu)
+          libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev)
+case "${1:-}" in
+    --build) ;;
+    "") packages+=(clang libclang-rt-dev libomp-dev      # scripts/fuzz.sh (libFuzzer)
+                   g++-aarch64-linux-gnu qemu-user) ;;  # scripts/test_neon.sh (NEON kernels under qemu)
+    *) echo "deps: unknown argument '$1' (none, or --build)" >&2; exit 1 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/test_support.h"
 #include "tests/test_tokenizer_support.h"
 
@@ -151,7 +153,7 @@ Stats stats(PtyChat& chat) {
         s.prefilled = std::stol(m[3]);
         s.generated = std::stol(m[4]);
     }
-    if (std::regex_search(out, m, std::regex(R"(totals: (\d+) turns)"))) s.turns = std::stol(m[1]);
+    if (std::regex_search(out, m, std::regex(R"(totals: (\d+) turns?,)"))) s.turns = std::stol(m[1]);
     if (std::regex_search(out, m, std::regex(R"(context: (\d+) of)"))) s.context = std::stol(m[1]);
     CHECK_MESSAGE(s.prompt >= 0, out);
     return s;
@@ -303,6 +305,44 @@ TEST_CASE("stdin not a terminal: one reply per line on stdout, nothing else; err
     CHECK(r.out.substr(0, one.out.size() + 1) == one.out + "\n");
     CHECK(r.out.back() == '\n');
     CHECK(r.out.find("tern:") == std::string::npos);
+}
+
+TEST_CASE("stdin not a terminal, --json: one JSON object per reply, one per line, whatever the reply holds") {
+    if (!shared_available()) return;
+    const std::vector<std::string> args = {"chat", "-m", stories(), "--device", "cpu", "-t", "1", "--temp", "0",
+                                           "-n", "24"};
+    const std::string script = "Once upon a time\n/stats\nThe dog ran\n";
+    std::vector<std::string> with_json = args;
+    with_json.push_back("--json");
+    const CommandResult r = run_tern(with_json, script);
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const CommandResult plain = run_tern(args, script);
+    REQUIRE(plain.exit_code == 0);
+    // /stats says "1 turn" after the first turn, not "1 turns".
+    CHECK(r.err.find("totals: 1 turn,") != std::string::npos);
+
+    std::vector<nlohmann::json> replies;
+    size_t begin = 0;
+    for (size_t end = r.out.find('\n'); end != std::string::npos; begin = end + 1, end = r.out.find('\n', begin))
+        replies.push_back(nlohmann::json::parse(r.out.substr(begin, end - begin)));
+    CHECK(begin == r.out.size());   // nothing after the last line
+    REQUIRE(replies.size() == 2);
+    std::string texts;
+    for (size_t i = 0; i < replies.size(); ++i) {
+        CHECK(replies[i]["turn"] == i + 1);
+        CHECK(replies[i]["n_gen"].get<size_t>() == replies[i]["tokens"].size());
+        CHECK(replies[i]["n_gen"].get<int>() > 0);
+        CHECK(replies[i]["stop_reason"].is_string());
+        texts += replies[i]["text"].get<std::string>() + "\n";
+    }
+    // The same replies as the plain framing prints, byte for byte (which may hold newlines).
+    CHECK(texts == plain.out);
+
+    // On a terminal there is nothing to frame: refused before the model loads.
+    TempDir state;
+    PtyChat chat({"-m", stories(), "--json"}, state.path().string());
+    CHECK(chat.wait_exit() == 1);
+    CHECK(chat.pending().find("--json") != std::string::npos);
 }
 
 TEST_CASE("a scripted conversation far beyond the context runs to the end") {

@@ -4,6 +4,8 @@
 // and the `tern run` flags.
 #include <doctest/doctest.h>
 
+#include <atomic>
+
 #include <algorithm>
 #include <random>
 #include <stdexcept>
@@ -290,9 +292,12 @@ public:
     int32_t n_prompt = 0;
     int32_t n_ctx = 512;
     int32_t vocab = 64;
+    std::atomic<bool>* cancel = nullptr;   // set during forward number cancel_in_forward (1: the prefill)
+    int32_t cancel_in_forward = -1;
 
     void load(const ModelConfig&, const ModelWeights&, const RunOptions&) override {}
     void forward(const ForwardBatch& b) override {
+        if (cancel && ++forwards_ == cancel_in_forward) *cancel = true;   // as a Ctrl-C would, mid-reply
         if (b.pos0 != n_past_) throw std::logic_error("forward at the wrong position");
         if (b.pos0 + static_cast<int64_t>(b.tokens.size()) > n_ctx) throw std::logic_error("past the context");
         n_past_ += static_cast<int32_t>(b.tokens.size());
@@ -318,6 +323,7 @@ public:
     std::string device_name() const override { return "fake"; }
 
 private:
+    int32_t forwards_ = 0;
     int32_t n_past_ = 0;
     std::vector<int32_t> rows_;
     std::vector<float> logits_;
@@ -405,6 +411,33 @@ TEST_CASE("Session: a loop stops with stop_reason repetition, one occurrence kep
     CHECK(p.result.stop_reason == StopReason::length);
     CHECK(p.result.n_gen() == 200);
     CHECK(p.shown == p.result.text);
+}
+
+TEST_CASE("Session: Ctrl-C while a repetition is held back shows nothing more; the reply is what was shown") {
+    const std::vector<int32_t> lead = {10, 11};
+    const std::vector<int32_t> unit = {20, 21, 22, 23, 24, 25, 26, 27};
+    for (int32_t at : {12, 16, 20, 24}) {   // forwards into the growing repeat (2 + 8 + 8 + ... tokens)
+        CAPTURE(at);
+        auto model = std::make_unique<ScriptModel>();
+        std::atomic<bool> cancel{false};
+        model->script = concat(lead, repeat(unit, 30));
+        model->n_prompt = 2;
+        model->cancel = &cancel;
+        model->cancel_in_forward = at;
+        Session session(std::move(model), std::make_unique<WordTokenizer>(), 512);
+        GenerateOptions o = guarded(200);
+        o.cancel = &cancel;
+        std::string shown, shown_after_cancel;
+        const GenerateResult r = session.generate(std::vector<int32_t>{1, 5}, o, [&](std::string_view piece) {
+            (cancel ? shown_after_cancel : shown) += piece;
+            return true;
+        });
+        CHECK(r.stop_reason == StopReason::cancelled);
+        CHECK(shown_after_cancel.empty());   // the terminal already shows "^C": nothing may follow it
+        CHECK(r.text == shown);
+        CHECK(r.text == words(r.tokens));
+        CHECK(static_cast<int32_t>(r.tokens.size()) < at);   // the held-back tokens were dropped
+    }
 }
 
 TEST_CASE("Session: a repetition that breaks off is shown whole once it does") {

@@ -39,13 +39,15 @@ TEST_CASE("tern tokenize: --ids, the default listing, BOS and special flags") {
     r = test::run_tern({"tokenize", "-m", vocab("gpt-2"), "-f", (dir / "t.txt").string(), "--ids"});
     CHECK(r.exit_code == 0);
     CHECK(r.out == "15496 995 198\n"); // the final newline is part of the text
+
+    // Without -p or -f the text comes from stdin, bytes exactly as -f reads them.
+    r = test::run_tern({"tokenize", "-m", vocab("gpt-2"), "--ids"}, "Hello world\n");
+    CHECK(r.exit_code == 0);
+    CHECK(r.out == "15496 995 198\n");
 }
 
 TEST_CASE("tern tokenize: errors are one line with the CLI.md exit codes") {
-    auto r = test::run_tern({"tokenize", "-m", vocab("gpt-2")});
-    CHECK(r.exit_code == 1); // no text
-    CHECK(r.err.find("-p TEXT or -f FILE") != std::string::npos);
-    r = test::run_tern({"tokenize", "-m", vocab("gpt-2"), "-p", "a", "-f", "b"});
+    auto r = test::run_tern({"tokenize", "-m", vocab("gpt-2"), "-p", "a", "-f", "b"});
     CHECK(r.exit_code == 1);
     r = test::run_tern({"tokenize", "-m", "/nonexistent/model.gguf", "-p", "a"});
     CHECK(r.exit_code == 2);
