@@ -1,7 +1,7 @@
 // Replays every input the fuzzers found a bug with (tests/data/fuzz/<entry>/<file>) through the
 // same entry function the libFuzzer target calls (tests/fuzz/fuzz_entries.h). Under the ASan
 // preset this repeats the sanitizer checks; in every build an uncaught non-TernError exception
-// fails the case. Files are named after the finding (see bench/results/fuzz-*.md).
+// fails the case. Files are named after the finding (see bench/results/fuzz.md).
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -221,7 +221,7 @@ TEST_CASE("quantize --calibrate: weighted q2_K/q3_K/q4_0 only where they win on 
     j = check_outcome(synth("synth-k256-f32.gguf"), "q4_0", synth("synth-k256-q4_0.gguf"), "f.gguf");
     CHECK(j["calibration_candidates"].get<int>() > 0);
     // stories260K q3_k_m: every tensor wins on its own, the model loses on the held-out half
-    // (bench/results/quality-2026-11-22.md section 2), so the default bytes are written.
+    // (bench/results/quality.md section 2), so the default bytes are written.
     const std::string stories = tern::test::shared_path("models/gguf/stories260K-f32.gguf").string();
     run_tern({"quantize", stories, (dir / "s-def.gguf").string(), "--type", "q3_k_m"});
     j = check_outcome(stories, "q3_k_m", (dir / "s-def.gguf").string(), "s.gguf");

@@ -3,8 +3,9 @@
 // ahead (an L2 miss waits in the L2's deeper queue without holding one of the L1's few fill buffers) and into
 // L1 kNearPrefetchBytes ahead (by then it is an L2 hit). Shared by the weight-streaming tiles
 // (gemm_packed_avx512.cpp, gemm_packed_avx2.cpp) and the read-bandwidth probe (membw.cpp), so the probe's peak is
-// measured the way decode reads. Measured on the 2-core Xeon: bench/results/cpu-2026-11-22-s5.md (L2 4-16 KiB x
-// L1 0.5-4 KiB swept); on the 2-core Zen 3 no other pair separated from this one (cpu-2026-11-23-s9.md).
+// measured the way decode reads. Measured on the 2-core Xeon: bench/results/cpu.md, section 2026-11-22 17:30 UTC
+// (tern 57471be; L2 4-16 KiB x L1 0.5-4 KiB swept); on the 2-core Zen 3 no other pair separated from this one
+// (same file, section 2026-11-23 07:57 UTC, tern e96bfc9).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
