@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <numeric>
@@ -173,7 +174,10 @@ __global__ void atomics(int* i_sum, unsigned* u_sum, unsigned long long* ull_sum
     atomicInc(ring, 9u);   // wraps to 0 after 9
     atomicExch(exch, static_cast<unsigned>(gid));
     if (threadIdx.x == 0) {
-        std::lock_guard<std::mutex> lock(g_ids_mutex);   // host-only bookkeeping: which OS threads ran blocks
+        // Host-only bookkeeping: which OS threads ran blocks. The pause keeps one worker from taking every
+        // block before the others have started.
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        std::lock_guard<std::mutex> lock(g_ids_mutex);
         g_ids.insert(std::this_thread::get_id());
     }
 }

@@ -5,7 +5,7 @@
 //
 // What it emulates
 //   - The execution model: a grid of blocks of up to 1024 threads; threadIdx / blockIdx / blockDim /
-//     gridDim / warpSize per emulated thread. Every thread is a fiber (ucontext) with its own stack; the
+//     gridDim / warpSize per emulated thread. Every thread is a fiber (cuda_emu_context.h) with its own stack; the
 //     threads of a block run cooperatively on one OS thread, switching only inside a synchronising call;
 //     blocks are spread over OpenMP threads (set_worker_threads). Stacks are reused across blocks.
 //   - __syncthreads (and _count/_and/_or), __syncwarp(mask), __shfl{,_up,_down,_xor}_sync with width,

@@ -1,12 +1,11 @@
 // The emulator's execution model (cuda_emu.h): one fiber per CUDA thread, a block's fibers switched
 // cooperatively on one OS thread, blocks spread over OpenMP threads.
 //
-// A fiber runs until it calls a synchronising intrinsic that cannot complete yet (a barrier or warp
+// A fiber (cuda_emu_context.h) runs until it calls a synchronising intrinsic that cannot complete yet (a barrier or warp
 // rendezvous still missing lanes) or exits; then it switches back to its block's scheduler, which runs
 // the next runnable fiber in thread order. The last lane to arrive completes the operation for all and
 // carries on. A pass over the block with nothing runnable while threads are still live is a deadlock.
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <omp.h>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "tests/cuda_emu/cuda_emu.h"
+#include "tests/cuda_emu/cuda_emu_context.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -84,7 +84,7 @@ struct Stack {
 enum class State : uint8_t { runnable, at_barrier, at_warp, exited };
 
 struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     Stack* stack = nullptr;
     uint3 tid{};
     unsigned linear = 0, warp = 0, lane = 0;
@@ -121,7 +121,7 @@ struct Block {
     BarrierOp barrier_op = BarrierOp::sync;
     std::vector<Fiber*> barrier_waiters;
     std::string error;
-    ucontext_t sched_ctx;
+    Context sched_ctx;
     void* sched_fake_stack = nullptr;
     const void* sched_stack_bottom = nullptr;
     size_t sched_stack_size = 0;
@@ -135,8 +135,6 @@ struct Block {
 struct Worker {
     std::vector<Stack> stacks;
     Block block;
-    ucontext_t template_ctx;
-    bool have_template = false;
 
     ~Worker() {
         for (Stack& s : stacks) munmap(s.base, kStackBytes + kGuardBytes);
@@ -188,15 +186,14 @@ void finish_switch(void* fake_save, const void** bottom_old, size_t* size_old) {
 // From a fiber back to the scheduler; returns when the scheduler runs this fiber again.
 void yield_to_scheduler(Block& b, Fiber& f) {
     start_switch(&f.fake_stack, b.sched_stack_bottom, b.sched_stack_size);
-    swapcontext(&f.ctx, &b.sched_ctx);
+    context_switch(f.ctx, b.sched_ctx);
     finish_switch(f.fake_stack, nullptr, nullptr);
 }
 
 // Leaves the fiber for good (exit or fault): its fake stack is released, its frames abandoned.
 [[noreturn]] void leave_fiber(Block& b, Fiber& f) {
     start_switch(nullptr, b.sched_stack_bottom, b.sched_stack_size);
-    setcontext(&b.sched_ctx);
-    (void)f;
+    context_switch(f.ctx, b.sched_ctx);   // never resumed: the next block remakes the context
     std::abort();
 }
 
@@ -278,6 +275,8 @@ void fiber_main() {
         (*b.body)();
     } catch (const std::exception& e) {
         fiber_fault(b, f, std::string("exception thrown in the kernel: ") + e.what());
+    } catch (...) {
+        fiber_fault(b, f, "exception thrown in the kernel");
     }
     on_exit(b, f);
     leave_fiber(b, f);
@@ -506,10 +505,6 @@ void run_block(Worker& wk, const dim3& block_dim, size_t dyn_bytes, const std::f
         ASAN_POISON_MEMORY_REGION(b.dyn.data() + kRedZone + dyn_bytes, kRedZone);
     }
 #endif
-    if (!wk.have_template) {
-        getcontext(&wk.template_ctx);
-        wk.have_template = true;
-    }
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = b.fibers[i];
         f.stack = &wk.stack(i);
@@ -525,11 +520,7 @@ void run_block(Worker& wk, const dim3& block_dim, size_t dyn_bytes, const std::f
         f.result = 0;
         f.fake_stack = nullptr;
         b.warps[f.warp].exists |= 1u << f.lane;
-        f.ctx = wk.template_ctx;
-        f.ctx.uc_stack.ss_sp = f.stack->base + kGuardBytes;
-        f.ctx.uc_stack.ss_size = kStackBytes;
-        f.ctx.uc_link = nullptr;
-        makecontext(&f.ctx, fiber_main, 0);
+        context_make(f.ctx, f.stack->base + kGuardBytes, kStackBytes, fiber_main);
     }
     bool started = false;
     for (;;) {
@@ -540,7 +531,7 @@ void run_block(Worker& wk, const dim3& block_dim, size_t dyn_bytes, const std::f
             b.current = &f;
             threadIdx = f.tid;
             start_switch(&b.sched_fake_stack, f.stack->base + kGuardBytes, kStackBytes);
-            swapcontext(&b.sched_ctx, &f.ctx);
+            context_switch(b.sched_ctx, f.ctx);
             finish_switch(b.sched_fake_stack, nullptr, nullptr);
             started = true;
             if (!b.error.empty()) break;
