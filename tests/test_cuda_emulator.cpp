@@ -11,8 +11,15 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
+#include <utility>
 #include <thread>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 #include "kernels/cuda/launch.h"
 #include "tests/cuda_emu/sample_kernels.cuh"
@@ -186,6 +193,39 @@ __global__ void dynamic_shared_fill(unsigned* out) {
     const unsigned* s = tern::cuda::dynamic_shared<unsigned>();
     out[threadIdx.x] = s[threadIdx.x];   // read before any write: the emulator's 0xFF fill
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+__global__ void static_shared_overrun(int* out) {
+    __shared__ int tile[32];
+    tile[threadIdx.x + 1] = 1;   // the last thread indexes one past the end
+    __syncthreads();
+    out[threadIdx.x] = tile[threadIdx.x];
+}
+
+// Runs `f` in a forked child (one worker thread) and returns whether it failed and what it printed on
+// stderr: the sanitizers stop the process, so their reports are checked from outside.
+template <typename F> std::pair<bool, std::string> run_in_child(F&& f) {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        cuda_emu::set_worker_threads(1);
+        f();
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return {!(WIFEXITED(status) && WEXITSTATUS(status) == 0), text};
+}
+#endif
 
 template <typename F> std::string fault_text(F&& f) {
     try {
@@ -368,11 +408,26 @@ TEST_CASE("undefined behaviour stops the launch with a message naming it") {
         const std::string msg = fault_text([&] { launch(bad_width, dim3(1), dim3(32), 0, nullptr, o); });
         CHECK(msg.find("width 12") != std::string::npos);
     }
-#if !defined(__SANITIZE_ADDRESS__)   // under ASan the red zone is poisoned: ASan itself reports the write
-    SUBCASE("dynamic shared memory written past its end") {
+#if !defined(__SANITIZE_ADDRESS__)
+    SUBCASE("dynamic shared memory written past its end: the red zone check") {
         const std::string msg =
             fault_text([&] { launch(dynamic_shared_overrun, dim3(1), dim3(32), 32 * sizeof(int), nullptr, o); });
         CHECK(msg.find("out of bounds") != std::string::npos);
+    }
+#else
+    // Under the asan preset the red zones are poisoned, so ASan reports the write itself, and UBSan's
+    // bounds check reports indexing past a static __shared__ array (which has no red zones).
+    SUBCASE("dynamic shared memory written past its end: ASan's report") {
+        const auto [failed, text] =
+            run_in_child([&] { launch(dynamic_shared_overrun, dim3(1), dim3(32), 32 * sizeof(int), nullptr, o); });
+        CHECK(failed);
+        CHECK(text.find("AddressSanitizer") != std::string::npos);
+    }
+    SUBCASE("a static shared array indexed past its end: UBSan's report") {
+        const auto [failed, text] =
+            run_in_child([&] { launch(static_shared_overrun, dim3(1), dim3(32), 0, nullptr, o); });
+        CHECK(failed);
+        CHECK(text.find("out of bounds for type 'int [32]'") != std::string::npos);
     }
 #endif
     SUBCASE("__trap") {

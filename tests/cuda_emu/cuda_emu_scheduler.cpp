@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -133,7 +134,7 @@ struct Block {
 
 // One per OS thread that runs blocks.
 struct Worker {
-    std::vector<Stack> stacks;
+    std::deque<Stack> stacks;   // a deque: fibers keep pointers to their stacks while more are added
     Block block;
 
     ~Worker() {
