@@ -503,3 +503,22 @@ TEST_CASE("a grid-stride loop covers ragged sizes with any grid") {
         }
     }
 }
+
+TEST_CASE("ldmatrix and mma.m16n8k16 wrappers follow the PTX fragment layouts") {
+    std::mt19937 rng(9);
+    std::uniform_int_distribution<int> small(-8, 8);   // small integers: every product and sum is exact
+    std::vector<__half> a(16 * 16), b(16 * 8);
+    for (__half& v : a) v = __float2half(static_cast<float>(small(rng)) / 4.0f);
+    for (__half& v : b) v = __float2half(static_cast<float>(small(rng)) / 2.0f);
+    std::vector<float> d(16 * 8, NAN);
+    launch(samples::mma_tile, dim3(1), dim3(32), 0, nullptr, a.data(), b.data(), d.data());
+    for (int i = 0; i < 16; ++i) {
+        for (int j = 0; j < 8; ++j) {
+            double want = 0;
+            for (int k = 0; k < 16; ++k) want += static_cast<double>(float(a[i * 16 + k])) * float(b[k * 8 + j]);
+            CAPTURE(i);
+            CAPTURE(j);
+            REQUIRE(d[i * 8 + j] == static_cast<float>(want));
+        }
+    }
+}

@@ -3,6 +3,7 @@
 // and the emulator tests run them on the CPU. They show the supported idioms: static __shared__
 // arrays, dynamic shared memory through tern::cuda::dynamic_shared, _sync warp intrinsics with exact
 // masks, grid-stride loops, atomics.
+#include "kernels/cuda/mma.h"
 #include "kernels/cuda/runtime.h"
 
 namespace tern::cuda::samples {
@@ -64,6 +65,29 @@ __global__ void reverse_chunks(const int* __restrict__ in, int n, int* __restric
 // Counts, per value in [0, bins), how many of x[0, n) equal it, in global memory from every block.
 __global__ void histogram(const int* __restrict__ x, int n, unsigned* __restrict__ counts) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) atomicAdd(&counts[x[i]], 1u);
+}
+
+// One warp: d (16x8, row-major f32) = a (16x16 row-major halves, staged in shared memory and loaded with
+// ldmatrix) times b (16x8 row-major halves) through one tensor-core mma.
+__global__ void mma_tile(const __half* __restrict__ a, const __half* __restrict__ b, float* __restrict__ d) {
+    __shared__ __align__(16) __half a_tile[16 * 16];
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (unsigned i = lane; i < 256; i += 32) a_tile[i] = a[i];
+    __syncwarp();
+    uint32_t af[4];
+    ldmatrix_x4(af, &a_tile[(lane % 16) * 16 + (lane / 16) * 8]);
+    auto pack = [](__half lo, __half hi) {
+        return static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
+    };
+    const uint32_t bf[2] = {pack(b[(2 * t) * 8 + g], b[(2 * t + 1) * 8 + g]),
+                            pack(b[(2 * t + 8) * 8 + g], b[(2 * t + 9) * 8 + g])};
+    const float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float out[4];
+    mma_m16n8k16_f32_f16(out, af, bf, c);
+    d[g * 8 + 2 * t] = out[0];
+    d[g * 8 + 2 * t + 1] = out[1];
+    d[(g + 8) * 8 + 2 * t] = out[2];
+    d[(g + 8) * 8 + 2 * t + 1] = out[3];
 }
 
 } // namespace tern::cuda::samples
