@@ -33,8 +33,9 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
             Args&&... args) {
     static_assert(sizeof...(Params) == sizeof...(Args), "tern::cuda::launch: argument count differs from the kernel's");
 #if defined(TERN_CUDA_EMULATOR)
-    cuda_emu::launch(grid, block, shared_bytes, stream,
-                     [kernel, params = std::tuple<Params...>(std::forward<Args>(args)...)] { std::apply(kernel, params); });
+    cuda_emu::launch(
+        grid, block, shared_bytes, stream,
+        [kernel, params = std::tuple<Params...>(std::forward<Args>(args)...)] { std::apply(kernel, params); });
 #else
     kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
 #endif

@@ -171,7 +171,8 @@ inline int __syncthreads_and(int pred, const std::source_location& where = std::
 inline int __syncthreads_or(int pred, const std::source_location& where = std::source_location::current()) {
     return cuda_emu::detail::block_barrier(cuda_emu::detail::BarrierOp::any, pred != 0, where);
 }
-inline void __syncwarp(unsigned mask = 0xFFFFFFFFu, const std::source_location& where = std::source_location::current()) {
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu,
+                       const std::source_location& where = std::source_location::current()) {
     cuda_emu::detail::warp_op(cuda_emu::detail::WarpOp::syncwarp, mask, 0, 0, 32, where);
 }
 inline unsigned __activemask() { return cuda_emu::detail::active_mask(); }
@@ -209,7 +210,8 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize,
     using namespace cuda_emu::detail;
     return from_bits<T>(warp_op(WarpOp::shfl_xor, mask, to_bits(var), lane_mask, width, where));
 }
-inline unsigned __ballot_sync(unsigned mask, int pred, const std::source_location& where = std::source_location::current()) {
+inline unsigned __ballot_sync(unsigned mask, int pred,
+                              const std::source_location& where = std::source_location::current()) {
     using namespace cuda_emu::detail;
     return static_cast<unsigned>(warp_op(WarpOp::ballot, mask, pred != 0, 0, 32, where));
 }
@@ -239,7 +241,8 @@ inline unsigned __reduce_add_sync(unsigned mask, unsigned v,
     using namespace cuda_emu::detail;
     return static_cast<unsigned>(warp_op(WarpOp::reduce_add, mask, v, 0, 32, where));
 }
-inline int __reduce_add_sync(unsigned mask, int v, const std::source_location& where = std::source_location::current()) {
+inline int __reduce_add_sync(unsigned mask, int v,
+                             const std::source_location& where = std::source_location::current()) {
     using namespace cuda_emu::detail;
     return static_cast<int>(warp_op(WarpOp::reduce_add, mask, static_cast<unsigned>(v), 0, 32, where));
 }
@@ -253,11 +256,13 @@ inline unsigned __reduce_max_sync(unsigned mask, unsigned v,
     using namespace cuda_emu::detail;
     return static_cast<unsigned>(warp_op(WarpOp::reduce_max_u, mask, v, 0, 32, where));
 }
-inline int __reduce_min_sync(unsigned mask, int v, const std::source_location& where = std::source_location::current()) {
+inline int __reduce_min_sync(unsigned mask, int v,
+                             const std::source_location& where = std::source_location::current()) {
     using namespace cuda_emu::detail;
     return static_cast<int>(warp_op(WarpOp::reduce_min_i, mask, static_cast<uint32_t>(v), 0, 32, where));
 }
-inline int __reduce_max_sync(unsigned mask, int v, const std::source_location& where = std::source_location::current()) {
+inline int __reduce_max_sync(unsigned mask, int v,
+                             const std::source_location& where = std::source_location::current()) {
     using namespace cuda_emu::detail;
     return static_cast<int>(warp_op(WarpOp::reduce_max_i, mask, static_cast<uint32_t>(v), 0, 32, where));
 }

@@ -85,7 +85,9 @@ inline unsigned atomicDec(unsigned* p, unsigned limit, TERN_EMU_WHERE) {
     return cuda_emu::detail::atomic_int_rmw(p, [limit](unsigned o) { return o == 0 || o > limit ? limit : o - 1u; },
                                             where);
 }
-template <typename T> cuda_emu::detail::AtomicInt<T> atomicCAS(T* p, std::type_identity_t<T> compare, std::type_identity_t<T> v, TERN_EMU_WHERE) {
+template <typename T>
+cuda_emu::detail::AtomicInt<T> atomicCAS(T* p, std::type_identity_t<T> compare, std::type_identity_t<T> v,
+                                         TERN_EMU_WHERE) {
     cuda_emu::detail::check_atomic_address(p, where);
     __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     return compare;   // on failure the builtin wrote the current value here; on success it equals the old value

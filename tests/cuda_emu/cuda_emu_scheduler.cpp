@@ -1,10 +1,10 @@
 // The emulator's execution model (cuda_emu.h): one fiber per CUDA thread, a block's fibers switched
 // cooperatively on one OS thread, blocks spread over OpenMP threads.
 //
-// A fiber (cuda_emu_context.h) runs until it calls a synchronising intrinsic that cannot complete yet (a barrier or warp
-// rendezvous still missing lanes) or exits; then it switches back to its block's scheduler, which runs
-// the next runnable fiber in thread order. The last lane to arrive completes the operation for all and
-// carries on. A pass over the block with nothing runnable while threads are still live is a deadlock.
+// A fiber (cuda_emu_context.h) runs until it calls a synchronising intrinsic that cannot complete yet (a barrier or
+// warp rendezvous still missing lanes) or exits; then it switches back to its block's scheduler, which runs the next
+// runnable fiber in thread order. The last lane to arrive completes the operation for all and carries on. A pass over
+// the block with nothing runnable while threads are still live is a deadlock.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -362,25 +362,30 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width, c
     Fiber& f = *b.current;
     Warp& w = b.warps[f.warp];
     const unsigned me = 1u << f.lane;
-    const std::string name = op_name(op);
-    if (!(mask & me)) fiber_fault(b, f, name + "(mask " + hex(mask) + ") leaves out the calling lane" + at(where));
+    const char* name = op_name(op);   // (only the fault messages below build strings)
+    if (!(mask & me)) fiber_fault(b, f, name + ("(mask " + hex(mask)) + ") leaves out the calling lane" + at(where));
     if (mask & ~w.exists) {
         fiber_fault(b, f,
-                    name + "(mask " + hex(mask) + ") names lanes " + hex(mask & ~w.exists) +
-                        " that do not exist (the block has " + std::to_string(b.fibers.size()) + " threads)" + at(where));
+                    name + ("(mask " + hex(mask)) + ") names lanes " + hex(mask & ~w.exists) +
+                        " that do not exist (the block has " + std::to_string(b.fibers.size()) + " threads)" +
+                        at(where));
     }
     if (mask & w.exited) {
-        fiber_fault(b, f, name + "(mask " + hex(mask) + ") names lanes " + hex(mask & w.exited) + " that have exited" + at(where));
+        fiber_fault(b, f,
+                    name + ("(mask " + hex(mask)) + ") names lanes " + hex(mask & w.exited) + " that have exited" +
+                        at(where));
     }
     if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
-        fiber_fault(b, f, name + ": width " + std::to_string(width) + " is not a power of two in 1..32" + at(where));
+        fiber_fault(b, f,
+                    std::string(name) + ": width " + std::to_string(width) + " is not a power of two in 1..32" +
+                        at(where));
     }
     PendingWarpOp* p = nullptr;
     for (PendingWarpOp& q : w.pending) {
         if (q.mask != mask) continue;
         if (q.op != op || q.width != width) {
             fiber_fault(b, f,
-                        name + "(mask " + hex(mask) + ", width " + std::to_string(width) + ")" + at(where) +
+                        name + ("(mask " + hex(mask)) + ", width " + std::to_string(width) + ")" + at(where) +
                             " meets lanes " + hex(q.arrived) + " waiting in " + op_name(q.op) + "(width " +
                             std::to_string(q.width) + ")" + at(q.where) + " with the same mask");
         }
@@ -422,13 +427,13 @@ int block_barrier(BarrierOp op, int predicate, const std::source_location& where
     if (b.barrier_arrived > 0 && op != b.barrier_op) {
         fiber_fault(b, f, "__syncthreads variants differ between threads of the block" + at(where));
     }
-    check_dynamic_shared_redzones(b, "at __syncthreads");
-    if (!b.error.empty()) fiber_fault(b, f, "");
     b.barrier_op = op;
     b.barrier_sum += predicate;
     ++b.barrier_arrived;
     b.barrier_waiters.push_back(&f);
     if (b.barrier_arrived == b.live) {
+        check_dynamic_shared_redzones(b, "at __syncthreads");   // once per barrier, by the last to arrive
+        if (!b.error.empty()) fiber_fault(b, f, "");
         release_barrier(b);
         return static_cast<int>(f.result);
     }

@@ -140,7 +140,9 @@ inline __half __hmax(__half a, __half b) { return __half(std::fmax(float(a), flo
 inline __half __hmin(__half a, __half b) { return __half(std::fmin(float(a), float(b))); }
 inline __half2 __hadd2(__half2 a, __half2 b) { return __half2{__hadd(a.x, b.x), __hadd(a.y, b.y)}; }
 inline __half2 __hmul2(__half2 a, __half2 b) { return __half2{__hmul(a.x, b.x), __hmul(a.y, b.y)}; }
-inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) { return __half2{__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)}; }
+inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {
+    return __half2{__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)};
+}
 
 struct __nv_bfloat16_raw {
     unsigned short x;
@@ -160,7 +162,9 @@ struct __nv_bfloat162 {
 inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
 inline float __bfloat162float(__nv_bfloat16 h) { return static_cast<float>(h); }
-inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return __nv_bfloat162{__nv_bfloat16(a), __nv_bfloat16(b)}; }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+    return __nv_bfloat162{__nv_bfloat16(a), __nv_bfloat16(b)};
+}
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{float(h.x), float(h.y)}; }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16(__nv_bfloat16_raw{u}); }

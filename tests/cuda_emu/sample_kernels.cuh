@@ -64,7 +64,8 @@ __global__ void reverse_chunks(const int* __restrict__ in, int n, int* __restric
 
 // Counts, per value in [0, bins), how many of x[0, n) equal it, in global memory from every block.
 __global__ void histogram(const int* __restrict__ x, int n, unsigned* __restrict__ counts) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) atomicAdd(&counts[x[i]], 1u);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
+        atomicAdd(&counts[x[i]], 1u);
 }
 
 // One warp: d (16x8, row-major f32) = a (16x16 row-major halves, staged in shared memory and loaded with
