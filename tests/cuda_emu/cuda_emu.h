@@ -89,10 +89,14 @@ struct dim3 {
 };
 
 // The built-in variables: set by the scheduler for the fiber it runs (threadIdx) and the block it runs.
-extern thread_local uint3 threadIdx;
-extern thread_local uint3 blockIdx;
-extern thread_local dim3 blockDim;
-extern thread_local dim3 gridDim;
+// local-exec TLS (the emulator is linked into executables only): with the default initial-exec model,
+// the linker rewrites the address computation into an lea that sets no flags, and UBSan's null-pointer
+// check that GCC places after it then fires on a stale zero flag.
+#define TERN_EMU_TLS __attribute__((tls_model("local-exec")))
+extern thread_local uint3 threadIdx TERN_EMU_TLS;
+extern thread_local uint3 blockIdx TERN_EMU_TLS;
+extern thread_local dim3 blockDim TERN_EMU_TLS;
+extern thread_local dim3 gridDim TERN_EMU_TLS;
 inline constexpr int warpSize = 32;
 
 typedef struct CUstream_st* cudaStream_t;

@@ -44,6 +44,7 @@ namespace {
 // ASan instruments every frame: fibers need more stack than the kernels' own frames suggest.
 constexpr size_t kStackBytes = TERN_EMU_ASAN ? 512 * 1024 : 256 * 1024;
 constexpr size_t kGuardBytes = 4096;
+constexpr size_t kStaleTopBytes = 16 * 1024;   // covers the frames an exiting fiber leaves behind
 constexpr size_t kRedZone = 64;   // bytes of 0xA5 around the dynamic shared arena
 
 const char* op_name(WarpOp op) {
@@ -206,11 +207,13 @@ std::string thread_name(const Block& b, const Fiber& f) {
     return s.str();
 }
 
+// Unwinds the faulting fiber to fiber_main, so that its frames' temporaries are destroyed (no leaks, no
+// stale ASan poison); the block's other fibers are abandoned where they wait.
+struct FiberAbort {};
+
 [[noreturn]] void fiber_fault(Block& b, Fiber& f, const std::string& what) {
     if (b.error.empty()) b.error = thread_name(b, f) + ": " + what;
-    f.stack->dirty = true;
-    f.state = State::exited;
-    leave_fiber(b, f);
+    throw FiberAbort{};
 }
 
 void check_dynamic_shared_redzones(Block& b, const char* when) {
@@ -274,12 +277,17 @@ void fiber_main() {
     finish_switch(nullptr, &b.sched_stack_bottom, &b.sched_stack_size);
     try {
         (*b.body)();
+        on_exit(b, f);
+    } catch (const FiberAbort&) {
     } catch (const std::exception& e) {
-        fiber_fault(b, f, std::string("exception thrown in the kernel: ") + e.what());
+        if (b.error.empty()) b.error = thread_name(b, f) + ": exception thrown in the kernel: " + e.what();
     } catch (...) {
-        fiber_fault(b, f, "exception thrown in the kernel");
+        if (b.error.empty()) b.error = thread_name(b, f) + ": exception thrown in the kernel";
     }
-    on_exit(b, f);
+    if (f.state != State::exited) {   // left by a fault: the block stops
+        f.state = State::exited;
+        f.stack->dirty = true;
+    }
     leave_fiber(b, f);
 }
 
@@ -515,7 +523,10 @@ void run_block(Worker& wk, const dim3& block_dim, size_t dyn_bytes, const std::f
         Fiber& f = b.fibers[i];
         f.stack = &wk.stack(i);
 #if TERN_EMU_ASAN
-        if (f.stack->dirty) ASAN_UNPOISON_MEMORY_REGION(f.stack->base + kGuardBytes, kStackBytes);
+        // A fiber never returns from its first frames (it switches away from them), so their red zones
+        // stay poisoned on the stack: clear them, or the whole stack after a fault abandoned deeper frames.
+        const size_t stale = f.stack->dirty ? kStackBytes : kStaleTopBytes;
+        ASAN_UNPOISON_MEMORY_REGION(f.stack->base + kGuardBytes + kStackBytes - stale, stale);
 #endif
         f.stack->dirty = false;
         f.linear = i;
