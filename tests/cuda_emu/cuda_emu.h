@@ -7,7 +7,9 @@
 //   - The execution model: a grid of blocks of up to 1024 threads; threadIdx / blockIdx / blockDim /
 //     gridDim / warpSize per emulated thread. Every thread is a fiber (cuda_emu_context.h) with its own stack; the
 //     threads of a block run cooperatively on one OS thread, switching only inside a synchronising call;
-//     blocks are spread over OpenMP threads (set_worker_threads). Stacks are reused across blocks.
+//     blocks are spread over OpenMP threads (set_worker_threads). Each thread has a 256 KiB stack (512 KiB
+//     under ASan) behind a guard page; stacks are reused across blocks. A barrier or shuffle costs about
+//     0.2 us per thread, so tests should use modest grids.
 //   - __syncthreads (and _count/_and/_or), __syncwarp(mask), __shfl{,_up,_down,_xor}_sync with width,
 //     __ballot_sync, __any_sync, __all_sync, __match_any/all_sync, __reduce_{add,min,max}_sync,
 //     __activemask: warps of 32 lanes exchanging through a per-warp rendezvous with masks honoured, so
@@ -17,6 +19,8 @@
 //   - Atomics as real atomics (blocks run on several OS threads), __dp4a / __dp2a, __half,
 //     __nv_bfloat16 and __nv_fp8_e4m3 with conversions bit-exact with the device (NaN included:
 //     the device writes canonical NaNs), the usual integer and float intrinsics.
+//   - Tensor cores through tern wrappers (kernels/cuda/mma.h: ldmatrix_x4, mma_m16n8k16_f32_f16), the PTX
+//     fragment layouts rebuilt from shuffles.
 //   - The host API as host operations (cuda_emu_host.h): cudaMalloc / cudaMemcpy(Async) / cudaMemset /
 //     streams (in order, run synchronously) / events / cudaGraph capture and replay / last error.
 //
@@ -28,6 +32,8 @@
 //     __syncthreads that not all live threads reach, a __syncwarp / shuffle whose lanes never arrive);
 //   - dynamic shared memory written out of bounds (red zones checked at every __syncthreads and at block
 //     end; under ASan reads and writes are caught at once), misaligned atomics, __trap().
+//   The faulting thread is unwound; the block's other threads are abandoned where they wait (objects
+//   they own are not destroyed), and later launches run normally.
 //   Launch configuration errors (more than 1024 threads, a zero dimension, too much shared memory) are
 //   returned as cudaErrorInvalidConfiguration / cudaErrorInvalidValue like the runtime does.
 //
