@@ -12,6 +12,7 @@
 #include "engine/tokenizer.h"
 #include "engine/unicode.h"
 #include "formats/error.h"
+#include "formats/input_file.h"
 #include "formats/gguf.h"
 
 namespace tern::app {
@@ -78,12 +79,7 @@ std::string quote_piece(std::string_view piece) {
 std::string read_text(const TokenizeArgs& a) {
     if (a.prompt_opt->count() > 0) return a.prompt;
     // The file's bytes exactly, final newline included: tokenize shows what the tokenizer sees.
-    std::ifstream in(a.file, std::ios::binary);
-    if (!in) throw InputError(a.file + ": cannot read the text file (-f): " + std::strerror(errno));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw InputError(a.file + ": error while reading the text file (-f)");
-    return ss.str();
+    return read_input_file(a.file, "the text file (-f)", kMaxTextFileBytes);
 }
 
 } // namespace
