@@ -44,21 +44,18 @@ std::string describe_bytes(uint64_t bytes) {
 
 std::string read_input_file(const std::string& path, const std::string& role, uint64_t max_bytes) {
     const std::string name = printable(path, 4096);
-    const auto refuse = [&](const std::string& what) { throw InputError(name + ": " + role + ": " + what); };
+    const auto refuse = [&](const std::string& what) { throw InputError(name + ": " + what); };
     // O_NONBLOCK: a FIFO opens at once instead of waiting for a writer, and is refused below.
     Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
-    if (f.fd < 0) {
-        const int err = errno;
-        if (err == ENOENT) refuse("no such file");
-        refuse(std::string("cannot open: ") + std::strerror(err));
-    }
+    if (f.fd < 0) refuse("cannot open " + role + ": " + std::strerror(errno));
     struct stat st {};
-    if (::fstat(f.fd, &st) != 0) refuse(std::string("cannot stat: ") + std::strerror(errno));
+    if (::fstat(f.fd, &st) != 0) refuse("cannot stat " + role + ": " + std::strerror(errno));
     if (!S_ISREG(st.st_mode))
-        refuse(std::string("is ") + kind_of(st.st_mode) + ", not a regular file (give a text file" +
-               (S_ISDIR(st.st_mode) ? " inside it" : "; to read a pipe, use stdin where the command takes it") + ")");
+        refuse(role + " is " + kind_of(st.st_mode) + ", not a regular file (give " +
+               (S_ISDIR(st.st_mode) ? "a file inside it" : "a regular file") + ")");
     const auto too_large = [&](const std::string& size) {
-        refuse("is " + size + ", more than the " + describe_bytes(max_bytes) + " tern reads from such a file (give a smaller file)");
+        refuse(role + " is " + size + ", more than the " + describe_bytes(max_bytes) +
+               " tern reads from such a file (give a smaller file)");
     };
     if (static_cast<uint64_t>(st.st_size) > max_bytes) too_large(describe_bytes(static_cast<uint64_t>(st.st_size)));
     std::string bytes(static_cast<size_t>(st.st_size), '\0');
@@ -70,7 +67,7 @@ std::string read_input_file(const std::string& path, const std::string& role, ui
         }
         const ssize_t n = ::read(f.fd, bytes.data() + got, bytes.size() - got);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) refuse(std::string("read error: ") + std::strerror(errno));
+        if (n < 0) refuse("cannot read " + role + ": " + std::strerror(errno));
         if (n == 0) break;
         got += static_cast<size_t>(n);
         if (got > max_bytes) too_large("larger than that while being read");
