@@ -6,10 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <iterator>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -70,8 +67,7 @@ std::string read_prompt(const RunFlags& f) {
     }
     if (isatty(STDIN_FILENO))
         throw UsageError("no prompt: give -p TEXT, -f FILE, or pipe the prompt on stdin");
-    std::string all{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
-    return drop_one_newline(std::move(all));
+    return drop_one_newline(read_standard_input("the prompt", kMaxTextFileBytes));
 }
 
 

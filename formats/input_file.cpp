@@ -76,4 +76,19 @@ std::string read_input_file(const std::string& path, const std::string& role, ui
     return bytes;
 }
 
+std::string read_standard_input(const std::string& role, uint64_t max_bytes) {
+    std::string bytes;
+    char buf[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw InputError("stdin: cannot read " + role + ": " + std::strerror(errno));
+        if (n == 0) return bytes;
+        if (bytes.size() + static_cast<size_t>(n) > max_bytes)
+            throw InputError("stdin: " + role + " is larger than the " + describe_bytes(max_bytes) +
+                             " tern reads (give a smaller text)");
+        bytes.append(buf, static_cast<size_t>(n));
+    }
+}
+
 } // namespace tern

@@ -19,6 +19,10 @@ inline constexpr uint64_t kMaxTextFileBytes = uint64_t{512} << 20;
 // larger than max_bytes (checked before reading, and again while reading a file that grows).
 std::string read_input_file(const std::string& path, const std::string& role, uint64_t max_bytes);
 
+// All of standard input (a pipe, a file, /dev/zero), up to max_bytes: more is refused with
+// InputError("stdin: <role> is larger than ...") instead of filling memory.
+std::string read_standard_input(const std::string& role, uint64_t max_bytes);
+
 // "512 MiB", "1.5 GiB": a cap in messages.
 std::string describe_bytes(uint64_t bytes);
 

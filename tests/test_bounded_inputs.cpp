@@ -17,6 +17,7 @@
 #include <thread>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -135,6 +136,21 @@ TEST_CASE("-f: a text file over the 512 MiB cap is refused unread (exit 2, the s
         CHECK(r.err.find("512 MiB") != std::string::npos);
         CHECK(lines(r.err) == 1);
     }
+}
+
+TEST_CASE("run: a prompt on stdin over the cap is refused (exit 2) instead of filling memory") {
+    if (!shared_available()) return;
+    TempDir dir;
+    // /dev/zero as stdin never ends: the read stops at the cap.
+    const std::string err = (dir / "stderr").string();
+    const std::string cmd = "timeout 120 '" + std::string(TERN_BIN) + "' run -m '" + stories() +
+                            "' -n 1 --device cpu </dev/zero >/dev/null 2>'" + err + "'";
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+    const std::string message = read_file(err);
+    CHECK(message.find("stdin: the prompt is larger than the 512 MiB") != std::string::npos);
+    CHECK(lines(message) == 1);
 }
 
 TEST_CASE("/load of anything but a sound conversation file: one line, the conversation goes on") {
