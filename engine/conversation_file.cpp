@@ -65,7 +65,6 @@ void write_atomically(const std::string& path, const std::string& bytes) {
     out.commit();
 }
 
-
 // The JSON part is untrusted: /save writes 3 levels, so anything deeper than kMaxJsonDepth is
 // refused while parsing (the parser itself is iterative; the depth bound keeps the recursive copy
 // and destruction of the document small) and its size is capped before parsing.
@@ -84,7 +83,8 @@ nlohmann::json parse_bounded_json(std::string_view text) {
                                          return true;
                                      });
     } catch (const TooDeep&) {
-        throw UsageError("the file is damaged: its JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+        throw UsageError("the file is damaged: its JSON nests deeper than " + std::to_string(kMaxJsonDepth) +
+                         " levels");
     }
 }
 
@@ -97,8 +97,9 @@ uint64_t max_conversation_file_bytes(const Session& session) {
             per_token += static_cast<uint64_t>(std::max(l.n_kv_heads, 0)) *
                          static_cast<uint64_t>(std::max(m->config.head_dim, 0) + std::max(m->config.head_dim_v, 0)) * 4;
     else
-        per_token = uint64_t{1} << 20;   // no model to measure (a test backend): 1 MiB a position
-    return kMaxConversationJsonBytes + per_token * static_cast<uint64_t>(std::max(session.n_ctx(), 1)) + (uint64_t{1} << 20);
+        per_token = uint64_t{1} << 20; // no model to measure (a test backend): 1 MiB a position
+    return kMaxConversationJsonBytes + per_token * static_cast<uint64_t>(std::max(session.n_ctx(), 1)) +
+           (uint64_t{1} << 20);
 }
 
 // Typed access to one JSON object's fields: each getter checks presence, type and range and
@@ -108,8 +109,9 @@ public:
     using Damaged = std::function<InputError(const std::string&)>;
     Fields(const nlohmann::json& j, std::string prefix, Damaged damaged)
         : j_(j), prefix_(std::move(prefix)), damaged_(std::move(damaged)) {
-        if (!j_.is_object()) throw damaged_((prefix_.empty() ? std::string("the conversation") : prefix_) +
-                                            ": expected an object, found " + j_.type_name());
+        if (!j_.is_object())
+            throw damaged_((prefix_.empty() ? std::string("the conversation") : prefix_) +
+                           ": expected an object, found " + j_.type_name());
     }
     const nlohmann::json& field(const char* name, bool (nlohmann::json::*is)() const noexcept, const char* want) const {
         const auto it = j_.find(name);
@@ -117,12 +119,16 @@ public:
         if (!((*it).*is)()) throw damaged_(prefix_ + name + ": expected " + want + ", found " + it->type_name());
         return *it;
     }
-    const nlohmann::json& object(const char* name) const { return field(name, &nlohmann::json::is_object, "an object"); }
+    const nlohmann::json& object(const char* name) const {
+        return field(name, &nlohmann::json::is_object, "an object");
+    }
     const nlohmann::json& array(const char* name) const { return field(name, &nlohmann::json::is_array, "an array"); }
     std::string string(const char* name) const {
         return field(name, &nlohmann::json::is_string, "a string").get<std::string>();
     }
-    bool boolean(const char* name) const { return field(name, &nlohmann::json::is_boolean, "true or false").get<bool>(); }
+    bool boolean(const char* name) const {
+        return field(name, &nlohmann::json::is_boolean, "true or false").get<bool>();
+    }
     int64_t integer(const char* name, int64_t lo, int64_t hi) const {
         const nlohmann::json& v = field(name, &nlohmann::json::is_number_integer, "an integer");
         const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
@@ -221,7 +227,8 @@ SavedConversation read_conversation(const std::string& path, const Session& sess
         ConversationState& s = saved.state;
         const int32_t vocab = session.tokenizer().vocab_size();
         for (const nlohmann::json& t : root.array("tokens")) {
-            if (!t.is_number_integer()) throw damaged("tokens: expected token ids, found " + std::string(t.type_name()));
+            if (!t.is_number_integer())
+                throw damaged("tokens: expected token ids, found " + std::string(t.type_name()));
             const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > INT64_MAX ? INT64_MAX : t.get<int64_t>();
             if (id < 0 || id >= vocab) throw bad("token id " + std::to_string(id) + " outside the vocabulary");
             s.tokens.push_back(static_cast<int32_t>(id));
@@ -250,14 +257,15 @@ SavedConversation read_conversation(const std::string& path, const Session& sess
         // The app's settings (sampling, -n): opaque here, but only numbers, as /save writes them.
         saved.settings = root.object("settings");
         for (const auto& [key, value] : saved.settings.items())
-            if (!value.is_number()) throw damaged("settings." + printable(key) + ": expected a number, found " +
-                                                  std::string(value.type_name()));
+            if (!value.is_number())
+                throw damaged("settings." + printable(key) + ": expected a number, found " +
+                              std::string(value.type_name()));
         if (saved.kv.n_past > n_tokens) throw bad("the KV part holds more positions than the conversation has tokens");
         if (static_cast<int64_t>(s.tokens.size()) > session.n_ctx())
             throw bad("the conversation has " + std::to_string(s.tokens.size()) + " tokens but the context is " +
                       std::to_string(session.n_ctx()) + " (raise -c)");
     } catch (const nlohmann::json::exception& e) {
-        throw damaged(std::string("invalid JSON: ") + e.what());
+        throw damaged("invalid JSON: " + printable(e.what(), 300));
     } catch (const UsageError& e) {
         throw bad(e.what());
     }

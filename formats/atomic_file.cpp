@@ -64,14 +64,21 @@ std::string unique_suffix() {
 
 std::string errno_hint(int err) {
     switch (err) {
-    case ENOSPC: return " (disk full?)";
-    case EFBIG: return " (file size limit reached: see 'ulimit -f', or the filesystem's maximum file size)";
-    case EDQUOT: return " (disk quota exceeded)";
+    case ENOSPC:
+        return " (disk full?)";
+    case EFBIG:
+        return " (file size limit reached: see 'ulimit -f', or the filesystem's maximum file size)";
+    case EDQUOT:
+        return " (disk quota exceeded)";
     case EACCES:
-    case EPERM: return " (check the directory's permissions)";
-    case EROFS: return " (the file system is read-only)";
-    case ENOENT: return " (does the directory exist?)";
-    default: return "";
+    case EPERM:
+        return " (check the directory's permissions)";
+    case EROFS:
+        return " (the file system is read-only)";
+    case ENOENT:
+        return " (does the directory exist?)";
+    default:
+        return "";
     }
 }
 
@@ -94,7 +101,7 @@ std::string directory_of(const std::string& path) {
 
 void check_write_target(const std::string& path) {
     struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0) return;   // absent (or unreachable: creating the file says why)
+    if (::lstat(path.c_str(), &st) != 0) return; // absent (or unreachable: creating the file says why)
     if (S_ISREG(st.st_mode)) return;
     throw UsageError(printable(path, 4096) + ": is " + kind_of(st.st_mode) +
                      ", not a regular file; tern does not replace it (give the path of a new or regular file)");
@@ -116,7 +123,7 @@ extern "C" void remove_temporary_files_and_exit(int sig) {
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
     sigaction(sig, &dfl, nullptr);
-    raise(sig);   // pending until this handler returns (the signal is blocked while it runs)
+    raise(sig); // pending until this handler returns (the signal is blocked while it runs)
     errno = saved_errno;
 }
 
@@ -127,18 +134,21 @@ void install_temporary_file_cleanup_on_signals() {
     sa.sa_handler = remove_temporary_files_and_exit;
     sigemptyset(&sa.sa_mask);
     // One cleanup at a time: a second signal waits until the first handler has ended the process.
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&sa.sa_mask, sig);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+        sigaddset(&sa.sa_mask, sig);
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
         struct sigaction old = {};
         sigaction(sig, nullptr, &old);
-        if (old.sa_handler == SIG_IGN) continue;   // `nohup tern ...` keeps ignoring SIGHUP
+        if (old.sa_handler == SIG_IGN) continue; // `nohup tern ...` keeps ignoring SIGHUP
         sigaction(sig, &sa, nullptr);
     }
 }
 
 TemporaryFileName::TemporaryFileName(const std::string& path) : slot_(register_temporary(path)) {}
 
-TemporaryFileName::~TemporaryFileName() { unregister_temporary(slot_); }
+TemporaryFileName::~TemporaryFileName() {
+    unregister_temporary(slot_);
+}
 
 AtomicFile::AtomicFile(std::string path, Options options) : path_(std::move(path)), options_(std::move(options)) {
     check_write_target(path_);
@@ -151,7 +161,7 @@ AtomicFile::AtomicFile(std::string path, Options options) : path_(std::move(path
         const int err = errno;
         unregister_temporary(slot_);
         slot_ = -1;
-        if (err == EEXIST && attempt < 8) continue;   // a name taken (by chance or on purpose): draw another
+        if (err == EEXIST && attempt < 8) continue; // a name taken (by chance or on purpose): draw another
         fail_errno("cannot create " + printable(temp_, 4096), err);
     }
 }
@@ -209,7 +219,7 @@ void AtomicFile::commit() {
     if (!options_.durable) return;
     const int dfd = ::open(directory_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
-        ::fsync(dfd);   // best effort: some filesystems refuse fsync on directories
+        ::fsync(dfd); // best effort: some filesystems refuse fsync on directories
         ::close(dfd);
     }
 }

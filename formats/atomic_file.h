@@ -36,7 +36,7 @@ public:
     // and the temporary file) when the temporary file cannot be created.
     explicit AtomicFile(std::string path, Options options);
     explicit AtomicFile(std::string path) : AtomicFile(std::move(path), Options{}) {}
-    ~AtomicFile();   // removes the temporary file unless commit() succeeded
+    ~AtomicFile(); // removes the temporary file unless commit() succeeded
     AtomicFile(const AtomicFile&) = delete;
     AtomicFile& operator=(const AtomicFile&) = delete;
 
@@ -59,7 +59,7 @@ private:
     std::string temp_;
     Options options_;
     int fd_ = -1;
-    int slot_ = -1;   // this file's entry in the signal handlers' list of temporary files
+    int slot_ = -1; // this file's entry in the signal handlers' list of temporary files
     bool committed_ = false;
     uint64_t written_ = 0;
 };

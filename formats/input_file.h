@@ -15,8 +15,8 @@ namespace tern {
 inline constexpr uint64_t kMaxTextFileBytes = uint64_t{512} << 20;
 
 // The file's bytes. `role` names the file in messages: "PATH: the prompt file (-f) is a directory,
-// ...". Throws InputError naming the path: missing, unreadable, not a regular file (directory, FIFO, device, socket), or
-// larger than max_bytes (checked before reading, and again while reading a file that grows).
+// ...". Throws InputError naming the path: missing, unreadable, not a regular file (directory, FIFO, device, socket),
+// or larger than max_bytes (checked before reading, and again while reading a file that grows).
 std::string read_input_file(const std::string& path, const std::string& role, uint64_t max_bytes);
 
 // All of standard input (a pipe, a file, /dev/zero), up to max_bytes: more is refused with

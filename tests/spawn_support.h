@@ -45,10 +45,12 @@ public:
             ::putenv(const_cast<char*>(cache.c_str()));
             std::vector<char*> argv;
             argv.push_back(const_cast<char*>(TERN_BIN));
-            for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+            for (const std::string& a : args)
+                argv.push_back(const_cast<char*>(a.c_str()));
             argv.push_back(nullptr);
             // The signals' default actions, whatever the test runner set.
-            for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_DFL);
+            for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE})
+                ::signal(sig, SIG_DFL);
             ::execv(TERN_BIN, argv.data());
             _exit(127);
         }
@@ -126,7 +128,8 @@ private:
 // The names in `dir`, sorted.
 inline std::vector<std::string> names_in(const std::filesystem::path& dir) {
     std::vector<std::string> names;
-    for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
 }

@@ -14,13 +14,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -35,10 +35,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string stories() { return shared_path("models/gguf/stories260K-f32.gguf").string(); }
-std::string wikitext() { return shared_path("data/wikitext-2-raw/wiki.test.raw").string(); }
+std::string stories() {
+    return shared_path("models/gguf/stories260K-f32.gguf").string();
+}
+std::string wikitext() {
+    return shared_path("data/wikitext-2-raw/wiki.test.raw").string();
+}
 
-size_t lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
+size_t lines(const std::string& s) {
+    return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+}
 
 // Runs tern in the background with a time limit, so a command that blocks (on a FIFO) fails the
 // test instead of hanging it.
@@ -62,9 +68,9 @@ Finished run_limited(const std::vector<std::string>& args, const std::string& st
 // A conversation file as /save writes it, taken apart so a test can change the JSON and put it
 // back together with a valid checksum.
 struct ConversationParts {
-    std::string header;   // magic, version, reserved (16 bytes)
+    std::string header; // magic, version, reserved (16 bytes)
     nlohmann::json doc;
-    std::string kv;       // u64 n_kv and the KV bytes
+    std::string kv; // u64 n_kv and the KV bytes
 };
 
 ConversationParts split(const std::string& bytes) {
@@ -128,7 +134,7 @@ TEST_CASE("-f: a text file over the 512 MiB cap is refused unread (exit 2, the s
     TempDir dir;
     const fs::path big = dir / "big.txt";
     write_file(big, "x");
-    fs::resize_file(big, (uint64_t{512} << 20) + 1);   // sparse: no disk, no time
+    fs::resize_file(big, (uint64_t{512} << 20) + 1); // sparse: no disk, no time
     for (const std::string& sub : {"run", "tokenize"}) {
         const CommandResult r = run_tern({sub, "-m", stories(), "-f", big.string()});
         CHECK(r.exit_code == 2);
@@ -188,7 +194,8 @@ TEST_CASE("/load of anything but a sound conversation file: one line, the conver
     };
     const std::vector<Case> cases = {
         {deep, "deeper than"},
-        {with("settings-null.tern", [](nlohmann::json& j) { j["settings"] = nullptr; }), "settings: expected an object"},
+        {with("settings-null.tern", [](nlohmann::json& j) { j["settings"] = nullptr; }),
+         "settings: expected an object"},
         {with("settings-string.tern", [](nlohmann::json& j) { j["settings"]["temp"] = "hot"; }),
          "settings.temp: expected a number"},
         {with("settings-huge.tern", [](nlohmann::json& j) { j["settings"]["top_k"] = 1e300; }), "settings.top_k"},
@@ -197,12 +204,17 @@ TEST_CASE("/load of anything but a sound conversation file: one line, the conver
         {with("token-float.tern", [](nlohmann::json& j) { j["tokens"][0] = 1.5; }), "tokens: expected token ids"},
         {with("begin-string.tern", [](nlohmann::json& j) { j["messages"][0]["begin"] = "0"; }),
          "messages[].begin: expected an integer"},
-        {with("message-null.tern", [](nlohmann::json& j) { j["messages"][0] = nullptr; }), "messages: expected objects"},
+        {with("message-null.tern", [](nlohmann::json& j) { j["messages"][0] = nullptr; }),
+         "messages: expected objects"},
         {with("dropped-huge.tern", [](nlohmann::json& j) { j["dropped_turns"] = 1ull << 63; }), "dropped_turns"},
         {with("dropped-negative.tern", [](nlohmann::json& j) { j["dropped_tokens"] = -1; }), "dropped_tokens"},
         {with("kv-string.tern", [](nlohmann::json& j) { j["kv_tokens"] = "all"; }), "kv_tokens: expected an integer"},
         {with("stale-missing.tern", [](nlohmann::json& j) { j.erase("stale"); }), "stale: missing"},
-        {with("root-array.tern", [](nlohmann::json& j) { j = nlohmann::json::array({1, 2}); }), "expected an object"},
+        {with("root-array.tern",
+              [](nlohmann::json& j) {
+                  j = nlohmann::json::array({1, 2});
+              }),
+         "expected an object"},
         {"/dev/zero", "a device"},
         {(dir / "subdir").string(), "a directory"},
         {fifo, "a FIFO"},
@@ -216,7 +228,7 @@ TEST_CASE("/load of anything but a sound conversation file: one line, the conver
         CHECK(r.err.find(c.says) != std::string::npos);
         CHECK(r.err.find("internal error") == std::string::npos);
         CHECK(r.err.find("(the conversation is unchanged)") != std::string::npos);
-        CHECK(lines(r.out) == 2);   // both turns were answered
+        CHECK(lines(r.out) == 2); // both turns were answered
     }
 }
 
@@ -231,7 +243,8 @@ TEST_CASE("/load with dropped_turns = INT_MAX, then turns that overflow the cont
     const std::string file = (dir / "max.tern").string();
     write_file(file, join(parts, parts.doc.dump()));
     std::string script = "/load " + file + "\n";
-    for (int i = 0; i < 12; ++i) script += "Tell me another story about the little dog and the big red ball\n";
+    for (int i = 0; i < 12; ++i)
+        script += "Tell me another story about the little dog and the big red ball\n";
     script += "/stats\n";
     const CommandResult r = run_tern(chat_args("128"), script);
     CHECK(r.exit_code == 0);
@@ -252,8 +265,9 @@ TEST_CASE("a mapped file truncated under a read: one line naming it and exit 3, 
         MappedFile m = MappedFile::open(path);
         if (::truncate(path.c_str(), 4096) != 0) _exit(20);
         volatile uint8_t sum = 0;
-        for (size_t i = 0; i < m.size(); i += 4096) sum = static_cast<uint8_t>(sum + m.data()[i]);
-        _exit(21);   // not reached: the read past the new end faults
+        for (size_t i = 0; i < m.size(); i += 4096)
+            sum = static_cast<uint8_t>(sum + m.data()[i]);
+        _exit(21); // not reached: the read past the new end faults
     }
     int status = 0;
     REQUIRE(::waitpid(pid, &status, 0) == pid);

@@ -30,8 +30,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string llama2xs() { return shared_path("models/gguf/llama2xs-tok512-f32.gguf").string(); }
-std::string stories() { return shared_path("models/gguf/stories260K-f32.gguf").string(); }
+std::string llama2xs() {
+    return shared_path("models/gguf/llama2xs-tok512-f32.gguf").string();
+}
+std::string stories() {
+    return shared_path("models/gguf/stories260K-f32.gguf").string();
+}
 
 void write_atomically(const std::string& path, const std::string& bytes, AtomicFile::Options o = {}) {
     AtomicFile f(path, o);
@@ -45,7 +49,9 @@ mode_t mode_of(const fs::path& p) {
     return st.st_mode & 07777;
 }
 
-bool is_link(const fs::path& p) { return fs::is_symlink(fs::symlink_status(p)); }
+bool is_link(const fs::path& p) {
+    return fs::is_symlink(fs::symlink_status(p));
+}
 
 } // namespace
 
@@ -137,12 +143,13 @@ TEST_CASE("AtomicFile: SIGINT, SIGTERM, SIGHUP and SIGQUIT during a write remove
         const pid_t pid = ::fork();
         REQUIRE(pid >= 0);
         if (pid == 0) {
-            for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) std::signal(s, SIG_DFL);
+            for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+                std::signal(s, SIG_DFL);
             install_temporary_file_cleanup_on_signals();
             AtomicFile f(out);
             f.write("half of it", 10);
             ::raise(c.sig);
-            _exit(99);   // not reached: the handler ends the process
+            _exit(99); // not reached: the handler ends the process
         }
         int status = 0;
         REQUIRE(::waitpid(pid, &status, 0) == pid);
@@ -172,7 +179,8 @@ TEST_CASE("AtomicFile: writers racing on one file each rename a whole file of th
                 try {
                     const std::string chunk(64 << 10, static_cast<char>('a' + w));
                     AtomicFile f(out);
-                    for (size_t done = 0; done < kBytes; done += chunk.size()) f.write(chunk.data(), chunk.size());
+                    for (size_t done = 0; done < kBytes; done += chunk.size())
+                        f.write(chunk.data(), chunk.size());
                     f.commit();
                     _exit(0);
                 } catch (...) {
@@ -212,10 +220,11 @@ TEST_CASE("prompt-cache directories are created 0700, entries 0600") {
     // Through the CLI: a run caches its prompt under $XDG_CACHE_HOME/tern/prompts.
     if (!shared_available()) return;
     std::string prompt;
-    for (int i = 0; i < 12; ++i) prompt += "Once upon a time there was a little dog who liked to play. ";
-    const CommandResult r = run_tern({"run", "-m", stories(), "--device", "cpu", "-t", "1", "--temp", "0", "-n", "2",
-                                      "-c", "512", "-p", prompt},
-                                     "", {"XDG_CACHE_HOME=" + (dir / "xdg").string()});
+    for (int i = 0; i < 12; ++i)
+        prompt += "Once upon a time there was a little dog who liked to play. ";
+    const CommandResult r = run_tern(
+        {"run", "-m", stories(), "--device", "cpu", "-t", "1", "--temp", "0", "-n", "2", "-c", "512", "-p", prompt}, "",
+        {"XDG_CACHE_HOME=" + (dir / "xdg").string()});
     REQUIRE(r.exit_code == 0);
     CHECK(mode_of(dir / "xdg" / "tern") == 0700);
     CHECK(mode_of(dir / "xdg" / "tern" / "prompts") == 0700);
@@ -243,7 +252,8 @@ TEST_CASE("quantize and synth: a planted symlink, a device node or a directory a
     r = run_tern({"synth", (dir / "synth.gguf").string(), "--shape", "tiny", "--type", "q8_0"});
     CHECK(r.exit_code == 0);
 
-    for (const std::string& out : {(dir / "link.gguf").string(), (dir / "dir.gguf").string(), std::string("/dev/null")}) {
+    for (const std::string& out :
+         {(dir / "link.gguf").string(), (dir / "dir.gguf").string(), std::string("/dev/null")}) {
         CAPTURE(out);
         for (const std::vector<std::string>& args :
              {std::vector<std::string>{"quantize", llama2xs(), out, "--type", "q8_0", "--force"},

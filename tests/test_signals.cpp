@@ -23,8 +23,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string stories() { return shared_path("models/gguf/stories260K-f32.gguf").string(); }
-std::string wikitext() { return shared_path("data/wikitext-2-raw/wiki.test.raw").string(); }
+std::string stories() {
+    return shared_path("models/gguf/stories260K-f32.gguf").string();
+}
+std::string wikitext() {
+    return shared_path("data/wikitext-2-raw/wiki.test.raw").string();
+}
 
 struct Way {
     const char* name;
@@ -97,8 +101,8 @@ TEST_CASE("signals while perplexity scores: the exit code of the signal, nothing
     for (const Way& way : kWays) {
         CAPTURE(way.name);
         TempDir dir;
-        Spawned p({"perplexity", "-m", stories(), "-f", wikitext(), "-c", "128", "-t", "1", "--device", "cpu", "--chunks",
-                   "3000"},
+        Spawned p({"perplexity", "-m", stories(), "-f", wikitext(), "-c", "128", "-t", "1", "--device", "cpu",
+                   "--chunks", "3000"},
                   false, dir.path().string());
         // Loaded and scoring (it prints nothing before the end when stderr is not a terminal).
         std::this_thread::sleep_for(std::chrono::milliseconds(1000));
@@ -119,15 +123,15 @@ TEST_CASE("signals around chat's /save: the saved file whole, no temporary file,
         p.write_stdin("Once upon a time\n/save " + file.string() + "\n");
         REQUIRE(p.wait_until([&] { return p.err().find("(saved to") != std::string::npos; }, 60));
         send(p, way);
-        p.write_stdin("And then\n");   // a scripted chat notices SIGINT at its next line
+        p.write_stdin("And then\n"); // a scripted chat notices SIGINT at its next line
         check_ended(p, way);
         CHECK(names_in(dir.path()) == std::vector<std::string>{"chat.tern"});
         const std::string bytes = read_file(file);
         CHECK(bytes.rfind("TERNCHAT", 0) == 0);
         // Whole: it loads in a new chat.
-        const CommandResult r = run_tern({"chat", "-m", stories(), "--device", "cpu", "-t", "1", "--temp", "0", "-n",
-                                          "4"},
-                                         "/load " + file.string() + "\n");
+        const CommandResult r =
+            run_tern({"chat", "-m", stories(), "--device", "cpu", "-t", "1", "--temp", "0", "-n", "4"},
+                     "/load " + file.string() + "\n");
         CHECK(r.exit_code == 0);
         CHECK(r.err.find("(loaded " + file.string()) != std::string::npos);
     }
@@ -157,8 +161,8 @@ TEST_CASE("two chats saving to one file at once: the file is one of them, whole"
         CHECK(a.err().find("cannot save") == std::string::npos);
         CHECK(b.err().find("cannot save") == std::string::npos);
         CHECK(names_in(dir.path()) == std::vector<std::string>{"chat.tern"});
-        const CommandResult r = run_tern({"chat", "-m", stories(), "--device", "cpu", "-t", "1", "-n", "4"},
-                                         "/load " + file + "\n");
+        const CommandResult r =
+            run_tern({"chat", "-m", stories(), "--device", "cpu", "-t", "1", "-n", "4"}, "/load " + file + "\n");
         CHECK(r.exit_code == 0);
         const bool one_message = r.err.find("(loaded " + file + ": 2 messages") != std::string::npos;
         const bool two_turns = r.err.find("(loaded " + file + ": 4 messages") != std::string::npos;
