@@ -28,6 +28,7 @@
 #include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "engine/synth.h"
+#include "formats/atomic_file.h"
 #include "formats/error.h"
 #include "kernels/cpu/membw.h"
 #include "quant/plan.h"
@@ -65,51 +66,43 @@ std::string model_format(const GgufFile& file) {
 
 // --synthetic: the model is written to a file under $TMPDIR (default /tmp) that is unlinked as soon as it
 // is mapped, so it never outlives the process. While it is being written (the only window in which it
-// has a name), fatal signals unlink it -- and the writer's PATH.tmp -- before the default action runs.
+// has a name), SIGINT, SIGTERM, SIGHUP and SIGQUIT unlink it -- and the writer's temporary file --
+// before the process ends (formats/atomic_file.h).
 namespace synth_file {
 
-char g_path[4096] = "";
-char g_tmp_path[4100] = "";
-constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
-
-extern "C" void unlink_and_reraise(int sig) {
-    if (g_path[0]) unlink(g_path);      // async-signal-safe
-    if (g_tmp_path[0]) unlink(g_tmp_path);
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-}
-
-// Owns the temporary name from creation to unlink; the handlers are installed for exactly that span.
+// Owns the temporary name from creation to unlink.
 class Guard {
 public:
     Guard() {
         const char* dir = std::getenv("TMPDIR");
         std::string pattern = std::string(dir && *dir ? dir : "/tmp") + "/tern-bench-synth-XXXXXX.gguf";
-        if (pattern.size() >= sizeof g_path) throw UsageError("TMPDIR: path too long for --synthetic's temporary model");
-        std::snprintf(g_path, sizeof g_path, "%s", pattern.c_str());
-        const int fd = mkstemps(g_path, 5);
+        std::vector<char> name(pattern.begin(), pattern.end());
+        name.push_back('\0');
+        const int fd = mkstemps(name.data(), 5);
         if (fd < 0) {
             const std::string why = std::strerror(errno);
-            g_path[0] = 0;
             throw RuntimeFailure(pattern + ": cannot create the temporary model for --synthetic: " + why +
                                  " (set TMPDIR to a writable directory)");
         }
         close(fd);
-        std::snprintf(g_tmp_path, sizeof g_tmp_path, "%s.tmp", g_path);
-        for (int sig : kSignals) std::signal(sig, unlink_and_reraise);
+        path_ = name.data();
+        registered_ = std::make_unique<TemporaryFileName>(path_);
     }
     ~Guard() { release(); }
     Guard(const Guard&) = delete;
     Guard& operator=(const Guard&) = delete;
-    std::string path() const { return g_path; }
-    // Removes the name (the mapping, if any, stays valid) and restores the default handlers.
+    const std::string& path() const { return path_; }
+    // Removes the name (the mapping, if any, stays valid).
     void release() {
-        if (!g_path[0]) return;
-        for (int sig : kSignals) std::signal(sig, SIG_DFL);
-        unlink(g_path);
-        unlink(g_tmp_path);
-        g_path[0] = g_tmp_path[0] = 0;
+        if (path_.empty()) return;
+        registered_.reset();
+        unlink(path_.c_str());
+        path_.clear();
     }
+
+private:
+    std::string path_;
+    std::unique_ptr<TemporaryFileName> registered_;
 };
 
 } // namespace synth_file

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -246,9 +247,11 @@ private:
             if (rest.empty()) return say("tern: /load: give a file name (/load FILE)"), true;
             try {
                 SavedConversation saved = read_conversation(rest, session_);
-                const nlohmann::json s = saved.settings;
+                // Checked before anything changes: a damaged file leaves the conversation as it was.
+                const LoadedSettings loaded = settings_from_file(rest, saved.settings);
                 apply_conversation(std::move(saved), session_, conversation_);
-                apply_settings(s);
+                options_.sampling = loaded.sampling;
+                options_.n_predict = loaded.n_predict;
                 say("(loaded " + rest + ": " + std::to_string(conversation_.messages().size()) + " messages, " +
                     std::to_string(conversation_.tokens().size()) + " tokens)");
             } catch (const TernError& e) {
@@ -307,15 +310,56 @@ private:
                 {"n_predict", options_.n_predict}};
     }
 
-    void apply_settings(const nlohmann::json& s) {
-        SamplingParams& p = options_.sampling;
-        p.temp = s.value("temp", p.temp);
-        p.top_k = s.value("top_k", p.top_k);
-        p.top_p = s.value("top_p", p.top_p);
-        p.min_p = s.value("min_p", p.min_p);
-        p.repeat_penalty = s.value("repeat_penalty", p.repeat_penalty);
-        p.seed = s.value("seed", p.seed);
-        options_.n_predict = s.value("n_predict", options_.n_predict);
+    struct LoadedSettings {
+        SamplingParams sampling;
+        int32_t n_predict = -1;
+    };
+
+    // A loaded file's settings, checked as /set checks a value (engine/conversation_file.cpp has
+    // already made sure each is a number): out of range or refused by resolve_sampling, the file is
+    // damaged. Settings the file lacks keep their current values.
+    LoadedSettings settings_from_file(const std::string& path, const nlohmann::json& s) const {
+        const auto damaged = [&](const std::string& key, const std::string& what) {
+            return InputError(path + ": the file is damaged: settings." + key + ": " + what);
+        };
+        const auto number = [&](const char* key, double lo, double hi, double current) {
+            if (!s.contains(key)) return current;
+            const double v = s.at(key).get<double>();
+            if (!std::isfinite(v) || v < lo || v > hi)
+                throw damaged(key, s.at(key).dump() + " is outside " + nlohmann::json(lo).dump() + ".." +
+                                       nlohmann::json(hi).dump());
+            return v;
+        };
+        const auto integer = [&](const char* key, int32_t current) {
+            if (s.contains(key) && !s.at(key).is_number_integer()) throw damaged(key, "expected an integer");
+            return static_cast<int32_t>(number(key, INT32_MIN, INT32_MAX, current));
+        };
+        constexpr double kFloat = 1e30;   // beyond any meaningful value, inside float's range
+        SamplingOptions next;
+        next.params = options_.sampling;
+        next.params.temp = static_cast<float>(number("temp", -kFloat, kFloat, next.params.temp));
+        next.params.top_k = integer("top_k", next.params.top_k);
+        next.params.top_p = static_cast<float>(number("top_p", -kFloat, kFloat, next.params.top_p));
+        next.params.min_p = static_cast<float>(number("min_p", -kFloat, kFloat, next.params.min_p));
+        next.params.repeat_penalty =
+            static_cast<float>(number("repeat_penalty", -kFloat, kFloat, next.params.repeat_penalty));
+        next.seed = 0;   // the saved seed is set below, as saved (resolve_sampling would draw a new one for -1)
+        uint64_t seed = options_.sampling.seed;
+        if (s.contains("seed")) {
+            const nlohmann::json& v = s.at("seed");
+            if (!v.is_number_unsigned()) throw damaged("seed", v.dump() + " is not a seed (0..2^64-1)");
+            seed = v.get<uint64_t>();
+        }
+        LoadedSettings out;
+        try {
+            out.sampling = resolve_sampling(next);
+        } catch (const UsageError& e) {
+            throw InputError(path + ": the file is damaged: its settings: " + e.what());
+        }
+        out.sampling.seed = seed;
+        const int32_t n_predict = integer("n_predict", options_.n_predict);
+        out.n_predict = n_predict < 0 ? -1 : n_predict;
+        return out;
     }
 
     const ChatFlags& flags_;

@@ -6,11 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "app/commands.h"
@@ -21,6 +19,7 @@
 #include "engine/perplexity.h"
 #include "engine/tokenizer.h"
 #include "formats/error.h"
+#include "formats/input_file.h"
 
 namespace tern::app {
 
@@ -36,12 +35,7 @@ struct PerplexityArgs {
 
 // The text as llama-perplexity reads it: the file's bytes with one trailing '\n' removed.
 std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(path + ": cannot read the text file (-f): " + std::strerror(errno));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw InputError(path + ": error while reading the text file (-f)");
-    std::string text = ss.str();
+    std::string text = read_input_file(path, "the text file (-f)", kMaxTextFileBytes);
     if (!text.empty() && text.back() == '\n') text.pop_back();
     return text;
 }

@@ -1,8 +1,9 @@
 // tern quantize IN.gguf OUT.gguf --type TYPE (../shared/CLI.md): converts a model to another
 // format with llama-quantize's type mixtures (quant/plan.h) and the reference quantizers
 // (quant/reference.h), so the output is byte-identical to llama-quantize's for the standard types.
-// Safety: OUT is written as OUT.tmp and renamed (GgufWriter); OUT == IN and an existing OUT without
-// --force are refused; any error or Ctrl-C leaves no OUT and no OUT.tmp.
+// Safety: OUT is written to a unique temporary file beside it and renamed (GgufWriter, AtomicFile);
+// OUT == IN, an existing OUT without --force and an OUT that is not a regular file are refused; any
+// error, Ctrl-C, SIGTERM or SIGHUP leaves no OUT and no temporary file.
 #include <omp.h>
 #include <sys/stat.h>
 
@@ -32,7 +33,9 @@
 #include "engine/model.h"
 #include "engine/perplexity.h"
 #include "engine/tokenizer.h"
+#include "formats/atomic_file.h"
 #include "formats/error.h"
+#include "formats/input_file.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "kernels/cpu_features.h"
@@ -46,7 +49,7 @@ namespace tern::app {
 
 namespace {
 
-// The writer removes OUT.tmp when the fill callback throws, so nothing is left behind.
+// The writer removes its temporary file when the fill callback throws, so nothing is left behind.
 constexpr const char* kInterrupted = "quantize: interrupted; OUT was not written and its temporary file was removed";
 
 struct QuantizeArgs {
@@ -169,9 +172,11 @@ void check_paths(const QuantizeArgs& a) {
     if (stat(a.out.c_str(), &so) == 0) {
         if (si.st_dev == so.st_dev && si.st_ino == so.st_ino)
             throw UsageError(a.out + ": is the input file itself; quantize writes a new file (choose another OUT)");
-        if (!a.force) throw UsageError(a.out + ": already exists (use --force to overwrite it)");
-        if (S_ISDIR(so.st_mode)) throw UsageError(a.out + ": is a directory (give a file name for OUT)");
     }
+    // A symlink, directory, device node or FIFO at OUT is refused even with --force, never replaced.
+    check_write_target(a.out);
+    if (::lstat(a.out.c_str(), &so) == 0 && !a.force)
+        throw UsageError(a.out + ": already exists (use --force to overwrite it)");
     // Before the model is read: a typo in OUT's directory should not cost a whole conversion.
     const std::filesystem::path parent = std::filesystem::path(a.out).parent_path();
     std::error_code ec;
@@ -235,13 +240,10 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
 // halves of the text for the held-out check (quant/imatrix_select.h) and on all of it; with
 // fit_moments also the second moments the error-compensating quantizer needs.
 SplitImportance calibrate(const QuantizeArgs& a, int n_threads, bool fit_moments) {
-    std::ifstream f(a.calibrate, std::ios::binary);
-    if (!f) throw InputError(a.calibrate + ": cannot read the calibration text (--calibrate): " + std::strerror(errno));
-    std::ostringstream ss;
-    ss << f.rdbuf();
+    const std::string text = read_input_file(a.calibrate, "the calibration text (--calibrate)", kMaxTextFileBytes);
     const Model model = load_model(a.in);
     const std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model.file);
-    std::vector<int32_t> tokens = tok->encode(ss.str(), EncodeOptions{true, false});
+    std::vector<int32_t> tokens = tok->encode(text, EncodeOptions{true, false});
     const int32_t n_ctx = model.config.n_ctx_train > 0 ? std::min(512, model.config.n_ctx_train) : 512;
     if (tokens.size() < 16) throw InputError(a.calibrate + ": the calibration text is too short (" +
                                              std::to_string(tokens.size()) + " tokens; give it a few thousand)");
@@ -316,8 +318,13 @@ bool compensated_wins_held_out(const GgufTensor& src, const PlannedTensor& t, co
 }
 
 // Removes the temporary check files however the function leaves (error, Ctrl-C, or done).
+// The check files of --calibrate: removed on every way out, signals included (TemporaryFileName).
 struct RemoveOnExit {
     std::vector<std::string> paths;
+    std::vector<std::unique_ptr<TemporaryFileName>> names;
+    explicit RemoveOnExit(std::vector<std::string> p) : paths(std::move(p)) {
+        for (const std::string& path : paths) names.push_back(std::make_unique<TemporaryFileName>(path));
+    }
     ~RemoveOnExit() {
         std::error_code ec;
         for (const std::string& p : paths) std::filesystem::remove(p, ec);
@@ -494,7 +501,7 @@ int run_quantize(QuantizeArgs& a) {
         // The process id in the names keeps a user's own file of the plain name from being overwritten and removed.
         const std::string pid = std::to_string(::getpid());
         const std::string candidate = a.out + ".calibrated-check-" + pid, plain = a.out + ".reference-check-" + pid;
-        RemoveOnExit cleanup{{candidate, plain}};
+        RemoveOnExit cleanup({candidate, plain});
         write_with(candidate, fit_cals, "checking");
         write_with(plain, reference, "checking");
         model_check = held_out_check(candidate, plain, imatrix.check_tokens, imatrix.check_n_ctx, imatrix.bos,
@@ -503,6 +510,7 @@ int run_quantize(QuantizeArgs& a) {
             write_with(a.out, all_cals, "quantizing");   // the winner, with the statistics of the whole text
             n_weighted = n_selected;
         } else {
+            check_write_target(a.out);
             std::filesystem::rename(plain, a.out);   // exactly the default output
         }
     }
@@ -553,7 +561,7 @@ Command add_quantize_command(CLI::App& root) {
     auto* cmd = root.add_subcommand("quantize", "convert a GGUF model to another format (llama-quantize's mixtures)");
     auto a = std::make_shared<QuantizeArgs>();
     cmd->add_option("IN", a->in, "input GGUF model (any format tern reads)")->required();
-    cmd->add_option("OUT", a->out, "output GGUF file (written as OUT.tmp, then renamed)");
+    cmd->add_option("OUT", a->out, "output GGUF file (written to a temporary file beside it, then renamed)");
     cmd->add_option("--type", a->type, "output type: " + join_names(ftype_names()))->required();
     cmd->add_option("-t,--threads", a->threads, "threads (default: physical cores)");
     cmd->add_flag("--force", a->force, "overwrite an existing OUT");

@@ -6,10 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <iterator>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +22,7 @@
 #include "engine/drafter_model.h"
 #include "engine/model.h"
 #include "formats/error.h"
+#include "formats/input_file.h"
 
 namespace tern::app {
 
@@ -65,17 +63,11 @@ std::string drop_one_newline(std::string s) {
 std::string read_prompt(const RunFlags& f) {
     if (f.prompt_opt->count() > 0) return f.prompt;
     if (f.file_opt->count() > 0) {
-        std::ifstream in(f.file, std::ios::binary);
-        if (!in) throw InputError(f.file + ": cannot read the prompt file (-f): " + std::strerror(errno));
-        std::ostringstream ss;
-        ss << in.rdbuf();
-        if (in.bad()) throw InputError(f.file + ": error while reading the prompt file (-f)");
-        return drop_one_newline(ss.str());
+        return drop_one_newline(read_input_file(f.file, "the prompt file (-f)", kMaxTextFileBytes));
     }
     if (isatty(STDIN_FILENO))
         throw UsageError("no prompt: give -p TEXT, -f FILE, or pipe the prompt on stdin");
-    std::string all{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
-    return drop_one_newline(std::move(all));
+    return drop_one_newline(read_standard_input("the prompt", kMaxTextFileBytes));
 }
 
 

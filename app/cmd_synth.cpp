@@ -1,9 +1,8 @@
 // tern synth OUT.gguf --shape NAME --type TYPE [--vocab-from GGUF] [--seed S] (../shared/CLI.md):
 // writes a random-weight model of a real model's shape (engine/synth.h) as a GGUF file that tern
-// and other GGUF tools load, for benchmarks without downloads. An existing OUT is replaced (benchmark
-// scripts regenerate their files); it is written as OUT.tmp and renamed, so OUT is never half-written.
-#include <sys/stat.h>
-
+// and other GGUF tools load, for benchmarks without downloads. An existing regular OUT is replaced
+// (benchmark scripts regenerate their files); it is written to a unique temporary file beside OUT and
+// renamed (formats/atomic_file.h), so OUT is never half-written.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +15,7 @@
 #include "app/console.h"
 #include "app/signals.h"
 #include "engine/synth.h"
+#include "formats/atomic_file.h"
 #include "formats/error.h"
 #include "kernels/cpu_features.h"
 
@@ -36,9 +36,8 @@ std::string joined_shapes() {
 }
 
 void check_out_path(const std::string& out) {
-    struct stat st {};
-    if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-        throw UsageError(out + ": is a directory (give a file name for OUT)");
+    // A symlink, directory, device node or FIFO at OUT is refused, never replaced.
+    check_write_target(out);
     const std::filesystem::path parent = std::filesystem::path(out).parent_path();
     if (!parent.empty() && !std::filesystem::is_directory(parent))
         throw UsageError(out + ": the directory " + parent.string() + " does not exist (create it first)");
@@ -79,7 +78,7 @@ int run_synth(SynthArgs& a) {
 Command add_synth_command(CLI::App& root) {
     auto* cmd = root.add_subcommand("synth", "write a random-weight GGUF model of a real model's shape (for benchmarks)");
     auto a = std::make_shared<SynthArgs>();
-    cmd->add_option("OUT", a->out, "output GGUF file (written as OUT.tmp, then renamed; replaces OUT)")->required();
+    cmd->add_option("OUT", a->out, "output GGUF file (written to a temporary file beside it, then renamed; replaces a regular OUT)")->required();
     cmd->add_option("--shape", a->options.shape, "model shape: " + joined_shapes())->required();
     cmd->add_option("--type", a->options.type, "file type, as for tern quantize (q4_k_m, q8_0, f16, ...)")->required();
     cmd->add_option("--vocab-from", a->options.vocab_from,

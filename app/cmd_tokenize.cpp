@@ -6,15 +6,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <iterator>
-#include <sstream>
 
 #include "app/commands.h"
 #include "engine/tokenizer.h"
 #include "engine/unicode.h"
 #include "formats/error.h"
+#include "formats/input_file.h"
 #include "formats/gguf.h"
 
 namespace tern::app {
@@ -81,21 +79,12 @@ std::string quote_piece(std::string_view piece) {
 std::string read_text(const TokenizeArgs& a) {
     if (a.prompt_opt->count() > 0) return a.prompt;
     // The file's bytes exactly, final newline included: tokenize shows what the tokenizer sees.
-    std::ifstream in(a.file, std::ios::binary);
-    if (!in) throw InputError(a.file + ": cannot read the text file (-f): " + std::strerror(errno));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw InputError(a.file + ": error while reading the text file (-f)");
-    return ss.str();
+    return read_input_file(a.file, "the text file (-f)", kMaxTextFileBytes);
 }
 
 // All of stdin, bytes exactly as -f reads a file (`echo text | tern tokenize -m M` shows the final
 // newline too: tokenize shows what the tokenizer is given).
-std::string read_stdin_text() {
-    std::string all{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
-    if (std::cin.bad()) throw InputError("stdin: error while reading the text to tokenize");
-    return all;
-}
+std::string read_stdin_text() { return read_standard_input("the text to tokenize", kMaxTextFileBytes); }
 
 } // namespace
 

@@ -11,6 +11,7 @@
 #include "app/common_options.h"
 #include "app/standard_streams.h"
 #include "app/version.h"
+#include "formats/atomic_file.h"
 #include "formats/error.h"
 
 namespace {
@@ -31,6 +32,9 @@ int main(int argc, char** argv) {
     // Likewise a file-size limit (ulimit -f) must give the writer's clean EFBIG error and
     // removal of the temporary file, not a silent SIGXFSZ death.
     std::signal(SIGXFSZ, SIG_IGN);
+    // SIGINT, SIGTERM, SIGHUP and SIGQUIT remove the temporary file of a write in progress
+    // (quantize, synth, /save) before the process ends (formats/atomic_file.h).
+    tern::install_temporary_file_cleanup_on_signals();
     // Before any file is opened, so none can land on a closed stdout's descriptor.
     tern::app::occupy_closed_standard_fds();
 

@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "formats/atomic_file.h"
+
 namespace tern::app {
 
 namespace {
@@ -17,7 +19,9 @@ struct sigaction g_previous;
 extern "C" void on_sigint(int) {
     if (g_interrupted.exchange(true)) {
         // Second Ctrl-C: the user means it. _exit is async-signal-safe; stdio buffers are lost,
-        // but what was streamed has already been flushed piece by piece.
+        // but what was streamed has already been flushed piece by piece. A file being written
+        // (quantize, synth, /save) loses its temporary file first.
+        remove_temporary_files_now();
         _exit(130);
     }
 }

@@ -172,6 +172,15 @@ void Conversation::end_turn(const GenerateResult& reply) {
     turn_open_ = false;
 }
 
+namespace {
+
+int32_t saturating_add(int32_t a, int32_t b) {
+    int32_t sum = 0;
+    return __builtin_add_overflow(a, b, &sum) ? (b > 0 ? INT32_MAX : INT32_MIN) : sum;
+}
+
+} // namespace
+
 int32_t Conversation::make_room(int64_t extra) {
     const int64_t n_ctx = session_.n_ctx();
     const int64_t need = static_cast<int64_t>(tokens_.size()) + extra - n_ctx;
@@ -216,8 +225,9 @@ int32_t Conversation::make_room(int64_t extra) {
     messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(f),
                     messages_.begin() + static_cast<std::ptrdiff_t>(next));
     for (size_t i = f; i < messages_.size(); ++i) messages_[i].begin -= end - begin;
-    n_dropped_turns_ += turns;
-    n_dropped_tokens_ += end - begin;
+    // Counts for /stats, saturating: a loaded file may start them anywhere in 0..INT32_MAX.
+    n_dropped_turns_ = saturating_add(n_dropped_turns_, turns);
+    n_dropped_tokens_ = saturating_add(n_dropped_tokens_, end - begin);
     return end - begin;
 }
 

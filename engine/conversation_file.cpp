@@ -1,18 +1,19 @@
 #include "engine/conversation_file.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
+#include <algorithm>
+#include <functional>
+#include <string_view>
 
 #include "engine/model.h"
 #include "engine/session.h"
+#include "formats/atomic_file.h"
 #include "formats/error.h"
+#include "formats/input_file.h"
+#include "formats/text.h"
 
 namespace tern {
 
@@ -53,37 +54,96 @@ nlohmann::json model_fingerprint(const Session& session, KvType kv_type) {
     return j;
 }
 
+// A conversation holds what the user typed: 0600, like the chat history. A unique temporary file
+// beside PATH, renamed over it (formats/atomic_file.h): two /save to one file each leave a whole file.
 void write_atomically(const std::string& path, const std::string& bytes) {
-    const std::string tmp = path + ".tmp";
-    auto fail = [&](const std::string& what) {
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        throw RuntimeFailure(path + ": cannot save the conversation: " + what + ": " + std::strerror(err) +
-                             " (check the directory and free space)");
-    };
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        const int err = errno;
-        throw RuntimeFailure(path + ": cannot save the conversation: cannot create " + tmp + ": " +
-                             std::strerror(err) + " (check the directory and its permissions)");
-    }
-    size_t done = 0;
-    while (done < bytes.size()) {
-        const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            ::close(fd);
-            fail("write failed");
-        }
-        done += static_cast<size_t>(w);
-    }
-    if (::fsync(fd) != 0) {
-        ::close(fd);
-        fail("fsync failed");
-    }
-    if (::close(fd) != 0) fail("close failed");
-    if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed");
+    AtomicFile::Options options;
+    options.mode = 0600;
+    options.what = "cannot save the conversation";
+    AtomicFile out(path, options);
+    out.write(bytes.data(), bytes.size());
+    out.commit();
 }
+
+// The JSON part is untrusted: /save writes 3 levels, so anything deeper than kMaxJsonDepth is
+// refused while parsing (the parser itself is iterative; the depth bound keeps the recursive copy
+// and destruction of the document small) and its size is capped before parsing.
+constexpr int kMaxJsonDepth = 16;
+constexpr uint64_t kMaxConversationJsonBytes = uint64_t{256} << 20;
+
+nlohmann::json parse_bounded_json(std::string_view text) {
+    struct TooDeep {};
+    try {
+        return nlohmann::json::parse(text.begin(), text.end(),
+                                     [](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+                                         if ((event == nlohmann::json::parse_event_t::object_start ||
+                                              event == nlohmann::json::parse_event_t::array_start) &&
+                                             depth >= kMaxJsonDepth)
+                                             throw TooDeep{};
+                                         return true;
+                                     });
+    } catch (const TooDeep&) {
+        throw UsageError("the file is damaged: its JSON nests deeper than " + std::to_string(kMaxJsonDepth) +
+                         " levels");
+    }
+}
+
+// The largest file this session's conversation can need: the JSON part's cap plus the K/V of a
+// full context at 4 bytes an element, so a bigger file is refused before it is read into memory.
+uint64_t max_conversation_file_bytes(const Session& session) {
+    uint64_t per_token = 0;
+    if (const Model* m = session.model())
+        for (const LayerConfig& l : m->config.layers)
+            per_token += static_cast<uint64_t>(std::max(l.n_kv_heads, 0)) *
+                         static_cast<uint64_t>(std::max(m->config.head_dim, 0) + std::max(m->config.head_dim_v, 0)) * 4;
+    else
+        per_token = uint64_t{1} << 20; // no model to measure (a test backend): 1 MiB a position
+    return kMaxConversationJsonBytes + per_token * static_cast<uint64_t>(std::max(session.n_ctx(), 1)) +
+           (uint64_t{1} << 20);
+}
+
+// Typed access to one JSON object's fields: each getter checks presence, type and range and
+// throws `damaged("<prefix>name: ...")` otherwise.
+class Fields {
+public:
+    using Damaged = std::function<InputError(const std::string&)>;
+    Fields(const nlohmann::json& j, std::string prefix, Damaged damaged)
+        : j_(j), prefix_(std::move(prefix)), damaged_(std::move(damaged)) {
+        if (!j_.is_object())
+            throw damaged_((prefix_.empty() ? std::string("the conversation") : prefix_) +
+                           ": expected an object, found " + j_.type_name());
+    }
+    const nlohmann::json& field(const char* name, bool (nlohmann::json::*is)() const noexcept, const char* want) const {
+        const auto it = j_.find(name);
+        if (it == j_.end()) throw damaged_(prefix_ + name + ": missing");
+        if (!((*it).*is)()) throw damaged_(prefix_ + name + ": expected " + want + ", found " + it->type_name());
+        return *it;
+    }
+    const nlohmann::json& object(const char* name) const {
+        return field(name, &nlohmann::json::is_object, "an object");
+    }
+    const nlohmann::json& array(const char* name) const { return field(name, &nlohmann::json::is_array, "an array"); }
+    std::string string(const char* name) const {
+        return field(name, &nlohmann::json::is_string, "a string").get<std::string>();
+    }
+    bool boolean(const char* name) const {
+        return field(name, &nlohmann::json::is_boolean, "true or false").get<bool>();
+    }
+    int64_t integer(const char* name, int64_t lo, int64_t hi) const {
+        const nlohmann::json& v = field(name, &nlohmann::json::is_number_integer, "an integer");
+        const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+        const int64_t n = huge ? INT64_MAX : v.get<int64_t>();
+        if (n < lo || n > hi)
+            throw damaged_(prefix_ + name + ": " + (huge ? v.dump() : std::to_string(n)) + " is outside " +
+                           std::to_string(lo) + ".." + std::to_string(hi));
+        return n;
+    }
+
+private:
+    const nlohmann::json& j_;
+    std::string prefix_;
+    Damaged damaged_;
+};
 
 } // namespace
 
@@ -127,10 +187,9 @@ void save_conversation(const std::string& path, const Conversation& conversation
 
 SavedConversation read_conversation(const std::string& path, const Session& session) {
     auto bad = [&](const std::string& what) { return InputError(path + ": " + what); };
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw bad(std::string("cannot open the conversation file: ") + std::strerror(errno));
-    const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (in.bad()) throw bad("read error");
+    // Regular files only (a FIFO must not block, a directory must not read as nothing), and no
+    // larger than this session's conversation can be.
+    const std::string bytes = read_input_file(path, "the conversation file", max_conversation_file_bytes(session));
     if (bytes.size() < kHeaderBytes + 16 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
         throw bad("not a tern conversation file (written by /save)");
     const uint32_t version = get_u32(bytes, 8);
@@ -142,53 +201,71 @@ SavedConversation read_conversation(const std::string& path, const Session& sess
         throw bad("checksum mismatch: the file is damaged or truncated");
     const uint64_t n_json = get_u64(bytes, 16);
     if (n_json > body - kHeaderBytes - 8) throw bad("damaged: the JSON part runs past the end");
+    if (n_json > kMaxConversationJsonBytes)
+        throw bad("damaged: the JSON part is " + describe_bytes(n_json) + ", more than the " +
+                  describe_bytes(kMaxConversationJsonBytes) + " a conversation can have");
     const uint64_t n_kv = get_u64(bytes, kHeaderBytes + n_json);
     if (n_kv != body - kHeaderBytes - n_json - 8) throw bad("damaged: the KV part does not end where the file does");
 
+    // Every field is checked for its type and range here, so that nothing downstream can meet a
+    // null, a string for a number or a count that overflows: a damaged file is one line, and the
+    // chat goes on.
     SavedConversation saved;
+    const auto damaged = [&](const std::string& what) { return bad("the file is damaged: " + what); };
     try {
-        const nlohmann::json j = nlohmann::json::parse(bytes.substr(kHeaderBytes, n_json));
+        const nlohmann::json j = parse_bounded_json(std::string_view(bytes).substr(kHeaderBytes, n_json));
+        const Fields root(j, "", damaged);
+        const Fields model(root.object("model"), "model.", damaged);
         saved.kv.bytes.assign(bytes.begin() + static_cast<std::ptrdiff_t>(kHeaderBytes + n_json + 8),
                               bytes.begin() + static_cast<std::ptrdiff_t>(body));
-        const std::string kv_type = j.at("model").at("kv_type").get<std::string>();
-        saved.kv.kv_type = kv_type_from_name(kv_type);
+        saved.kv.kv_type = kv_type_from_name(model.string("kv_type"));
         const nlohmann::json expected = model_fingerprint(session, saved.kv.kv_type);
-        if (j.at("model") != expected)
-            throw bad("saved with another model or --kv-type (" + j.at("model").dump() + "), not this one (" +
-                      expected.dump() + ")");
-        saved.template_name = j.at("template").get<std::string>();
+        if (root.object("model") != expected)
+            throw bad("saved with another model or --kv-type (" + printable(root.object("model").dump(), 400) +
+                      "), not this one (" + expected.dump() + ")");
+        saved.template_name = root.string("template");
         ConversationState& s = saved.state;
-        s.tokens = j.at("tokens").get<std::vector<int32_t>>();
         const int32_t vocab = session.tokenizer().vocab_size();
-        for (int32_t t : s.tokens)
-            if (t < 0 || t >= vocab) throw bad("token id " + std::to_string(t) + " outside the vocabulary");
+        for (const nlohmann::json& t : root.array("tokens")) {
+            if (!t.is_number_integer())
+                throw damaged("tokens: expected token ids, found " + std::string(t.type_name()));
+            const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > INT64_MAX ? INT64_MAX : t.get<int64_t>();
+            if (id < 0 || id >= vocab) throw bad("token id " + std::to_string(id) + " outside the vocabulary");
+            s.tokens.push_back(static_cast<int32_t>(id));
+        }
+        const int32_t n_tokens = static_cast<int32_t>(s.tokens.size());
         int32_t last = 0;
-        for (const nlohmann::json& m : j.at("messages")) {
+        for (const nlohmann::json& m : root.array("messages")) {
+            if (!m.is_object()) throw damaged("messages: expected objects, found " + std::string(m.type_name()));
+            const Fields fm(m, "messages[].", damaged);
             ConversationMessage cm;
-            cm.message.role = m.at("role").get<std::string>();
-            cm.message.content = m.at("content").get<std::string>();
-            cm.begin = m.at("begin").get<int32_t>();
+            cm.message.role = fm.string("role");
+            cm.message.content = fm.string("content");
+            cm.begin = static_cast<int32_t>(fm.integer("begin", 0, INT32_MAX));
             if (cm.message.role != "system" && cm.message.role != "user" && cm.message.role != "assistant")
-                throw bad("unknown message role '" + cm.message.role + "'");
-            if (cm.begin < last || cm.begin > static_cast<int32_t>(s.tokens.size()))
-                throw bad("message spans out of order");
+                throw bad("unknown message role '" + printable(cm.message.role) + "'");
+            if (cm.begin < last || cm.begin > n_tokens) throw bad("message spans out of order");
             last = cm.begin;
             s.messages.push_back(std::move(cm));
         }
-        s.prompt_text = j.at("prompt_text").get<std::string>();
-        s.stale = j.at("stale").get<bool>();
-        s.n_dropped_turns = j.at("dropped_turns").get<int32_t>();
-        s.n_dropped_tokens = j.at("dropped_tokens").get<int32_t>();
-        saved.kv.n_past = j.at("kv_tokens").get<int32_t>();
-        saved.kv_shifted = j.at("kv_shifted").get<bool>();
-        saved.settings = j.at("settings");
-        if (saved.kv.n_past < 0 || saved.kv.n_past > static_cast<int32_t>(s.tokens.size()))
-            throw bad("the KV part holds more positions than the conversation has tokens");
+        s.prompt_text = root.string("prompt_text");
+        s.stale = root.boolean("stale");
+        s.n_dropped_turns = static_cast<int32_t>(root.integer("dropped_turns", 0, INT32_MAX));
+        s.n_dropped_tokens = static_cast<int32_t>(root.integer("dropped_tokens", 0, INT32_MAX));
+        saved.kv.n_past = static_cast<int32_t>(root.integer("kv_tokens", 0, INT32_MAX));
+        saved.kv_shifted = root.boolean("kv_shifted");
+        // The app's settings (sampling, -n): opaque here, but only numbers, as /save writes them.
+        saved.settings = root.object("settings");
+        for (const auto& [key, value] : saved.settings.items())
+            if (!value.is_number())
+                throw damaged("settings." + printable(key) + ": expected a number, found " +
+                              std::string(value.type_name()));
+        if (saved.kv.n_past > n_tokens) throw bad("the KV part holds more positions than the conversation has tokens");
         if (static_cast<int64_t>(s.tokens.size()) > session.n_ctx())
             throw bad("the conversation has " + std::to_string(s.tokens.size()) + " tokens but the context is " +
                       std::to_string(session.n_ctx()) + " (raise -c)");
     } catch (const nlohmann::json::exception& e) {
-        throw bad(std::string("damaged conversation data: ") + e.what());
+        throw damaged("invalid JSON: " + printable(e.what(), 300));
     } catch (const UsageError& e) {
         throw bad(e.what());
     }

@@ -6,8 +6,9 @@
 // Layout, little-endian:
 //   "TERNCHAT"  u32 version  u32 0  u64 n_json  json[n_json]  u64 n_kv  kv[n_kv]  u64 xxh3
 // where json is the conversation and the model it was made with, kv the backend's KvSnapshot
-// bytes, and xxh3 the XXH3-64 of every byte before it. Written to PATH.tmp and renamed over PATH,
-// so a crash never leaves a half-written file under the name.
+// bytes, and xxh3 the XXH3-64 of every byte before it. Written to a unique temporary file beside
+// PATH and renamed over it (formats/atomic_file.h), mode 0600, so a crash never leaves a
+// half-written file under the name; a PATH that is not a regular file is refused.
 #include <cstdint>
 #include <string>
 
@@ -31,7 +32,8 @@ struct SavedConversation {
 };
 
 // Writes the conversation and the KV of the session's cached tokens (a prefix of its tokens).
-// Throws RuntimeFailure naming the file when it cannot be written (PATH is then untouched).
+// Throws RuntimeFailure naming the file when it cannot be written, UsageError when PATH exists and is
+// not a regular file (PATH is then untouched).
 void save_conversation(const std::string& path, const Conversation& conversation, Session& session,
                        const nlohmann::json& settings);
 

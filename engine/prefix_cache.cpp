@@ -36,7 +36,7 @@ bool older(const CacheFileInfo& a, const CacheFileInfo& b) {
 struct DirLock {
     int fd = -1;
     explicit DirLock(const fs::path& dir) {
-        fd = ::open((dir / kLockName).c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+        fd = ::open((dir / kLockName).c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
         if (fd >= 0 && ::flock(fd, LOCK_EX) != 0) {
             ::close(fd);
             fd = -1;
@@ -187,7 +187,7 @@ PrefixCache::Restored PrefixCache::restore(Backend& backend, std::span<const int
 bool PrefixCache::ensure_directory() {
     if (disabled_) return false;
     std::error_code ec;
-    fs::create_directories(options_.dir, ec);
+    create_private_directories(options_.dir, ec);
     if (ec || !fs::is_directory(options_.dir, ec)) {
         warn_(options_.dir.string() + ": cannot create the prompt-cache directory" +
               (ec ? " (" + ec.message() + ")" : std::string()) +

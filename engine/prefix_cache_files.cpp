@@ -7,7 +7,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <random>
+
+#include "formats/atomic_file.h"
+#include "formats/error.h"
 
 namespace tern {
 namespace fs = std::filesystem;
@@ -22,14 +24,6 @@ struct Fd {
         if (fd >= 0) ::close(fd);
     }
 };
-
-std::string unique_suffix() {
-    static std::mt19937_64 rng{std::random_device{}() ^ (uint64_t(::getpid()) << 32)};
-    char buf[48];
-    std::snprintf(buf, sizeof buf, ".tmp.%d.%016llx", static_cast<int>(::getpid()),
-                  static_cast<unsigned long long>(rng()));
-    return buf;
-}
 
 } // namespace
 
@@ -80,37 +74,34 @@ std::optional<std::vector<uint8_t>> read_cache_file(const fs::path& path, uint64
 }
 
 bool write_cache_file_atomically(const fs::path& path, std::span<const uint8_t> bytes, std::string* why) {
-    const fs::path temp = path.string() + unique_suffix();
-    Fd f{::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)};
-    if (f.fd < 0) {
-        *why = temp.string() + ": cannot create: " + errno_text(errno);
+    // The one safe writer (formats/atomic_file.h), without fsync: a lost entry is a miss, a torn one
+    // fails its checksum. 0600: an entry holds a user's prompt tokens.
+    AtomicFile::Options options;
+    options.mode = 0600;
+    options.durable = false;
+    options.what = "cannot store the prompt-cache entry";
+    try {
+        AtomicFile out(path.string(), options);
+        out.write(bytes.data(), bytes.size());
+        out.commit();
+        return true;
+    } catch (const TernError& e) {
+        *why = e.what();
         return false;
     }
-    size_t done = 0;
-    while (done < bytes.size()) {
-        const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            const int err = n < 0 ? errno : ENOSPC;
-            *why = temp.string() + ": write failed: " + errno_text(err);
-            ::unlink(temp.c_str());
-            return false;
-        }
-        done += static_cast<size_t>(n);
-    }
-    const int fd = f.fd;
-    f.fd = -1;
-    if (::close(fd) != 0) {   // NFS and some quotas report a failed write only here
-        *why = temp.string() + ": close failed: " + errno_text(errno);
-        ::unlink(temp.c_str());
+}
+
+bool create_private_directories(const fs::path& dir, std::error_code& ec) {
+    ec.clear();
+    fs::path at;
+    for (const fs::path& part : dir) {
+        at /= part;
+        if (part.empty() || part == "/") continue;
+        if (::mkdir(at.c_str(), 0700) == 0 || errno == EEXIST) continue;
+        ec = std::error_code(errno, std::generic_category());
         return false;
     }
-    if (::rename(temp.c_str(), path.c_str()) != 0) {
-        *why = path.string() + ": cannot rename the new entry into place: " + errno_text(errno);
-        ::unlink(temp.c_str());
-        return false;
-    }
-    return true;
+    return fs::is_directory(dir, ec);
 }
 
 bool remove_cache_path(const fs::path& path) {

@@ -19,11 +19,16 @@ namespace tern {
 std::optional<std::vector<uint8_t>> read_cache_file(const std::filesystem::path& path, uint64_t max_bytes,
                                                     bool* missing, std::string* why);
 
-// Writes bytes to a new unique temporary file next to `path`, then renames it over `path`, so a
-// reader sees either no file or the whole file. No fsync: a crash may lose the entry, and the
-// checksum catches a torn one. On failure (EFBIG under `ulimit -f`, ENOSPC, ...) the temporary
-// file is removed and false is returned with the reason in *why.
+// Writes bytes to a new unique temporary file next to `path` (formats/atomic_file.h, mode 0600),
+// then renames it over `path`, so a reader sees either no file or the whole file. No fsync: a crash
+// may lose the entry, and the checksum catches a torn one. On failure (EFBIG under `ulimit -f`,
+// ENOSPC, a non-regular file at `path`, ...) the temporary file is removed and false is returned
+// with the reason in *why.
 bool write_cache_file_atomically(const std::filesystem::path& path, std::span<const uint8_t> bytes, std::string* why);
+
+// Creates `dir` and its missing parents with mode 0700 (the entries hold users' prompts); existing
+// directories keep their mode. True when `dir` is a directory afterwards.
+bool create_private_directories(const std::filesystem::path& dir, std::error_code& ec);
 
 // Removes what sits at `path` (file, symlink, FIFO or empty directory) without following links.
 // True when nothing is there afterwards.

@@ -1,19 +1,16 @@
 // GgufWriter: serialises metadata and tensor infos into memory (a few MB at most, for a large
-// vocabulary), then streams tensor data to PATH.tmp and renames it into place after fsync. A
-// reader therefore never sees a half-written model under PATH, even after a crash or a full disk.
+// vocabulary), then streams tensor data to a unique temporary file beside PATH and renames it into
+// place after fsync (AtomicFile). A reader therefore never sees a half-written model under PATH,
+// even after a crash or a full disk.
 #include "formats/gguf_writer.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <bit>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <new>
 #include <stdexcept>
 
+#include "formats/atomic_file.h"
 #include "formats/error.h"
 #include "formats/gguf_limits.h"
 #include "formats/text.h"
@@ -130,95 +127,6 @@ uint64_t tensor_bytes(GgmlType type, const std::vector<int64_t>& ne) {
     return overflow ? UINT64_MAX : n;
 }
 
-// ---- the output file ---------------------------------------------------------------------------
-
-std::string errno_hint(int err) {
-    if (err == ENOSPC) return " (disk full?)";
-    if (err == EFBIG) return " (file size limit reached: see 'ulimit -f', or the filesystem's maximum file size)";
-    if (err == EDQUOT) return " (disk quota exceeded)";
-    return "";
-}
-
-// PATH.tmp while it is being written: removed on every way out except commit().
-class TempFile {
-public:
-    TempFile(std::string final_path) : final_(std::move(final_path)), tmp_(final_ + ".tmp") {
-        fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd_ < 0) fail_errno("cannot create " + printable(tmp_, 4096));
-    }
-    TempFile(const TempFile&) = delete;
-    TempFile& operator=(const TempFile&) = delete;
-    ~TempFile() {
-        if (fd_ >= 0) ::close(fd_);
-        if (!committed_) ::unlink(tmp_.c_str());
-    }
-
-    void write(const void* data, size_t n) {
-        const char* p = static_cast<const char*>(data);
-        while (n > 0) {
-            // Writes of at most 1 GiB: Linux transfers at most ~2 GiB per call anyway.
-            const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
-            if (w < 0) {
-                if (errno == EINTR) continue;
-                fail_errno("cannot write " + printable(tmp_, 4096));
-            }
-            if (w == 0) { // no progress and no errno: treat as a full device rather than spin
-                errno = ENOSPC;
-                fail_errno("cannot write " + printable(tmp_, 4096));
-            }
-            p += w;
-            n -= static_cast<size_t>(w);
-            written_ += static_cast<uint64_t>(w);
-        }
-    }
-
-    void write_zeros(uint64_t n) {
-        static constexpr char kZeros[4096] = {};
-        while (n > 0) {
-            const size_t k = static_cast<size_t>(std::min<uint64_t>(n, sizeof kZeros));
-            write(kZeros, k);
-            n -= k;
-        }
-    }
-
-    uint64_t written() const { return written_; }
-
-    // fsync the data, close (which can report a deferred write error, e.g. on NFS), rename over
-    // PATH, then fsync the directory so the rename itself survives a power cut.
-    void commit() {
-        if (::fsync(fd_) != 0) fail_errno("cannot flush " + printable(tmp_, 4096));
-        const int fd = fd_;
-        fd_ = -1;
-        if (::close(fd) != 0) fail_errno("cannot close " + printable(tmp_, 4096));
-        if (::rename(tmp_.c_str(), final_.c_str()) != 0)
-            fail_errno("cannot rename " + printable(tmp_, 4096) + " to " + printable(final_, 4096));
-        committed_ = true;
-        const size_t slash = final_.rfind('/');
-        const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : final_.substr(0, slash));
-        const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            ::fsync(dfd); // best effort: some filesystems refuse fsync on directories
-            ::close(dfd);
-        }
-    }
-
-    [[noreturn]] void fail_errno(const std::string& what) const {
-        const int err = errno;
-        throw RuntimeFailure(printable(final_, 4096) + ": " + what + ": " + std::strerror(err) + errno_hint(err));
-    }
-
-    [[noreturn]] void fail(const std::string& what) const {
-        throw RuntimeFailure(printable(final_, 4096) + ": " + what);
-    }
-
-private:
-    std::string final_;
-    std::string tmp_;
-    int fd_ = -1;
-    bool committed_ = false;
-    uint64_t written_ = 0;
-};
-
 } // namespace
 
 void GgufWriter::set(const std::string& key, GgufValue value) {
@@ -320,12 +228,18 @@ void GgufWriter::write(const std::string& path, const FillFn& fill, uint32_t ali
         offset = align_up(offset + sizes[k], alignment);
     }
 
-    TempFile out(path);
+    // A unique temporary file beside PATH, renamed over it at the end (formats/atomic_file.h).
+    AtomicFile out(path);
+    std::string t_name;
+    const auto stopped = [&](const std::string& why) {
+        throw RuntimeFailure(printable(path, 4096) + ": stopped writing at tensor '" + printable(t_name) + "': " + why);
+    };
     out.write(head.out.data(), head.out.size());
     out.write_zeros(align_up(out.written(), alignment) - out.written());
     std::vector<uint8_t> buffer;
     for (size_t k = 0; k < tensors_.size(); ++k) {
         const PendingTensor& t = tensors_[k];
+        t_name = t.name;
         if (!t.data.empty()) {
             out.write(t.data.data(), t.data.size());
         } else {
@@ -337,9 +251,9 @@ void GgufWriter::write(const std::string& path, const FillFn& fill, uint32_t ali
             } catch (const std::bad_alloc&) {
                 throw;
             } catch (const std::exception& e) {
-                out.fail("stopped writing at tensor '" + printable(t.name) + "': " + e.what());
+                stopped(e.what());
             } catch (...) {
-                out.fail("stopped writing at tensor '" + printable(t.name) + "': unknown error");
+                stopped("unknown error");
             }
             out.write(buffer.data(), buffer.size());
         }

@@ -1,7 +1,9 @@
 #pragma once
-// GgufWriter: writes GGUF v3 (metadata, tensor infos, aligned data) to PATH.tmp and renames it
-// into place only when everything was written and flushed. On any failure (including a full
-// disk) the temporary file is removed and RuntimeFailure/InputError names the path.
+// GgufWriter: writes GGUF v3 (metadata, tensor infos, aligned data) to a unique temporary file
+// beside PATH (PATH.tmp.<pid>.<random>, formats/atomic_file.h) and renames it into place only when
+// everything was written and flushed. On any failure (including a full disk) the temporary file is
+// removed and RuntimeFailure/InputError names the path. A PATH that exists and is not a regular file
+// (symlink, directory, device node, FIFO) is refused with UsageError, never replaced.
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -25,12 +27,12 @@ public:
                     std::span<const uint8_t> data = {});
 
     using FillFn = std::function<void(size_t tensor_index, std::span<uint8_t> out)>;
-    // Writes PATH.tmp then renames to PATH. `alignment` is also stored as general.alignment when
+    // Writes a temporary file beside PATH then renames it to PATH. `alignment` is also stored as general.alignment when
     // it differs from 32 (an existing general.alignment key is always set to `alignment`, so the
     // key matches the layout). Spans given to add_tensor must stay valid until write returns.
     // Errors: RuntimeFailure naming PATH for I/O failures (ENOSPC, EFBIG, ...) and for a std::exception
     // thrown by `fill`; a TernError or std::bad_alloc from `fill` propagates unchanged. Either way
-    // PATH.tmp is removed and an existing PATH is left untouched. Bad declarations: InputError.
+    // the temporary file is removed and an existing PATH is left untouched. Bad declarations: InputError.
     void write(const std::string& path, const FillFn& fill = {}, uint32_t alignment = 32) const;
 
 private:

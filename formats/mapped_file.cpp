@@ -1,15 +1,22 @@
 #include "formats/mapped_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
+#include "formats/atomic_file.h"
 #include "formats/error.h"
+#include "formats/text.h"
 
 namespace tern {
 namespace {
@@ -24,6 +31,72 @@ struct FdGuard {
 
 std::string errno_text(int err) {
     return std::strerror(err);
+}
+
+// ---- SIGBUS on a mapping -------------------------------------------------------------------------
+// Reading a page of a mapped file that was truncated (or whose storage failed) after mmap raises
+// SIGBUS, which would kill tern with no word (exit 135). The handler finds the mapping the fault
+// address lies in and writes that file's prepared one-line message, then exits 3 (../shared/CLI.md:
+// runtime failure). Static storage only, as a handler may read nothing else.
+constexpr int kMapSlots = 16;
+struct MapSlot {
+    std::atomic<int> state{0};   // 0 free, 1 being filled, 2 live
+    uintptr_t begin = 0;
+    uintptr_t end = 0;
+    char message[4500] = {};
+    size_t message_bytes = 0;
+};
+MapSlot g_maps[kMapSlots];
+
+extern "C" void on_sigbus(int sig, siginfo_t* info, void*) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(info ? info->si_addr : nullptr);
+    for (MapSlot& m : g_maps) {
+        if (m.state.load(std::memory_order_acquire) != 2 || at < m.begin || at >= m.end) continue;
+        remove_temporary_files_now();
+        [[maybe_unused]] const ssize_t ignored = ::write(STDERR_FILENO, m.message, m.message_bytes);
+        _exit(static_cast<int>(ExitCode::runtime));
+    }
+    // Not a mapped file's fault: the default action, after removing temporary files.
+    remove_temporary_files_now();
+    struct sigaction dfl = {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    raise(sig);
+}
+
+void install_sigbus_handler() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        struct sigaction sa = {};
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGBUS, &sa, nullptr);
+    });
+}
+
+int register_mapping(const uint8_t* data, size_t size, const std::string& path) {
+    install_sigbus_handler();
+    for (int i = 0; i < kMapSlots; ++i) {
+        int expected = 0;
+        if (!g_maps[i].state.compare_exchange_strong(expected, 1)) continue;
+        MapSlot& m = g_maps[i];
+        m.begin = reinterpret_cast<uintptr_t>(data);
+        m.end = m.begin + size;
+        const std::string line = "tern: " + printable(path, 4096) +
+                                 ": the file became shorter or unreadable while tern was using it (was it truncated or "
+                                 "rewritten in place? write model files to a new name and rename them)\n";
+        m.message_bytes = std::min(line.size(), sizeof m.message);
+        std::memcpy(m.message, line.data(), m.message_bytes);
+        m.state.store(2, std::memory_order_release);
+        return i;
+    }
+    return -1;
+}
+
+void unregister_mapping(int slot) {
+    if (slot >= 0) g_maps[slot].state.store(0, std::memory_order_release);
 }
 
 } // namespace
@@ -61,23 +134,28 @@ MappedFile MappedFile::open(const std::string& path) {
     }
     m.data_ = static_cast<const uint8_t*>(p);
     m.size_ = size;
+    m.sigbus_slot_ = register_mapping(m.data_, m.size_, path);
     return m;
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
+      sigbus_slot_(std::exchange(other.sigbus_slot_, -1)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     if (this != &other) {
+        unregister_mapping(sigbus_slot_);
         if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
         path_ = std::move(other.path_);
         data_ = std::exchange(other.data_, nullptr);
         size_ = std::exchange(other.size_, 0);
+        sigbus_slot_ = std::exchange(other.sigbus_slot_, -1);
     }
     return *this;
 }
 
 MappedFile::~MappedFile() {
+    unregister_mapping(sigbus_slot_);
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 

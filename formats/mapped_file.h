@@ -1,5 +1,7 @@
 #pragma once
-// RAII read-only memory map of a whole file. Empty files map to an empty span.
+// RAII read-only memory map of a whole file. Empty files map to an empty span. Regular files only
+// (a directory, FIFO or device is refused). Should the file shrink while mapped, the SIGBUS a read
+// of the lost pages raises ends tern with one line naming the file and exit 3, not a silent death.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -28,6 +30,7 @@ private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
+    int sigbus_slot_ = -1;   // the SIGBUS handler's record of this mapping (mapped_file.cpp)
 };
 
 } // namespace tern
