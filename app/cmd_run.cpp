@@ -116,9 +116,7 @@ int run(const RunFlags& f) {
             throw UsageError("-p: the prompt is empty and the model has no BOS token to start from");
         tokens.push_back(bos);
     }
-    if (static_cast<int32_t>(tokens.size()) > loaded.n_ctx)
-        throw UsageError("--ctx-size: the prompt has " + std::to_string(tokens.size()) + " tokens but the context is " +
-                         std::to_string(loaded.n_ctx) + " (raise -c)");
+    check_prompt_fits(loaded, f.model.model, tokens.size());
 
     GenerateOptions opts;
     opts.n_predict = f.n_predict < 0 ? -1 : f.n_predict;

@@ -347,9 +347,25 @@ LoadedSession load_session(const ModelOptions& o) {
     LoadedSession s;
     s.device = backend->device_name();
     s.n_ctx = run.n_ctx;
+    s.ctx_origin = o.ctx_size > 0 ? LoadedSession::ContextOrigin::flag
+                   : capped       ? LoadedSession::ContextOrigin::memory_cap
+                                  : LoadedSession::ContextOrigin::model;
+    s.ctx_key = std::string(arch_name(model->config.arch)) + ".context_length";
     s.session = std::make_unique<Session>(std::move(backend), std::move(tokenizer), run.n_ctx, model);
     s.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return s;
+}
+
+void check_prompt_fits(const LoadedSession& loaded, const std::string& model_path, size_t n_tokens) {
+    if (n_tokens <= static_cast<size_t>(loaded.n_ctx)) return;
+    const std::string has = "the prompt has " + std::to_string(n_tokens) + " tokens but ";
+    if (loaded.ctx_origin == LoadedSession::ContextOrigin::model)
+        throw InputError(model_path + ": " + has + "the model's own context length is " + std::to_string(loaded.n_ctx) +
+                         " (" + loaded.ctx_key + "; give -c N to run it with a larger context)");
+    const std::string why = loaded.ctx_origin == LoadedSession::ContextOrigin::memory_cap
+                                ? " (capped to fit memory; raise -c if it fits)"
+                                : " (raise -c)";
+    throw UsageError("--ctx-size: " + has + "the context is " + std::to_string(loaded.n_ctx) + why);
 }
 
 void add_prompt_cache_options(CLI::App& cmd, PromptCacheOptions& o) {

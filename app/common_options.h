@@ -123,12 +123,21 @@ struct LoadedSession {
     std::unique_ptr<Session> session;
     std::string device;    // "cpu", "cuda:0"
     int32_t n_ctx = 0;
+    // Where n_ctx came from, for messages about a prompt that does not fit: -c, the model's own
+    // context length (this key), or that length capped to fit memory.
+    enum class ContextOrigin { flag, model, memory_cap } ctx_origin = ContextOrigin::flag;
+    std::string ctx_key;   // "llama.context_length"
     double load_ms = 0;    // file open + checks + backend load + tokenizer
 };
 
 // Opens the model, picks the device, sizes the context and builds the session. Prints at most a
 // line or two on stderr (an automatic device choice, a context capped to memory).
 LoadedSession load_session(const ModelOptions& options);
+
+// Throws when a prompt of `n_tokens` does not fit the context, blaming what set it: -c (exit 1,
+// "raise -c"), or, when no -c was given, the model's own context length (exit 2, naming the file
+// and its key, with -c as the remedy).
+void check_prompt_fits(const LoadedSession& loaded, const std::string& model_path, size_t n_tokens);
 
 // Gives the session its on-disk prefix cache (engine/prefix_cache.h), keyed by the loaded model
 // and `model_options`' KV type; nothing when disabled or when no cache directory is known.

@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
             std::cerr << "tern: " << e.what() << "\n";
             return static_cast<int>(e.code());
         } catch (const std::bad_alloc&) {
-            std::cerr << "tern: out of memory (try a smaller -c/--ctx-size or a smaller model)\n";
+            std::cerr << "tern: out of memory (a smaller model or -c/--ctx-size needs less, as does a smaller input)\n";
             return static_cast<int>(tern::ExitCode::runtime);
         } catch (const std::exception& e) {
             std::cerr << "tern: internal error: " << tern::terminal_safe(e.what()) << " (please report this)\n";

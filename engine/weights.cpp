@@ -11,6 +11,13 @@ namespace {
 
 enum class Need { required, optional };
 
+// Which dimension disagrees, in words: "ne[1] is 256, the metadata says 512".
+std::string describe(const GgufTensor& t, int64_t n0, int64_t n1) {
+    if (t.ne[0] != n0) return "ne[0] is " + std::to_string(t.ne[0]) + ", the metadata says " + std::to_string(n0);
+    if (t.ne[1] != n1) return "ne[1] is " + std::to_string(t.ne[1]) + ", the metadata says " + std::to_string(n1);
+    return std::to_string(t.n_dims) + " dimensions where at most 2 are used";
+}
+
 class Binder {
 public:
     explicit Binder(const GgufFile& file) : file_(file) {}
@@ -33,17 +40,18 @@ private:
         if (!t) {
             if (need == Need::optional) return WeightRef{name};
             throw InputError(file_.path() + ": tensor " + name + " is missing (expected shape " + expected + " " +
-                             dims + ")");
+                             dims + "; an incomplete conversion or a damaged file?)");
         }
         // Trailing dimensions of size 1 are allowed: some writers store vectors as [n, 1].
         const bool shape_ok = t->ne[0] == n0 && t->ne[1] == n1 && t->ne[2] == 1 && t->ne[3] == 1 && t->n_dims >= 1;
         if (!shape_ok)
             throw InputError(file_.path() + ": tensor " + name + " has shape " + t->shape_string() + " but expected " +
-                             expected + " " + dims);
+                             expected + " " + dims + " from the metadata (" + describe(*t, n0, n1) +
+                             "; a damaged file or mismatched metadata?)");
         const TypeInfo& ti = type_info(t->type);
         if (!ti.can_dequantize)
             throw InputError(file_.path() + ": tensor " + name + " has format " + std::string(ti.name) +
-                             ", which tern cannot compute with yet");
+                             ", which tern cannot compute with yet (quantize the source model to another type)");
         WeightRef w;
         w.name = name;
         w.type = t->type;

@@ -629,3 +629,81 @@ TEST_CASE("help reads cleanly: --repeat-guard and --no-repeat-guard are two line
         CHECK(r.out.find("  --no-repeat-guard") != std::string::npos);
     }
 }
+
+namespace {
+
+// stories260K with `extra` more tokens in its vocabulary than token_embd.weight has rows.
+void write_with_extra_tokens(const fs::path& out, int extra) {
+    const GgufFile src = GgufFile::open(stories());
+    rewrite(stories(), out, [&](GgufWriter& w) {
+        std::vector<std::string> tokens;
+        for (std::string_view t : src.get_string_array("tokenizer.ggml.tokens")) tokens.emplace_back(t);
+        std::vector<float> scores = src.get_f32_array("tokenizer.ggml.scores");
+        std::vector<int32_t> types;
+        for (int64_t t : src.get_int_array("tokenizer.ggml.token_type")) types.push_back(static_cast<int32_t>(t));
+        for (int k = 0; k < extra; ++k) {
+            tokens.push_back("extra" + std::to_string(k));
+            scores.push_back(-1000.0f - static_cast<float>(k));
+            types.push_back(1);
+        }
+        w.set("tokenizer.ggml.tokens", GgufValue::make_string_array(tokens));
+        w.set("tokenizer.ggml.scores", GgufValue::make_f32_array(scores));
+        w.set("tokenizer.ggml.token_type", GgufValue::make_i32_array(types));
+    });
+}
+
+} // namespace
+
+TEST_CASE("a vocabulary that does not match token_embd.weight is refused at load: exit 2, the file and both sizes") {
+    if (!ready()) return;
+    test::TempDir dir;
+    write_file(dir / "text.txt", story_text(8));
+    const fs::path more = dir / "more-tokens.gguf";
+    write_with_extra_tokens(more, 512);   // 1024 tokens over 512 rows
+    for (const Command& c : model_commands(dir / "text.txt")) {
+        if (c.name == "info" || c.name == "tokenize" || c.name.starts_with("synth") || c.name == "quantize") continue;
+        CAPTURE(c.name);
+        write_file(dir / "stdin.txt", c.stdin_text);
+        const Outcome r = run_tern(c.args(more.string(), dir.path()), Setup{(dir / "stdin.txt").string()});
+        check_error(r, 2, more.string());
+        CHECK(r.err.find("1024 tokens (tokenizer.ggml.tokens)") != std::string::npos);
+        CHECK(r.err.find("token_embd.weight has 512 rows") != std::string::npos);
+        CHECK(r.err.find("512..1023 have no embedding") != std::string::npos);
+    }
+    // The declared vocab_size must agree too.
+    const fs::path declared = dir / "declared.gguf";
+    rewrite(stories(), declared, [](GgufWriter& w) { w.set("llama.vocab_size", GgufValue::make_u32(256)); });
+    const Outcome r = run_tern({"run", "-m", declared.string(), "-p", "Once", "-n", "2"});
+    check_error(r, 2, "llama.vocab_size");
+    CHECK(r.err.find("512 rows") != std::string::npos);
+}
+
+TEST_CASE("a model whose own context is too small says so, and names -c only when -c was given") {
+    if (!ready()) return;
+    test::TempDir dir;
+    const fs::path tiny = dir / "ctx1.gguf";
+    rewrite(stories(), tiny, [](GgufWriter& w) { w.set("llama.context_length", GgufValue::make_u32(1)); });
+    Outcome r = run_tern({"run", "-m", tiny.string(), "-p", "Once upon a time", "-n", "4"});
+    check_error(r, 2, tiny.string());
+    CHECK(r.err.find("the model's own context length is 1 (llama.context_length") != std::string::npos);
+    CHECK(r.err.find("--ctx-size") == std::string::npos);
+    // Given -c, the same model runs.
+    CHECK(run_tern({"run", "-m", tiny.string(), "-p", "Once upon a time", "-n", "4", "-c", "64"}).code == 0);
+    r = run_tern({"run", "-m", stories(), "-p", "Once upon a time there was", "-n", "4", "-c", "2"});
+    check_error(r, 1, "-c");
+}
+
+TEST_CASE("invalid UTF-8 in a metadata string: info and quantize refuse the file (exit 2, the key, the bytes)") {
+    if (!ready()) return;
+    test::TempDir dir;
+    const fs::path bad = dir / "bad-utf8.gguf";
+    rewrite(stories(), bad, [](GgufWriter& w) {
+        w.set("tokenizer.ggml.model", GgufValue::make_string(std::string("lla\xff" "ma", 6)));
+    });
+    Outcome r = run_tern({"info", bad.string()});
+    check_error(r, 2, "tokenizer.ggml.model");
+    CHECK(r.err.find("lla\\xffma") != std::string::npos);
+    r = run_tern({"quantize", bad.string(), (dir / "q.gguf").string(), "--type", "q8_0"});
+    check_error(r, 2, "tokenizer.ggml.model");
+    CHECK(!fs::exists(dir / "q.gguf"));
+}
