@@ -67,7 +67,7 @@ CLI::Validator integer_in_range(int64_t min, int64_t max, const std::string& mea
                 return shown + " is out of range: expected " + range + " (" + meaning + ")";
             return shown + " is not a whole number: expected " + range + " (" + meaning + ")";
         },
-        "INT", "integer in " + range);
+        "", "integer in " + range); // no description: help shows the option's own type ("INT")
 }
 
 CLI::Validator n_predict_range() {
@@ -88,7 +88,7 @@ CLI::Validator chat_template_check() {
             return "'" + terminal_safe(text.substr(0, 40)) + (text.size() > 40 ? "...'" : "'") +
                    " is neither a template name nor a template tern recognises (names: " + known + ")";
         },
-        "NAME", "chat template name");
+        "", "chat template name");
 }
 
 void add_model_options(CLI::App& cmd, ModelOptions& o) {

@@ -640,6 +640,7 @@ TEST_CASE("help reads cleanly: --repeat-guard and --no-repeat-guard are two line
         const Outcome r = run_tern({sub, "--help"});
         CHECK(r.code == 0);
         CHECK(r.out.find("{false}") == std::string::npos);
+        CHECK(r.out.find("INT:") == std::string::npos);   // no validator names after the types
         CHECK(r.out.find("--repeat-guard,") == std::string::npos);
         CHECK(r.out.find("  --no-repeat-guard") != std::string::npos);
     }
