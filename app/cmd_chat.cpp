@@ -397,13 +397,15 @@ Command add_chat_command(CLI::App& root) {
     auto f = std::make_shared<ChatFlags>();
     add_model_options(*cmd, f->model);
     cmd->add_option("-n,--n-predict", f->n_predict,
-                    "most tokens per reply; -1 = until the end of the turn (default -1)");
+                    "most tokens per reply; -1 = until the end of the turn (default -1)")
+        ->check(n_predict_range());
     add_sampling_options(*cmd, f->sampling);
     add_repeat_guard_options(*cmd, f->repeat_guard);
     cmd->add_option("--system", f->system, "system prompt");
     std::string names;
     for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
-    cmd->add_option("--chat-template", f->chat_template, "chat format instead of the model's template: " + names);
+    cmd->add_option("--chat-template", f->chat_template, "chat format instead of the model's template: " + names)
+        ->check(chat_template_check());
     add_draft_options(*cmd, f->draft);
     add_prompt_cache_options(*cmd, f->prompt_cache);
     cmd->add_flag("--no-history", f->no_history,

@@ -8,6 +8,7 @@
 
 #include "app/commands.h"
 #include "app/model_summary.h"
+#include "formats/terminal_text.h"
 
 namespace tern::app {
 namespace {
@@ -40,13 +41,17 @@ std::string human_count(uint64_t n) {
     return buf;
 }
 
+// Every string below comes from the file (or its name) and goes to a terminal: terminal_safe()
+// shows an escape sequence planted in general.name as text instead of running it. --json escapes
+// on its own.
 void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors) {
-    std::cout << "file:            " << file.path() << "\n";
+    const auto safe = [](const std::string& text) { return terminal_safe(text); };
+    std::cout << "file:            " << safe(file.path()) << "\n";
     std::cout << "gguf version:    " << file.version() << " (" << file.metadata().size() << " metadata keys, "
               << file.tensors().size() << " tensors, alignment " << file.alignment() << ")\n";
     std::cout << "file size:       " << human_bytes(file.file_size()) << " (" << file.file_size() << " bytes)\n";
-    std::cout << "name:            " << (s.name.empty() ? "-" : s.name) << "\n";
-    std::cout << "architecture:    " << (s.architecture.empty() ? "-" : s.architecture)
+    std::cout << "name:            " << (s.name.empty() ? "-" : safe(s.name)) << "\n";
+    std::cout << "architecture:    " << (s.architecture.empty() ? "-" : safe(s.architecture))
               << (s.architecture_supported ? "" : "  (not supported by tern run)") << "\n";
     if (s.n_layers > 0) {
         std::cout << "shape:           " << s.n_layers << " layers, dim " << s.dim << ", ffn " << s.ffn_dim << ", "
@@ -62,7 +67,9 @@ void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors) 
     std::cout << "\n";
     if (s.n_params > 0) std::printf("bits per weight: %.2f\n", s.bits_per_weight);
     std::cout << "tokenizer:       "
-              << (s.tokenizer_model.empty() ? "-" : s.tokenizer_model + (s.tokenizer_pre.empty() ? "" : " / " + s.tokenizer_pre))
+              << (s.tokenizer_model.empty()
+                      ? "-"
+                      : safe(s.tokenizer_model) + (s.tokenizer_pre.empty() ? "" : " / " + safe(s.tokenizer_pre)))
               << ", " << s.vocab_size << " tokens";
     if (s.bos >= 0) std::cout << ", bos " << s.bos;
     if (s.eos >= 0) std::cout << ", eos " << s.eos;
@@ -71,7 +78,7 @@ void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors) 
     if (!with_tensors) return;
     std::cout << "\n";
     for (const GgufTensor& t : file.tensors()) {
-        std::printf("%-40s %-8s %-24s %12llu bytes at %llu\n", t.name.c_str(), std::string(type_name(t.type)).c_str(),
+        std::printf("%-40s %-8s %-24s %12llu bytes at %llu\n", safe(t.name).c_str(), std::string(type_name(t.type)).c_str(),
                     t.shape_string().c_str(), static_cast<unsigned long long>(t.n_bytes),
                     static_cast<unsigned long long>(file.data_offset() + t.offset));
     }

@@ -88,6 +88,9 @@ int run(const RunFlags& f) {
         for (std::string& s : stops) s = process_escapes(s);
 
     LoadedSession loaded = load_session(f.model);
+    if (f.keep >= loaded.n_ctx)
+        throw UsageError("--keep: " + std::to_string(f.keep) + " tokens is not less than the context (" +
+                         std::to_string(loaded.n_ctx) + " tokens); give fewer, or -1 to keep the prompt");
     attach_prompt_cache(loaded, f.model, f.prompt_cache);
     Session& session = *loaded.session;
     const std::unique_ptr<Drafter> drafter = make_drafter(f.draft, f.model, loaded);
@@ -105,9 +108,7 @@ int run(const RunFlags& f) {
             throw UsageError("-p: the prompt is empty and the model has no BOS token to start from");
         tokens.push_back(bos);
     }
-    if (static_cast<int32_t>(tokens.size()) > loaded.n_ctx)
-        throw UsageError("--ctx-size: the prompt has " + std::to_string(tokens.size()) + " tokens but the context is " +
-                         std::to_string(loaded.n_ctx) + " (raise -c)");
+    check_prompt_fits(loaded, f.model.model, tokens.size());
 
     GenerateOptions opts;
     opts.n_predict = f.n_predict < 0 ? -1 : f.n_predict;
@@ -204,7 +205,8 @@ Command add_run_command(CLI::App& root) {
     f->file_opt = cmd->add_option("-f,--file", f->file, "read the prompt from a file (one trailing newline dropped)");
     f->prompt_opt->excludes(f->file_opt);
     cmd->add_option("-n,--n-predict", f->n_predict,
-                    "tokens to generate; -1 = until EOS or the context is full (default 256)");
+                    "tokens to generate; -1 = until EOS or the context is full (default 256)")
+        ->check(n_predict_range());
     add_sampling_options(*cmd, f->sampling);
     add_repeat_guard_options(*cmd, f->repeat_guard);
     add_prompt_cache_options(*cmd, f->prompt_cache);
@@ -216,11 +218,13 @@ Command add_run_command(CLI::App& root) {
     std::string names;
     for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
     cmd->add_option("--chat-template", f->chat_template,
-                    "chat format for --chat instead of the model's template: " + names);
+                    "chat format for --chat instead of the model's template: " + names)
+        ->check(chat_template_check());
     add_draft_options(*cmd, f->draft);
     cmd->add_option("--keep", f->keep,
                     "when -n goes past a full context, keep the first N tokens (BOS included) and drop the "
-                    "older half of the rest, then go on (default -1: the whole prompt, at most half the context)");
+                    "older half of the rest, then go on (default -1: the whole prompt, at most half the context)")
+        ->check(integer_in_range(-1, INT32_MAX, "-1 = the whole prompt, at most half the context"));
     cmd->add_flag("--no-context-shift", f->no_context_shift,
                   "stop at a full context (stop_reason context) instead of shifting it");
     cmd->add_flag("--json", f->json, "print one JSON document (text, tokens, timings, ...) instead of the text");

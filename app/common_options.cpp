@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "engine/backend_factory.h"
 #include "engine/chat_template.h"
@@ -22,6 +24,7 @@
 #include "engine/prefix_cache.h"
 #include "engine/tokenizer.h"
 #include "formats/error.h"
+#include "formats/terminal_text.h"
 
 namespace tern::app {
 
@@ -51,21 +54,66 @@ void check_finite(const char* flag, float v) {
 
 } // namespace
 
+CLI::Validator integer_in_range(int64_t min, int64_t max, const std::string& meaning) {
+    const std::string range = std::to_string(min) + ".." + std::to_string(max);
+    return CLI::Validator(
+        [min, max, range, meaning](std::string& text) -> std::string {
+            int64_t v = 0;
+            const char* end = text.data() + text.size();
+            const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+            if (ec == std::errc() && ptr == end && v >= min && v <= max) return {};
+            const std::string shown = "'" + terminal_safe(text.substr(0, 40)) + "'";
+            if (ec == std::errc::result_out_of_range || (ec == std::errc() && ptr == end))
+                return shown + " is out of range: expected " + range + " (" + meaning + ")";
+            return shown + " is not a whole number: expected " + range + " (" + meaning + ")";
+        },
+        "", "integer in " + range); // no description: help shows the option's own type ("INT")
+}
+
+CLI::Validator n_predict_range() {
+    return integer_in_range(-1, INT32_MAX, "-1 = until EOS or the context is full");
+}
+
+int max_threads() {
+    const unsigned hw = std::thread::hardware_concurrency();   // 0 when unknown
+    return hw == 0 ? 1024 : static_cast<int>(std::min(4u * hw, 1024u));
+}
+
+CLI::Validator chat_template_check() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            if (ChatTemplate::recognises(text)) return {};
+            std::string known;
+            for (const std::string& n : ChatTemplate::names()) known += (known.empty() ? "" : ", ") + n;
+            return "'" + terminal_safe(text.substr(0, 40)) + (text.size() > 40 ? "...'" : "'") +
+                   " is neither a template name nor a template tern recognises (names: " + known + ")";
+        },
+        "", "chat template name");
+}
+
 void add_model_options(CLI::App& cmd, ModelOptions& o) {
     cmd.add_option("-m,--model", o.model, "GGUF model file")->required();
     cmd.add_option("-c,--ctx-size", o.ctx_size,
                    "context size in tokens (default: the model's, capped so the KV cache fits in memory)");
-    cmd.add_option("-t,--threads", o.threads, "CPU threads (default: physical cores)");
+    cmd.add_option("-t,--threads", o.threads,
+                   "CPU threads (default: physical cores; at most " + std::to_string(max_threads()) +
+                       ", 4x the hardware threads)")
+        ->check(integer_in_range(0, max_threads(),
+                                 "0 = one per physical core; at most 4x the " +
+                                     std::to_string(std::thread::hardware_concurrency()) + " hardware threads"));
     cmd.add_option("--kv-type", o.kv_type, "KV cache format: f16 (default), bf16, f32, q8_0, f8_e4m3");
     cmd.add_option("--device", o.device, "auto (default: CUDA when a usable GPU is present), cpu, cuda");
-    // -ngl arrives here as --gpu-layers through rewrite_llama_aliases.
-    cmd.add_option("--gpu-layers,--n-gpu-layers", o.gpu_layers, "layers to offload to the GPU (-ngl; default: all)");
+    // -ngl arrives here as --gpu-layers through rewrite_llama_aliases. llama.cpp reads -1 as "auto"
+    // and -2 as "all"; tern offloads all layers for -1, and nothing below -1 means anything.
+    cmd.add_option("--gpu-layers,--n-gpu-layers", o.gpu_layers, "layers to offload to the GPU (-ngl; -1 = all, the default)")
+        ->check(integer_in_range(-1, INT32_MAX, "-1 = all layers"));
 }
 
 void add_sampling_options(CLI::App& cmd, SamplingOptions& o) {
     SamplingParams& p = o.params;
-    cmd.add_option("--temp", p.temp, "temperature; 0 = greedy (default 0.8)");
-    cmd.add_option("--top-k", p.top_k, "keep the k most likely tokens; 0 = off (default 40)");
+    // Values at or below 0 mean what llama.cpp documents: greedy for --temp, off for --top-k.
+    cmd.add_option("--temp", p.temp, "temperature; 0 or below = greedy, as in llama.cpp (default 0.8)");
+    cmd.add_option("--top-k", p.top_k, "keep the k most likely tokens; 0 or below = off, as in llama.cpp (default 40)");
     cmd.add_option("--top-p", p.top_p, "keep the smallest set with this much probability; 1 = off (default 0.95)");
     cmd.add_option("--min-p", p.min_p, "drop tokens below min-p times the top probability; 0 = off (default 0.05)");
     cmd.add_option("--repeat-penalty", p.repeat_penalty, "penalise repeated tokens; 1 = off (default 1.0)");
@@ -73,7 +121,8 @@ void add_sampling_options(CLI::App& cmd, SamplingOptions& o) {
                    "tokens the penalties look back at; 0 = off, -1 = the whole context (default 64)");
     cmd.add_option("--frequency-penalty", p.frequency_penalty, "subtract count * this; 0 = off (default 0)");
     cmd.add_option("--presence-penalty", p.presence_penalty, "subtract this once per seen token; 0 = off (default 0)");
-    cmd.add_option("--seed", o.seed, "RNG seed; -1 = random (default), reported on stderr and in --json");
+    cmd.add_option("--seed", o.seed, "RNG seed; -1 = random (default), reported on stderr and in --json")
+        ->check(integer_in_range(-1, INT64_MAX, "-1 = a random seed"));
 }
 
 SamplingParams resolve_sampling(const SamplingOptions& o) {
@@ -101,9 +150,13 @@ SamplingParams resolve_sampling(const SamplingOptions& o) {
 
 void add_repeat_guard_options(CLI::App& cmd, RepeatGuardParams& p) {
     p.enabled = true;
-    cmd.add_flag("--repeat-guard,!--no-repeat-guard", p.enabled,
-                 "stop when the output loops (a span repeated back to back) and trim it to one occurrence; "
-                 "text copied from the prompt is never cut (default: on)");
+    // Two flags rather than CLI11's "--repeat-guard,!--no-repeat-guard", whose help line reads
+    // "--repeat-guard,--no-repeat-guard{false}". Given both, off wins (its callback runs last).
+    cmd.add_flag_callback(
+        "--repeat-guard", [&p] { p.enabled = true; },
+        "stop when the output loops (a span repeated back to back) and trim it to one occurrence; text copied "
+        "from the prompt is never cut (default: on)");
+    cmd.add_flag_callback("--no-repeat-guard", [&p] { p.enabled = false; }, "turn --repeat-guard off");
     cmd.add_option("--repeat-guard-count", p.min_repeats,
                    "back-to-back occurrences of a span that make a loop (default 3)");
     cmd.add_option("--repeat-guard-min-tokens", p.min_loop_tokens,
@@ -221,13 +274,15 @@ void add_draft_options(CLI::App& cmd, DraftOptions& o) {
                                   "followed the last n-gram earlier in the text (same output, faster on "
                                   "repetitive text)")
                        ->expected(0, 1)
-                       ->default_str("8");
+                       ->default_str("8")
+                       ->check(integer_in_range(1, kMaxDraftTokens, "the most tokens drafted per step"));
     o.lookup_ngram_opt = cmd.add_option("--lookup-ngram", o.lookup_ngram,
                                         "--lookup: longest n-gram matched, shorter ones tried next (default 3)");
     cmd.add_option("--draft-model", o.draft_model,
                    "speculative decoding with a smaller model of the same vocabulary drafting greedily");
     o.draft_max_opt =
-        cmd.add_option("--draft-max", o.draft_max, "--draft-model: most tokens drafted per step (default 8)");
+        cmd.add_option("--draft-max", o.draft_max, "--draft-model: most tokens drafted per step (default 8)")
+            ->check(integer_in_range(1, kMaxDraftTokens, "the most tokens drafted per step"));
 }
 
 void check_draft_options(const DraftOptions& f) {
@@ -292,9 +347,25 @@ LoadedSession load_session(const ModelOptions& o) {
     LoadedSession s;
     s.device = backend->device_name();
     s.n_ctx = run.n_ctx;
+    s.ctx_origin = o.ctx_size > 0 ? LoadedSession::ContextOrigin::flag
+                   : capped       ? LoadedSession::ContextOrigin::memory_cap
+                                  : LoadedSession::ContextOrigin::model;
+    s.ctx_key = std::string(arch_name(model->config.arch)) + ".context_length";
     s.session = std::make_unique<Session>(std::move(backend), std::move(tokenizer), run.n_ctx, model);
     s.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return s;
+}
+
+void check_prompt_fits(const LoadedSession& loaded, const std::string& model_path, size_t n_tokens) {
+    if (n_tokens <= static_cast<size_t>(loaded.n_ctx)) return;
+    const std::string has = "the prompt has " + std::to_string(n_tokens) + " tokens but ";
+    if (loaded.ctx_origin == LoadedSession::ContextOrigin::model)
+        throw InputError(model_path + ": " + has + "the model's own context length is " + std::to_string(loaded.n_ctx) +
+                         " (" + loaded.ctx_key + "; give -c N to run it with a larger context)");
+    const std::string why = loaded.ctx_origin == LoadedSession::ContextOrigin::memory_cap
+                                ? " (capped to fit memory; raise -c if it fits)"
+                                : " (raise -c)";
+    throw UsageError("--ctx-size: " + has + "the context is " + std::to_string(loaded.n_ctx) + why);
 }
 
 void add_prompt_cache_options(CLI::App& cmd, PromptCacheOptions& o) {

@@ -27,6 +27,25 @@ struct ModelOptions {
 // -m/--model (required), -c/--ctx-size, -t/--threads, --kv-type, --device, --gpu-layers.
 void add_model_options(CLI::App& cmd, ModelOptions& options);
 
+// A whole number in [min, max], checked on the text as typed (CLI11 would clamp a value beyond
+// int64 to its limit). `meaning` ends the message, e.g. "-1 = until EOS". Attach with ->check().
+CLI::Validator integer_in_range(int64_t min, int64_t max, const std::string& meaning);
+
+// -n/--n-predict of run and chat: -1 (until EOS or the context is full) or a count.
+CLI::Validator n_predict_range();
+
+// The most -t/--threads accepts: 4x the hardware threads, at most 1024. More threads than that
+// only contend for the same cores.
+int max_threads();
+
+// --chat-template: a name from ChatTemplate::names() or a template text tern recognises; anything
+// else is refused with the list of names (a typo must not silently fall back to chatml).
+CLI::Validator chat_template_check();
+
+// The most tokens one draft may hold (--lookup K, --draft-max K): a draft is verified in one
+// forward over K + 1 positions and acceptance falls off geometrically, so larger K only costs.
+inline constexpr int32_t kMaxDraftTokens = 64;
+
 struct SamplingOptions {
     SamplingParams params;   // llama.cpp's defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05
     int64_t seed = -1;       // -1: a random seed, reported in the stats line and --json
@@ -104,12 +123,21 @@ struct LoadedSession {
     std::unique_ptr<Session> session;
     std::string device;    // "cpu", "cuda:0"
     int32_t n_ctx = 0;
+    // Where n_ctx came from, for messages about a prompt that does not fit: -c, the model's own
+    // context length (this key), or that length capped to fit memory.
+    enum class ContextOrigin { flag, model, memory_cap } ctx_origin = ContextOrigin::flag;
+    std::string ctx_key;   // "llama.context_length"
     double load_ms = 0;    // file open + checks + backend load + tokenizer
 };
 
 // Opens the model, picks the device, sizes the context and builds the session. Prints at most a
 // line or two on stderr (an automatic device choice, a context capped to memory).
 LoadedSession load_session(const ModelOptions& options);
+
+// Throws when a prompt of `n_tokens` does not fit the context, blaming what set it: -c (exit 1,
+// "raise -c"), or, when no -c was given, the model's own context length (exit 2, naming the file
+// and its key, with -c as the remedy).
+void check_prompt_fits(const LoadedSession& loaded, const std::string& model_path, size_t n_tokens);
 
 // Gives the session its on-disk prefix cache (engine/prefix_cache.h), keyed by the loaded model
 // and `model_options`' KV type; nothing when disabled or when no cache directory is known.

@@ -13,13 +13,26 @@
 #include "app/version.h"
 #include "formats/atomic_file.h"
 #include "formats/error.h"
+#include "formats/terminal_text.h"
 
 namespace {
 
-// CLI11 prints multi-line help on errors; users get one line with a hint instead.
-int usage_error(const CLI::App& app, const CLI::Error& e) {
-    std::string where = app.get_name();
-    std::cerr << where << ": " << e.what() << " (run '" << where << " --help' for usage)\n";
+// The subcommand a failed parse was in, so the hint names its own help ("tern run --help"): the one
+// CLI11 reached, else the first argument naming one (an error can come before CLI11 enters it).
+const CLI::App* failed_subcommand(const CLI::App& app, int argc, char** argv) {
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App* s) { return s->parsed(); })) return sub;
+    for (int i = 1; i < argc; ++i)
+        for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+            if (sub->check_name(argv[i])) return sub;
+    return nullptr;
+}
+
+// CLI11 prints multi-line help on errors; users get one line with a hint instead. The message quotes
+// what was typed, so it is made terminal-safe like every other error line.
+int usage_error(const CLI::App& app, const CLI::Error& e, int argc, char** argv) {
+    const CLI::App* sub = failed_subcommand(app, argc, argv);
+    const std::string help = sub ? "tern " + sub->get_name() + " --help" : "tern --help";
+    std::cerr << "tern: " << tern::terminal_safe(e.what()) << " (run '" << help << "' for usage)\n";
     return static_cast<int>(tern::ExitCode::usage);
 }
 
@@ -62,7 +75,7 @@ int main(int argc, char** argv) {
     } catch (const CLI::CallForAllHelp& e) {
         return app.exit(e);
     } catch (const CLI::Error& e) {
-        return usage_error(app, e);
+        return usage_error(app, e, argc, argv);
     }
 
     const auto run_command = [&]() -> int {
@@ -79,10 +92,10 @@ int main(int argc, char** argv) {
             std::cerr << "tern: " << e.what() << "\n";
             return static_cast<int>(e.code());
         } catch (const std::bad_alloc&) {
-            std::cerr << "tern: out of memory (try a smaller -c/--ctx-size or a smaller model)\n";
+            std::cerr << "tern: out of memory (a smaller model or -c/--ctx-size needs less, as does a smaller input)\n";
             return static_cast<int>(tern::ExitCode::runtime);
         } catch (const std::exception& e) {
-            std::cerr << "tern: internal error: " << e.what() << " (please report this)\n";
+            std::cerr << "tern: internal error: " << tern::terminal_safe(e.what()) << " (please report this)\n";
             return static_cast<int>(tern::ExitCode::runtime);
         }
     };

@@ -154,6 +154,10 @@ ChatTemplate::Detection ChatTemplate::detect(std::string_view t) {
                                               " chars); using chatml (choose another with --chat-template NAME)"};
 }
 
+bool ChatTemplate::recognises(std::string_view name_or_template) {
+    return from_name(name_or_template).has_value() || detect(name_or_template).warning.empty();
+}
+
 ChatTemplate::Detection ChatTemplate::resolve(std::string_view override_name, std::string_view model_template) {
     if (!override_name.empty()) {
         if (auto t = from_name(override_name)) return {*t, {}};

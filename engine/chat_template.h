@@ -42,6 +42,9 @@ public:
     static const std::vector<std::string>& names();
     // A family by name ("chatml", "llama3", "mistral-v7", ...); nullopt when unknown.
     static std::optional<ChatTemplate> from_name(std::string_view name);
+    // Whether --chat-template's value means a format: one of names(), or template text detect()
+    // recognises. Anything else is a typo to refuse, not a reason to fall back to chatml.
+    static bool recognises(std::string_view name_or_template);
 
     using Detection = ChatTemplateDetection;
     // The family of a tokenizer.chat_template text. An empty or unrecognised template gives

@@ -7,6 +7,7 @@
 
 #include "formats/error.h"
 #include "formats/gguf.h"
+#include "formats/text.h"
 
 namespace tern {
 namespace {
@@ -73,6 +74,32 @@ private:
     std::string prefix_;
 };
 
+// The vocabulary and the embedding must agree, as llama.cpp requires: a token id without an
+// embedding row would only fail mid-run ("token id 270 is outside the vocabulary"), and a row
+// without a token would let sampling pick an id the tokenizer cannot print. <arch>.vocab_size,
+// when present, must say the same.
+void check_vocabulary_fits(const GgufFile& file, const MetaReader& meta, int32_t rows) {
+    const std::string head = file.path() + ": ";
+    if (const GgufValue* tokens = file.find("tokenizer.ggml.tokens"); tokens && tokens->type == GgufType::array) {
+        const uint64_t n_tokens = tokens->array.size();
+        if (n_tokens != static_cast<uint64_t>(rows))
+            throw InputError(head + "the vocabulary has " + std::to_string(n_tokens) +
+                             " tokens (tokenizer.ggml.tokens) but tensor token_embd.weight has " +
+                             std::to_string(rows) + " rows, one per token" +
+                             (n_tokens > static_cast<uint64_t>(rows)
+                                  ? ": token ids " + std::to_string(rows) + ".." + std::to_string(n_tokens - 1) +
+                                        " have no embedding"
+                                  : std::string()) +
+                             " (a vocabulary from another model, or a damaged file?)");
+    }
+    if (meta.has("vocab_size")) {
+        const int64_t declared = meta.get_int("vocab_size");
+        if (declared != rows)
+            meta.fail("vocab_size", "value " + std::to_string(declared) + " but tensor token_embd.weight has " +
+                                        std::to_string(rows) + " rows (a damaged file?)");
+    }
+}
+
 } // namespace
 
 std::span<const std::string_view> supported_architectures() {
@@ -114,7 +141,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     const std::string arch_str = file.get_string("general.architecture");
     const auto it = std::find(kArchNames.begin(), kArchNames.end(), arch_str);
     if (it == kArchNames.end())
-        throw InputError(file.path() + ": architecture '" + arch_str +
+        throw InputError(file.path() + ": architecture '" + printable(arch_str) +
                          "' is not supported (supported: " + supported_list() + ")");
     const ArchTraits& traits = kTraits[it - kArchNames.begin()];
     const MetaReader meta(file, arch_str);
@@ -141,6 +168,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         throw InputError(file.path() + ": tensor token_embd.weight has shape " + embd.shape_string() +
                          " but expected [" + std::to_string(c.dim) + ", vocab]");
     c.vocab = meta.checked_count("vocab_size", embd.ne[1]);
+    check_vocabulary_fits(file, meta, c.vocab);
 
     const std::vector<int64_t> n_heads = meta.per_layer("attention.head_count", c.n_layers);
     const std::vector<int64_t> n_kv_heads =
@@ -165,7 +193,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (scaling == "linear") {
         if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
     } else if (scaling != "none") {
-        meta.fail("rope.scaling.type", "'" + scaling + "' is not supported (supported: none, linear)");
+        meta.fail("rope.scaling.type", "'" + printable(scaling) + "' is not supported (supported: none, linear)");
     }
     if (!(rope_base > 0.0f) || !(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))
         meta.fail("rope.freq_base", "rope base " + std::to_string(rope_base) + " / scaling factor " +

@@ -262,7 +262,7 @@ void PrefixCache::store(const Backend& backend, std::span<const int32_t> tokens,
         std::string why;
         if (!write_cache_file_atomically(path, bytes, &why)) {
             if (!store_warned_)
-                warn_(why + " (disk full or a file size limit?); the prompt cache was not updated, the run goes on");
+                warn_(why + " (a full disk, a file size limit or a read-only directory?); the prompt cache was not updated, the run goes on");
             store_warned_ = true;
             break;
         }

@@ -1,5 +1,7 @@
 #include "engine/weights.h"
 
+#include <cstring>
+#include <new>
 #include <string>
 
 #include "engine/model_config.h"
@@ -11,9 +13,29 @@ namespace {
 
 enum class Need { required, optional };
 
+// Which dimension disagrees, in words: "ne[1] is 256, the metadata says 512".
+std::string describe(const GgufTensor& t, int64_t n0, int64_t n1) {
+    if (t.ne[0] != n0) return "ne[0] is " + std::to_string(t.ne[0]) + ", the metadata says " + std::to_string(n0);
+    if (t.ne[1] != n1) return "ne[1] is " + std::to_string(t.ne[1]) + ", the metadata says " + std::to_string(n1);
+    return std::to_string(t.n_dims) + " dimensions where at most 2 are used";
+}
+
+// The tensor's bytes where kernels can read them: in place when aligned, else an aligned copy kept
+// in `store`. GGUF allows general.alignment = 1; reading such a file's f32 norms or f16 rows or
+// quant blocks through typed pointers in place would be misaligned access (undefined behaviour,
+// reported by UBSan, a fault on strict-alignment CPUs) in every kernel that touches them.
+const uint8_t* aligned_bytes(const GgufTensor& t, std::vector<std::shared_ptr<const uint8_t>>& store) {
+    if (reinterpret_cast<uintptr_t>(t.data) % kWeightAlignment == 0) return t.data;
+    const std::align_val_t align{kWeightAlignment};
+    auto* copy = static_cast<uint8_t*>(::operator new(t.n_bytes == 0 ? 1 : t.n_bytes, align));
+    std::memcpy(copy, t.data, t.n_bytes);
+    store.emplace_back(copy, [align](const uint8_t* p) { ::operator delete(const_cast<uint8_t*>(p), align); });
+    return copy;
+}
+
 class Binder {
 public:
-    explicit Binder(const GgufFile& file) : file_(file) {}
+    Binder(const GgufFile& file, std::vector<std::shared_ptr<const uint8_t>>& store) : file_(file), store_(store) {}
 
     // A matrix of n_out rows by n_in columns, stored as ne = {n_in, n_out}. `dims` names the
     // expected shape for messages, e.g. "[dim, n_heads*head_dim]".
@@ -33,34 +55,36 @@ private:
         if (!t) {
             if (need == Need::optional) return WeightRef{name};
             throw InputError(file_.path() + ": tensor " + name + " is missing (expected shape " + expected + " " +
-                             dims + ")");
+                             dims + "; an incomplete conversion or a damaged file?)");
         }
         // Trailing dimensions of size 1 are allowed: some writers store vectors as [n, 1].
         const bool shape_ok = t->ne[0] == n0 && t->ne[1] == n1 && t->ne[2] == 1 && t->ne[3] == 1 && t->n_dims >= 1;
         if (!shape_ok)
             throw InputError(file_.path() + ": tensor " + name + " has shape " + t->shape_string() + " but expected " +
-                             expected + " " + dims);
+                             expected + " " + dims + " from the metadata (" + describe(*t, n0, n1) +
+                             "; a damaged file or mismatched metadata?)");
         const TypeInfo& ti = type_info(t->type);
         if (!ti.can_dequantize)
             throw InputError(file_.path() + ": tensor " + name + " has format " + std::string(ti.name) +
-                             ", which tern cannot compute with yet");
+                             ", which tern cannot compute with yet (quantize the source model to another type)");
         WeightRef w;
         w.name = name;
         w.type = t->type;
         w.ne[0] = n0;
         w.ne[1] = n1;
-        w.data = t->data;
+        w.data = aligned_bytes(*t, store_);
         return w;
     }
 
     const GgufFile& file_;
+    std::vector<std::shared_ptr<const uint8_t>>& store_;
 };
 
 } // namespace
 
 ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c) {
-    const Binder b(file);
     ModelWeights w;
+    const Binder b(file, w.realigned);
     w.token_embd = b.matrix("token_embd.weight", c.dim, c.vocab, "[dim, vocab]");
     w.output_norm = b.vector("output_norm.weight", c.dim, "[dim]");
     w.output = c.tied_output ? w.token_embd : b.matrix("output.weight", c.dim, c.vocab, "[dim, vocab]");

@@ -2,6 +2,7 @@
 // Views of a model's tensors inside the GGUF mapping: no dequantized copy of the model is made.
 // Shapes use GGUF order (ne[0] contiguous): a projection {n_in, n_out} is n_out rows of n_in.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,15 @@ struct ModelWeights {
     WeightRef output;      // (vocab, dim): token_embd itself when the output is tied
     WeightRef rope_freqs;  // optional (n_rot/2) f32
     std::vector<LayerWeights> layers;
+    // Copies of the tensors whose bytes in the file do not start on a kWeightAlignment boundary
+    // (a file written with general.alignment below 32): the views above point into these instead
+    // of the mapping. Empty for every file written with the default alignment.
+    std::vector<std::shared_ptr<const uint8_t>> realigned;
 };
+
+// The alignment every kernel may assume of a weight tensor's first byte: GGUF's default, which
+// llama.cpp and tern always write. Rows inside a tensor are aligned only to their block struct.
+inline constexpr size_t kWeightAlignment = 32;
 
 // Finds every tensor the config needs and checks its shape and format. Throws InputError naming
 // the file, the tensor, the shape found and the shape expected (with the dimension names).

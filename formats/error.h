@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "formats/terminal_text.h"
+
 namespace tern {
 
 enum class ExitCode : int {
@@ -14,9 +16,11 @@ enum class ExitCode : int {
     interrupted = 130,
 };
 
+// The message is made terminal-safe here, once for every error: it may quote file content (a
+// metadata string, a tensor name, a path) and is printed as one line wherever it is caught.
 class TernError : public std::runtime_error {
 public:
-    TernError(ExitCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+    TernError(ExitCode code, const std::string& message) : std::runtime_error(terminal_safe(message)), code_(code) {}
     ExitCode code() const { return code_; }
 
 private:

@@ -24,8 +24,9 @@ std::string_view gguf_type_name(GgufType t);   // "u32", "string", "array", ...
 
 // One metadata value. Scalars keep their stored type; arrays hold their elements (arrays of
 // arrays are allowed, as gguf-py writes them). Owning, so the writer can build them too.
-// Keys and tensor names are validated as UTF-8; string values are not (a vocabulary may hold raw
-// byte tokens), so code that prints them should escape what is not valid UTF-8.
+// Keys, tensor names and metadata strings are validated as UTF-8, except the strings of
+// tokenizer.ggml.tokens and tokenizer.ggml.merges (a vocabulary may hold raw byte tokens), so code
+// that prints those should escape what is not valid UTF-8.
 struct GgufValue {
     GgufType type = GgufType::u8;
     uint64_t u = 0;        // u8/u16/u32/u64, and bool (0/1)

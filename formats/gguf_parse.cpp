@@ -23,6 +23,8 @@ static_assert(std::endian::native == std::endian::little, "the GGUF code assumes
 namespace {
 
 constexpr const char* kTruncatedHint = "truncated download?";
+// For values no converter writes: the bytes were damaged (or the file was crafted).
+constexpr const char* kCorruptHint = " (corrupt file?)";
 // Smallest possible records: key length, 1 key byte, value type, a u8 value; name length, 1 name
 // byte, n_dims, one ne, type, offset.
 constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;
@@ -56,6 +58,14 @@ uint64_t min_value_bytes(GgufType t) {
         return 8;
     }
     return 1;
+}
+
+// Metadata strings are text (names, templates, tokenizer kinds) and must be valid UTF-8, or a
+// message or `tern info` would print raw bytes and `quantize` would copy them on. Vocabulary tokens
+// are the exception: byte-level and SentencePiece vocabularies hold single bytes and partial UTF-8
+// sequences as tokens, and merges are pairs of tokens.
+bool holds_byte_strings(std::string_view key) {
+    return key == "tokenizer.ggml.tokens" || key == "tokenizer.ggml.merges";
 }
 
 // Why a ggml type id is not a format, for the ids ggml used once and dropped.
@@ -96,6 +106,7 @@ private:
     uint64_t n_kv_ = 0;
     uint64_t total_values_ = 0;
     std::string ctx_ = "header";       // what is being read, for messages
+    bool text_strings_ = true;         // the strings of the record being read must be valid UTF-8
     std::vector<uint64_t> elem_path_;  // indices of the array elements being read, outermost first
     std::vector<uint64_t> kv_pos_;     // byte offset of each metadata record
     std::vector<uint64_t> tensor_pos_; // byte offset of each tensor's offset field
@@ -208,7 +219,7 @@ private:
             found += kHex[b_[i] & 15];
         }
         throw InputError(name_ + ": not a GGUF file: expected the magic \"GGUF\" (47 47 55 46) at byte 0, found " +
-                         found);
+                         found + " (the wrong file, or a damaged one?)");
     }
 
     // A count from the header, bounded by the bytes that follow so that reserve() stays small and
@@ -230,13 +241,14 @@ private:
         const uint64_t at = pos_;
         kv_pos_.push_back(at);
         const std::string_view key = read_string("key", lim::kMaxKeyBytes);
-        if (key.empty()) fail(at, "key", "expected a non-empty key, found an empty one");
-        if (!is_valid_utf8(key)) fail(at, "key", "expected valid UTF-8, found \"" + printable(key) + "\"");
+        if (key.empty()) fail(at, "key", std::string("expected a non-empty key, found an empty one") + kCorruptHint);
+        if (!is_valid_utf8(key))
+            fail(at, "key", "expected valid UTF-8, found \"" + printable(key) + "\"" + kCorruptHint);
         ctx_ = "metadata key '" + printable(key) + "'";
         if (f_.kv_index_.count(key))
             fail(at, "key",
                  "duplicate key (first defined at byte " + std::to_string(kv_pos_[f_.kv_index_.find(key)->second]) +
-                     ")");
+                     "; a broken converter or a corrupt file?)");
 
         const uint64_t type_at = pos_;
         const uint32_t type = read<uint32_t>("value type");
@@ -245,6 +257,7 @@ private:
 
         GgufKv kv;
         kv.key.assign(key);
+        text_strings_ = !holds_byte_strings(key);
         read_value(static_cast<GgufType>(type), kv.value, 0);
         f_.kv_index_.emplace(kv.key, f_.kvs_.size());
         f_.kvs_.push_back(std::move(kv));
@@ -286,9 +299,16 @@ private:
         case GgufType::boolean:
             v.u = read<uint8_t>("bool value") != 0 ? 1 : 0;
             break; // nonzero is true, as in ggml
-        case GgufType::string:
-            v.str.assign(read_string("string", lim::kMaxStringBytes));
+        case GgufType::string: {
+            const uint64_t at = pos_;
+            const std::string_view str = read_string("string", lim::kMaxStringBytes);
+            if (text_strings_ && !is_valid_utf8(str))
+                fail(at, "string",
+                     "expected valid UTF-8 text, found \"" + printable(str) +
+                         "\" (only the vocabulary's token and merge strings may hold raw bytes; corrupt file?)");
+            v.str.assign(str);
             break;
+        }
         case GgufType::array:
             read_array(v, depth);
             break;
@@ -297,7 +317,8 @@ private:
 
     void read_array(GgufValue& v, int depth) {
         if (depth + 1 > lim::kMaxArrayDepth)
-            fail(pos_, "array", "expected at most " + std::to_string(lim::kMaxArrayDepth) + " nested array levels");
+            fail(pos_, "array",
+                 "expected at most " + std::to_string(lim::kMaxArrayDepth) + " nested array levels" + kCorruptHint);
         const uint64_t type_at = pos_;
         const uint32_t elem_type = read<uint32_t>("array element type");
         if (!valid_value_type(elem_type))
@@ -316,7 +337,7 @@ private:
         if (count > lim::kMaxArrayElems)
             fail(count_at, "array count",
                  "expected at most " + std::to_string(lim::kMaxArrayElems) + " elements, found " +
-                     std::to_string(count));
+                     std::to_string(count) + " (more than any model's vocabulary; corrupt file?)");
         if (count > lim::kMaxTotalValues - total_values_)
             fail(count_at, "array count",
                  "the metadata would hold more than " + std::to_string(lim::kMaxTotalValues) +
@@ -339,9 +360,9 @@ private:
         const GgufValue& v = f_.kvs_[it->second].value;
         const uint64_t at = kv_pos_[it->second];
         if (v.type != GgufType::u32)
-            fail(at, "value", "expected type u32, found " + std::string(gguf_type_name(v.type)));
+            fail(at, "value", "expected type u32, found " + std::string(gguf_type_name(v.type)) + kCorruptHint);
         if (v.u == 0 || (v.u & (v.u - 1)) != 0)
-            fail(at, "value", "expected a power of two, found " + std::to_string(v.u));
+            fail(at, "value", "expected a power of two, found " + std::to_string(v.u) + kCorruptHint);
         f_.alignment_ = static_cast<uint32_t>(v.u);
     }
 
@@ -351,26 +372,34 @@ private:
         ctx_ = "tensor #" + std::to_string(index);
         const uint64_t at = pos_;
         const std::string_view name = read_string("name", lim::kMaxTensorNameBytes);
-        if (name.empty()) fail(at, "name", "expected a non-empty name");
-        if (!is_valid_utf8(name)) fail(at, "name", "expected valid UTF-8, found \"" + printable(name) + "\"");
+        if (name.empty()) fail(at, "name", std::string("expected a non-empty name") + kCorruptHint);
+        if (!is_valid_utf8(name))
+            fail(at, "name", "expected valid UTF-8, found \"" + printable(name) + "\"" + kCorruptHint);
         ctx_ = "tensor " + printable(name);
-        if (f_.tensor_index_.count(name)) fail(at, "name", "duplicate tensor name");
+        if (f_.tensor_index_.count(name))
+            fail(at, "name", "duplicate tensor name (a broken converter or a corrupt file?)");
 
         GgufTensor t;
         t.name.assign(name);
         const uint64_t dims_at = pos_;
         const uint32_t n_dims = read<uint32_t>("n_dims");
         if (n_dims < 1 || n_dims > lim::kMaxDims)
-            fail(dims_at, "n_dims", "expected 1..4, found " + std::to_string(n_dims));
+            fail(dims_at, "n_dims",
+                 "expected 1.." + std::to_string(lim::kMaxDims) + ", found " + std::to_string(n_dims) +
+                     " (ggml tensors have at most " + std::to_string(lim::kMaxDims) + " dimensions; corrupt file?)");
         t.n_dims = static_cast<int>(n_dims);
         int64_t n_elements = 1;
         for (uint32_t d = 0; d < n_dims; ++d) {
             const uint64_t ne_at = pos_;
             const std::string field = "ne[" + std::to_string(d) + "]";
             const int64_t ne = read<int64_t>(field.c_str());
-            if (ne <= 0) fail(ne_at, field, "expected a dimension > 0, found " + std::to_string(ne));
+            if (ne <= 0)
+                fail(ne_at, field,
+                     "expected a dimension > 0, found " + std::to_string(ne) +
+                         " (converters write no empty tensors; corrupt file?)");
             if (__builtin_mul_overflow(n_elements, ne, &n_elements))
-                fail(ne_at, field, "the element count of shape " + shape_so_far(t, d, ne) + " overflows 64 bits");
+                fail(ne_at, field,
+                     "the element count of shape " + shape_so_far(t, d, ne) + " overflows 64 bits" + kCorruptHint);
             t.ne[d] = ne;
         }
 
@@ -383,14 +412,15 @@ private:
         if (t.ne[0] % info->block_elems != 0)
             fail(type_at, "type",
                  std::string(info->name) + " packs " + std::to_string(info->block_elems) +
-                     " elements per block, but ne[0] = " + std::to_string(t.ne[0]) + " is not a multiple of it");
+                     " elements per block, but ne[0] = " + std::to_string(t.ne[0]) + " is not a multiple of it" +
+                     kCorruptHint);
         // Bytes = (ne0 / block) * block_bytes * rows; each step checked, since ne can be ~2^62.
         uint64_t n_bytes = static_cast<uint64_t>(t.ne[0] / info->block_elems);
         if (__builtin_mul_overflow(n_bytes, static_cast<uint64_t>(info->block_bytes), &n_bytes) ||
             __builtin_mul_overflow(n_bytes, static_cast<uint64_t>(t.ne[1]), &n_bytes) ||
             __builtin_mul_overflow(n_bytes, static_cast<uint64_t>(t.ne[2]), &n_bytes) ||
             __builtin_mul_overflow(n_bytes, static_cast<uint64_t>(t.ne[3]), &n_bytes))
-            fail(type_at, "type", "the byte size of shape " + t.shape_string() + " overflows 64 bits");
+            fail(type_at, "type", "the byte size of shape " + t.shape_string() + " overflows 64 bits" + kCorruptHint);
         t.n_bytes = n_bytes;
 
         tensor_pos_.push_back(pos_);
@@ -427,7 +457,8 @@ private:
             if (t.offset % align != 0)
                 fail(tensor_pos_[k], "data offset",
                      "expected a multiple of the alignment " + std::to_string(align) + ", found " +
-                         std::to_string(t.offset));
+                         std::to_string(t.offset) +
+                         " (a corrupt file, or general.alignment changed without moving the data?)");
             // 128-bit sums: offset and size are both up to 2^64 - 1 here.
             const unsigned __int128 start = static_cast<unsigned __int128>(data_start) + t.offset;
             const unsigned __int128 end = start + t.n_bytes;
@@ -454,7 +485,7 @@ private:
                 fail(tensor_pos_[order[k]], "data offset",
                      "data at offset " + std::to_string(cur.offset) + " overlaps tensor " + printable(prev.name) +
                          " (data offsets " + std::to_string(prev.offset) + ".." +
-                         std::to_string(prev.offset + prev.n_bytes) + ")");
+                         std::to_string(prev.offset + prev.n_bytes) + "; corrupt file?)");
             }
         }
     }

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/model.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "tests/test_support.h"
@@ -126,14 +127,15 @@ std::string llama2xs() { return test::shared_path("models/gguf/llama2xs-tok512-f
 std::string vocab_only() { return test::shared_path("models/vocab/ggml-vocab-llama-spm.gguf").string(); }
 
 // A copy of `src` through GgufWriter with `change` applied to its metadata.
-void rewrite(const std::string& src_path, const fs::path& out, const std::function<void(GgufWriter&)>& change) {
+void rewrite(const std::string& src_path, const fs::path& out, const std::function<void(GgufWriter&)>& change,
+             uint32_t alignment = 32) {
     const GgufFile src = GgufFile::open(src_path);
     GgufWriter w;
     w.copy_metadata_from(src);
     change(w);
     for (const GgufTensor& t : src.tensors())
         w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), {t.data, t.n_bytes});
-    w.write(out.string());
+    w.write(out.string(), {}, alignment);
 }
 
 // The file with its first tensor's format id replaced by `id` (one no ggml version defines).
@@ -445,4 +447,279 @@ TEST_CASE("quantize and synth outputs: a missing or read-only directory, a full 
     CHECK(read_file(dir / "keep.gguf") == "precious");
     check_error(run_tern({"quantize", llama2xs(), llama2xs(), "--type", "q8_0", "--force"}), 1, llama2xs());
     CHECK(dir_listing(dir.path()) == std::vector<std::string>{"keep.gguf", "plain-file"});
+}
+
+TEST_CASE("a model written with general.alignment = 1 runs like the original (no misaligned loads under UBSan)") {
+    if (!ready()) return;
+    test::TempDir dir;
+    // f32 and f16 rows are read in place from the mapping; with alignment 1 they start at any byte.
+    for (const char* name : {"models/gguf/stories260K-f32.gguf", "models/gguf/stories260K-f16.gguf",
+                             "models/gguf/babyllama-tok105-q8_0.gguf", "models/gguf/babyllama-tok105-q4_k_m.gguf"}) {
+        CAPTURE(name);
+        const std::string src = test::shared_path(name).string();
+        const fs::path packed = dir / "packed.gguf";
+        rewrite(src, packed, [](GgufWriter&) {}, 1);
+        const GgufFile f = GgufFile::open(packed.string());
+        REQUIRE(f.alignment() == 1);
+        bool misaligned = false;
+        for (const GgufTensor& t : f.tensors()) misaligned |= reinterpret_cast<uintptr_t>(t.data) % 4 != 0;
+        REQUIRE(misaligned);
+        // The loader hands the kernels aligned copies of such tensors; files with the default
+        // alignment are used in place.
+        const Model model = load_model(packed.string());
+        CHECK(!model.weights.realigned.empty());
+        const auto aligned = [](const WeightRef& w) {
+            return !w.present() || reinterpret_cast<uintptr_t>(w.data) % kWeightAlignment == 0;
+        };
+        CHECK(aligned(model.weights.token_embd));
+        CHECK(aligned(model.weights.output_norm));
+        CHECK(aligned(model.weights.output));
+        for (const LayerWeights& l : model.weights.layers)
+            for (const WeightRef* w : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down})
+                CHECK(aligned(*w));
+        CHECK(load_model(src).weights.realigned.empty());
+        const std::vector<std::string> args = {"-p", "Once upon a time", "-n", "12", "--temp", "0", "--no-prompt-cache"};
+        std::vector<std::string> a = {"run", "-m", src};
+        a.insert(a.end(), args.begin(), args.end());
+        const Outcome want = run_tern(a);
+        a[2] = packed.string();
+        const Outcome got = run_tern(a);
+        CAPTURE(got.err);
+        CHECK(want.code == 0);
+        CHECK(got.code == 0);
+        check_no_crash_text(got);
+        CHECK(got.out == want.out);
+    }
+}
+
+namespace {
+
+// No byte a terminal acts on: controls (newlines aside), DEL, and (unless `c1_ok`) C1 controls in
+// UTF-8. JSON output keeps C1 characters as they are, as JSON allows.
+void check_terminal_safe(const std::string& text, bool c1_ok = false) {
+    CAPTURE(text);
+    for (size_t i = 0; i < text.size(); ++i) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        const bool newline = c == '\n';
+        CHECK_MESSAGE((newline || (c >= 0x20 && c != 0x7f)), "raw byte " << int(c) << " at " << i);
+        if (c == 0xc2 && i + 1 < text.size() && !c1_ok)
+            CHECK_MESSAGE(static_cast<unsigned char>(text[i + 1]) > 0x9f, "a C1 control at " << i);
+    }
+}
+
+const std::string kEscape = "\x1b]0;owned\x07\x1b[31mred\xc2\x9b" "2J";
+
+} // namespace
+
+TEST_CASE("file-provided strings reach the terminal escaped: info's text, error lines, paths") {
+    if (!ready()) return;
+    test::TempDir dir;
+    const fs::path named = dir / "named.gguf";
+    rewrite(stories(), named, [](GgufWriter& w) {
+        w.set("general.name", GgufValue::make_string("tiny" + kEscape));
+        w.set("tokenizer.ggml.pre", GgufValue::make_string("pre" + kEscape));
+    });
+    Outcome r = run_tern({"info", named.string()});
+    CHECK(r.code == 0);
+    check_terminal_safe(r.out);
+    CHECK(r.out.find("tiny\\x1b]0;owned\\x07\\x1b[31mred\\xc2\\x9b2J") != std::string::npos);
+    // --json was already escaped by the JSON writer: the name reads back exactly.
+    r = run_tern({"info", "--json", named.string()});
+    CHECK(r.code == 0);
+    check_terminal_safe(r.out, true);
+    CHECK(nlohmann::json::parse(r.out)["name"] == "tiny" + kEscape);
+
+    // A NUL and an escape in the architecture: the error line is whole and shows them as text.
+    const fs::path arch = dir / "arch.gguf";
+    rewrite(stories(), arch, [](GgufWriter& w) {
+        w.set("general.architecture", GgufValue::make_string(std::string("lla\0ma", 6) + kEscape));
+    });
+    r = run_tern({"run", "-m", arch.string(), "-p", "Once", "-n", "2"});
+    check_error(r, 2, "lla\\x00ma\\x1b]0;owned");
+    check_terminal_safe(r.err);
+    CHECK(r.err.find("is not supported") != std::string::npos);
+
+    // The tokenizer's model name, through the tokenizer's own error.
+    const fs::path tok = dir / "tok.gguf";
+    rewrite(stories(), tok, [](GgufWriter& w) { w.set("tokenizer.ggml.model", GgufValue::make_string("bpe" + kEscape)); });
+    r = run_tern({"tokenize", "-m", tok.string(), "-p", "hi"});
+    check_error(r, 2, "\\x1b]0;owned");
+    check_terminal_safe(r.err);
+
+    // Tensor names are valid UTF-8 but may hold controls.
+    const fs::path tensors = dir / "tensors.gguf";
+    {
+        const GgufFile src = GgufFile::open(stories());
+        GgufWriter w;
+        w.copy_metadata_from(src);
+        for (const GgufTensor& t : src.tensors())
+            w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), {t.data, t.n_bytes});
+        static const float extra[4] = {1, 2, 3, 4};
+        w.add_tensor("extra\x1b[2J", GgmlType::F32, {4}, {reinterpret_cast<const uint8_t*>(extra), sizeof extra});
+        w.write(tensors.string());
+    }
+    r = run_tern({"info", "--tensors", tensors.string()});
+    CHECK(r.code == 0);
+    check_terminal_safe(r.out);
+    CHECK(r.out.find("extra\\x1b[2J") != std::string::npos);
+
+    // A path with a newline and an escape in it (missing file): still one line.
+    const std::string path = (dir / "evil\n\x1b[2Jname.gguf").string();
+    r = run_tern({"run", "-m", path, "-p", "Once"});
+    check_error(r, 2, "evil\\n\\x1b[2Jname.gguf");
+    check_terminal_safe(r.err);
+}
+
+TEST_CASE("out-of-range flags are refused: exit 1, one line naming the flag and the subcommand's help") {
+    if (!ready()) return;
+    struct Case {
+        std::vector<std::string> args;
+        std::string flag;
+    };
+    const std::string m = stories();
+    const std::vector<Case> cases = {
+        {{"run", "-m", m, "-p", "Once", "-n", "-5"}, "--n-predict"},
+        {{"run", "-m", m, "-p", "Once", "-n", "99999999999"}, "--n-predict"},
+        {{"run", "-m", m, "-p", "Once", "-t", "100000"}, "--threads"},
+        {{"run", "-m", m, "-p", "Once", "-t", "-2"}, "--threads"},
+        {{"run", "-m", m, "-p", "Once", "--lookup", "1000"}, "--lookup"},
+        {{"run", "-m", m, "-p", "Once", "--lookup", "0"}, "--lookup"},
+        {{"run", "-m", m, "-p", "Once", "-ngl", "-5"}, "--gpu-layers"},
+        {{"run", "-m", m, "-p", "Once", "--keep", "-7"}, "--keep"},
+        {{"run", "-m", m, "-p", "Once", "--keep", "99999999"}, "--keep"},
+        {{"run", "-m", m, "-p", "Once", "--chat", "--chat-template", "nosuch"}, "--chat-template"},
+        {{"run", "-m", m, "-p", "Once", "--seed", "99999999999999999999"}, "--seed"},
+        {{"run", "-m", m, "-p", "Once", "--seed", "-2"}, "--seed"},
+        {{"run", "-m", m, "-p", "Once", "--draft-model", m, "--draft-max", "1000"}, "--draft-max"},
+        {{"chat", "-m", m, "-n", "-5"}, "--n-predict"},
+        {{"chat", "-m", m, "--chat-template", "nosuch"}, "--chat-template"},
+        {{"chat", "-m", m, "-t", "100000"}, "--threads"},
+        {{"bench", "-m", m, "-t", "100000"}, "--threads"},
+        {{"perplexity", "-m", m, "-f", "/dev/null", "-t", "100000"}, "--threads"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.args);
+        const Outcome r = run_tern(c.args);
+        check_error(r, 1, c.flag);
+    }
+    // The hint points at the subcommand's own help; the unknown template lists the known names.
+    Outcome r = run_tern({"run", "-m", m, "-p", "Once", "-n", "-5"});
+    CHECK(r.err.find("'tern run --help'") != std::string::npos);
+    r = run_tern({"chat", "-m", m, "--no-such-flag"});
+    check_error(r, 1, "'tern chat --help'");
+    r = run_tern({"chat", "-m", m, "--chat-template", "nosuch"});
+    CHECK(r.err.find("chatml, ") != std::string::npos);
+    CHECK(r.err.find("'tern chat --help'") != std::string::npos);
+    r = run_tern({"--no-such-flag"});
+    check_error(r, 1, "'tern --help'");
+}
+
+TEST_CASE("llama.cpp's meanings are accepted: -n -1, --temp below 0 (greedy), --top-k 0 (off), -ngl -1") {
+    if (!ready()) return;
+    const std::string m = stories();
+    const std::vector<std::string> base = {"run", "-m", m, "-p", "Once upon a time", "--no-prompt-cache", "-n", "8"};
+    auto with = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a = base;
+        a.insert(a.end(), extra.begin(), extra.end());
+        return run_tern(a);
+    };
+    const Outcome greedy = with({"--temp", "0"});
+    REQUIRE(greedy.code == 0);
+    const Outcome below = with({"--temp", "-1", "--seed", "7"});
+    CHECK(below.code == 0);
+    CHECK(below.out == greedy.out);
+    CHECK(with({"--top-k", "0", "--seed", "0"}).code == 0);
+    CHECK(with({"-ngl", "-1", "--temp", "0"}).out == greedy.out);
+    CHECK(with({"-t", "0", "--temp", "0", "--lookup", "--keep", "-1"}).out == greedy.out);
+    CHECK(run_tern({"run", "-m", m, "-p", "Once", "-n", "-1", "-c", "32", "--temp", "0"}).code == 0);
+}
+
+TEST_CASE("help reads cleanly: --repeat-guard and --no-repeat-guard are two lines, no CLI11 default markers") {
+    for (const char* sub : {"run", "chat"}) {
+        CAPTURE(sub);
+        const Outcome r = run_tern({sub, "--help"});
+        CHECK(r.code == 0);
+        CHECK(r.out.find("{false}") == std::string::npos);
+        CHECK(r.out.find("INT:") == std::string::npos);   // no validator names after the types
+        CHECK(r.out.find("--repeat-guard,") == std::string::npos);
+        CHECK(r.out.find("  --no-repeat-guard") != std::string::npos);
+    }
+}
+
+namespace {
+
+// stories260K with `extra` more tokens in its vocabulary than token_embd.weight has rows.
+void write_with_extra_tokens(const fs::path& out, int extra) {
+    const GgufFile src = GgufFile::open(stories());
+    rewrite(stories(), out, [&](GgufWriter& w) {
+        std::vector<std::string> tokens;
+        for (std::string_view t : src.get_string_array("tokenizer.ggml.tokens")) tokens.emplace_back(t);
+        std::vector<float> scores = src.get_f32_array("tokenizer.ggml.scores");
+        std::vector<int32_t> types;
+        for (int64_t t : src.get_int_array("tokenizer.ggml.token_type")) types.push_back(static_cast<int32_t>(t));
+        for (int k = 0; k < extra; ++k) {
+            tokens.push_back("extra" + std::to_string(k));
+            scores.push_back(-1000.0f - static_cast<float>(k));
+            types.push_back(1);
+        }
+        w.set("tokenizer.ggml.tokens", GgufValue::make_string_array(tokens));
+        w.set("tokenizer.ggml.scores", GgufValue::make_f32_array(scores));
+        w.set("tokenizer.ggml.token_type", GgufValue::make_i32_array(types));
+    });
+}
+
+} // namespace
+
+TEST_CASE("a vocabulary that does not match token_embd.weight is refused at load: exit 2, the file and both sizes") {
+    if (!ready()) return;
+    test::TempDir dir;
+    write_file(dir / "text.txt", story_text(8));
+    const fs::path more = dir / "more-tokens.gguf";
+    write_with_extra_tokens(more, 512);   // 1024 tokens over 512 rows
+    for (const Command& c : model_commands(dir / "text.txt")) {
+        if (c.name == "info" || c.name == "tokenize" || c.name.starts_with("synth") || c.name == "quantize") continue;
+        CAPTURE(c.name);
+        write_file(dir / "stdin.txt", c.stdin_text);
+        const Outcome r = run_tern(c.args(more.string(), dir.path()), Setup{(dir / "stdin.txt").string()});
+        check_error(r, 2, more.string());
+        CHECK(r.err.find("1024 tokens (tokenizer.ggml.tokens)") != std::string::npos);
+        CHECK(r.err.find("token_embd.weight has 512 rows") != std::string::npos);
+        CHECK(r.err.find("512..1023 have no embedding") != std::string::npos);
+    }
+    // The declared vocab_size must agree too.
+    const fs::path declared = dir / "declared.gguf";
+    rewrite(stories(), declared, [](GgufWriter& w) { w.set("llama.vocab_size", GgufValue::make_u32(256)); });
+    const Outcome r = run_tern({"run", "-m", declared.string(), "-p", "Once", "-n", "2"});
+    check_error(r, 2, "llama.vocab_size");
+    CHECK(r.err.find("512 rows") != std::string::npos);
+}
+
+TEST_CASE("a model whose own context is too small says so, and names -c only when -c was given") {
+    if (!ready()) return;
+    test::TempDir dir;
+    const fs::path tiny = dir / "ctx1.gguf";
+    rewrite(stories(), tiny, [](GgufWriter& w) { w.set("llama.context_length", GgufValue::make_u32(1)); });
+    Outcome r = run_tern({"run", "-m", tiny.string(), "-p", "Once upon a time", "-n", "4"});
+    check_error(r, 2, tiny.string());
+    CHECK(r.err.find("the model's own context length is 1 (llama.context_length") != std::string::npos);
+    CHECK(r.err.find("--ctx-size") == std::string::npos);
+    // Given -c, the same model runs.
+    CHECK(run_tern({"run", "-m", tiny.string(), "-p", "Once upon a time", "-n", "4", "-c", "64"}).code == 0);
+    r = run_tern({"run", "-m", stories(), "-p", "Once upon a time there was", "-n", "4", "-c", "2"});
+    check_error(r, 1, "-c");
+}
+
+TEST_CASE("invalid UTF-8 in a metadata string: info and quantize refuse the file (exit 2, the key, the bytes)") {
+    if (!ready()) return;
+    test::TempDir dir;
+    const fs::path bad = dir / "bad-utf8.gguf";
+    rewrite(stories(), bad, [](GgufWriter& w) {
+        w.set("tokenizer.ggml.model", GgufValue::make_string(std::string("lla\xff" "ma", 6)));
+    });
+    Outcome r = run_tern({"info", bad.string()});
+    check_error(r, 2, "tokenizer.ggml.model");
+    CHECK(r.err.find("lla\\xffma") != std::string::npos);
+    r = run_tern({"quantize", bad.string(), (dir / "q.gguf").string(), "--type", "q8_0"});
+    check_error(r, 2, "tokenizer.ggml.model");
+    CHECK(!fs::exists(dir / "q.gguf"));
 }

@@ -256,10 +256,11 @@ std::vector<Case> corpus() {
     // ---- shapes ------------------------------------------------------------------------------
     for (int64_t v : {int64_t(0), int64_t(-1), INT64_MIN}) {
         add("t0.ne0=" + std::to_string(v), poke(B, at.at("t0.ne0"), v), "ne[0]");
+        add("t0.ne0=" + std::to_string(v) + " hint", poke(B, at.at("t0.ne0"), v), "no empty tensors; corrupt file?)");
         add("t1.ne1=" + std::to_string(v), poke(B, at.at("t1.ne1"), v), "ne[1]");
     }
     add("t1.ne=2^62x2^62", poke(poke(B, at.at("t1.ne0"), int64_t(1) << 62), at.at("t1.ne1"), int64_t(1) << 62),
-        "overflows");
+        "overflows 64 bits (corrupt file?)");
     add("t1.ne0=2^62 (bytes overflow)", poke(B, at.at("t1.ne0"), int64_t(1) << 62), "");
     add("t1.ne1=2^40 (data past EOF)", poke(B, at.at("t1.ne1"), int64_t(1) << 40), "truncated download");
     add("t2.ne0=2^61 f16 (bytes overflow)", poke(B, at.at("t2.ne0"), int64_t(1) << 61), "");
@@ -270,7 +271,7 @@ std::vector<Case> corpus() {
         std::memcpy(&v, B.data() + at.at("t1.offset"), 8);
         return v;
     }();
-    add("t1.offset misaligned +1", poke(B, at.at("t1.offset"), t1_off + 1), "alignment");
+    add("t1.offset misaligned +1", poke(B, at.at("t1.offset"), t1_off + 1), "general.alignment changed");
     add("t1.offset misaligned +16", poke(B, at.at("t1.offset"), t1_off + 16), "alignment");
     add("t1.offset overlaps t0", poke<uint64_t>(B, at.at("t1.offset"), 0), "overlaps");
     add("t2.offset overlaps t1", poke(B, at.at("t2.offset"), t1_off), "overlaps");
@@ -321,7 +322,7 @@ std::vector<Case> corpus() {
         add("empty key", build(kvs, base_tensors()).bytes, "non-empty");
         ts = base_tensors();
         ts[0].ne = {2, 2, 2, 1, 1};
-        add("5 dims", build(base_kvs(), ts).bytes, "n_dims");
+        add("5 dims", build(base_kvs(), ts).bytes, "at most 4 dimensions; corrupt file?)");
         for (const GgufValue& v : {GgufValue::make_i32(32), GgufValue::make_u64(32), GgufValue::make_string("32"),
                                    GgufValue::make_u16(32), GgufValue::make_f32(32.f)}) {
             kvs = base_kvs();
@@ -503,10 +504,58 @@ TEST_CASE("accepted variations: GGUF v2, tensors in any aligned non-overlapping 
     with_bool.bytes[with_bool.at.at("kv6.value")] = 2;
     CHECK(GgufFile::parse(with_bool.bytes, "bool.gguf").get_bool("t.bool"));
 
-    // String values are not required to be UTF-8.
+    // Vocabulary tokens and merges may hold raw bytes and partial UTF-8 (byte-level vocabularies do).
     kvs = base_kvs();
-    kvs[0].value = GgufValue::make_string(std::string("ll\xffma", 5));
-    CHECK(GgufFile::parse(build(kvs, base_tensors()).bytes, "raw.gguf").get_string("general.architecture").size() == 5);
+    kvs[2].value = GgufValue::make_string_array({"<unk>", std::string("\xff", 1), std::string("\xe4\xbd", 2)});
+    kvs.push_back({"tokenizer.ggml.merges", GgufValue::make_string_array({std::string("\xe4 \xbd", 3)})});
+    const GgufFile raw = GgufFile::parse(build(kvs, base_tensors()).bytes, "raw.gguf");
+    CHECK(raw.get_string_array("tokenizer.ggml.tokens")[1] == "\xff");
+    CHECK(raw.get_string_array("tokenizer.ggml.merges")[0] == "\xe4 \xbd");
+}
+
+TEST_CASE("metadata strings other than tokens and merges must be valid UTF-8: the key named, the bytes escaped") {
+    struct Bad {
+        std::string key;
+        GgufValue value;
+        std::string shown; // the escaped bytes in the message
+    };
+    const std::vector<Bad> bad = {
+        {"tokenizer.ggml.model", GgufValue::make_string(std::string("ll\xffma", 5)), "ll\\xffma"},
+        {"general.name", GgufValue::make_string(std::string("a\xc0\xaf" "b", 4)), "a\\xc0\\xafb"},
+        {"tokenizer.chat_template", GgufValue::make_string(std::string("{{\xed\xa0\x80}}", 7)), "{{\\xed\\xa0\\x80}}"},
+        {"general.tags", GgufValue::make_string_array({"ok", std::string("x\x80", 2)}), "x\\x80"},
+        {"tokenizer.ggml.added_tokens", GgufValue::make_string_array({std::string("\xfe", 1)}), "\\xfe"},
+    };
+    for (const Bad& b : bad) {
+        CAPTURE(b.key);
+        std::vector<GgufKv> kvs = base_kvs();
+        kvs.push_back({b.key, b.value});
+        const Bytes bytes = build(kvs, base_tensors()).bytes;
+        try {
+            GgufFile::parse(bytes, "text.gguf");
+            FAIL_CHECK("no exception");
+        } catch (const InputError& e) {
+            const std::string m = e.what();
+            CAPTURE(m);
+            check_message(m, "text.gguf");
+            CHECK(m.find("metadata key '" + b.key + "'") != std::string::npos);
+            CHECK(m.find("UTF-8") != std::string::npos);
+            CHECK(m.find(b.shown) != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("every shared model and vocabulary file still opens (their metadata strings are valid UTF-8)") {
+    if (!test::shared_available()) return;
+    int n = 0;
+    for (const char* sub : {"models/gguf", "models/synth", "models/vocab"})
+        for (const auto& e : fs::directory_iterator(test::shared_path(sub))) {
+            if (e.path().extension() != ".gguf") continue;
+            CAPTURE(e.path());
+            CHECK_NOTHROW(GgufFile::open(e.path().string()));
+            ++n;
+        }
+    CHECK(n > 40);
 }
 
 TEST_CASE("every truncation of a valid file is an InputError") {
@@ -588,6 +637,10 @@ TEST_CASE("generated corpus: one-line InputError naming the file, and `tern info
         CAPTURE(m);
         check_message(m, file);
         if (!c.expect.empty()) CHECK(m.find(c.expect) != std::string::npos);
+        // Every rejection ends with a hint: "(truncated download?)", "(corrupt file?)", or what
+        // the file really is and what to do ("convert it to GGUF first").
+        const bool hinted = m.ends_with("?)") || m.ends_with(")") || m.find("; convert it") != std::string::npos;
+        CHECK_MESSAGE(hinted, "no hint");
         if (std::getenv("TERN_CORPUS_VERBOSE")) MESSAGE(c.name << "\n    " << m); // to review the wording
 
         // The in-memory parser says the same thing.

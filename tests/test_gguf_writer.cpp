@@ -47,7 +47,8 @@ std::vector<GgufKv> every_value_type() {
     kvs.push_back({"t.bool_false", GgufValue::make_bool(false)});
     kvs.push_back({"t.string", GgufValue::make_string("héllo\nwörld \xF0\x9F\x98\x80")});
     kvs.push_back({"t.empty_string", GgufValue::make_string("")});
-    kvs.push_back({"t.raw_bytes", GgufValue::make_string(std::string("\xff\xfe\x00x", 4))}); // not UTF-8: allowed
+    // Not UTF-8: allowed in vocabulary tokens only (other metadata strings must be text).
+    kvs.push_back({"tokenizer.ggml.tokens", GgufValue::make_string_array({std::string("\xff\xfe\x00x", 4)})});
     kvs.push_back({"t.u64", GgufValue::make_u64(0xFFFFFFFFFFFFFFFFull)});
     kvs.push_back({"t.i64", GgufValue::make_i64(-9000000000000000000ll)});
     kvs.push_back({"t.f64", GgufValue::make_f64(-1.0 / 3.0)});

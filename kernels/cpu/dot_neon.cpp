@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/dot_unaligned.h"
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
@@ -358,7 +359,7 @@ float vec_dot_f16_f16_neon(int64_t n, const void* w, const void* x) {
         }
     float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
     for (; i < n; ++i)
-        s += f16_to_f32(a[i]) * f16_to_f32(b[i]);
+        s += f16_to_f32(load_u16_at(a, i)) * f16_to_f32(load_u16_at(b, i));
     return s;
 }
 
@@ -380,7 +381,7 @@ float vec_dot_bf16_bf16_neon(int64_t n, const void* w, const void* x) {
         }
     float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
     for (; i < n; ++i)
-        s += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
+        s += bf16_to_f32(load_u16_at(a, i)) * bf16_to_f32(load_u16_at(b, i));
     return s;
 }
 
@@ -394,7 +395,7 @@ float vec_dot_f32_f32_neon(int64_t n, const void* w, const void* x) {
             acc[k] = vfmaq_f32(acc[k], vld1q_f32(a + i + 4 * k), vld1q_f32(b + i + 4 * k));
     float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
     for (; i < n; ++i)
-        s += a[i] * b[i];
+        s += load_f32_at(a, i) * load_f32_at(b, i);
     return s;
 }
 

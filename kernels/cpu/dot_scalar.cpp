@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/dot.h"
+#include "kernels/cpu/dot_unaligned.h"
 #include "quant/blocks.h"
 #include "quant/fp8.h"
 #include "quant/half.h"
@@ -274,7 +275,7 @@ float vec_dot_f16_f16_scalar(int64_t n, const void* w, const void* x) {
     const auto* a = static_cast<const uint16_t*>(w);
     const auto* b = static_cast<const uint16_t*>(x);
     double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(f16_to_f32(a[i]) * f16_to_f32(b[i]));
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(f16_to_f32(load_u16_at(a, i)) * f16_to_f32(load_u16_at(b, i)));
     return static_cast<float>(s);
 }
 
@@ -282,7 +283,7 @@ float vec_dot_bf16_bf16_scalar(int64_t n, const void* w, const void* x) {
     const auto* a = static_cast<const uint16_t*>(w);
     const auto* b = static_cast<const uint16_t*>(x);
     double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(bf16_to_f32(a[i]) * bf16_to_f32(b[i]));
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(bf16_to_f32(load_u16_at(a, i)) * bf16_to_f32(load_u16_at(b, i)));
     return static_cast<float>(s);
 }
 
@@ -290,7 +291,7 @@ float vec_dot_f32_f32_scalar(int64_t n, const void* w, const void* x) {
     const auto* a = static_cast<const float*>(w);
     const auto* b = static_cast<const float*>(x);
     double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(load_f32_at(a, i)) * load_f32_at(b, i);
     return static_cast<float>(s);
 }
 

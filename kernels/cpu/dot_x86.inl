@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "kernels/cpu/dot.h"
+#include "kernels/cpu/dot_unaligned.h"
 #include "kernels/cpu/quantize_act.h"
 #include "quant/blocks.h"
 
@@ -396,7 +397,7 @@ float vec_dot_f16_f16_x86(int64_t n, const void* w, const void* x) {
             acc[k] = _mm256_fmadd_ps(wa, xb, acc[k]);
         }
     float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < n; ++i) s += _cvtsh_ss(a[i]) * _cvtsh_ss(b[i]);
+    for (; i < n; ++i) s += _cvtsh_ss(load_u16_at(a, i)) * _cvtsh_ss(load_u16_at(b, i));
     return s;
 }
 
@@ -413,7 +414,7 @@ float vec_dot_bf16_bf16_x86(int64_t n, const void* w, const void* x) {
     for (; i + 32 <= n; i += 32)
         for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_ps(bf16x8(a + i + 8 * k), bf16x8(b + i + 8 * k), acc[k]);
     float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < n; ++i) s += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
+    for (; i < n; ++i) s += bf16_to_f32(load_u16_at(a, i)) * bf16_to_f32(load_u16_at(b, i));
     return s;
 }
 
@@ -426,7 +427,7 @@ float vec_dot_f32_f32_x86(int64_t n, const void* w, const void* x) {
         for (int k = 0; k < 4; ++k)
             acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k), acc[k]);
     float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < n; ++i) s += a[i] * b[i];
+    for (; i < n; ++i) s += load_f32_at(a, i) * load_f32_at(b, i);
     return s;
 }
 
