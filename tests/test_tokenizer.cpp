@@ -339,14 +339,23 @@ TEST_CASE("unicode helpers: categories from PCRE2, accent stripping, GPT-2 byte 
     CHECK((cp_flags('$') & cp_symbol));
     CHECK((cp_flags(0x3000) & cp_whitespace)); // ideographic space
     CHECK((cp_flags(0x200D) & cp_control));    // ZWJ is Cf
-    CHECK((cp_flags(0x0301) & cp_nonspacing));
+    CHECK((cp_flags(0x0301) & cp_mark));       // combining acute (Mn)
+    CHECK((cp_flags(0x093E) & cp_mark));       // Devanagari vowel sign AA (Mc)
+    CHECK((cp_flags(0x20DD) & cp_mark));       // combining enclosing circle (Me)
+    CHECK((cp_flags(0x0378) & cp_unassigned)); // unassigned (Cn)
+    CHECK_FALSE((cp_flags(0x0378) & cp_letter));
     CHECK(to_lower('Q') == 'q');
     CHECK(to_lower(0x0416) == 0x0436); // Ж -> ж
-    std::u32string s;
-    append_stripped_nfd(s, 0x00C4); // Ä -> A
-    append_stripped_nfd(s, 0x0301); // a lone combining acute disappears
-    append_stripped_nfd(s, 0xD55C); // 한 -> jamo
-    CHECK(s == std::u32string{U'A', 0x1112, 0x1161, 0x11AB});
+    CHECK(nfd_first(0x00C4) == 'A');   // Ä
+    CHECK(nfd_first(0x212B) == 'A');   // ANGSTROM SIGN -> Å -> A + ring
+    CHECK(nfd_first(0x0301) == 0x0301); // a lone combining acute stays (the caller drops marks)
+    CHECK(nfd_first(0x0344) == 0x0308); // COMBINING GREEK DIALYTIKA TONOS -> diaeresis + acute
+    CHECK(nfd_first(0xD55C) == 0x1112); // 한 -> its leading consonant ᄒ
+    CHECK(nfd_first(0xAC00) == 0x1100); // 가, the first syllable
+    CHECK(nfd_first(0xD7A3) == 0x1112); // 힣, the last
+    CHECK(nfd_first(0xD7A4) == 0xD7A4); // past the syllables
+    CHECK(nfd_first(0x0958) == 0x0915); // Devanagari QA -> KA + nukta
+    CHECK(nfd_first('a') == 'a');
     CHECK(bytes_to_bpe(" \n") == "\xC4\xA0\xC4\x8A"); // Ġ Ċ
     CHECK(bpe_to_bytes("\xC4\xA0\xC4\x8A") == " \n");
     for (int b = 0; b < 256; ++b) {
