@@ -89,7 +89,8 @@ private:
             if (cp == 0 || cp == 0xFFFD || control) continue;
             if (strip_accents_ && (flags & unicode::cp_mark)) continue;
             // Punctuation in BERT's sense includes the ASCII symbols ($, +, <, ^, `...).
-            const bool isolate = (flags & unicode::cp_punct) || (cp < 0x7F && (flags & unicode::cp_symbol)) || is_cjk(cp);
+            const bool isolate =
+                (flags & unicode::cp_punct) || (cp < 0x7F && (flags & unicode::cp_symbol)) || is_cjk(cp);
             if (isolate) finish_word();
             unicode::append_utf8(words.back(), lowercase_ ? unicode::to_lower(cp) : cp);
             if (isolate) words.emplace_back();

@@ -222,9 +222,8 @@ std::vector<uint8_t> build_flag_table() {
         append_utf8(all, cp);
     }
     const std::pair<const char*, uint8_t> classes[] = {
-        {"\\p{L}+", cp_letter},  {"\\p{N}+", cp_number},  {"\\p{P}+", cp_punct},       {"\\p{S}+", cp_symbol},
-        {"\\s+", cp_whitespace}, {"\\p{C}+", cp_control}, {"\\p{M}+", cp_mark},
-        {"\\p{Cn}+", cp_unassigned},
+        {"\\p{L}+", cp_letter},  {"\\p{N}+", cp_number},  {"\\p{P}+", cp_punct}, {"\\p{S}+", cp_symbol},
+        {"\\s+", cp_whitespace}, {"\\p{C}+", cp_control}, {"\\p{M}+", cp_mark},  {"\\p{Cn}+", cp_unassigned},
     };
     for (const auto& [pattern, flag] : classes) {
         int err = 0;

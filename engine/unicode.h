@@ -37,13 +37,13 @@ std::string bytes_to_bpe(std::string_view bytes);
 std::string bpe_to_bytes(std::string_view text);
 
 enum CpFlags : uint8_t {
-    cp_letter = 1,      // \p{L}
-    cp_number = 2,      // \p{N}
-    cp_punct = 4,       // \p{P}
-    cp_symbol = 8,      // \p{S}
-    cp_whitespace = 16, // \s (Unicode White_Space as PCRE2 sees it)
-    cp_control = 32,    // \p{C}: Cc, Cf, Cn, Co, Cs
-    cp_mark = 64,       // \p{M}: Mn, Mc, Me (combining marks, Devanagari vowel signs...)
+    cp_letter = 1,       // \p{L}
+    cp_number = 2,       // \p{N}
+    cp_punct = 4,        // \p{P}
+    cp_symbol = 8,       // \p{S}
+    cp_whitespace = 16,  // \s (Unicode White_Space as PCRE2 sees it)
+    cp_control = 32,     // \p{C}: Cc, Cf, Cn, Co, Cs
+    cp_mark = 64,        // \p{M}: Mn, Mc, Me (combining marks, Devanagari vowel signs...)
     cp_unassigned = 128, // \p{Cn} (also counted in cp_control)
 };
 uint8_t cp_flags(uint32_t cp);
