@@ -5,6 +5,8 @@
 // lower-cased and split on whitespace; then each word is cut greedily into the longest vocabulary
 // entries. The GGUF converters spell word-initial entries with a U+2581 prefix and continuations
 // bare (BERT's "##x" becomes "x").
+#include <algorithm>
+
 #include "engine/tokenizer_impl.h"
 #include "engine/unicode.h"
 
@@ -13,6 +15,9 @@ namespace tern::detail {
 namespace {
 
 constexpr std::string_view kSpace = "\xE2\x96\x81"; // U+2581
+// Up to this entry length (bytes) the longest match is found by hash lookups of each candidate
+// length (real vocabularies stay far below: BERT's longest entries are ~20 bytes).
+constexpr size_t kHashedMatchLimit = 64;
 
 bool is_cjk(uint32_t cp) {
     // The ranges of HF's BertPreTokenizer, which llama.cpp copies: its extension-E range starts at
@@ -42,6 +47,13 @@ public:
         strip_accents_ = spec_.strip_accents.value_or(lowercase_);
         for (const std::string& t : spec_.tokens)
             max_token_len_ = std::max(max_token_len_, t.size());
+        if (max_token_len_ > kHashedMatchLimit) {
+            sorted_.reserve(spec_.tokens.size());
+            for (const std::string& t : spec_.tokens)
+                if (!t.empty()) sorted_.emplace_back(t);
+            std::sort(sorted_.begin(), sorted_.end());
+            sorted_.erase(std::unique(sorted_.begin(), sorted_.end()), sorted_.end());
+        }
     }
 
     bool add_space_prefix() const override { return true; }
@@ -106,25 +118,47 @@ private:
         const std::string text = std::string(kSpace) + word;
         const size_t before = out.size();
         for (size_t start = 0; start < text.size();) {
-            int32_t found = -1;
-            size_t end = std::min(text.size(), start + max_token_len_);
-            for (; end > start; --end) {
-                found = token_id(std::string_view(text).substr(start, end - start));
-                if (found >= 0) break;
-            }
-            if (found < 0) {
+            const std::string_view rest = std::string_view(text).substr(start);
+            const size_t len = longest_entry(rest);
+            if (len == 0) {
                 out.resize(before);
                 if (spec_.unk >= 0) out.push_back(spec_.unk);
                 return;
             }
-            out.push_back(found);
-            start = end;
+            out.push_back(token_id(rest.substr(0, len)));
+            start += len;
         }
+    }
+
+    // The byte length of the longest vocabulary entry `text` starts with, 0 if none.
+    size_t longest_entry(std::string_view text) const {
+        if (sorted_.empty()) { // every entry is short: look each candidate length up, longest first
+            for (size_t len = std::min(text.size(), max_token_len_); len > 0; --len)
+                if (token_id(text.substr(0, len)) >= 0) return len;
+            return 0;
+        }
+        // Some entry is long (a crafted vocabulary): trying every length would cost its length
+        // squared at each position. Walk the sorted entries like a trie instead, narrowing to
+        // those that share the next byte, so the cost grows with the match only.
+        auto lo = sorted_.begin(), hi = sorted_.end();
+        size_t best = 0;
+        for (size_t d = 0; d < text.size() && lo != hi; ++d) {
+            // [lo, hi) share text[0, d); the one equal to it, if any, sorts first.
+            const auto c = static_cast<unsigned char>(text[d]);
+            lo = std::lower_bound(lo, hi, c, [d](std::string_view t, unsigned char v) {
+                return t.size() <= d || static_cast<unsigned char>(t[d]) < v;
+            });
+            hi = std::upper_bound(
+                lo, hi, c, [d](unsigned char v, std::string_view t) { return v < static_cast<unsigned char>(t[d]); });
+            if (lo != hi && lo->size() == d + 1) best = d + 1;
+        }
+        return best;
     }
 
     bool lowercase_ = true;
     bool strip_accents_ = true;
     size_t max_token_len_ = 0;
+    std::vector<std::string_view> sorted_; // when some entry is long: the distinct entries in byte order
 };
 
 } // namespace

@@ -273,6 +273,29 @@ TEST_CASE("WordPiece normaliser: decompositions, marks, Hangul, long words and t
     CHECK(ids("x" + std::string(5000, ' ') + "x") == "16 16");
     CHECK(test::ids_to_string(tok->encode("a", {true, false})) == "1 3 2"); // [CLS] ... [SEP]
 
+    // Without the word limit, a long entry must not make each position cost its length squared:
+    // a continuation entry of 2000 letters + 'b' is a prefix match at every later position of a 20000-letter word.
+    VocabSpec longest = spec;
+    longest.tokens.push_back(std::string(2000, 'a') + "b"); // a continuation entry
+    longest.types.push_back(1);
+    auto slow = Tokenizer::from_vocab(longest);
+    // That vocabulary takes the other way to the longest match; it must find the same one.
+    for (const std::string& text :
+         {std::string("caf\xC3\xA9 nai\xCC\x88ve x"), std::string("\xED\x95\x9C \xE0\xA4\xB9\xE0\xA4\xBF\xE0\xA4\xA8"),
+          std::string(150, 'a'), std::string(300, 'a') + "z",
+          std::string("b\xE1\xBF\xAF"
+                      "b `")}) {
+        CAPTURE(text);
+        CHECK(slow->encode(text, kPlain) == tok->encode(text, kPlain));
+    }
+    CHECK(test::ids_to_string(slow->encode(std::string(2001, 'a') + "b", kPlain)) == "3 17");
+    const double t0 = cpu_seconds();
+    const auto pieces = slow->encode(std::string(20000, 'a'), kPlain);
+    const double dt = cpu_seconds() - t0;
+    CHECK(pieces.size() == 20000);
+    CHECK(dt < 2.0);
+    MESSAGE("WordPiece: a 20000-letter word against a 2001-byte entry: " << dt * 1000 << " ms CPU");
+
     // tokenizer.ggml.normalizer.*: without lower-casing, accents stay unless asked.
     spec.lowercase = false;
     auto cased = Tokenizer::from_vocab(spec);
