@@ -27,8 +27,8 @@ bool is_cjk(uint32_t cp) {
            (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
 }
 
-// Unicode's White_Space property (PropList.txt, unchanged since Unicode 6.3). PCRE2's \s leaves out
-// U+0085, which splits words here.
+// Unicode's White_Space property (PropList.txt, unchanged since Unicode 6.3): the set llama.cpp
+// splits words on, spelled out so it does not depend on the regex library's Unicode version.
 bool is_white_space(uint32_t cp) {
     return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
            (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
