@@ -336,6 +336,10 @@ VocabSpec Tokenizer::read_vocab(const GgufFile& file) {
     if (file.has("tokenizer.ggml.add_eos_token")) s.add_eos = file.get_bool("tokenizer.ggml.add_eos_token");
     if (file.has("tokenizer.ggml.add_space_prefix"))
         s.add_space_prefix = file.get_bool("tokenizer.ggml.add_space_prefix");
+    if (file.has("tokenizer.ggml.normalizer.lowercase"))
+        s.lowercase = file.get_bool("tokenizer.ggml.normalizer.lowercase");
+    if (file.has("tokenizer.ggml.normalizer.strip_accents"))
+        s.strip_accents = file.get_bool("tokenizer.ggml.normalizer.strip_accents");
     return s;
 }
 

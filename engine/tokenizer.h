@@ -37,6 +37,8 @@ struct VocabSpec {
     std::vector<std::string> merges; // "left right", BPE only, best first
     int32_t bos = -1, eos = -1, unk = -1, pad = -1, eot = -1, eom = -1, sep = -1, cls = -1, mask = -1;
     std::optional<bool> add_bos, add_eos, add_space_prefix; // unset = the model kind's default
+    // tokenizer.ggml.normalizer.* (WordPiece): unset = lower-case, and strip accents when lower-casing.
+    std::optional<bool> lowercase, strip_accents;
 };
 
 struct EncodeOptions {

@@ -222,8 +222,8 @@ std::vector<uint8_t> build_flag_table() {
         append_utf8(all, cp);
     }
     const std::pair<const char*, uint8_t> classes[] = {
-        {"\\p{L}+", cp_letter},  {"\\p{N}+", cp_number},  {"\\p{P}+", cp_punct},       {"\\p{S}+", cp_symbol},
-        {"\\s+", cp_whitespace}, {"\\p{C}+", cp_control}, {"\\p{Mn}+", cp_nonspacing},
+        {"\\p{L}+", cp_letter},  {"\\p{N}+", cp_number},  {"\\p{P}+", cp_punct}, {"\\p{S}+", cp_symbol},
+        {"\\s+", cp_whitespace}, {"\\p{C}+", cp_control}, {"\\p{M}+", cp_mark},  {"\\p{Cn}+", cp_unassigned},
     };
     for (const auto& [pattern, flag] : classes) {
         int err = 0;
@@ -266,26 +266,13 @@ uint32_t to_lower(uint32_t cp) {
     return static_cast<uint32_t>(towlower_l(static_cast<wint_t>(cp), loc));
 }
 
-void append_stripped_nfd(std::u32string& out, uint32_t cp) {
-    // Hangul syllables decompose arithmetically (Unicode ch. 3.12) into 2 or 3 jamo.
-    constexpr uint32_t s_base = 0xAC00, l_base = 0x1100, v_base = 0x1161, t_base = 0x11A7;
-    constexpr uint32_t v_count = 21, t_count = 28, n_count = v_count * t_count, s_count = 19 * n_count;
-    if (cp >= s_base && cp < s_base + s_count) {
-        const uint32_t s = cp - s_base;
-        out += static_cast<char32_t>(l_base + s / n_count);
-        out += static_cast<char32_t>(v_base + (s % n_count) / t_count);
-        if (s % t_count) out += static_cast<char32_t>(t_base + s % t_count);
-        return;
-    }
-    if (cp_flags(cp) & cp_nonspacing) return;
-    const NfdRow* end = kNfdStripped + kNfdStrippedCount;
-    const NfdRow* row = std::lower_bound(kNfdStripped, end, cp, [](const NfdRow& r, uint32_t v) { return r.cp < v; });
-    if (row != end && row->cp == cp) {
-        for (uint32_t c : row->stripped)
-            if (c) out += static_cast<char32_t>(c);
-        return;
-    }
-    out += static_cast<char32_t>(cp);
+uint32_t nfd_first(uint32_t cp) {
+    // Hangul syllables decompose arithmetically (Unicode ch. 3.12); the leading consonant comes first.
+    constexpr uint32_t s_base = 0xAC00, l_base = 0x1100, n_count = 21 * 28, s_count = 19 * n_count;
+    if (cp >= s_base && cp < s_base + s_count) return l_base + (cp - s_base) / n_count;
+    const NfdFirst* end = kNfdFirst + kNfdFirstCount;
+    const NfdFirst* row = std::lower_bound(kNfdFirst, end, cp, [](const NfdFirst& r, uint32_t v) { return r.cp < v; });
+    return row != end && row->cp == cp ? row->first : cp;
 }
 
 } // namespace tern::unicode

@@ -37,21 +37,24 @@ std::string bytes_to_bpe(std::string_view bytes);
 std::string bpe_to_bytes(std::string_view text);
 
 enum CpFlags : uint8_t {
-    cp_letter = 1,      // \p{L}
-    cp_number = 2,      // \p{N}
-    cp_punct = 4,       // \p{P}
-    cp_symbol = 8,      // \p{S}
-    cp_whitespace = 16, // \s (Unicode White_Space as PCRE2 sees it)
-    cp_control = 32,    // \p{C}: Cc, Cf, Cn, Co, Cs
-    cp_nonspacing = 64, // \p{Mn}
+    cp_letter = 1,       // \p{L}
+    cp_number = 2,       // \p{N}
+    cp_punct = 4,        // \p{P}
+    cp_symbol = 8,       // \p{S}
+    cp_whitespace = 16,  // \s (Unicode White_Space as PCRE2 sees it)
+    cp_control = 32,     // \p{C}: Cc, Cf, Cn, Co, Cs
+    cp_mark = 64,        // \p{M}: Mn, Mc, Me (combining marks, Devanagari vowel signs...)
+    cp_unassigned = 128, // \p{Cn} (also counted in cp_control)
 };
 uint8_t cp_flags(uint32_t cp);
 
 uint32_t to_lower(uint32_t cp);
 
-// Appends the canonical decomposition (NFD) of `cp` with non-spacing marks removed, i.e. what
-// BERT's "strip accents" leaves of it: 'Ä' -> 'A', a lone U+0301 -> nothing, Hangul syllables ->
-// their jamo.
-void append_stripped_nfd(std::u32string& out, uint32_t cp);
+// The first code point of the canonical decomposition (NFD) of `cp`, or `cp` itself when it has
+// none: 'Ä' -> 'A', U+212B ANGSTROM SIGN -> 'A', a Hangul syllable -> its leading consonant jamo.
+// This is the WordPiece normaliser's accent stripping as llama.cpp does it: one code point in, one
+// out, the rest of the decomposition dropped (for a precomposed Latin letter the rest is its marks;
+// for Hangul it is the vowel and final consonant), then marks removed by the caller.
+uint32_t nfd_first(uint32_t cp);
 
 } // namespace tern::unicode

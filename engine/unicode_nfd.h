@@ -1,15 +1,15 @@
 #pragma once
-// The generated table behind unicode::append_stripped_nfd (see unicode_nfd.cpp for how it is made).
+// The generated table behind unicode::nfd_first (see unicode_nfd.cpp for how it is made).
 #include <cstddef>
 #include <cstdint>
 
 namespace tern::unicode {
 
-struct NfdRow {
+struct NfdFirst {
     uint32_t cp;
-    uint32_t stripped[3]; // 0-padded
+    uint32_t first; // the first code point of cp's canonical decomposition
 };
-extern const NfdRow kNfdStripped[];
-extern const size_t kNfdStrippedCount;
+extern const NfdFirst kNfdFirst[];
+extern const size_t kNfdFirstCount;
 
 } // namespace tern::unicode

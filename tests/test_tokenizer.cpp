@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -141,6 +142,43 @@ TEST_CASE("Gemma 3 270M agrees with llama.cpp's llama-tokenize on every referenc
     MESSAGE("Gemma 3 vs " << ref.at("reference").get<std::string>() << ": " << pass << "/" << total << " equal");
 }
 
+TEST_CASE("edge cases agree with llama.cpp: Hangul, combining marks, decomposed accents, long words, phi-3 "
+          "specials in text") {
+    // tests/data/tokenizer_edge_cases.json: strings (none of them in ../shared) with the ids
+    // llama.cpp's llama-tokenize gave for them (version and command recorded in the file).
+    if (!test::shared_available()) {
+        MESSAGE("SKIPPED: ../shared not found");
+        return;
+    }
+    const auto ref =
+        nlohmann::json::parse(test::read_file(fs::path(TERN_SOURCE_DIR) / "tests/data/tokenizer_edge_cases.json"));
+    std::map<std::string, std::unique_ptr<Tokenizer>> vocabs;
+    std::map<std::string, std::pair<int, int>> per_class; // equal, total
+    for (const auto& c : ref.at("cases")) {
+        const std::string vocab = c.at("vocab");
+        const std::string text = c.at("text");
+        const bool special = c.at("parse_special");
+        const std::vector<int32_t> want = c.at("ids");
+        auto& tok = vocabs[vocab];
+        if (!tok) tok = load_vocab(vocab);
+        const auto got = tok->encode(text, {true, special});
+        CAPTURE(vocab);
+        CAPTURE(text);
+        CAPTURE(special);
+        CHECK(test::ids_to_string(got) == test::ids_to_string(want));
+        auto& [equal, total] = per_class[c.at("class").get<std::string>()];
+        equal += got == want;
+        ++total;
+        if (vocab != "bert-bge" && !special) CHECK(tok->decode(got) == text);
+    }
+    CHECK(per_class.size() == 5);
+    for (const auto& [name, counts] : per_class) {
+        CHECK(counts.second >= 8);
+        MESSAGE(name << ": " << counts.first << "/" << counts.second << " equal to "
+                     << ref.at("reference").get<std::string>());
+    }
+}
+
 TEST_CASE("pre-tokenizer splits of the vocabularies without a GGUF here (llama-bpe, qwen2, command-r)") {
     // Their vocabularies are not available offline, so the ids cannot be checked; the splits
     // can, on the pair inputs whose split is unambiguous. The digit strings also cross-check the
@@ -179,6 +217,93 @@ TEST_CASE("pre-tokenizer splits of the vocabularies without a GGUF here (llama-b
         }
         CHECK(checked == 9);
     }
+}
+
+TEST_CASE("WordPiece normaliser: decompositions, marks, Hangul, long words and the normalizer keys") {
+    // A crafted vocabulary, so these rules are checked without ../shared. "▁" starts a word;
+    // continuations are bare.
+    const std::string w = "\xE2\x96\x81"; // U+2581
+    VocabSpec spec;
+    spec.source = "tiny-wpm";
+    spec.model = "bert";
+    spec.tokens = {"[UNK]",
+                   "[CLS]",
+                   "[SEP]",
+                   w + "a",
+                   "a",
+                   w + "cafe",
+                   w + "naive",
+                   w + "\xE1\x84\x92", // ᄒ
+                   w + "\xE0\xA4\xB9", // ह
+                   "\xE0\xA4\xA8",     // न
+                   "\xE0\xA4\xA6",     // द
+                   w + "b",
+                   w + "`",
+                   w + "caf",
+                   "\xC3\xA9",
+                   w + "Cafe",
+                   w + "x"};
+    spec.types = std::vector<int32_t>(spec.tokens.size(), 1);
+    spec.types[0] = 2;
+    spec.types[1] = spec.types[2] = 3;
+    spec.unk = 0;
+    spec.cls = 1;
+    spec.sep = 2;
+    auto tok = Tokenizer::from_vocab(spec);
+    auto ids = [&](const std::string& text) { return test::ids_to_string(tok->encode(text, kPlain)); };
+    CHECK(ids("caf\xC3\xA9") == "5");                          // é decomposes to e + U+0301; the mark goes
+    CHECK(ids("cafe\xCC\x81") == "5");                         // already decomposed: the same
+    CHECK(ids("CAFE\xCC\x81") == "5");                         // lower-cased after stripping
+    CHECK(ids("nai\xCC\x88ve") == "6");                        // combining diaeresis inside the word
+    CHECK(ids("\xED\x95\x9C") == "7");                         // 한: only its leading consonant ᄒ stays
+    CHECK(ids("\xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB") == "0"); // the jamo spelled out keep all three
+    // हिन्दी: the vowel signs ि and ी are spacing marks (Mc), the virama non-spacing (Mn): all go.
+    CHECK(ids("\xE0\xA4\xB9\xE0\xA4\xBF\xE0\xA4\xA8\xE0\xA5\x8D\xE0\xA4\xA6\xE0\xA5\x80") == "8 9 10");
+    CHECK(ids("a\xE2\x83\x9D") == "3"); // an enclosing mark (Me) goes too
+    CHECK(ids("a\xC2\x85"
+              "b") == "3 11"); // U+0085 is White_Space: two words
+    CHECK(ids("b\xE1\xBF\xAF"
+              "b") == "11 12 11"); // U+1FEF decomposes to '`', an ASCII symbol: its own word
+    // No word-length limit: 150 letters are 1 + 149 pieces, not one UNK.
+    const auto long_word = tok->encode(std::string(150, 'a'), kPlain);
+    REQUIRE(long_word.size() == 150);
+    CHECK(long_word.front() == 3);
+    CHECK(std::count(long_word.begin(), long_word.end(), 4) == 149);
+    CHECK(ids(std::string(300, 'a') + "z") == "0"); // a piece nothing matches still makes the word UNK
+    CHECK(ids("x" + std::string(5000, ' ') + "x") == "16 16");
+    CHECK(test::ids_to_string(tok->encode("a", {true, false})) == "1 3 2"); // [CLS] ... [SEP]
+
+    // Without the word limit, a long entry must not make each position cost its length squared:
+    // a continuation entry of 2000 letters + 'b' is a prefix match at every later position of a 20000-letter word.
+    VocabSpec longest = spec;
+    longest.tokens.push_back(std::string(2000, 'a') + "b"); // a continuation entry
+    longest.types.push_back(1);
+    auto slow = Tokenizer::from_vocab(longest);
+    // That vocabulary takes the other way to the longest match; it must find the same one.
+    for (const std::string& text :
+         {std::string("caf\xC3\xA9 nai\xCC\x88ve x"), std::string("\xED\x95\x9C \xE0\xA4\xB9\xE0\xA4\xBF\xE0\xA4\xA8"),
+          std::string(150, 'a'), std::string(300, 'a') + "z",
+          std::string("b\xE1\xBF\xAF"
+                      "b `")}) {
+        CAPTURE(text);
+        CHECK(slow->encode(text, kPlain) == tok->encode(text, kPlain));
+    }
+    CHECK(test::ids_to_string(slow->encode(std::string(2001, 'a') + "b", kPlain)) == "3 17");
+    const double t0 = cpu_seconds();
+    const auto pieces = slow->encode(std::string(20000, 'a'), kPlain);
+    const double dt = cpu_seconds() - t0;
+    CHECK(pieces.size() == 20000);
+    CHECK(dt < 2.0);
+    MESSAGE("WordPiece: a 20000-letter word against a 2001-byte entry: " << dt * 1000 << " ms CPU");
+
+    // tokenizer.ggml.normalizer.*: without lower-casing, accents stay unless asked.
+    spec.lowercase = false;
+    auto cased = Tokenizer::from_vocab(spec);
+    CHECK(test::ids_to_string(cased->encode("Cafe", kPlain)) == "15");
+    CHECK(test::ids_to_string(cased->encode("caf\xC3\xA9", kPlain)) == "13 14"); // é kept whole
+    spec.strip_accents = true;
+    auto stripped = Tokenizer::from_vocab(spec);
+    CHECK(test::ids_to_string(stripped->encode("Caf\xC3\xA9", kPlain)) == "15");
 }
 
 TEST_CASE("SentencePiece: space prefix, byte fallback, UNK, BOS/EOS rules") {
@@ -339,14 +464,23 @@ TEST_CASE("unicode helpers: categories from PCRE2, accent stripping, GPT-2 byte 
     CHECK((cp_flags('$') & cp_symbol));
     CHECK((cp_flags(0x3000) & cp_whitespace)); // ideographic space
     CHECK((cp_flags(0x200D) & cp_control));    // ZWJ is Cf
-    CHECK((cp_flags(0x0301) & cp_nonspacing));
+    CHECK((cp_flags(0x0301) & cp_mark));       // combining acute (Mn)
+    CHECK((cp_flags(0x093E) & cp_mark));       // Devanagari vowel sign AA (Mc)
+    CHECK((cp_flags(0x20DD) & cp_mark));       // combining enclosing circle (Me)
+    CHECK((cp_flags(0x0378) & cp_unassigned)); // unassigned (Cn)
+    CHECK_FALSE((cp_flags(0x0378) & cp_letter));
     CHECK(to_lower('Q') == 'q');
-    CHECK(to_lower(0x0416) == 0x0436); // Ж -> ж
-    std::u32string s;
-    append_stripped_nfd(s, 0x00C4); // Ä -> A
-    append_stripped_nfd(s, 0x0301); // a lone combining acute disappears
-    append_stripped_nfd(s, 0xD55C); // 한 -> jamo
-    CHECK(s == std::u32string{U'A', 0x1112, 0x1161, 0x11AB});
+    CHECK(to_lower(0x0416) == 0x0436);  // Ж -> ж
+    CHECK(nfd_first(0x00C4) == 'A');    // Ä
+    CHECK(nfd_first(0x212B) == 'A');    // ANGSTROM SIGN -> Å -> A + ring
+    CHECK(nfd_first(0x0301) == 0x0301); // a lone combining acute stays (the caller drops marks)
+    CHECK(nfd_first(0x0344) == 0x0308); // COMBINING GREEK DIALYTIKA TONOS -> diaeresis + acute
+    CHECK(nfd_first(0xD55C) == 0x1112); // 한 -> its leading consonant ᄒ
+    CHECK(nfd_first(0xAC00) == 0x1100); // 가, the first syllable
+    CHECK(nfd_first(0xD7A3) == 0x1112); // 힣, the last
+    CHECK(nfd_first(0xD7A4) == 0xD7A4); // past the syllables
+    CHECK(nfd_first(0x0958) == 0x0915); // Devanagari QA -> KA + nukta
+    CHECK(nfd_first('a') == 'a');
     CHECK(bytes_to_bpe(" \n") == "\xC4\xA0\xC4\x8A"); // Ġ Ċ
     CHECK(bpe_to_bytes("\xC4\xA0\xC4\x8A") == " \n");
     for (int b = 0; b < 256; ++b) {

@@ -46,6 +46,40 @@ TEST_CASE("tern tokenize: --ids, the default listing, BOS and special flags") {
     CHECK(r.out == "15496 995 198\n");
 }
 
+TEST_CASE("tern tokenize: WordPiece and phi-3 edge cases give llama.cpp's ids") {
+    // Expected ids from llama.cpp 0c1e570 (llama-cpp-python 0.3.36 sdist): `printf '%s' TEXT |
+    // llama-tokenize -m VOCAB --stdin --no-escape --ids --log-disable [--no-parse-special]`.
+    if (!test::shared_available()) {
+        MESSAGE("SKIPPED: ../shared not found");
+        return;
+    }
+    // A decomposed accent (e + U+0301), Hangul syllables (leading jamo only), Devanagari with
+    // spacing and non-spacing vowel signs (all dropped).
+    auto r = test::run_tern({"tokenize", "-m", vocab("bert-bge"), "-p",
+                             "Cafe\xCC\x81 au lait, \xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4 "
+                             "\xE0\xA4\xB9\xE0\xA4\xBF\xE0\xA4\xA8\xE0\xA5\x8D\xE0\xA4\xA6\xE0\xA5\x80",
+                             "--ids"});
+    CHECK(r.exit_code == 0);
+    CHECK(r.out == "101 7668 8740 21110 2102 1010 1469 29991 29999 1339 29863 29861 102\n");
+    // A 300-letter word: cut into pieces like any other, not one [UNK].
+    std::string want = "101 19557";
+    for (int i = 0; i < 148; ++i)
+        want += " 3676";
+    want += " 2497 102\n";
+    std::string word;
+    for (int i = 0; i < 150; ++i)
+        word += "ab";
+    r = test::run_tern({"tokenize", "-m", vocab("bert-bge"), "-p", word, "--ids"});
+    CHECK(r.exit_code == 0);
+    CHECK(r.out == want);
+    // phi-3's </s> is typed user-defined but is an end-of-generation text, so control: literal
+    // text unless --parse-special (llama-tokenize parses specials by default).
+    r = test::run_tern({"tokenize", "-m", vocab("phi-3"), "-p", "a </s> b", "--ids"});
+    CHECK(r.out == "1 263 1533 29879 29958 289\n");
+    r = test::run_tern({"tokenize", "-m", vocab("phi-3"), "-p", "a </s> b", "--ids", "--parse-special"});
+    CHECK(r.out == "1 263 29871 2 289\n");
+}
+
 TEST_CASE("tern tokenize: errors are one line with the CLI.md exit codes") {
     auto r = test::run_tern({"tokenize", "-m", vocab("gpt-2"), "-p", "a", "-f", "b"});
     CHECK(r.exit_code == 1);
