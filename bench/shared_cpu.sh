@@ -19,7 +19,8 @@
 #   --out FILE    also write the table to FILE with the device, commits, load averages and commands
 # Binaries: tern: $TERN, else build/bin/tern. $TERN_BASE: a second tern (e.g. a build of the previous commit)
 # measured beside it, as "tern-base". llama.cpp: $LLAMA_CPP_BIN/llama-bench, else
-# ~/.cache/tern/llama.cpp/build/bin/llama-bench; without one, tern is measured alone.
+# ~/.cache/tern/llama.cpp/build/bin/llama-bench; without one, tern is measured alone. $LLAMA_BENCH_ARGS: extra
+# llama-bench arguments (e.g. "--repack 0" where its AMX kernels crash, as on the Xeon of 2026-11-26).
 set -u -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -105,7 +106,7 @@ run_tool() {   # tool file threads -> writes $work/out.json; returns non-zero on
     case "$tool" in
     tern) cmd=("$TERN" bench -m "$f" -p "$n_prompt" -n "$n_gen" -r "$reps" -t "$t" --peak-gbps 1 --json) ;;
     tern-base) cmd=("$TERN_BASE" bench -m "$f" -p "$n_prompt" -n "$n_gen" -r "$reps" -t "$t" --peak-gbps 1 --json) ;;
-    llama) cmd=("$LLAMA_BENCH" -m "$f" -p "$n_prompt" -n "$n_gen" -r "$reps" -t "$t" -o json) ;;
+    llama) cmd=("$LLAMA_BENCH" -m "$f" -p "$n_prompt" -n "$n_gen" -r "$reps" -t "$t" ${LLAMA_BENCH_ARGS:-} -o json) ;;
     esac
     grep -qxF -- "$tool: ${cmd[*]}" "$commands" 2> /dev/null || echo "$tool: ${cmd[*]}" >> "$commands"
     "${cmd[@]}" > "$work/out.json" 2> "$work/err.txt" || { echo "shared_cpu.sh: $tool failed on $f:" >&2; tail -5 "$work/err.txt" >&2; return 1; }
@@ -157,7 +158,7 @@ python3 - "$results" "$conditions" > "$work/table.md" <<'PY'
 import json, os, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 conds = sys.argv[2].split()
-names = {"quiet": "quiet", "one": "1 competitor (CPU 0)", "all": "1 competitor per CPU"}
+names = {"quiet": "no competitor", "one": "1 competitor (CPU 0)", "all": "1 competitor per CPU"}
 tools = [t for t in ("tern", "tern-base", "llama") if any(r["tool"] == t for r in rows)]
 def med(v):
     v = [x for x in v if x is not None]

@@ -13,6 +13,10 @@
 // it runs again. So a region waits only for slots already running (keep them short: parallel_for.h splits
 // work so that a running claim is small), and a worker that is not needed costs nothing. Workers spin for a
 // bounded time after a job (back-to-back regions find them awake) and then sleep on a futex until the next.
+//
+// Work outside the forward pass (quantize, synth, the bandwidth probe of `tern bench`) stays on OpenMP: none of
+// it runs between two of the pool's jobs, and libgomp's threads stop spinning a few milliseconds after their
+// last region, so they never compete with the pool for long.
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -37,7 +41,7 @@ public:
     // workers; at most n_slots run at once, never two with the same slot. Returns when every slot has
     // returned. If a body throws, the other slots still run and the first exception is rethrown here.
     // Called from inside a slot (nested), or while another thread's job holds the pool, the slots run one
-    // after another on the calling thread, in order.
+    // after another on the calling thread, in order (an exception then stops them at once).
     template <class Body> void run(int n_slots, Body&& body) {
         run_erased(n_slots, &call_body<std::remove_reference_t<Body>>, &body);
     }
