@@ -178,7 +178,7 @@ for f, t in keys:
         head = "| %s | load (1 min) |" % metric
         sep = "|---|---:|"
         for tool in tools:
-            head += " %s tok/s | share of quiet |" % tool
+            head += " %s tok/s | share of no competitor |" % tool
             sep += "---:|---:|"
         for other in tools[1:]:
             head += " tern / %s |" % other
