@@ -1,7 +1,5 @@
 #include "engine/backend_cpu.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -10,6 +8,7 @@
 #include "formats/error.h"
 #include "kernels/cpu/matmul_quant.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_for.h"
 #include "kernels/cpu/quantize_act.h"
 #include "kernels/cpu_features.h"
 #include "quant/reference.h"
@@ -132,8 +131,8 @@ void CpuBackend::forward(const ForwardBatch& batch) {
 
         // Per-head q/k norm (qwen3, gemma3), then RoPE at each token's position, then the KV write.
         const int rope_threads = threads_for_work(n * (n_heads + n_kv_heads) * head_dim * 16, nt);
-#pragma omp parallel for num_threads(rope_threads) schedule(static)
-        for (int64_t i = 0; i < n; ++i) {
+        parallel_for(n, rope_threads, 16, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
             const int32_t pos = pos0 + static_cast<int32_t>(i);
             for (int64_t h = 0; h < n_heads; ++h) {
                 float* qh = q.data() + i * q_dim + h * head_dim;
@@ -146,7 +145,8 @@ void CpuBackend::forward(const ForwardBatch& batch) {
                 rope.apply(kh, pos);
             }
             kv_.write(l, pos, k.data() + i * k_dim, v.data() + i * v_dim);
-        }
+          }
+        });
 
         // Attention over the cache (backend_cpu_attention.cpp).
         att.resize(static_cast<size_t>(n * att_dim)); // (n, n_heads, head_dim_v)

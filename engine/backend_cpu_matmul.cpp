@@ -14,6 +14,7 @@
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/matmul_quant.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_for.h"
 #include "kernels/cpu/quantize_act.h"
 #include "quant/repack.h"
 #include "quant/repack_f16.h"
@@ -107,14 +108,13 @@ void CpuBackend::pack_matrix(const WeightRef& w, bool panels, uint8_t* dst) {
     static_assert(kF16PanelRows == kPackRows, "one slicing serves both layouts");
     for (int64_t g0 = 0; g0 < groups; g0 += per_slice) {
         const int64_t g1 = std::min(groups, g0 + per_slice);
-#pragma omp parallel for schedule(static) num_threads(n_threads_)
-        for (int64_t g = g0; g < g1; ++g) {
-            const int64_t r0 = g * kPackRows, r1 = std::min(n_out, (g + 1) * kPackRows);
+        parallel_for(g1 - g0, n_threads_, 16, [&](int64_t a, int64_t b) {
+            const int64_t r0 = (g0 + a) * kPackRows, r1 = std::min(n_out, (g0 + b) * kPackRows);
             if (panels)
                 repack_panel16(w.data, n_out, n_in, dst, r0, r1);
             else
                 repack_rows(w.type, w.data, n_out, n_in, dst, r0, r1);
-        }
+        });
         const int64_t r0 = g0 * kPackRows, r1 = std::min(n_out, g1 * kPackRows);
         release_pages(w.data + static_cast<size_t>(r0) * w.row_size(), static_cast<size_t>(r1 - r0) * w.row_size());
     }

@@ -1,5 +1,4 @@
 // KvCache::erase: the context shift's move of cached rows (engine/kv_cache.h).
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,6 +10,7 @@
 #include "engine/kv_cache.h"
 #include "formats/error.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_for.h"
 
 namespace tern {
 
@@ -39,11 +39,9 @@ void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>&
     const int64_t work = static_cast<int64_t>(moved) * static_cast<int64_t>(heads.size()) * (head_dim_ + head_dim_v_);
     const int threads = threads_for_work(work * 4, std::max(n_threads, 1));
 
-#pragma omp parallel num_threads(threads)
-    {
-        std::vector<float> rows; // (kRowsPerPass, head_dim) f32 scratch of this thread
-#pragma omp for schedule(dynamic)
-        for (size_t i = 0; i < heads.size(); ++i) {
+    parallel_for(static_cast<int64_t>(heads.size()), threads, 1, [&](int64_t i0, int64_t i1) {
+        std::vector<float> rows; // (kRowsPerPass, head_dim) f32 scratch of this claim
+        for (size_t i = static_cast<size_t>(i0); i < static_cast<size_t>(i1); ++i) {
             const auto [l, h] = heads[i];
             const size_t lu = static_cast<size_t>(l);
             // V rows only move (the rope does not touch values): one memmove per head.
@@ -75,7 +73,7 @@ void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>&
                                  k + static_cast<size_t>(begin + p + r) * k_row_bytes_, head_dim_);
             }
         }
-    }
+    });
     n_past_ -= removed;
 }
 

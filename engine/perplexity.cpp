@@ -6,6 +6,8 @@
 
 #include "engine/backend.h"
 #include "formats/error.h"
+#include "kernels/cpu/parallel_for.h"
+#include "kernels/cpu_features.h"
 
 namespace tern {
 
@@ -56,9 +58,10 @@ PerplexityResult compute_perplexity(Backend& backend, std::span<const int32_t> t
             // logits() may not be thread-safe on every backend: fetch the spans first.
             std::vector<std::span<const float>> rows;
             for (int32_t pos = lo; pos <= hi; ++pos) rows.push_back(backend.logits(pos - p0));
-#pragma omp parallel for schedule(static)
-            for (int32_t pos = lo; pos <= hi; ++pos)
-                nll[static_cast<size_t>(pos)] = token_nll(rows[static_cast<size_t>(pos - lo)], chunk[static_cast<size_t>(pos + 1)]);
+            parallel_for(hi - lo + 1, cpu_features().physical_cores, 8, [&](int64_t a, int64_t b) {
+                for (int32_t pos = lo + static_cast<int32_t>(a); pos < lo + static_cast<int32_t>(b); ++pos)
+                    nll[static_cast<size_t>(pos)] = token_nll(rows[static_cast<size_t>(pos - lo)], chunk[static_cast<size_t>(pos + 1)]);
+            });
         }
         for (int32_t pos = first; pos <= ctx - 2; ++pos) {
             const double v = nll[static_cast<size_t>(pos)];

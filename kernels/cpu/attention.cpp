@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_for.h"
 #include "quant/fp8.h"
 #include "quant/half.h"
 #include "quant/reference.h"
@@ -204,18 +205,17 @@ void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, 
     const int64_t pairs = n * n_kv_heads;
     if (pairs >= threads) {
         // Enough (token, KV head) pairs to share out: each walks its chunks in order.
-#pragma omp parallel num_threads(threads)
-        {
-            std::vector<float> scratch(attn_scratch_floats(p));
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < pairs; ++t) {
+        parallel_for(pairs, threads, 1, [&](int64_t t0, int64_t t1) {
+            thread_local std::vector<float> scratch;
+            scratch.resize(attn_scratch_floats(p));
+            for (int64_t t = t0; t < t1; ++t) {
                 const int64_t i = t / n_kv_heads, g = t % n_kv_heads;
                 const int32_t pos = pos0 + static_cast<int32_t>(i);
                 attend_group(p, kernel, q + i * q_token_stride + g * p.group * p.head_dim, p.head_dim, k_heads[g],
                              v_heads[g], window_lo(pos, window), pos, scratch.data(),
                              out + i * out_token_stride + g * p.group * p.head_dim_v, p.head_dim_v);
             }
-        }
+        });
         return;
     }
     // Decode: fewer pairs than threads (Gemma 3 has one KV head), so the chunks of each pair are computed
@@ -228,11 +228,10 @@ void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, 
     const int64_t total = first.back();
     const size_t sf = state_floats(p);
     std::vector<float> states(static_cast<size_t>(total) * sf);
-#pragma omp parallel num_threads(threads)
-    {
-        std::vector<float> scores(static_cast<size_t>(p.group * kAttnChunk));
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < total; ++c) {
+    parallel_for(total, threads, 4, [&](int64_t c0, int64_t c1) {
+        thread_local std::vector<float> scores;
+        scores.resize(static_cast<size_t>(p.group * kAttnChunk));
+        for (int64_t c = c0; c < c1; ++c) {
             const int64_t t = std::upper_bound(first.begin(), first.end(), c) - first.begin() - 1;
             const int64_t i = t / n_kv_heads, g = t % n_kv_heads;
             const int32_t pos = pos0 + static_cast<int32_t>(i);
@@ -240,7 +239,7 @@ void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, 
                       chunk_range(window_lo(pos, window), pos, c - first[static_cast<size_t>(t)]), scores.data(),
                       states.data() + static_cast<size_t>(c) * sf);
         }
-    }
+    });
     for (int64_t t = 0; t < pairs; ++t) {
         const int64_t i = t / n_kv_heads, g = t % n_kv_heads;
         float* running = states.data() + static_cast<size_t>(first[static_cast<size_t>(t)]) * sf;

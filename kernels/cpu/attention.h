@@ -75,7 +75,7 @@ void attend_group(const AttnParams& p, AttnChunkFn kernel, const float* q, int64
 // (row 0 of head g at k_heads[g] / v_heads[g]). Token i, query head h = g * group + r is at
 // q + i * q_token_stride + h * head_dim; its output at out + i * out_token_stride + h * head_dim_v.
 // Token i sees [lo, pos0 + i] with lo = max(0, pos - window + 1) when window > 0, else 0.
-// OpenMP with up to n_threads threads; the result is the same for any n_threads and any n.
+// Up to n_threads threads of the pool (thread_pool.h); the result is the same for any n_threads and any n.
 void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const void* const* k_heads,
                    const void* const* v_heads, int32_t pos0, int64_t n, int32_t window, const float* q,
                    int64_t q_token_stride, float* out, int64_t out_token_stride, int n_threads);

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include <omp.h>
 
 #include "kernels/cpu/stealing_split.h"
+#include "kernels/cpu/thread_pool.h"
 #include "quant/half.h"
 
 namespace tern {
@@ -118,9 +118,7 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
         // (stealing_split.h); tiles are 64 KiB and more, so every claim is one tile. Which thread computes a tile
         // never changes its results (one tile call per output).
         StealingSplit split(n_tiles, nt);
-#pragma omp parallel num_threads(nt)
-        {
-            const int thread = omp_get_thread_num();
+        parallel_slots(nt, [&](int thread) {
             thread_local std::vector<float> tile;
             tile.resize(static_cast<size_t>(nc * kF16TileRows));
             int64_t g0 = 0, g1 = 0;
@@ -138,7 +136,7 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
                     for (int64_t j = 0; j < nc; ++j)
                         std::memcpy(y + (c0 + j) * n_out + r0, tile.data() + j * kF16TileRows, static_cast<size_t>(rows) * 4);
                 }
-        }
+        });
     }
 }
 

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_for.h"
 #include "kernels/cpu/quantize_act.h"
 
 namespace tern {
@@ -18,12 +19,13 @@ void rmsnorm_quantize_rows(const float* x, const float* w, float eps, int64_t n_
     const QuantizeActFn quantize = cpu_kernels().quantizer(f);
     const size_t rb = act_row_bytes(f, width);
     const int threads = n_rows > 1 ? threads_for_elems(n_rows * width, n_threads) : 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < n_rows; ++i) {
-        float* row = xn + i * width;
-        rmsnorm_f32(x + i * width, w, row, width, eps);
-        quantize(row, static_cast<char*>(q) + static_cast<size_t>(i) * rb, width);
-    }
+    parallel_for(n_rows, threads, 16, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+            float* row = xn + i * width;
+            rmsnorm_f32(x + i * width, w, row, width, eps);
+            quantize(row, static_cast<char*>(q) + static_cast<size_t>(i) * rb, width);
+        }
+    });
 }
 
 } // namespace tern

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include <omp.h>
 
 #include "kernels/cpu/stealing_split.h"
+#include "kernels/cpu/thread_pool.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
 #include "quant/repack.h"
@@ -294,14 +294,12 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
         const int64_t col_tiles = (c1 - c0 + kTileCols - 1) / kTileCols;
         const size_t unit_bytes = gbytes * static_cast<size_t>(unit * col_tiles);
         StealingSplit split(n_units, nt, static_cast<int64_t>(kClaimBytes / unit_bytes));
-#pragma omp parallel num_threads(nt)
-        {
-            const int thread = omp_get_thread_num();
+        parallel_slots(nt, [&](int thread) {
             float tile[std::max(kTileCols, kDecodeGroups) * kPackRows];
             int64_t u0 = 0, u1 = 0;
             while (split.next(thread, &u0, &u1))
                 for (int64_t u = u0; u < u1; ++u) run_unit(u, tile);
-        }
+        });
     }
 }
 

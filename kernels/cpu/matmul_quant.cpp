@@ -5,8 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <omp.h>
-
+#include "kernels/cpu/parallel_for.h"
 #include "kernels/cpu/quantize_act.h"
 
 namespace tern {
@@ -61,10 +60,12 @@ void matmul_q(const WeightMatrixView& w, const QuantizedActs& x, float* y, int n
     if (n_in * n_out * n_cols < kMinParallelWork) nt = 1;
     nt = static_cast<int>(std::min<int64_t>(nt, n_items));
 
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t item = 0; item < n_items; ++item) {
-        const int64_t r0 = item * rows_per_item;
-        const int64_t r1 = std::min(n_out, r0 + rows_per_item);
+    // Claims of up to ~64 KiB of weights: small enough that the end of the matmul never waits long for a
+    // descheduled thread's batch (parallel_for.h), large enough that claiming costs nothing.
+    const int64_t max_batch = std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 10) / (static_cast<size_t>(rows_per_item) * wstride + 1)));
+    parallel_for(n_items, nt, max_batch, [&](int64_t item0, int64_t item1) {
+        const int64_t r0 = item0 * rows_per_item;
+        const int64_t r1 = std::min(n_out, item1 * rows_per_item);
         if (n_cols <= 8) {
             for (int64_t r = r0; r < r1; ++r) {
                 const unsigned char* wr = wbase + static_cast<size_t>(r) * wstride;
@@ -77,7 +78,7 @@ void matmul_q(const WeightMatrixView& w, const QuantizedActs& x, float* y, int n
                 for (int64_t r = r0; r < r1; ++r) yc[r] = dot(n_in, wbase + static_cast<size_t>(r) * wstride, xc);
             }
         }
-    }
+    });
 }
 
 bool check_tiled_matmul_args(const std::string& where, GgmlType type, int64_t n_in, int64_t n_out,

@@ -49,7 +49,7 @@ private:
     std::vector<unsigned char> bytes_;
 };
 
-// y = W x (shapes above) with n_threads OpenMP threads (static schedule over row chunks; fewer for small
+// y = W x (shapes above) with n_threads threads of the pool (parallel_for.h over row chunks; fewer for small
 // work). `kernels` picks a kernel set (tests force one); nullptr means cpu_kernels(). Throws
 // std::invalid_argument when the shapes or formats do not fit together.
 void matmul_q(const WeightMatrixView& w, const QuantizedActs& x, float* y, int n_threads,

@@ -1,11 +1,10 @@
 #include "kernels/cpu/ops.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/parallel_for.h"
 #include "kernels/cpu/silu.h"
 #include "quant/half.h"
 #include "quant/reference.h"
@@ -109,20 +108,20 @@ float gelu_tanh_f32(float x) {
 void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads) {
     const SwigluFn kernel = swiglu_kernel();
     const int threads = threads_for_elems(n, n_threads);
-    // One piece per thread, whole cache lines each; the kernel's lanes and its scalar tail give the same
-    // bits, so where the pieces split changes nothing.
-    const int64_t piece = ((n + threads - 1) / threads + 15) / 16 * 16;   // threads * piece >= n
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < threads; ++t) {
-        const int64_t begin = std::min<int64_t>(n, t * piece), end = std::min<int64_t>(n, begin + piece);
+    // Pieces of whole cache lines (16 floats); the kernel's lanes and its scalar tail give the same bits, so
+    // where the pieces split changes nothing.
+    const int64_t lines = (n + 15) / 16;
+    parallel_for(lines, threads, 256, [&](int64_t l0, int64_t l1) {
+        const int64_t begin = l0 * 16, end = std::min<int64_t>(n, l1 * 16);
         kernel(gate + begin, up + begin, y + begin, end - begin);
-    }
+    });
 }
 
 void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads) {
-#pragma omp parallel for num_threads(threads_for_elems(n, n_threads)) schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-        y[i] = gelu_tanh_f32(gate[i]) * up[i];
+    parallel_for((n + 15) / 16, threads_for_elems(n, n_threads), 64, [&](int64_t l0, int64_t l1) {
+        for (int64_t i = l0 * 16, end = std::min<int64_t>(n, l1 * 16); i < end; ++i)
+            y[i] = gelu_tanh_f32(gate[i]) * up[i];
+    });
 }
 
 void softcap_f32(float* x, int64_t n, float cap) {
@@ -235,11 +234,10 @@ void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, c
     const size_t row_size = row_bytes(type, n_in);
     const auto* base = static_cast<const uint8_t*>(w);
     const int threads = threads_for_work(n_out * n_in * n_cols, n_threads);
-#pragma omp parallel num_threads(threads)
-    {
-        std::vector<float> row_buf(type == GgmlType::F32 ? 0 : static_cast<size_t>(n_in)); // (n_in) f32
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < n_out; ++r) {
+    parallel_for(n_out, threads, 64, [&](int64_t r0, int64_t r1) {
+        thread_local std::vector<float> row_buf; // (n_in) f32, kept by each thread between calls
+        if (type != GgmlType::F32) row_buf.resize(static_cast<size_t>(n_in));
+        for (int64_t r = r0; r < r1; ++r) {
             const uint8_t* src = base + static_cast<size_t>(r) * row_size;
             const float* row;
             if (type == GgmlType::F32) {
@@ -251,7 +249,7 @@ void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, c
             for (int64_t c = 0; c < n_cols; ++c)
                 y[c * n_out + r] = dot_f32(row, x + c * n_in, n_in);
         }
-    }
+    });
 }
 
 namespace {

@@ -60,7 +60,7 @@ float dot_f32(const float* a, const float* b, int64_t n);
 //   w: (n_out, n_in) rows of `type` blocks, row r at w + r * row_bytes(type, n_in)
 //   x: (n_cols, n_in) f32;  y: (n_cols, n_out) f32
 // Each weight row is dequantized once into a thread-local f32 buffer and dotted with every column,
-// so a batch reads the weights once. OpenMP over output rows with n_threads threads.
+// so a batch reads the weights once. Output rows are shared out over n_threads threads (parallel_for.h).
 void matmul_dequant(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols, float* y,
                     int n_threads);
 

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_for.h"
 #include "quant/half.h"
 
 namespace tern {
@@ -164,8 +165,9 @@ void quantize_acts(ActFormat f, const float* x, int64_t n_in, int64_t n_cols, vo
     const QuantizeActFn q = cpu_kernels().quantize[static_cast<int>(f)];
     const size_t rb = act_row_bytes(f, n_in);
     const int threads = n_cols > 1 ? threads_for_elems(n_cols * n_in, n_threads) : 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t c = 0; c < n_cols; ++c) q(x + c * n_in, static_cast<char*>(dst) + static_cast<size_t>(c) * rb, n_in);
+    parallel_for(n_cols, threads, 16, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) q(x + c * n_in, static_cast<char*>(dst) + static_cast<size_t>(c) * rb, n_in);
+    });
 }
 
 } // namespace tern
