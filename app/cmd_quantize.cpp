@@ -563,7 +563,8 @@ Command add_quantize_command(CLI::App& root) {
     cmd->add_option("IN", a->in, "input GGUF model (any format tern reads)")->required();
     cmd->add_option("OUT", a->out, "output GGUF file (written to a temporary file beside it, then renamed)");
     cmd->add_option("--type", a->type, "output type: " + join_names(ftype_names()))->required();
-    cmd->add_option("-t,--threads", a->threads, "threads (default: physical cores)");
+    cmd->add_option("-t,--threads", a->threads, "threads (default: physical cores)")
+        ->check(integer_in_range(0, max_threads(), "0 = one per physical core"));
     cmd->add_flag("--force", a->force, "overwrite an existing OUT");
     cmd->add_flag("--json", a->json, "print a JSON summary (or, with --dry-run, the plan) on stdout");
     cmd->add_flag("--dry-run", a->dry_run, "print the per-tensor plan and the resulting size; write nothing");

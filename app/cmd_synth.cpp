@@ -12,6 +12,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "app/common_options.h"
 #include "app/console.h"
 #include "app/signals.h"
 #include "engine/synth.h"
@@ -85,7 +86,8 @@ Command add_synth_command(CLI::App& root) {
                     "GGUF file whose tokenizer (all tokenizer.* keys) and vocabulary size the model gets "
                     "(default: a built-in SentencePiece vocabulary of the shape's size)");
     cmd->add_option("--seed", a->options.seed, "random seed (same seed: same bytes)");
-    cmd->add_option("-t,--threads", a->options.n_threads, "threads (default: physical cores)");
+    cmd->add_option("-t,--threads", a->options.n_threads, "threads (default: physical cores)")
+        ->check(integer_in_range(0, max_threads(), "0 = one per physical core"));
     cmd->add_flag("--json", a->json, "print a JSON summary on stdout");
     return {cmd, [a] { return run_synth(*a); }};
 }

@@ -4,6 +4,7 @@
 // while leaving room for every real model: a 262,144-token vocabulary is three arrays of 262,144
 // values, chat templates are tens of KiB.
 #include <cstdint>
+#include <string_view>
 
 namespace tern::gguf_limits {
 
@@ -22,5 +23,13 @@ inline constexpr uint64_t kMaxTensors = 1ull << 18;  // 262,144 tensors
 inline constexpr int kMaxArrayDepth = 8;            // array nesting levels
 inline constexpr uint64_t kMaxTensorNameBytes = 63; // ggml's GGML_MAX_NAME is 64 with NUL
 inline constexpr int kMaxDims = 4;
+
+// Metadata strings are text (names, templates, tokenizer kinds) and must be valid UTF-8, or a
+// message or `tern info` would print raw bytes and `quantize` would copy them on. Vocabulary tokens
+// are the exception: byte-level and SentencePiece vocabularies hold single bytes and partial UTF-8
+// sequences as tokens, and merges are pairs of tokens.
+inline bool holds_byte_strings(std::string_view key) {
+    return key == "tokenizer.ggml.tokens" || key == "tokenizer.ggml.merges";
+}
 
 } // namespace tern::gguf_limits

@@ -60,14 +60,6 @@ uint64_t min_value_bytes(GgufType t) {
     return 1;
 }
 
-// Metadata strings are text (names, templates, tokenizer kinds) and must be valid UTF-8, or a
-// message or `tern info` would print raw bytes and `quantize` would copy them on. Vocabulary tokens
-// are the exception: byte-level and SentencePiece vocabularies hold single bytes and partial UTF-8
-// sequences as tokens, and merges are pairs of tokens.
-bool holds_byte_strings(std::string_view key) {
-    return key == "tokenizer.ggml.tokens" || key == "tokenizer.ggml.merges";
-}
-
 // Why a ggml type id is not a format, for the ids ggml used once and dropped.
 std::string unknown_type_reason(uint32_t id) {
     if (id == 4 || id == 5) return " (Q4_2/Q4_3, removed from ggml in 2023; re-quantize the model)";
@@ -257,7 +249,7 @@ private:
 
         GgufKv kv;
         kv.key.assign(key);
-        text_strings_ = !holds_byte_strings(key);
+        text_strings_ = !lim::holds_byte_strings(key);
         read_value(static_cast<GgufType>(type), kv.value, 0);
         f_.kv_index_.emplace(kv.key, f_.kvs_.size());
         f_.kvs_.push_back(std::move(kv));

@@ -36,6 +36,8 @@ void check_value(const std::string& key, const GgufValue& v, int depth) {
     };
     if (static_cast<uint32_t>(v.type) > static_cast<uint32_t>(GgufType::f64)) fail("invalid value type");
     if (v.type == GgufType::string && v.str.size() > lim::kMaxStringBytes) fail("string longer than 64 MiB");
+    if (v.type == GgufType::string && !lim::holds_byte_strings(key) && !is_valid_utf8(v.str))
+        fail("string is not valid UTF-8: \"" + printable(v.str) + "\"");
     if (v.type != GgufType::array) return;
     if (depth + 1 > lim::kMaxArrayDepth) fail("arrays nested deeper than 8 levels");
     if (v.array.size() > lim::kMaxArrayElems) fail("array with more than 2^24 elements");

@@ -263,6 +263,26 @@ TEST_CASE("bad tensor declarations are refused") {
     CHECK_THROWS_AS(w.add_tensor("size", GgmlType::F32, {4}, std::vector<uint8_t>(15)), InputError);
 }
 
+TEST_CASE("metadata text that is not UTF-8 is refused, as the reader would; vocabulary tokens may hold bytes") {
+    test::TempDir dir;
+    const std::string path = (dir / "u.gguf").string();
+    const std::vector<uint8_t> data(16, 0);   // must outlive write(): the writer keeps a span
+    GgufWriter bad;
+    bad.set("general.name", GgufValue::make_string("name\xff"));
+    bad.add_tensor("t", GgmlType::F32, {4}, data);
+    CHECK_THROWS_AS(bad.write(path), std::invalid_argument);
+    CHECK(!fs::exists(path));
+    GgufWriter in_array;
+    in_array.set("tokenizer.chat_templates", GgufValue::make_string_array({"ok", "\xC3"}));
+    in_array.add_tensor("t", GgmlType::F32, {4}, data);
+    CHECK_THROWS_AS(in_array.write(path), std::invalid_argument);
+    GgufWriter tokens;
+    tokens.set("tokenizer.ggml.tokens", GgufValue::make_string_array({"a", "\xF0", "\x9F"}));
+    tokens.add_tensor("t", GgmlType::F32, {4}, data);
+    tokens.write(path);
+    CHECK(GgufFile::open(path).metadata().size() == 1);
+}
+
 TEST_CASE("failures leave no file behind") {
     test::TempDir dir;
     const std::string path = (dir / "out.gguf").string();
