@@ -2,7 +2,7 @@
 // The three standard descriptors at the edges of main(). A script that closes stdout
 // (`tern info m.gguf >&-`) must get an error, not a silent exit 0 with the output lost; a reader
 // that stops early (`tern run ... | head -c 20`) must not. And a closed descriptor must never be
-// reused by a file tern opens, or the product would be written into the model or OUT.tmp.
+// reused by a file tern opens, or the product would be written into the model or a file being written.
 #include <string>
 #include <string_view>
 

@@ -19,8 +19,9 @@
 # llama.cpp: $LLAMA_CPP_BIN, else /work/peer/llama.cpp/build/bin, else $LLAMA_CPP_HOME/build/bin
 # (default ~/.cache/tern/llama.cpp) - built there on first use from the llama.cpp that the PyPI sdist
 # of llama-cpp-python vendors (cmake -DGGML_NATIVE=ON). That build takes ~25 minutes on 2 cores.
-# tern: $TERN, else build-bench/bin/tern, else build/bin/tern. For a machine shared with other work, export
-# OMP_WAIT_POLICY=passive (recorded in --out); a quiet machine gives the numbers worth comparing.
+# tern: $TERN, else build-bench/bin/tern, else build/bin/tern. A quiet machine gives the numbers worth
+# comparing; bench/shared_cpu.sh is the one for a busy machine. OMP_WAIT_POLICY (recorded in --out) affects
+# llama.cpp only: tern's forward pass runs on its own thread pool.
 set -u -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -118,8 +119,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/tern-cpubench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 results=$work/results.jsonl
 commands=$work/commands.txt
-# tern runs with the OpenMP settings a user gets unless OMP_WAIT_POLICY is set; on a machine shared with
-# other busy processes, OMP_WAIT_POLICY=passive avoids spinning threads that steal the cores they wait for.
+# llama.cpp's OpenMP threads spin unless OMP_WAIT_POLICY says otherwise; recorded with the results.
 omp_policy=${OMP_WAIT_POLICY:-unset (libgomp default)}
 
 # One line of JSON per invocation: {"tool", "file", "threads", "round", "data": <the tool's JSON>}.

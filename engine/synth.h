@@ -29,7 +29,7 @@ struct SynthOptions {
     const std::atomic<bool>* cancel = nullptr;
 };
 
-// Writes a random-weight model file (tmp + rename via formats/gguf_writer.h). Throws UsageError for an
+// Writes a random-weight model file (atomically, via formats/gguf_writer.h). Throws UsageError for an
 // unknown shape/type (listing the choices), InputError for a bad --vocab-from file.
 void write_synth_model(const SynthOptions& options, const std::string& out_path);
 std::vector<std::string> synth_shape_names();
