@@ -269,7 +269,10 @@ TEST_CASE("tern bench --synthetic: Ctrl-C while the model is written removes it"
     TempDir tmp, scripts;
     // Start a large write (llama-1b in f16 is 2.5 GB), wait until its file exists, interrupt it: the
     // process must die of SIGINT (status 130) and leave nothing in TMPDIR.
-    const std::string script = "d='" + tmp.path().string() + "'\n"
+    // `set -m`: a non-interactive shell starts background jobs with SIGINT ignored, and tern keeps an
+    // ignored SIGINT ignored (as nohup expects); with job control the job gets it as a terminal would.
+    const std::string script = "set -m\n"
+                               "d='" + tmp.path().string() + "'\n"
                                "TMPDIR=\"$d\" '" TERN_BIN "' bench --synthetic llama-1b:f16 -p 1 -n 1 -r 1 -t 1 2>/dev/null &\n"
                                "pid=$!\n"
                                "for i in $(seq 400); do [ -n \"$(ls -A \"$d\")\" ] && break; sleep 0.05; done\n"
