@@ -1,5 +1,5 @@
 // tern bench (-m MODEL | --synthetic SHAPE:TYPE) [-p 512] [-n 128] [-r 5] [--depth D] [--json]
-// (../shared/CLI.md): prefill and decode speed on pseudo-random tokens (engine/bench.h), the bytes a
+// (../shared/CLI.md): prefill and decode speed on pseudo-random tokens (engine/tools/bench.h), the bytes a
 // decoded token reads, and that traffic against the read bandwidth this machine measures for the
 // same thread count (kernels/cpu/membw.h). stdout: a small table, or one JSON object.
 #include <unistd.h>
@@ -24,12 +24,12 @@
 #include "app/model_summary.h"
 #include "engine/backend.h"
 #include "engine/backend_factory.h"
-#include "engine/bench.h"
+#include "engine/tools/bench.h"
 #include "engine/memory_budget.h"
 #include "engine/model.h"
-#include "engine/synth.h"
+#include "engine/tools/synth.h"
 #include "formats/atomic_file.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "kernels/cpu/membw.h"
 #include "quant/plan.h"
 #include "kernels/cpu_features.h"

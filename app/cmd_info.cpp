@@ -8,7 +8,7 @@
 
 #include "app/commands.h"
 #include "app/model_summary.h"
-#include "formats/terminal_text.h"
+#include "base/terminal_text.h"
 
 namespace tern::app {
 namespace {

@@ -1,5 +1,5 @@
 // tern perplexity -m MODEL -f TEXT [-c 512] [--chunks N] [-b N] [--json] (../shared/CLI.md): the
-// perplexity of a model on a text with llama-perplexity's method (engine/perplexity.h), so numbers
+// perplexity of a model on a text with llama-perplexity's method (engine/tools/perplexity.h), so numbers
 // compare with llama.cpp's directly. stdout: the final estimate (or one JSON object); stderr:
 // progress on a terminal and a timing line.
 #include <cerrno>
@@ -16,9 +16,9 @@
 #include "app/console.h"
 #include "app/signals.h"
 #include "engine/backend.h"
-#include "engine/perplexity.h"
-#include "engine/tokenizer.h"
-#include "formats/error.h"
+#include "engine/tools/perplexity.h"
+#include "engine/text/tokenizer.h"
+#include "base/error.h"
 #include "formats/input_file.h"
 
 namespace tern::app {

@@ -29,12 +29,12 @@
 #include "app/common_options.h"
 #include "app/console.h"
 #include "app/signals.h"
-#include "engine/calibration.h"
+#include "engine/tools/calibration.h"
 #include "engine/model.h"
-#include "engine/perplexity.h"
-#include "engine/tokenizer.h"
+#include "engine/tools/perplexity.h"
+#include "engine/text/tokenizer.h"
 #include "formats/atomic_file.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/input_file.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
@@ -236,7 +236,7 @@ void convert_tensor(const GgufTensor& src, const PlannedTensor& t, std::span<uin
 }
 
 // --calibrate: run the input model over the text (at most 64 chunks of up to 512 tokens) and
-// collect each matrix's mean squared input per column (engine/calibration.h), on two disjoint
+// collect each matrix's mean squared input per column (engine/tools/calibration.h), on two disjoint
 // halves of the text for the held-out check (quant/imatrix_select.h) and on all of it; with
 // fit_moments also the second moments the error-compensating quantizer needs.
 SplitImportance calibrate(const QuantizeArgs& a, int n_threads, bool fit_moments) {
@@ -338,7 +338,7 @@ struct HeldOutCheck {
     bool calibrated_wins() const { return nll_calibrated < nll_reference; }
 };
 
-// The mean NLL of both written candidates on the held-out tokens (engine/perplexity.h's method,
+// The mean NLL of both written candidates on the held-out tokens (engine/tools/perplexity.h's method,
 // the same chunks for both, so the difference is paired).
 HeldOutCheck held_out_check(const std::string& calibrated, const std::string& reference,
                             const std::vector<int32_t>& tokens, int32_t n_ctx, int32_t bos, int n_threads,

@@ -16,12 +16,12 @@
 #include "app/signals.h"
 #include "app/standard_streams.h"
 #include "engine/backend.h"
-#include "engine/chat_template.h"
-#include "engine/context_shift.h"
-#include "engine/drafter.h"
-#include "engine/drafter_model.h"
+#include "engine/text/chat_template.h"
+#include "engine/generation/context_shift.h"
+#include "engine/speculative/drafter.h"
+#include "engine/speculative/drafter_model.h"
 #include "engine/model.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/input_file.h"
 
 namespace tern::app {
@@ -115,7 +115,7 @@ int run(const RunFlags& f) {
     opts.sampling = sampling;
     opts.stop = std::move(stops);
     opts.drafter = drafter.get();
-    // -n beyond the context: shift it when full (engine/context_shift.h). -n -1 still ends at the
+    // -n beyond the context: shift it when full (engine/generation/context_shift.h). -n -1 still ends at the
     // end of the context (CLI.md), or it would never end on a model that emits no EOS.
     bool shift_noted = false;
     if (!f.no_context_shift && opts.n_predict > 0) {

@@ -1,5 +1,5 @@
 // tern synth OUT.gguf --shape NAME --type TYPE [--vocab-from GGUF] [--seed S] (../shared/CLI.md):
-// writes a random-weight model of a real model's shape (engine/synth.h) as a GGUF file that tern
+// writes a random-weight model of a real model's shape (engine/tools/synth.h) as a GGUF file that tern
 // and other GGUF tools load, for benchmarks without downloads. An existing regular OUT is replaced
 // (benchmark scripts regenerate their files); it is written to a unique temporary file beside OUT and
 // renamed (formats/atomic_file.h), so OUT is never half-written.
@@ -15,9 +15,9 @@
 #include "app/common_options.h"
 #include "app/console.h"
 #include "app/signals.h"
-#include "engine/synth.h"
+#include "engine/tools/synth.h"
 #include "formats/atomic_file.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "kernels/cpu_features.h"
 
 namespace tern::app {

@@ -9,9 +9,9 @@
 #include <iostream>
 
 #include "app/commands.h"
-#include "engine/tokenizer.h"
-#include "engine/unicode.h"
-#include "formats/error.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode.h"
+#include "base/error.h"
 #include "formats/input_file.h"
 #include "formats/gguf.h"
 

@@ -15,16 +15,16 @@
 #include <thread>
 
 #include "engine/backend_factory.h"
-#include "engine/chat_template.h"
+#include "engine/text/chat_template.h"
 #include "engine/memory_budget.h"
-#include "engine/drafter_model.h"
+#include "engine/speculative/drafter_model.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/model_identity.h"
-#include "engine/prefix_cache.h"
-#include "engine/tokenizer.h"
-#include "formats/error.h"
-#include "formats/terminal_text.h"
+#include "engine/prefix_cache/prefix_cache.h"
+#include "engine/text/tokenizer.h"
+#include "base/error.h"
+#include "base/terminal_text.h"
 
 namespace tern::app {
 

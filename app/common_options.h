@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "engine/chat_template.h"
-#include "engine/drafter.h"
-#include "engine/sampler.h"
-#include "engine/session.h"
+#include "engine/text/chat_template.h"
+#include "engine/speculative/drafter.h"
+#include "engine/generation/sampler.h"
+#include "engine/generation/session.h"
 
 namespace tern::app {
 
@@ -59,7 +59,7 @@ void add_sampling_options(CLI::App& cmd, SamplingOptions& options);
 SamplingParams resolve_sampling(const SamplingOptions& options);
 
 // --repeat-guard / --no-repeat-guard and the thresholds --repeat-guard-count, -min-tokens,
-// -long-span, -max-span (engine/repeat_guard.h). Turns `params` on: the CLI's default.
+// -long-span, -max-span (engine/generation/repeat_guard.h). Turns `params` on: the CLI's default.
 void add_repeat_guard_options(CLI::App& cmd, RepeatGuardParams& params);
 
 // Checks the thresholds before anything loads (UsageError naming the flag).
@@ -139,7 +139,7 @@ LoadedSession load_session(const ModelOptions& options);
 // and its key, with -c as the remedy).
 void check_prompt_fits(const LoadedSession& loaded, const std::string& model_path, size_t n_tokens);
 
-// Gives the session its on-disk prefix cache (engine/prefix_cache.h), keyed by the loaded model
+// Gives the session its on-disk prefix cache (engine/prefix_cache/prefix_cache.h), keyed by the loaded model
 // and `model_options`' KV type; nothing when disabled or when no cache directory is known.
 void attach_prompt_cache(LoadedSession& loaded, const ModelOptions& model_options, const PromptCacheOptions& options);
 

@@ -12,8 +12,8 @@
 #include "app/standard_streams.h"
 #include "app/version.h"
 #include "formats/atomic_file.h"
-#include "formats/error.h"
-#include "formats/terminal_text.h"
+#include "base/error.h"
+#include "base/terminal_text.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "formats/error.h"
+#include "base/error.h"
 
 namespace tern::app {
 namespace {

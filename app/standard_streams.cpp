@@ -11,8 +11,8 @@
 #include <iostream>
 #include <string>
 
-#include "engine/unicode.h"
-#include "formats/error.h"
+#include "engine/text/unicode.h"
+#include "base/error.h"
 
 namespace tern::app {
 namespace {

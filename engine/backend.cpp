@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "formats/error.h"
+#include "base/error.h"
 
 namespace tern {
 namespace {

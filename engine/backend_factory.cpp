@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "engine/backend_cpu.h"
-#include "formats/error.h"
+#include "engine/cpu/backend_cpu.h"
+#include "base/error.h"
 #include "kernels/gpu_info.h"
 
 namespace tern {

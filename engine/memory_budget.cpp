@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "formats/error.h"
+#include "base/error.h"
 
 namespace tern {
 namespace {
@@ -134,7 +134,7 @@ MemoryNeed estimate_memory(const ModelConfig& c, const ModelWeights& w, const Me
     auto add = [&](const WeightRef& ref, bool packed) {
         if (!ref.present()) return;
         if (seen.insert(ref.data).second) need.weights += weight_bytes(ref);
-        // The CPU backend packs the matrices it multiplies (engine/backend_cpu_matmul.cpp) into new
+        // The CPU backend packs the matrices it multiplies (engine/cpu/backend_cpu_matmul.cpp) into new
         // buffers and releases their mapped pages: counted as copies, conservatively all of them.
         if (packed && copied.insert(ref.data).second) need.copies += weight_bytes(ref);
     };
@@ -150,7 +150,7 @@ MemoryNeed estimate_memory(const ModelConfig& c, const ModelWeights& w, const Me
     }
     need.kv = kv_cache_bytes(c, r.kv_type, r.n_ctx);
 
-    // One forward batch (engine/backend_cpu.cpp): x, xn, out of width dim; q, k, v, attention
+    // One forward batch (engine/cpu/backend_cpu.cpp): x, xn, out of width dim; q, k, v, attention
     // output; gate and up of ffn_dim; the quantized activations (~1 byte an element, two
     // formats at most); logits of the kept rows. All f32.
     uint64_t per_token = 3ull * 4 * static_cast<uint64_t>(c.dim);

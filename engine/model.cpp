@@ -1,6 +1,6 @@
 #include "engine/model.h"
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/text.h"
 
 namespace tern {

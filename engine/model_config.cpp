@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "formats/text.h"
 

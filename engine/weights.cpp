@@ -5,7 +5,7 @@
 #include <string>
 
 #include "engine/model_config.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 
 namespace tern {

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <random>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/text.h"
 
 namespace tern {

@@ -3,7 +3,7 @@
 
 #include <limits>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/text.h"
 
 namespace tern {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "formats/gguf_limits.h"
 #include "formats/gguf_sniff.h"

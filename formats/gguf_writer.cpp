@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "formats/atomic_file.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf_limits.h"
 #include "formats/text.h"
 

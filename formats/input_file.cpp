@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/text.h"
 
 namespace tern {

@@ -15,7 +15,7 @@
 #include <utility>
 
 #include "formats/atomic_file.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/text.h"
 
 namespace tern {

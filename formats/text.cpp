@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "formats/terminal_text.h"
+#include "base/terminal_text.h"
 
 namespace tern {
 

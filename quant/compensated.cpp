@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "quant/blocks.h"
 #include "quant/fp8.h"
 #include "quant/reference.h"

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "quant/blocks.h"
 #include "quant/reference_math.h"
 

@@ -8,7 +8,7 @@
 #include <set>
 #include <string>
 
-#include "formats/error.h"
+#include "base/error.h"
 
 namespace tern {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <type_traits>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "quant/fp8.h"
 #include "quant/reference_blocks.h"
 

@@ -4,7 +4,7 @@
 #include <array>
 #include <cctype>
 
-#include "formats/error.h"
+#include "base/error.h"
 
 namespace tern {
 namespace {

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/drafter.h"
+#include "engine/speculative/drafter.h"
 
 namespace tern::test {
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "engine/backend_factory.h"
-#include "engine/bench.h"
+#include "engine/tools/bench.h"
 #include "engine/model.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/membw.h"
 #include "tests/test_support.h"

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "engine/backend_factory.h"
-#include "engine/conversation.h"
+#include "engine/text/conversation.h"
 #include "engine/model.h"
-#include "engine/session.h"
+#include "engine/generation/session.h"
 #include "tests/test_support.h"
 
 using namespace tern;

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/chat_template.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat_template.h"
+#include "engine/text/tokenizer.h"
 #include "formats/gguf.h"
 #include "tests/test_support.h"
 #include "tests/test_tokenizer_support.h"

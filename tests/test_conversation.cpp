@@ -1,4 +1,4 @@
-// Conversation (engine/conversation.h), its /save file (engine/conversation_file.h) and the
+// Conversation (engine/text/conversation.h), its /save file (engine/text/conversation_file.h) and the
 // multi-line input of `tern chat` (app/multiline_input.h): each turn's prompt extends the last one
 // token for token so only the new turn is prefilled; every template family renders incrementally
 // or is re-tokenized with a notice; a full context drops the oldest turns; a saved conversation
@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "engine/backend_factory.h"
-#include "engine/conversation.h"
-#include "engine/conversation_file.h"
+#include "engine/text/conversation.h"
+#include "engine/text/conversation_file.h"
 #include "engine/model.h"
-#include "engine/session.h"
-#include "formats/error.h"
+#include "engine/generation/session.h"
+#include "base/error.h"
 #include "tests/test_support.h"
 #include "tests/test_tokenizer_support.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "tests/test_support.h"
 

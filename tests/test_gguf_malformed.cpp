@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "formats/gguf_limits.h"
 #include "formats/gguf_writer.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "tests/test_support.h"

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/layer_rope.h"
+#include "engine/cpu/layer_rope.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/silu.h"

@@ -1,4 +1,4 @@
-// The CPU KV cache (engine/kv_cache.h) for every --kv-type: rows written and read back in the stored
+// The CPU KV cache (engine/cpu/kv_cache.h) for every --kv-type: rows written and read back in the stored
 // format, the head-dim rule of the block formats, and snapshots (save/load round trips, mismatches, TKV1).
 #include <doctest/doctest.h>
 
@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/kv_cache.h"
-#include "formats/error.h"
+#include "engine/cpu/kv_cache.h"
+#include "base/error.h"
 #include "tests/test_support.h"
 
 namespace tern {

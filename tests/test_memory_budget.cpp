@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/cpu/kv_cache.h"
 #include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "tests/test_support.h"

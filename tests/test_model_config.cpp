@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend_cpu.h"
+#include "engine/cpu/backend_cpu.h"
 #include "engine/backend_factory.h"
 #include "engine/model.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf_writer.h"
 #include "tests/test_support.h"
 

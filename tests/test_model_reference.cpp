@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend_cpu.h"
+#include "engine/cpu/backend_cpu.h"
 #include "engine/model.h"
 #include "tests/test_support.h"
 

@@ -14,14 +14,14 @@
 #include <vector>
 
 #include "engine/backend_factory.h"
-#include "engine/kv_cache.h"
+#include "engine/cpu/kv_cache.h"
 #include "engine/model.h"
 #include "engine/model_identity.h"
-#include "engine/prefix_cache.h"
-#include "engine/prefix_cache_entry.h"
-#include "engine/prefix_cache_files.h"
-#include "engine/session.h"
-#include "formats/error.h"
+#include "engine/prefix_cache/prefix_cache.h"
+#include "engine/prefix_cache/prefix_cache_entry.h"
+#include "engine/prefix_cache/prefix_cache_files.h"
+#include "engine/generation/session.h"
+#include "base/error.h"
 #include "tests/test_support.h"
 
 using namespace tern;

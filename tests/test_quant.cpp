@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "quant/blocks.h"
 #include "quant/fp8.h"
 #include "quant/half.h"

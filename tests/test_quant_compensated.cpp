@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "quant/compensated.h"
 #include "quant/reference.h"
 #include "quant/types.h"

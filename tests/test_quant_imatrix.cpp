@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "quant/half.h"
 #include "quant/imatrix.h"
 #include "quant/reference.h"

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "quant/plan.h"
 #include "tests/test_support.h"

@@ -1,4 +1,4 @@
-// The repetition guard (engine/repeat_guard.h): the detector on hand-made and random token
+// The repetition guard (engine/generation/repeat_guard.h): the detector on hand-made and random token
 // sequences, its prompt index against a brute-force search, Session::generate with the guard on a
 // scripted fake model (the cut tail never reaches the text callback, with or without drafting),
 // and the `tern run` flags.
@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/drafter.h"
-#include "engine/repeat_guard.h"
-#include "engine/session.h"
+#include "engine/speculative/drafter.h"
+#include "engine/generation/repeat_guard.h"
+#include "engine/generation/session.h"
 #include "tests/eager_drafter.h"
 #include "tests/test_support.h"
 

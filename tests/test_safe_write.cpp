@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/prefix_cache_files.h"
+#include "engine/prefix_cache/prefix_cache_files.h"
 #include "formats/atomic_file.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "tests/spawn_support.h"
 #include "tests/test_support.h"

@@ -6,7 +6,7 @@
 #include <map>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "engine/generation/sampler.h"
 
 using namespace tern;
 

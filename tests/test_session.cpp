@@ -13,8 +13,8 @@
 
 #include "engine/backend_factory.h"
 #include "engine/model.h"
-#include "engine/session.h"
-#include "formats/error.h"
+#include "engine/generation/session.h"
+#include "base/error.h"
 #include "tests/test_support.h"
 
 using namespace tern;

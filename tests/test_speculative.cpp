@@ -16,11 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/backend_factory.h"
-#include "engine/drafter.h"
-#include "engine/drafter_model.h"
+#include "engine/speculative/drafter.h"
+#include "engine/speculative/drafter_model.h"
 #include "engine/model.h"
-#include "engine/session.h"
-#include "formats/error.h"
+#include "engine/generation/session.h"
+#include "base/error.h"
 #include "tests/eager_drafter.h"
 #include "tests/test_support.h"
 

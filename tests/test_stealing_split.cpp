@@ -1,4 +1,4 @@
-// kernels/cpu/stealing_split.h: every item is handed out exactly once, in consecutive runs, whatever the
+// base/stealing_split.h: every item is handed out exactly once, in consecutive runs, whatever the
 // thread count, batch size and timing; a thread that starts late has its slice taken over by the others.
 #include <doctest/doctest.h>
 
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cpu/stealing_split.h"
+#include "base/stealing_split.h"
 
 namespace tern {
 namespace {

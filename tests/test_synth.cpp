@@ -12,8 +12,8 @@
 
 #include "engine/backend_factory.h"
 #include "engine/model.h"
-#include "engine/synth.h"
-#include "formats/error.h"
+#include "engine/tools/synth.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "quant/plan.h"
 #include "tests/test_support.h"

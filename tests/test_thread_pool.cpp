@@ -1,4 +1,4 @@
-// kernels/cpu/thread_pool.h and parallel_for.h: every slot and every item runs exactly once, whatever the
+// base/thread_pool.h and parallel_for.h: every slot and every item runs exactly once, whatever the
 // thread count, size and timing (also with far more threads than cores, and with a thread that the system
 // keeps from running); nested and concurrent calls run serially instead of deadlocking; an exception in any
 // slot reaches the caller after the other slots ran; the pool keeps working after all of these.
@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cpu/parallel_for.h"
-#include "kernels/cpu/thread_pool.h"
+#include "base/parallel_for.h"
+#include "base/thread_pool.h"
 
 namespace tern {
 namespace {

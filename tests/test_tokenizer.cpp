@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/pretokenizer.h"
-#include "engine/tokenizer.h"
-#include "engine/unicode.h"
-#include "formats/error.h"
+#include "engine/text/pretokenizer.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "tests/test_support.h"
 #include "tests/test_tokenizer_support.h"

@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/parallel_for.h"
+#include "base/parallel_for.h"
 #include "quant/fp8.h"
 #include "quant/half.h"
 #include "quant/reference.h"

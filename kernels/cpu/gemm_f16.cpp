@@ -9,8 +9,8 @@
 #include <vector>
 
 
-#include "kernels/cpu/stealing_split.h"
-#include "kernels/cpu/thread_pool.h"
+#include "base/stealing_split.h"
+#include "base/thread_pool.h"
 #include "quant/half.h"
 
 namespace tern {

@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/parallel_for.h"
+#include "base/parallel_for.h"
 #include "kernels/cpu/quantize_act.h"
 
 namespace tern {

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cpu/parallel_for.h"
+#include "base/parallel_for.h"
 #include "kernels/cpu/quantize_act.h"
 
 namespace tern {

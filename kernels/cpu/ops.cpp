@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/cpu/parallel_for.h"
+#include "base/parallel_for.h"
 #include "kernels/cpu/silu.h"
 #include "quant/half.h"
 #include "quant/reference.h"

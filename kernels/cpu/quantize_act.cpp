@@ -8,7 +8,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/parallel_for.h"
+#include "base/parallel_for.h"
 #include "quant/half.h"
 
 namespace tern {

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/chat_template.h"
-#include "formats/error.h"
+#include "engine/text/chat_template.h"
+#include "base/error.h"
 #include "tests/fuzz/fuzz_entries.h"
 
 namespace tern::fuzz {

@@ -1,6 +1,6 @@
 // fuzz entry "gguf": the GGUF reader over arbitrary bytes, then every accessor a caller may use on
 // what it accepted, so a file that parses but holds odd values cannot trip the getters either.
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "tests/fuzz/fuzz_entries.h"
 

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "app/model_summary.h"
-#include "engine/chat_template.h"
+#include "engine/text/chat_template.h"
 #include "engine/model_config.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/weights.h"
-#include "formats/error.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "tests/fuzz/fuzz_entries.h"
 

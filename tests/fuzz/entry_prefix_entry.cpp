@@ -1,4 +1,4 @@
-// fuzz entry "prefix_entry": the prompt-cache entry reader (engine/prefix_cache_entry.h) over
+// fuzz entry "prefix_entry": the prompt-cache entry reader (engine/prefix_cache/prefix_cache_entry.h) over
 // arbitrary bytes, twice: as given, and with the trailing checksum recomputed so that mutations
 // reach the checks behind it. Whatever it accepts must serialize back to the very same bytes.
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <vector>
 #include <xxhash.h>
 
-#include "engine/prefix_cache_entry.h"
+#include "engine/prefix_cache/prefix_cache_entry.h"
 #include "tests/fuzz/fuzz_entries.h"
 
 namespace tern::fuzz {

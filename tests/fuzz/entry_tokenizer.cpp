@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/tokenizer.h"
-#include "formats/error.h"
+#include "engine/text/tokenizer.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "tests/fuzz/fuzz_entries.h"
 

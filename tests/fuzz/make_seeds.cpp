@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/prefix_cache_entry.h"
-#include "formats/error.h"
+#include "engine/prefix_cache/prefix_cache_entry.h"
+#include "base/error.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 

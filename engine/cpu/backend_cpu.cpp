@@ -1,0 +1,234 @@
+#include "engine/cpu/backend_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "engine/cpu/layer_rope.h"
+#include "base/error.h"
+#include "kernels/cpu/matmul_quant.h"
+#include "kernels/cpu/ops.h"
+#include "base/parallel_for.h"
+#include "kernels/cpu/quantize_act.h"
+#include "kernels/cpu_features.h"
+#include "quant/reference.h"
+
+namespace tern {
+namespace {
+
+// A 1-D tensor as f32 (empty when the optional tensor is absent).
+std::vector<float> vector_f32(const WeightRef& w) {
+    if (!w.present()) return {};
+    std::vector<float> out(static_cast<size_t>(w.n_in()));
+    dequantize_row(w.type, w.data, out.data(), w.n_in());
+    return out;
+}
+
+// RMSNorm of each of n_rows rows of width `width`, in place when x == y.
+void rmsnorm_rows(const float* x, const std::vector<float>& w, float* y, int64_t n_rows, int64_t width, float eps) {
+    for (int64_t i = 0; i < n_rows; ++i)
+        rmsnorm_f32(x + i * width, w.data(), y + i * width, width, eps);
+}
+
+} // namespace
+
+void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) {
+    if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
+    config_ = config;
+    weights_ = weights;
+    n_threads_ = options.n_threads > 0 ? options.n_threads : cpu_features().physical_cores;
+    input_.n_threads = n_threads_;
+    exact_matmul_ = options.exact_matmul;
+
+    layer_vectors_.assign(weights.layers.size(), {});
+    for (size_t l = 0; l < weights.layers.size(); ++l) {
+        const LayerWeights& lw = weights.layers[l];
+        LayerVectors& lv = layer_vectors_[l];
+        lv.attn_norm = vector_f32(lw.attn_norm);
+        lv.bq = vector_f32(lw.bq);
+        lv.bk = vector_f32(lw.bk);
+        lv.bv = vector_f32(lw.bv);
+        lv.q_norm = vector_f32(lw.q_norm);
+        lv.k_norm = vector_f32(lw.k_norm);
+        lv.bo = vector_f32(lw.bo);
+        lv.post_attn_norm = vector_f32(lw.post_attn_norm);
+        lv.ffn_norm = vector_f32(lw.ffn_norm);
+        lv.b_gate = vector_f32(lw.b_gate);
+        lv.b_up = vector_f32(lw.b_up);
+        lv.b_down = vector_f32(lw.b_down);
+        lv.post_ffn_norm = vector_f32(lw.post_ffn_norm);
+    }
+    output_norm_ = vector_f32(weights.output_norm);
+    rope_freqs_ = vector_f32(weights.rope_freqs);
+
+    std::vector<int32_t> n_kv_heads;
+    for (const LayerConfig& lc : config.layers)
+        n_kv_heads.push_back(lc.n_kv_heads);
+    kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx);
+    logits_.clear();
+    n_logit_rows_ = 0;
+    packed_.clear();
+    if (!exact_matmul_) pack_weights();
+    loaded_ = true;
+}
+
+// The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line:
+// embed -> per layer {norm, q/k/v, q/k norm, rope, KV write, attention, output, FFN} -> norm -> lm_head.
+void CpuBackend::forward(const ForwardBatch& batch) {
+    if (!loaded_) throw UsageError("forward: the backend has no model loaded");
+    const ModelConfig& c = config_;
+    const int64_t n = static_cast<int64_t>(batch.tokens.size());
+    const int32_t pos0 = batch.pos0;
+    if (n == 0) throw UsageError("forward: empty batch");
+    if (pos0 != kv_.n_past())
+        throw UsageError("forward: batch starts at position " + std::to_string(pos0) + " but the KV cache holds " +
+                         std::to_string(kv_.n_past()) + " positions");
+    if (pos0 + n > kv_.n_ctx())
+        throw UsageError("forward: positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
+                         " do not fit the context of " + std::to_string(kv_.n_ctx()) + " positions");
+    for (int32_t t : batch.tokens)
+        if (t < 0 || t >= c.vocab)
+            throw UsageError("forward: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                             std::to_string(c.vocab - 1) + ")");
+
+    const int nt = n_threads_;
+    const int64_t dim = c.dim;
+    const int64_t head_dim = c.head_dim;
+    const int64_t head_dim_v = c.head_dim_v;
+    const float* freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
+
+    std::vector<float> x(static_cast<size_t>(n * dim));   // (n, dim) residual stream
+    std::vector<float> xn(static_cast<size_t>(n * dim));  // (n, dim) normed input of a sub-block
+    std::vector<float> q, k, v, att;                      // (n, n_heads*head_dim) ... per layer
+    std::vector<float> gate, up;                          // (n, ffn_dim)
+    std::vector<float> out(static_cast<size_t>(n * dim)); // (n, dim) sub-block output
+
+    // Embeddings: dequantize each token's row (gemma scales it by sqrt(dim)).
+    for (int64_t i = 0; i < n; ++i) {
+        float* xi = x.data() + i * dim;
+        dequantize_row(weights_.token_embd.type, weights_.token_embd.row(batch.tokens[static_cast<size_t>(i)]), xi,
+                       dim);
+        if (c.embed_scale != 1.0f)
+            for (int64_t d = 0; d < dim; ++d)
+                xi[d] *= c.embed_scale;
+    }
+
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
+        const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
+        const LayerVectors& lv = layer_vectors_[static_cast<size_t>(l)];
+        const int64_t n_heads = lc.n_heads, n_kv_heads = lc.n_kv_heads;
+        const int64_t q_dim = n_heads * head_dim, k_dim = n_kv_heads * head_dim, v_dim = n_kv_heads * head_dim_v;
+        const int64_t att_dim = n_heads * head_dim_v;
+        const LayerRope rope = layer_rope(c, l, freq_factors); // also what kv_erase turns keys with
+
+        // Attention block: q/k/v projections (+ biases).
+        q.resize(static_cast<size_t>(n * q_dim)); // (n, n_heads, head_dim)
+        k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
+        v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
+        norm_input(x.data(), lv.attn_norm, n, dim, xn.data(), lw.wq); // q, k and v share one quantized input
+        project_shared({&lw.wq, &lw.wk, &lw.wv}, {&lv.bq, &lv.bk, &lv.bv}, input_, {q.data(), k.data(), v.data()});
+
+        // Per-head q/k norm (qwen3, gemma3), then RoPE at each token's position, then the KV write.
+        const int rope_threads = threads_for_work(n * (n_heads + n_kv_heads) * head_dim * 16, nt);
+        parallel_for(n, rope_threads, 16, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const int32_t pos = pos0 + static_cast<int32_t>(i);
+            for (int64_t h = 0; h < n_heads; ++h) {
+                float* qh = q.data() + i * q_dim + h * head_dim;
+                if (c.qk_norm) rmsnorm_f32(qh, lv.q_norm.data(), qh, head_dim, c.rms_eps);
+                rope.apply(qh, pos);
+            }
+            for (int64_t h = 0; h < n_kv_heads; ++h) {
+                float* kh = k.data() + i * k_dim + h * head_dim;
+                if (c.qk_norm) rmsnorm_f32(kh, lv.k_norm.data(), kh, head_dim, c.rms_eps);
+                rope.apply(kh, pos);
+            }
+            kv_.write(l, pos, k.data() + i * k_dim, v.data() + i * v_dim);
+          }
+        });
+
+        // Attention over the cache (backend_cpu_attention.cpp).
+        att.resize(static_cast<size_t>(n * att_dim)); // (n, n_heads, head_dim_v)
+        attend(l, pos0, n, q.data(), att.data());
+
+        // Output projection (+ bias), gemma's post-attention norm, residual.
+        input_.reset(att.data(), att_dim, n);
+        project(lw.wo, lv.bo, input_, out.data());
+        if (c.post_norms) rmsnorm_rows(out.data(), lv.post_attn_norm, out.data(), n, dim, c.rms_eps);
+        for (int64_t e = 0; e < n * dim; ++e)
+            x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
+
+        // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
+        const int64_t ffn_dim = lc.ffn_dim;
+        gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
+        up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
+        norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), lw.w_gate); // gate and up share one quantized input
+        project_shared({&lw.w_gate, &lw.w_up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
+        if (c.ffn_act == FfnActivation::silu)
+            swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
+        else
+            geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
+        input_.reset(gate.data(), ffn_dim, n);
+        project(lw.w_down, lv.b_down, input_, out.data());
+        if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);
+        for (int64_t e = 0; e < n * dim; ++e)
+            x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
+    }
+    kv_.set_n_past(pos0 + static_cast<int32_t>(n));
+
+    // Final norm and lm_head on the rows whose logits are wanted.
+    const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
+    const int64_t rows = n - first;
+    logits_.resize(static_cast<size_t>(rows * c.vocab)); // (rows, vocab)
+    norm_input(x.data() + first * dim, output_norm_, rows, dim, xn.data(), weights_.output);
+    project(weights_.output, {}, input_, logits_.data());
+    if (c.final_softcap > 0.0f) softcap_f32(logits_.data(), rows * c.vocab, c.final_softcap);
+    n_logit_rows_ = static_cast<int>(rows);
+}
+
+std::span<const float> CpuBackend::logits(int row) {
+    if (row < 0 || row >= n_logit_rows_)
+        throw UsageError("logits: row " + std::to_string(row) + " requested but the last forward kept " +
+                         std::to_string(n_logit_rows_));
+    return {logits_.data() + static_cast<size_t>(row) * static_cast<size_t>(config_.vocab),
+            static_cast<size_t>(config_.vocab)};
+}
+
+void CpuBackend::argmax(std::span<int32_t> per_row) {
+    if (static_cast<int64_t>(per_row.size()) > n_logit_rows_)
+        throw UsageError("argmax: " + std::to_string(per_row.size()) + " rows requested but the last forward kept " +
+                         std::to_string(n_logit_rows_));
+    for (size_t r = 0; r < per_row.size(); ++r) {
+        const std::span<const float> row = logits(static_cast<int>(r));
+        int32_t best = 0;
+        for (int32_t t = 1; t < static_cast<int32_t>(row.size()); ++t)
+            if (row[static_cast<size_t>(t)] > row[static_cast<size_t>(best)]) best = t; // lowest id wins ties
+        per_row[r] = best;
+    }
+}
+
+void CpuBackend::kv_truncate(int32_t n_past) {
+    if (n_past < 0 || n_past > kv_.n_past())
+        throw UsageError("kv_truncate: cannot keep " + std::to_string(n_past) + " positions, the cache holds " +
+                         std::to_string(kv_.n_past()));
+    kv_.set_n_past(n_past); // later writes overwrite the forgotten positions
+}
+
+KvSnapshot CpuBackend::kv_save(int32_t n) const {
+    return kv_.save(n);
+}
+
+void CpuBackend::kv_load(const KvSnapshot& snapshot) {
+    kv_.load(snapshot);
+}
+
+KvSnapshot CpuBackend::kv_save_range(int32_t begin, int32_t end) const {
+    return kv_.save_range(begin, end);
+}
+
+void CpuBackend::kv_append(const KvSnapshot& range) {
+    kv_.append(range);
+}
+
+} // namespace tern

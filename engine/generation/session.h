@@ -1,0 +1,108 @@
+#pragma once
+// Session: one conversation with a loaded model. It owns the backend (and through it the KV
+// cache), the tokenizer and the list of tokens whose K/V the cache holds, so a later generate()
+// whose prompt starts with the same tokens reuses them instead of prefilling again (the in-memory
+// half of the prefix cache; `tern chat` relies on it between turns).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/speculative/drafter.h"
+#include "engine/generation/generate_options.h"
+#include "engine/prefix_cache/prefix_cache.h"
+#include "engine/text/tokenizer.h"
+
+namespace tern {
+
+struct Model;
+
+// Receives each piece of completion text once it is final (never part of a stop string, never a
+// split UTF-8 character). Returning false stops generation (stop_reason cancelled): a closed
+// stdout, for instance.
+using TextCallback = std::function<bool(std::string_view)>;
+
+class Session {
+public:
+    // `backend` must already be loaded with a context of n_ctx positions. `model` keeps the
+    // mmapped weights the backend reads alive; it may be null when the backend owns its weights
+    // (tests use small fakes).
+    Session(std::unique_ptr<Backend> backend, std::unique_ptr<Tokenizer> tokenizer, int32_t n_ctx,
+            std::shared_ptr<const Model> model = nullptr);
+
+    // Prefills what the KV cache does not already hold of `prompt`, then samples until a stop
+    // rule fires. Throws UsageError for an empty prompt or one longer than the context.
+    GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                            const TextCallback& on_text = {});
+
+    // Forget the KV cache (a new conversation).
+    void reset();
+
+    // Drops positions [begin, end) of the cache and of kv_tokens() (Backend::kv_erase): the
+    // context shift of long conversations. Afterwards kv_shifted() is true until reset().
+    void erase(int32_t begin, int32_t end);
+    // True when the cache went through a shift: its K/V are then close to, but not bit-equal
+    // to, a cold prefill of kv_tokens(), so they must not be stored as such (prefix cache).
+    bool kv_shifted() const { return kv_shifted_; }
+    // Loads a KV snapshot holding the K/V of `tokens` (positions 0..n-1; `shifted` is what
+    // kv_shifted() was when it was taken): /load of `tern chat`. Throws UsageError when the
+    // backend refuses the snapshot (nothing changes) or its size is not the number of tokens.
+    void restore(const KvSnapshot& snapshot, std::span<const int32_t> tokens, bool shifted);
+
+    const Tokenizer& tokenizer() const { return *tokenizer_; }
+    // The loaded file (metadata such as the chat template); null for sessions built on fakes.
+    const Model* model() const { return model_.get(); }
+    Backend& backend() { return *backend_; }
+    int32_t n_ctx() const { return n_ctx_; }
+    // The tokens whose K/V the cache holds, in position order.
+    const std::vector<int32_t>& kv_tokens() const { return kv_tokens_; }
+
+    // The on-disk prefix cache (null: none). generate() then restores the cached blocks of a
+    // prompt beyond what memory holds, and stores the prompt's new blocks after generating,
+    // unless the cache went through a shift (its K/V would not equal a cold prefill's).
+    void set_prefix_cache(std::unique_ptr<PrefixCache> cache) { prefix_cache_ = std::move(cache); }
+    PrefixCache* prefix_cache() { return prefix_cache_.get(); }
+
+private:
+    void prefill(std::span<const int32_t> tokens, const GenerateOptions& options);
+    // After generating: the prompt's blocks that are not on disk yet go to the prefix cache.
+    void store_prefix(std::span<const int32_t> prompt);
+
+    std::shared_ptr<const Model> model_;   // declared first: destroyed after the backend that reads it
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<Tokenizer> tokenizer_;
+    int32_t n_ctx_ = 0;
+    std::vector<int32_t> kv_tokens_;
+    bool kv_shifted_ = false;
+    std::unique_ptr<PrefixCache> prefix_cache_;
+    // What verifying drafted tokens costs on this backend, timed on the decode forwards of
+    // speculative steps and kept across calls (chat turns).
+    DraftCost draft_cost_;
+};
+
+// Holds back streamed text that could be the start of a stop string until it is certain either
+// way, so a stop string is never printed, not even in part. Invariant: what is held back is the
+// longest tail of all text so far that is a proper prefix of some stop string; so a stop string
+// always appears whole inside the held-back text, never across what was already released.
+class StopStringFilter {
+public:
+    explicit StopStringFilter(std::vector<std::string> stops);
+
+    // Adds text; returns what can be shown now. Once a stop string appears, returns the text
+    // before it and matched() becomes true; later calls return nothing.
+    std::string push(std::string_view text);
+    // End of generation: releases what was held (nothing after a match).
+    std::string flush();
+    bool matched() const { return matched_; }
+
+private:
+    std::vector<std::string> stops_;
+    std::string held_;
+    bool matched_ = false;
+};
+
+} // namespace tern

@@ -1,0 +1,312 @@
+#include "engine/text/chat_template.h"
+
+#include <array>
+
+namespace tern {
+
+namespace {
+
+struct FamilyName {
+    ChatTemplate::Family family;
+    const char* name;
+};
+
+constexpr std::array<FamilyName, 16> kFamilies = {{
+    {ChatTemplate::Family::chatml, "chatml"},
+    {ChatTemplate::Family::qwen, "qwen"},
+    {ChatTemplate::Family::llama2, "llama2"},
+    {ChatTemplate::Family::llama3, "llama3"},
+    {ChatTemplate::Family::mistral_v1, "mistral-v1"},
+    {ChatTemplate::Family::mistral_v3, "mistral-v3"},
+    {ChatTemplate::Family::mistral_v3_tekken, "mistral-v3-tekken"},
+    {ChatTemplate::Family::mistral_v7, "mistral-v7"},
+    {ChatTemplate::Family::mistral_v7_tekken, "mistral-v7-tekken"},
+    {ChatTemplate::Family::gemma, "gemma"},
+    {ChatTemplate::Family::phi3, "phi3"},
+    {ChatTemplate::Family::phi4, "phi4"},
+    {ChatTemplate::Family::zephyr, "zephyr"},
+    {ChatTemplate::Family::deepseek, "deepseek"},
+    {ChatTemplate::Family::deepseek3, "deepseek3"},
+    {ChatTemplate::Family::command_r, "command-r"},
+}};
+
+bool has(std::string_view text, std::string_view what) {
+    return text.find(what) != std::string_view::npos;
+}
+
+std::string trim(std::string_view s) {
+    const char* ws = " \t\n\r\f\v";
+    const size_t b = s.find_first_not_of(ws);
+    if (b == std::string_view::npos) return {};
+    return std::string(s.substr(b, s.find_last_not_of(ws) - b + 1));
+}
+
+// Qwen 2/2.5 templates write a literal default system turn for conversations without one:
+// "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n". Take its text when it is a
+// plain literal (no expression inside).
+std::string literal_default_system(std::string_view jinja) {
+    for (std::string_view open :
+         {std::string_view("<|im_start|>system\\n"), std::string_view("<|im_start|>system\n")}) {
+        for (size_t at = jinja.find(open); at != std::string_view::npos; at = jinja.find(open, at + 1)) {
+            const size_t start = at + open.size();
+            const size_t end = jinja.find("<|im_end|>", start);
+            if (end == std::string_view::npos) break;
+            const std::string_view body = jinja.substr(start, end - start);
+            if (body.empty() || body.find_first_of("{}'\"+") != std::string_view::npos) continue;
+            std::string out;
+            for (size_t i = 0; i < body.size(); ++i) {
+                if (body[i] == '\\' && i + 1 < body.size() && body[i + 1] == 'n') {
+                    out += '\n';
+                    ++i;
+                } else {
+                    out += body[i];
+                }
+            }
+            return out;
+        }
+    }
+    return {};
+}
+
+// System turns for the families without a system role go into a user turn, joined with a blank
+// line: the first user turn (Mistral v1, Gemma) or the last one (Mistral v3 and Tekken), as
+// those families' documentation says.
+std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& messages, bool into_last_user) {
+    std::string system;
+    std::vector<ChatMessage> out;
+    for (const ChatMessage& m : messages) {
+        if (m.role == "system")
+            system += (system.empty() ? "" : "\n\n") + m.content;
+        else
+            out.push_back(m);
+    }
+    if (system.empty()) return out;
+    ChatMessage* target = nullptr;
+    for (ChatMessage& m : out) {
+        if (m.role != "user") continue;
+        target = &m;
+        if (!into_last_user) break;
+    }
+    if (target)
+        target->content = system + "\n\n" + target->content;
+    else
+        out.insert(out.begin(), ChatMessage{"user", system});
+    return out;
+}
+
+} // namespace
+
+const std::vector<std::string>& ChatTemplate::names() {
+    static const std::vector<std::string> list = [] {
+        std::vector<std::string> v;
+        for (const FamilyName& f : kFamilies)
+            v.emplace_back(f.name);
+        return v;
+    }();
+    return list;
+}
+
+std::optional<ChatTemplate> ChatTemplate::from_name(std::string_view name) {
+    for (const FamilyName& f : kFamilies)
+        if (name == f.name) return ChatTemplate(f.family);
+    // Spellings other tools use for the same formats.
+    if (name == "mistral") return ChatTemplate(Family::mistral_v1);
+    if (name == "gemma2" || name == "gemma3") return ChatTemplate(Family::gemma);
+    if (name == "qwen2" || name == "qwen2.5") return ChatTemplate(Family::chatml);
+    if (name == "deepseek2") return ChatTemplate(Family::deepseek);
+    if (name == "deepseek-r1") return ChatTemplate(Family::deepseek3);
+    return std::nullopt;
+}
+
+std::string_view ChatTemplate::name() const {
+    for (const FamilyName& f : kFamilies)
+        if (f.family == family_) return f.name;
+    return "chatml";
+}
+
+ChatTemplate::Detection ChatTemplate::detect(std::string_view t) {
+    auto found = [](Family f) { return Detection{ChatTemplate(f), {}}; };
+    if (trim(t).empty())
+        return {ChatTemplate(Family::chatml), "the model has no chat template (tokenizer.chat_template); using chatml "
+                                              "(choose another with --chat-template NAME)"};
+    // Most specific markers first: Phi-4 also uses <|im_start|>, Llama 2 also uses [INST].
+    if (has(t, "<|im_sep|>")) return found(Family::phi4);
+    if (has(t, "<|im_start|>")) {
+        ChatTemplate c(Family::chatml);
+        c.default_system_ = literal_default_system(t);
+        if (!c.default_system_.empty()) c.family_ = Family::qwen;
+        return {c, {}};
+    }
+    if (has(t, "<|start_header_id|>")) return found(Family::llama3);
+    if (has(t, "<start_of_turn>")) return found(Family::gemma);
+    if (has(t, "<|START_OF_TURN_TOKEN|>")) return found(Family::command_r);
+    if (has(t, "[SYSTEM_PROMPT]")) return found(has(t, "[INST] ") ? Family::mistral_v7 : Family::mistral_v7_tekken);
+    if (has(t, "<<SYS>>")) return found(Family::llama2);
+    if (has(t, "[INST]")) {
+        if (has(t, " [/INST]")) return found(Family::mistral_v1);
+        return found(has(t, "[INST] ") ? Family::mistral_v3 : Family::mistral_v3_tekken);
+    }
+    if (has(t, "<|user|>")) return found(has(t, "<|end|>") ? Family::phi3 : Family::zephyr);
+    if (has(t, "<｜User｜>") || has(t, "<｜Assistant｜>")) return found(Family::deepseek3);
+    if (has(t, "User: ") && has(t, "Assistant:")) return found(Family::deepseek);
+    return {ChatTemplate(Family::chatml), "the model's chat template is not one tern recognises (" +
+                                              std::to_string(t.size()) +
+                                              " chars); using chatml (choose another with --chat-template NAME)"};
+}
+
+bool ChatTemplate::recognises(std::string_view name_or_template) {
+    return from_name(name_or_template).has_value() || detect(name_or_template).warning.empty();
+}
+
+ChatTemplate::Detection ChatTemplate::resolve(std::string_view override_name, std::string_view model_template) {
+    if (!override_name.empty()) {
+        if (auto t = from_name(override_name)) return {*t, {}};
+        Detection d = detect(override_name);
+        if (!d.warning.empty()) {
+            std::string known;
+            for (const std::string& n : names())
+                known += (known.empty() ? "" : ", ") + n;
+            d.warning = "--chat-template '" + std::string(override_name.substr(0, 40)) +
+                        "' is neither a template name nor a template tern recognises; using chatml (names: " + known +
+                        ")";
+        }
+        return d;
+    }
+    return detect(model_template);
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+    std::string out;
+    switch (family_) {
+    case Family::chatml:
+    case Family::qwen: {
+        if (family_ == Family::qwen && (messages.empty() || messages.front().role != "system"))
+            out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+        for (const ChatMessage& m : messages)
+            out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+        if (add_generation_prompt) out += "<|im_start|>assistant\n";
+        break;
+    }
+    case Family::llama3:
+        for (const ChatMessage& m : messages)
+            out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
+        if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+        break;
+    case Family::llama2: {
+        // [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {answer} </s><s>[INST] {user} [/INST]
+        std::string system;
+        bool first = true;
+        for (const ChatMessage& m : messages) {
+            if (m.role == "system") {
+                system = trim(m.content);
+            } else if (m.role == "assistant") {
+                out += ' ';
+                out += trim(m.content);
+                out += " </s>";
+            } else {
+                if (!first) out += "<s>";
+                out += "[INST] ";
+                if (!system.empty()) out += "<<SYS>>\n" + system + "\n<</SYS>>\n\n";
+                system.clear();
+                out += trim(m.content) + " [/INST]";
+                first = false;
+            }
+        }
+        break;
+    }
+    case Family::mistral_v1:
+        for (const ChatMessage& m : fold_system(messages, false)) {
+            if (m.role == "assistant")
+                out += " " + m.content + "</s>";
+            else
+                out += " [INST] " + m.content + " [/INST]";
+        }
+        break;
+    case Family::mistral_v3:
+    case Family::mistral_v3_tekken: {
+        const bool tekken = family_ == Family::mistral_v3_tekken;
+        for (const ChatMessage& m : fold_system(messages, true)) {
+            if (m.role == "assistant")
+                out += (tekken ? "" : " ") + m.content + "</s>";
+            else
+                out += (tekken ? "[INST]" : "[INST] ") + m.content + "[/INST]";
+        }
+        break;
+    }
+    case Family::mistral_v7:
+    case Family::mistral_v7_tekken: {
+        const std::string sp = family_ == Family::mistral_v7 ? " " : "";
+        for (const ChatMessage& m : messages) {
+            if (m.role == "system")
+                out += "[SYSTEM_PROMPT]" + sp + m.content + "[/SYSTEM_PROMPT]";
+            else if (m.role == "assistant")
+                out += sp + m.content + "</s>";
+            else
+                out += "[INST]" + sp + m.content + "[/INST]";
+        }
+        break;
+    }
+    case Family::gemma:
+        for (const ChatMessage& m : fold_system(messages, false))
+            out += "<start_of_turn>" + std::string(m.role == "assistant" ? "model" : "user") + "\n" + trim(m.content) +
+                   "<end_of_turn>\n";
+        if (add_generation_prompt) out += "<start_of_turn>model\n";
+        break;
+    case Family::phi3:
+        for (const ChatMessage& m : messages)
+            out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+        if (add_generation_prompt) out += "<|assistant|>\n";
+        break;
+    case Family::phi4:
+        for (const ChatMessage& m : messages)
+            out += "<|im_start|>" + m.role + "<|im_sep|>" + m.content + "<|im_end|>";
+        if (add_generation_prompt) out += "<|im_start|>assistant<|im_sep|>";
+        break;
+    case Family::zephyr:
+        for (const ChatMessage& m : messages)
+            out += "<|" + m.role + "|>\n" + m.content + "</s>\n";
+        if (add_generation_prompt) out += "<|assistant|>\n";
+        break;
+    case Family::deepseek:
+        for (const ChatMessage& m : messages) {
+            if (m.role == "system")
+                out += m.content + "\n\n";
+            else if (m.role == "assistant")
+                out += "Assistant: " + m.content + "<｜end▁of▁sentence｜>";
+            else
+                out += "User: " + m.content + "\n\n";
+        }
+        if (add_generation_prompt) out += "Assistant:";
+        break;
+    case Family::deepseek3:
+        for (const ChatMessage& m : messages) {
+            if (m.role == "system")
+                out += m.content;
+            else if (m.role == "assistant")
+                out += "<｜Assistant｜>" + m.content + "<｜end▁of▁sentence｜>";
+            else
+                out += "<｜User｜>" + m.content;
+        }
+        if (add_generation_prompt) out += "<｜Assistant｜>";
+        break;
+    case Family::command_r:
+        for (const ChatMessage& m : messages) {
+            const char* who = m.role == "system"      ? "<|SYSTEM_TOKEN|>"
+                              : m.role == "assistant" ? "<|CHATBOT_TOKEN|>"
+                                                      : "<|USER_TOKEN|>";
+            out += std::string("<|START_OF_TURN_TOKEN|>") + who + m.content + "<|END_OF_TURN_TOKEN|>";
+        }
+        if (add_generation_prompt) out += "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>";
+        break;
+    }
+    return out;
+}
+
+std::string ChatTemplate::render_prompt(std::string_view system, std::string_view user) const {
+    std::vector<ChatMessage> messages;
+    if (!system.empty()) messages.push_back({"system", std::string(system)});
+    messages.push_back({"user", std::string(user)});
+    return render(messages, true);
+}
+
+} // namespace tern

@@ -1,0 +1,147 @@
+#include "engine/tools/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "engine/model_config.h"
+#include "engine/weights.h"
+#include "base/error.h"
+
+namespace tern {
+
+namespace {
+
+uint64_t tensor_bytes(const WeightRef& w) {
+    return w.present() ? static_cast<uint64_t>(w.row_size()) * static_cast<uint64_t>(w.n_out()) : 0;
+}
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Token ids the model never sees as text: uniform over the vocabulary, the same for every run of
+// the same seed, so two builds (or tern and llama-bench) are timed on equally "hard" input. Speed
+// does not depend on the ids, but a fixed stream keeps even cache effects comparable.
+std::vector<int32_t> random_tokens(int64_t n, int32_t vocab, std::mt19937_64& rng) {
+    std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int32_t& id : t) id = pick(rng);
+    return t;
+}
+
+} // namespace
+
+double kv_element_bytes(KvType type) {
+    switch (type) {
+    case KvType::f32: return 4.0;
+    case KvType::f16:
+    case KvType::bf16: return 2.0;
+    // The block formats of kernels/cpu/attention.h: an f16 scale + 32 one-byte codes per 32 elements.
+    case KvType::q8_0:
+    case KvType::f8_e4m3: return 34.0 / 32.0;
+    }
+    return 4.0;
+}
+
+uint64_t weight_bytes_per_token(const ModelWeights& w, const ModelConfig& config) {
+    uint64_t bytes = 0;
+    for (const LayerWeights& l : w.layers)
+        for (const WeightRef* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.wo,
+                                   &l.bo, &l.post_attn_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down, &l.b_gate,
+                                   &l.b_up, &l.b_down, &l.post_ffn_norm})
+            bytes += tensor_bytes(*t);
+    bytes += tensor_bytes(w.output_norm) + tensor_bytes(w.rope_freqs);
+    bytes += tensor_bytes(w.output);   // the lm_head: every row, every token
+    // The lookup reads one row; a tied embedding is the lm_head just counted in full.
+    if (!config.tied_output && w.token_embd.present()) bytes += w.token_embd.row_size();
+    return bytes;
+}
+
+double kv_bytes_read_at(const ModelConfig& config, KvType kv_type, int64_t pos) {
+    double elems = 0;
+    for (const LayerConfig& l : config.layers) {
+        int64_t positions = pos + 1;
+        if (l.sliding_window > 0) positions = std::min<int64_t>(positions, l.sliding_window);
+        elems += static_cast<double>(l.n_kv_heads) * (config.head_dim + config.head_dim_v) * static_cast<double>(positions);
+    }
+    return elems * kv_element_bytes(kv_type);
+}
+
+double decode_bytes_per_token(const ModelWeights& weights, const ModelConfig& config, KvType kv_type, int64_t depth,
+                              int64_t n_gen) {
+    double kv = 0;
+    for (int64_t i = 0; i < n_gen; ++i) kv += kv_bytes_read_at(config, kv_type, depth + i);
+    return static_cast<double>(weight_bytes_per_token(weights, config)) + (n_gen > 0 ? kv / static_cast<double>(n_gen) : 0);
+}
+
+int32_t bench_context_size(const BenchOptions& o) {
+    return o.depth + std::max(o.n_prompt, o.n_gen);
+}
+
+BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
+    if (o.n_prompt < 0) throw UsageError("-p/--n-prompt: must be >= 0");
+    if (o.n_gen < 0) throw UsageError("-n/--n-gen: must be >= 0");
+    if (o.n_prompt == 0 && o.n_gen == 0) throw UsageError("-p/-n: nothing to measure (both are 0)");
+    if (o.repetitions < 1) throw UsageError("-r/--repetitions: must be >= 1");
+    if (o.depth < 0) throw UsageError("--depth: must be >= 0");
+    if (vocab < 1) throw UsageError("bench: the model has an empty vocabulary");
+
+    std::mt19937_64 rng(o.seed);
+    BenchResult r;
+
+    // The context every measurement starts from, filled once; runs truncate back to it. Chunks of
+    // 512 keep the fill's activations small for deep contexts.
+    backend.kv_truncate(0);
+    const auto t_fill = std::chrono::steady_clock::now();
+    const std::vector<int32_t> context = random_tokens(o.depth, vocab, rng);
+    for (int32_t done = 0; done < o.depth;) {
+        const int32_t n = std::min<int32_t>(512, o.depth - done);
+        backend.forward({std::span<const int32_t>(context).subspan(static_cast<size_t>(done), static_cast<size_t>(n)),
+                         done, LogitsWanted::last});
+        done += n;
+    }
+    r.depth_fill_ms = ms_since(t_fill);
+
+    const std::vector<int32_t> prompt = random_tokens(o.n_prompt, vocab, rng);
+    const std::vector<int32_t> gen = random_tokens(o.n_gen, vocab, rng);
+    const int n_runs = o.repetitions + 1;   // run 0 is the warm-up
+    for (int run = 0; run < n_runs; ++run) {
+        if (o.n_prompt > 0) {
+            backend.kv_truncate(o.depth);
+            const auto t0 = std::chrono::steady_clock::now();
+            backend.forward({prompt, o.depth, LogitsWanted::last});
+            const double ms = ms_since(t0);
+            if (run > 0) r.prefill_ms.push_back(ms);
+        }
+        if (o.n_gen > 0) {
+            // Like llama-bench's tg test, decode starts from the depth context, not after the prompt.
+            backend.kv_truncate(o.depth);
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int32_t i = 0; i < o.n_gen; ++i)
+                backend.forward({std::span<const int32_t>(&gen[static_cast<size_t>(i)], 1), o.depth + i,
+                                 LogitsWanted::last});
+            const double ms = ms_since(t0);
+            if (run > 0) r.decode_ms.push_back(ms);
+        }
+        if (o.progress) o.progress(run, n_runs);
+    }
+    backend.kv_truncate(0);
+
+    r.prefill_ms_median = median(r.prefill_ms);
+    r.decode_ms_median = median(r.decode_ms);
+    if (r.prefill_ms_median > 0) r.prefill_tps = o.n_prompt / (r.prefill_ms_median / 1000.0);
+    if (r.decode_ms_median > 0) r.decode_tps = o.n_gen / (r.decode_ms_median / 1000.0);
+    return r;
+}
+
+} // namespace tern

@@ -1,0 +1,276 @@
+#include "engine/tools/synth.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <span>
+#include <string_view>
+
+#include "engine/tools/synth_shapes.h"
+#include "engine/tools/synth_vocab.h"
+#include "base/error.h"
+#include "formats/gguf_writer.h"
+#include "kernels/cpu_features.h"
+#include "quant/plan.h"
+#include "quant/reference.h"
+
+namespace tern {
+
+namespace {
+
+// What a tensor holds decides its random distribution.
+enum class Role {
+    matrix,   // N(0, 1/n_in) (Irwin-Hall approximation): unit-variance outputs for unit-RMS inputs
+    norm,     // 1 + N(0, 0.1^2): RMSNorm gains near 1, as in trained models (gemma's stored 1 + w too)
+    bias,     // N(0, 0.1^2)
+};
+
+struct SynthTensor {
+    std::string name;
+    int64_t ne0 = 1, ne1 = 1;   // ne1 == 1: a vector
+    Role role = Role::matrix;
+    float gain = 1.0f;          // multiplies the values (the tied embedding and its output norm)
+};
+
+// A tied embedding is also the lm_head, and with random weights (no training to cancel it) the
+// token just read tends to win the argmax again: greedy text of a tied model repeats one token.
+// Shrinking the embedding shrinks its share of the residual stream; the output norm's gains grow by
+// the inverse, so the logits keep their scale (the first layer's input is normalized, unchanged).
+// Gemma multiplies the embedding by sqrt(dim) in the forward, so it needs a smaller factor. Measured
+// on the tiny tied shapes with a 32000-token vocabulary, greedy, 40 tokens, seeds 1-3 (equal
+// consecutive tokens out of 39): llama 20 -> 11, qwen3 28 -> 2 at 0.1; gemma3 39 -> 3 at 0.03.
+float tied_embedding_gain(const SynthShape& s) {
+    if (!s.tied_output) return 1.0f;
+    return s.arch == "gemma3" ? 0.03f : 0.1f;
+}
+
+std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
+    const int64_t q_dim = int64_t{s.n_heads} * s.head_dim, kv_dim = int64_t{s.n_kv_heads} * s.head_dim;
+    const float embd_gain = tied_embedding_gain(s);
+    std::vector<SynthTensor> t = {{"token_embd.weight", s.dim, vocab, Role::matrix, embd_gain},
+                                  {"output_norm.weight", s.dim, 1, Role::norm, 1.0f / embd_gain}};
+    if (!s.tied_output) t.push_back({"output.weight", s.dim, vocab, Role::matrix});
+    for (int32_t l = 0; l < s.n_layers; ++l) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        t.push_back({p + "attn_norm.weight", s.dim, 1, Role::norm});
+        t.push_back({p + "attn_q.weight", s.dim, q_dim, Role::matrix});
+        t.push_back({p + "attn_k.weight", s.dim, kv_dim, Role::matrix});
+        t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
+        if (s.qkv_bias) {
+            t.push_back({p + "attn_q.bias", q_dim, 1, Role::bias});
+            t.push_back({p + "attn_k.bias", kv_dim, 1, Role::bias});
+            t.push_back({p + "attn_v.bias", kv_dim, 1, Role::bias});
+        }
+        if (s.qk_norm) {
+            t.push_back({p + "attn_q_norm.weight", s.head_dim, 1, Role::norm});
+            t.push_back({p + "attn_k_norm.weight", s.head_dim, 1, Role::norm});
+        }
+        t.push_back({p + "attn_output.weight", q_dim, s.dim, Role::matrix});
+        if (s.post_norms) t.push_back({p + "post_attention_norm.weight", s.dim, 1, Role::norm});
+        t.push_back({p + "ffn_norm.weight", s.dim, 1, Role::norm});
+        t.push_back({p + "ffn_gate.weight", s.dim, s.ffn_dim, Role::matrix});
+        t.push_back({p + "ffn_up.weight", s.dim, s.ffn_dim, Role::matrix});
+        t.push_back({p + "ffn_down.weight", s.ffn_dim, s.dim, Role::matrix});
+        if (s.post_norms) t.push_back({p + "post_ffw_norm.weight", s.dim, 1, Role::norm});
+    }
+    return t;
+}
+
+// The "<arch>.*" keys llama.cpp reads for these architectures (as in the converted real models).
+std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
+    const std::string a = std::string(s.arch) + ".";
+    std::vector<GgufKv> kv = {
+        {a + "context_length", GgufValue::make_u32(static_cast<uint32_t>(s.n_ctx_train))},
+        {a + "embedding_length", GgufValue::make_u32(static_cast<uint32_t>(s.dim))},
+        {a + "block_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_layers))},
+        {a + "feed_forward_length", GgufValue::make_u32(static_cast<uint32_t>(s.ffn_dim))},
+        {a + "attention.head_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_heads))},
+        {a + "attention.head_count_kv", GgufValue::make_u32(static_cast<uint32_t>(s.n_kv_heads))},
+        {a + "attention.key_length", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))},
+        {a + "attention.value_length", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))},
+        {a + "attention.layer_norm_rms_epsilon", GgufValue::make_f32(s.rms_eps)},
+        {a + "rope.freq_base", GgufValue::make_f32(s.rope_base)},
+    };
+    if (s.arch == "llama") {
+        kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))});
+        kv.push_back({a + "vocab_size", GgufValue::make_u32(static_cast<uint32_t>(vocab))});
+    }
+    if (s.sliding_window > 0)
+        kv.push_back({a + "attention.sliding_window", GgufValue::make_u32(static_cast<uint32_t>(s.sliding_window))});
+    return kv;
+}
+
+uint64_t splitmix64(uint64_t& state) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(std::string_view s) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
+    return h;
+}
+
+// Random values from their own stream (seed, tensor name, index), so they can be made in any order
+// on any thread. Each value is the sum of four 16-bit uniforms (Irwin-Hall), scaled to unit
+// variance: close enough to normal, bounded by +-3.5 (no outliers to blow up a quantization scale),
+// and about one 64-bit hash per value.
+void random_values(const SynthTensor& t, uint64_t tensor_seed, int64_t index, float* out, int64_t n) {
+    uint64_t state = tensor_seed ^ (static_cast<uint64_t>(index) * 0xD1B54A32D192ED03ull);
+    splitmix64(state);
+    float scale = 0.1f * t.gain, offset = 0.0f;
+    if (t.role == Role::matrix) scale = t.gain / std::sqrt(static_cast<float>(t.ne0));
+    if (t.role == Role::norm) offset = t.gain;
+    // sqrt(3) / 2^16 turns a sum of four U(0, 65536) (variance 4 * 2^32 / 12) into unit variance.
+    const float k = scale * 1.7320508f / 65536.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t r = splitmix64(state);
+        const int32_t sum = static_cast<int32_t>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48));
+        out[i] = offset + k * static_cast<float>(sum - 2 * 65536);
+    }
+}
+
+// Why a pool: quantizing 1.2 billion values with the reference k-quant searches takes about a
+// CPU-minute per Llama-1B file (measured: 27 CPU-s for q4_0, whose Q6_K embedding dominates), too slow
+// for benchmarks that regenerate their files. So each tensor quantizes a pool of kPoolChunks random
+// chunks (256 values, or 32 where the width is no multiple of 256; always whole blocks of any
+// format) once, and every chunk of every row is a copy of a pool chunk picked at random. Each row
+// is still distinct (8 picks of 256 for a 2048-wide row), every block is a genuine quantization of
+// N(0, sigma^2) values, and writing becomes a memcpy per chunk. A tensor of at most kPoolChunks
+// chunks (norms, biases, the tiny shapes' small matrices) is its pool: every chunk unique.
+constexpr int64_t kPoolChunks = 512;
+
+int64_t chunk_elems(int64_t width) {
+    if (width % 256 == 0) return 256;
+    if (width % 32 == 0) return 32;
+    return width;   // only float formats get such widths (the plan's fallback)
+}
+
+// Fills `out` (the tensor in format `type`) from the tensor's quantized pool.
+void fill_tensor(const SynthTensor& t, GgmlType type, uint64_t tensor_seed, std::span<uint8_t> out, int n_threads) {
+    const int64_t chunk = chunk_elems(t.ne0), chunks_per_row = t.ne0 / chunk;
+    const int64_t n_chunks = chunks_per_row * t.ne1, pool_chunks = std::min(n_chunks, kPoolChunks);
+    const size_t chunk_bytes = row_bytes(type, chunk);
+    std::vector<uint8_t> pool(static_cast<size_t>(pool_chunks) * chunk_bytes);
+    std::string error;
+    // Small tensors stay on one thread: waking the team costs more than the work.
+    const bool parallel = pool_chunks * chunk >= (int64_t{1} << 16);
+#pragma omp parallel num_threads(n_threads) if (parallel)
+    {
+        std::vector<float> buf(static_cast<size_t>(chunk));
+#pragma omp for schedule(dynamic, 8)
+        for (int64_t c = 0; c < pool_chunks; ++c) {
+            try {
+                random_values(t, tensor_seed, c, buf.data(), chunk);
+                quantize_row(type, buf.data(), pool.data() + static_cast<size_t>(c) * chunk_bytes, chunk);
+            } catch (const std::exception& e) {
+#pragma omp critical(tern_synth_error)
+                if (error.empty()) error = t.name + ": " + e.what();
+            }
+        }
+    }
+    if (!error.empty()) throw RuntimeFailure("synth: " + error);
+    if (n_chunks == pool_chunks) {
+        std::memcpy(out.data(), pool.data(), pool.size());
+        return;
+    }
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_chunks >= (int64_t{1} << 14))
+    for (int64_t r = 0; r < t.ne1; ++r) {
+        uint64_t state = ~tensor_seed ^ (static_cast<uint64_t>(r) * 0xD1B54A32D192ED03ull);
+        uint8_t* dst = out.data() + static_cast<size_t>(r * chunks_per_row) * chunk_bytes;
+        for (int64_t c = 0; c < chunks_per_row; ++c)
+            std::memcpy(dst + static_cast<size_t>(c) * chunk_bytes,
+                        pool.data() + static_cast<size_t>(splitmix64(state) % pool_chunks) * chunk_bytes, chunk_bytes);
+    }
+}
+
+std::string join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+}
+
+} // namespace
+
+std::vector<std::string> synth_shape_names() {
+    std::vector<std::string> names;
+    for (const SynthShape& s : synth_shapes()) names.emplace_back(s.name);
+    return names;
+}
+
+void write_synth_model(const SynthOptions& options, const std::string& out_path) {
+    const SynthShape* shape = find_synth_shape(options.shape);
+    if (!shape)
+        throw UsageError("--shape " + options.shape + ": unknown shape (choices: " + join(synth_shape_names()) + ")");
+    const std::optional<QuantFtype> ftype = ftype_from_name(options.type);
+    if (!ftype) {
+        std::vector<std::string> names;
+        for (std::string_view n : ftype_names()) names.emplace_back(n);
+        throw UsageError("--type " + options.type + ": unknown type (choices: " + join(names) + ")");
+    }
+    const int n_threads = options.n_threads > 0 ? options.n_threads : std::max(1, cpu_features().physical_cores);
+
+    SynthVocab vocab;
+    if (options.vocab_from.empty()) {
+        vocab = builtin_vocab(shape->vocab);
+    } else {
+        vocab = vocab_from_file(options.vocab_from);
+        if (vocab.n_tokens != shape->vocab) {
+            const std::string note = "synth: " + options.vocab_from + " has " + std::to_string(vocab.n_tokens) +
+                                     " tokens, " + std::string(shape->name) + " has " + std::to_string(shape->vocab) +
+                                     "; the model gets the file's vocabulary size";
+            if (options.on_warning) options.on_warning(note);
+            else std::cerr << "tern: warning: " << note << "\n";
+        }
+    }
+
+    const std::vector<SynthTensor> tensors = tensor_list(*shape, vocab.n_tokens);
+    std::vector<PlanInput> inputs;
+    for (const SynthTensor& t : tensors) {
+        PlanInput p;
+        p.name = t.name;
+        p.type = GgmlType::F32;
+        p.n_dims = t.ne1 > 1 ? 2 : 1;
+        p.ne[0] = t.ne0;
+        p.ne[1] = t.ne1;
+        inputs.push_back(std::move(p));
+    }
+    ModelFacts facts;
+    facts.arch = std::string(shape->arch);
+    facts.n_layer = shape->n_layers;
+    facts.n_head = shape->n_heads;
+    facts.n_head_kv = shape->n_kv_heads;
+    PlanOptions po;
+    po.ftype = *ftype;
+    const QuantPlan plan = make_quant_plan(inputs, facts, po);
+
+    GgufWriter writer;
+    writer.set("general.architecture", GgufValue::make_string(std::string(shape->arch)));
+    writer.set("general.name", GgufValue::make_string("tern synth " + std::string(shape->name) + " (" +
+                                                      std::string(shape->model) + " shape, random weights)"));
+    for (GgufKv& kv : arch_keys(*shape, vocab.n_tokens)) writer.set(kv.key, std::move(kv.value));
+    for (GgufKv& kv : vocab.keys) writer.set(kv.key, std::move(kv.value));
+    writer.set("general.quantization_version", GgufValue::make_u32(2));
+    writer.set("general.file_type", GgufValue::make_u32(ftype_info(*ftype).file_type));
+    for (const PlannedTensor& t : plan.tensors)
+        writer.add_tensor(t.name, t.to, std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)));
+
+    const uint64_t total = plan.data_bytes();
+    uint64_t done = 0;
+    writer.write(out_path, [&](size_t i, std::span<uint8_t> out) {
+        if (options.cancel && options.cancel->load())
+            throw TernError(ExitCode::interrupted, "synth: interrupted; " + out_path +
+                                                       " was not written and its temporary file was removed");
+        const PlannedTensor& pt = plan.tensors[i];
+        const SynthTensor& t = tensors[pt.source_index];
+        const uint64_t tensor_seed = fnv1a(t.name) ^ (options.seed * 0x9E3779B97F4A7C15ull);
+        fill_tensor(t, pt.to, tensor_seed, out, n_threads);
+        done += out.size();
+        if (options.on_progress) options.on_progress(done, total);
+    });
+}
+
+} // namespace tern

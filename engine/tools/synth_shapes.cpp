@@ -1,0 +1,85 @@
+#include "engine/tools/synth_shapes.h"
+
+#include <array>
+
+namespace tern {
+
+namespace {
+
+// Values from the models' published configs (config.json); head_dim is explicit where it is not
+// dim / n_heads (qwen3, gemma3). The "tiny" shapes are no real models: small shapes whose widths are
+// all multiples of 256 (every k-quant applies without a width fallback), one per architecture, for
+// tests; tiny-gemma3 has 6 layers so that it holds a global layer after its 5 sliding-window ones.
+SynthShape make(std::string_view name, std::string_view arch, std::string_view model, int32_t dim, int32_t n_layers,
+                int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t ffn_dim, int32_t vocab,
+                int32_t n_ctx_train, float rope_base, float rms_eps) {
+    SynthShape s;
+    s.name = name;
+    s.arch = arch;
+    s.model = model;
+    s.dim = dim;
+    s.n_layers = n_layers;
+    s.n_heads = n_heads;
+    s.n_kv_heads = n_kv_heads;
+    s.head_dim = head_dim;
+    s.ffn_dim = ffn_dim;
+    s.vocab = vocab;
+    s.n_ctx_train = n_ctx_train;
+    s.rope_base = rope_base;
+    s.rms_eps = rms_eps;
+    return s;
+}
+
+SynthShape tied(SynthShape s) {
+    s.tied_output = true;
+    return s;
+}
+
+SynthShape qwen2(SynthShape s) {
+    s.qkv_bias = true;
+    return s;
+}
+
+SynthShape qwen3(SynthShape s) {
+    s.qk_norm = true;
+    return s;
+}
+
+// Gemma 3: q/k norms, post norms, tied embeddings, 512-token windows on 5 of every 6 layers.
+SynthShape gemma3(SynthShape s) {
+    s.tied_output = true;
+    s.qk_norm = true;
+    s.post_norms = true;
+    s.sliding_window = 512;
+    return s;
+}
+
+const std::array<SynthShape, 11> kShapes = {
+    tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
+    qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
+    tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
+                    1e-6f))),
+    gemma3(make("tiny-gemma3", "gemma3", "tern tiny test model", 256, 6, 4, 1, 128, 768, 512, 2048, 1000000.0f,
+                1e-6f)),
+    tied(make("llama-1b", "llama", "Llama 3.2 1B", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f)),
+    tied(make("llama-3b", "llama", "Llama 3.2 3B", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000.0f, 1e-5f)),
+    make("llama-8b", "llama", "Llama 3.1 8B", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f),
+    qwen2(make("qwen2-7b", "qwen2", "Qwen2.5 7B", 3584, 28, 28, 4, 128, 18944, 152064, 32768, 1000000.0f, 1e-6f)),
+    tied(qwen3(make("qwen3-0.6b", "qwen3", "Qwen3 0.6B", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1000000.0f,
+                    1e-6f))),
+    gemma3(make("gemma3-270m", "gemma3", "Gemma 3 270M", 640, 18, 4, 1, 256, 2048, 262144, 32768, 1000000.0f,
+                1e-6f)),
+    gemma3(make("gemma3-1b", "gemma3", "Gemma 3 1B", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f)),
+};
+
+} // namespace
+
+std::span<const SynthShape> synth_shapes() { return kShapes; }
+
+const SynthShape* find_synth_shape(std::string_view name) {
+    for (const SynthShape& s : kShapes)
+        if (s.name == name) return &s;
+    return nullptr;
+}
+
+} // namespace tern
