@@ -24,8 +24,8 @@
 #include "app/repl.h"
 #include "app/signals.h"
 #include "app/standard_streams.h"
-#include "engine/text/conversation.h"
-#include "engine/text/conversation_file.h"
+#include "engine/chat/conversation.h"
+#include "engine/chat/conversation_file.h"
 #include "base/error.h"
 
 namespace tern::app {
@@ -315,7 +315,7 @@ private:
         int32_t n_predict = -1;
     };
 
-    // A loaded file's settings, checked as /set checks a value (engine/text/conversation_file.cpp has
+    // A loaded file's settings, checked as /set checks a value (engine/chat/conversation_file.cpp has
     // already made sure each is a number): out of range or refused by resolve_sampling, the file is
     // damaged. Settings the file lacks keep their current values.
     LoadedSettings settings_from_file(const std::string& path, const nlohmann::json& s) const {

@@ -16,7 +16,7 @@
 #include "app/signals.h"
 #include "app/standard_streams.h"
 #include "engine/backend.h"
-#include "engine/text/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/generation/context_shift.h"
 #include "engine/speculative/drafter.h"
 #include "engine/speculative/drafter_model.h"

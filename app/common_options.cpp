@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "engine/backend_factory.h"
-#include "engine/text/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/memory_budget.h"
 #include "engine/speculative/drafter_model.h"
 #include "engine/model.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/text/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/speculative/drafter.h"
 #include "engine/generation/sampler.h"
 #include "engine/generation/session.h"

@@ -11,7 +11,7 @@ namespace tern {
 
 // Caps (documented in the README): a prompt or text file may hold 512 MiB (wikitext-103 is
 // ~540 MB of which -f reads no more than a model can take anyway); a conversation file's JSON part
-// is capped separately (engine/text/conversation_file.cpp) since its size is bounded by the context.
+// is capped separately (engine/chat/conversation_file.cpp) since its size is bounded by the context.
 inline constexpr uint64_t kMaxTextFileBytes = uint64_t{512} << 20;
 
 // The file's bytes. `role` names the file in messages: "PATH: the prompt file (-f) is a directory,

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/backend_factory.h"
-#include "engine/text/conversation.h"
+#include "engine/chat/conversation.h"
 #include "engine/model.h"
 #include "engine/generation/session.h"
 #include "tests/test_support.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/text/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/text/tokenizer.h"
 #include "formats/gguf.h"
 #include "tests/test_support.h"

@@ -1,4 +1,4 @@
-// Conversation (engine/text/conversation.h), its /save file (engine/text/conversation_file.h) and the
+// Conversation (engine/chat/conversation.h), its /save file (engine/chat/conversation_file.h) and the
 // multi-line input of `tern chat` (app/multiline_input.h): each turn's prompt extends the last one
 // token for token so only the new turn is prefilled; every template family renders incrementally
 // or is re-tokenized with a notice; a full context drops the oldest turns; a saved conversation
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "engine/backend_factory.h"
-#include "engine/text/conversation.h"
-#include "engine/text/conversation_file.h"
+#include "engine/chat/conversation.h"
+#include "engine/chat/conversation_file.h"
 #include "engine/model.h"
 #include "engine/generation/session.h"
 #include "base/error.h"

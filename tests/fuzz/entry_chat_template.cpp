@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/text/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "base/error.h"
 #include "tests/fuzz/fuzz_entries.h"
 

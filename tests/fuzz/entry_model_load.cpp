@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "app/model_summary.h"
-#include "engine/text/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/model_config.h"
 #include "engine/text/tokenizer.h"
 #include "engine/weights.h"

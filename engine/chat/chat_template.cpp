@@ -1,4 +1,4 @@
-#include "engine/text/chat_template.h"
+#include "engine/chat/chat_template.h"
 
 #include <array>
 

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/text/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/generation/generate_options.h"
 
 namespace tern {

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/backend.h"
-#include "engine/text/conversation.h"
+#include "engine/chat/conversation.h"
 
 namespace tern {
 

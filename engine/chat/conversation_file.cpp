@@ -1,4 +1,4 @@
-#include "engine/text/conversation_file.h"
+#include "engine/chat/conversation_file.h"
 
 #include <xxhash.h>
 

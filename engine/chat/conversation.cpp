@@ -1,4 +1,4 @@
-#include "engine/text/conversation.h"
+#include "engine/chat/conversation.h"
 
 #include <algorithm>
 #include <utility>
