@@ -22,6 +22,8 @@
 # tern: $TERN, else build-bench/bin/tern, else build/bin/tern. A quiet machine gives the numbers worth
 # comparing; bench/shared_cpu.sh is the one for a busy machine. OMP_WAIT_POLICY (recorded in --out) affects
 # llama.cpp only: tern's forward pass runs on its own thread pool.
+# TERN_BASE=<another tern binary> adds it to the interleave (tern, base, llama, ...) and the table gets
+# its decode and prefill tok/s and tern / base: how a change moved the speed, measured under the same noise.
 set -u -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -88,6 +90,11 @@ build_llama_cpp() {
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2 || return 1
     cmake --build "$LLAMA_CPP_HOME/build" --target llama-bench -j"$(nproc)" >&2
 }
+TERN_BASE=${TERN_BASE:-}
+if [ -n "$TERN_BASE" ] && [ ! -x "$TERN_BASE" ]; then
+    echo "cpu_vs_llamacpp.sh: TERN_BASE=$TERN_BASE is not an executable tern binary" >&2
+    exit 1
+fi
 LLAMA_CPP_BIN=${LLAMA_CPP_BIN:-}
 if [ -z "$LLAMA_CPP_BIN" ]; then
     if [ -x /work/peer/llama.cpp/build/bin/llama-bench ]; then
@@ -142,6 +149,14 @@ for f in $files; do
             "${tern_cmd[@]}" > "$work/tern.json" 2> "$work/tern.err" || {
                 echo "cpu_vs_llamacpp.sh: tern bench failed on $f:" >&2; cat "$work/tern.err" >&2; exit 3; }
             record tern "$f" "$t" "$round" "$work/tern.json"
+            if [ -n "$TERN_BASE" ]; then
+                base_cmd=("$TERN_BASE" "${tern_cmd[@]:1}")
+                [ "$round" = 1 ] && printf '%s\n' "${base_cmd[*]}" >> "$commands"
+                echo "cpu_vs_llamacpp.sh: $(basename "$f") -t $t round $round: tern base" >&2
+                "${base_cmd[@]}" > "$work/base.json" 2> "$work/base.err" || {
+                    echo "cpu_vs_llamacpp.sh: base tern bench failed on $f:" >&2; cat "$work/base.err" >&2; exit 3; }
+                record base "$f" "$t" "$round" "$work/base.json"
+            fi
             echo "cpu_vs_llamacpp.sh: $(basename "$f") -t $t round $round: llama-bench" >&2
             "${llama_cmd[@]}" > "$work/llama.json" 2> "$work/llama.err" || {
                 echo "cpu_vs_llamacpp.sh: llama-bench failed on $f:" >&2; tail -5 "$work/llama.err" >&2; exit 3; }
@@ -166,8 +181,10 @@ def llama(data, test):   # llama-bench -o json: one entry per test (pp: n_gen 0,
             return statistics.median(e["samples_ts"])
     return float("nan")
 def ratio(a, b): return a / b if b == b and b > 0 else float("nan")
-print("| file | threads | tern decode tok/s | llama decode tok/s | ratio | tern decode GB/s | share of peak | tern prefill tok/s | llama prefill tok/s | ratio |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+with_base = any(r["tool"] == "base" for r in rows)
+base_head = " base decode tok/s | tern / base | base prefill tok/s | tern / base |" if with_base else ""
+print("| file | threads | tern decode tok/s | llama decode tok/s | ratio | tern decode GB/s | share of peak | tern prefill tok/s | llama prefill tok/s | ratio |" + base_head)
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 4 if with_base else ""))
 for f, t in keys:
     tr = [r["data"] for r in rows if r["tool"] == "tern" and r["file"] == f and r["threads"] == t]
     lr = [r["data"] for r in rows if r["tool"] == "llama" and r["file"] == f and r["threads"] == t]
@@ -175,8 +192,13 @@ for f, t in keys:
     gb = med([d["decode_gbps"] for d in tr])
     share = med([d["bandwidth_share"] for d in tr if d.get("bandwidth_share") is not None])
     ld, lp = med([llama(d, "tg") for d in lr]), med([llama(d, "pp") for d in lr])
-    print("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |" % (
-        os.path.basename(f), t, td, ld, ratio(td, ld), gb, 100 * share, tp, lp, ratio(tp, lp)))
+    line = "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |" % (
+        os.path.basename(f), t, td, ld, ratio(td, ld), gb, 100 * share, tp, lp, ratio(tp, lp))
+    if with_base:
+        br = [r["data"] for r in rows if r["tool"] == "base" and r["file"] == f and r["threads"] == t]
+        bd, bp = med([d["decode_tps"] for d in br]), med([d["prefill_tps"] for d in br])
+        line += " %.2f | %.3f | %.2f | %.3f |" % (bd, ratio(td, bd), bp, ratio(tp, bp))
+    print(line)
 peaks, plains = {}, {}
 for r in rows:
     if r["tool"] == "tern" and r["data"].get("peak_gbps"):
@@ -205,6 +227,7 @@ if [ -n "$out" ]; then
         echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo "- device: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs online, $(lscpu | sed -n 's/^Core(s) per socket: *//p' | head -1) cores per socket"
         echo "- tern: $tern_commit, binary $TERN ($("$TERN" --version 2>/dev/null | head -1))"
+        [ -n "$TERN_BASE" ] && echo "- tern base: $TERN_BASE ($("$TERN_BASE" --version 2>/dev/null | head -1))"
         echo "- llama.cpp: $llama_commit ($LLAMA_BENCH)"
         echo "- load average (1/5/15 min) at start: $load_start, at end: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) on $(nproc) CPUs"
         echo "- mode: $([ "$quick" = 1 ] && echo 'quick (smoke test; not a comparison)' || echo full), -p $n_prompt -n $n_gen -r $reps, $rounds round(s), interleaved tern/llama, OMP_WAIT_POLICY=$omp_policy"
