@@ -21,6 +21,7 @@
 #include "app/commands.h"
 #include "app/common_options.h"
 #include "app/console.h"
+#include "app/engine_wording.h"
 #include "app/repl.h"
 #include "app/signals.h"
 #include "app/standard_streams.h"
@@ -254,6 +255,8 @@ private:
                 options_.n_predict = loaded.n_predict;
                 say("(loaded " + rest + ": " + std::to_string(conversation_.messages().size()) + " messages, " +
                     std::to_string(conversation_.tokens().size()) + " tokens)");
+            } catch (const ConversationMismatch& e) {
+                say("tern: /load: " + conversation_mismatch_message(e) + " (the conversation is unchanged)");
             } catch (const TernError& e) {
                 say(std::string("tern: /load: ") + e.what() + " (the conversation is unchanged)");
             }

@@ -16,6 +16,7 @@
 #include "app/console.h"
 #include "app/signals.h"
 #include "engine/tools/synth.h"
+#include "engine/tools/synth_vocab.h"
 #include "formats/atomic_file.h"
 #include "base/error.h"
 #include "kernels/cpu_features.h"
@@ -57,7 +58,12 @@ int run_synth(SynthArgs& a) {
         bar.update(total ? done * 1000 / total : 1000);
     };
     const auto t0 = std::chrono::steady_clock::now();
-    write_synth_model(a.options, a.out);
+    try {
+        write_synth_model(a.options, a.out);
+    } catch (const NoVocabularyError& e) {
+        throw InputError(e.path + ": --vocab-from: the file has no tokenizer.ggml.tokens (give a model or vocab GGUF "
+                                  "with a tokenizer, e.g. one of shared/models/vocab/*.gguf)");
+    }
     bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const uint64_t bytes = std::filesystem::file_size(a.out);

@@ -1,4 +1,5 @@
 #include "app/common_options.h"
+#include "app/engine_wording.h"
 
 #include <unistd.h>
 
@@ -259,7 +260,7 @@ ChatTemplate resolve_chat_template(const Session& session, const std::string& te
         }
     }
     const ChatTemplate::Detection d = ChatTemplate::resolve(template_override, model_template);
-    if (!d.warning.empty()) std::cerr << "tern: " << d.warning << "\n";
+    if (!d.recognised()) std::cerr << "tern: " << chat_template_warning(d) << "\n";
     return d.tmpl;
 }
 

@@ -50,7 +50,7 @@ TEST_CASE("Qwen 2.5: ChatML with the template's default system prompt") {
         "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
         "helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}";
     const auto d = ChatTemplate::detect(jinja);
-    CHECK(d.warning.empty());
+    CHECK(d.recognised());
     CHECK(d.tmpl.name() == "qwen");
     CHECK(d.tmpl.render({{"user", "Give me a short introduction to large language model."}}) ==
           "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
@@ -244,18 +244,19 @@ TEST_CASE("detection from real tokenizer.chat_template texts") {
         CAPTURE(c.family);
         const auto d = ChatTemplate::detect(c.jinja);
         CHECK(d.tmpl.name() == c.family);
-        CHECK(d.warning.empty());
+        CHECK(d.recognised());
     }
 }
 
-TEST_CASE("unknown or missing templates fall back to chatml with one warning; names and overrides") {
-    auto unknown = ChatTemplate::detect("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}");
+TEST_CASE("unknown or missing templates fall back to chatml and say why; names and overrides") {
+    const std::string odd = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}";
+    auto unknown = ChatTemplate::detect(odd);
     CHECK(unknown.tmpl.name() == "chatml");
-    CHECK(unknown.warning.find("not one tern recognises") != std::string::npos);
-    CHECK(unknown.warning.find('\n') == std::string::npos);
+    CHECK(unknown.fallback == ChatTemplateDetection::Fallback::unrecognised_template);
+    CHECK(unknown.template_chars == odd.size());
     auto none = ChatTemplate::detect("");
     CHECK(none.tmpl.name() == "chatml");
-    CHECK_FALSE(none.warning.empty());
+    CHECK(none.fallback == ChatTemplateDetection::Fallback::no_template);
 
     const auto& names = ChatTemplate::names();
     CHECK(names.size() >= 15);
@@ -274,7 +275,10 @@ TEST_CASE("unknown or missing templates fall back to chatml with one warning; na
     CHECK(ChatTemplate::resolve("{{'<|user|>' + x + '<|end|>'}}", "").tmpl.name() == "phi3");
     const auto bad = ChatTemplate::resolve("nonsense", "<start_of_turn>");
     CHECK(bad.tmpl.name() == "chatml");
-    CHECK(bad.warning.find("--chat-template 'nonsense'") != std::string::npos);
+    CHECK(bad.fallback == ChatTemplateDetection::Fallback::unrecognised_override);
+    CHECK(bad.override_text == "nonsense");
+    const std::string long_override(100, 'x');
+    CHECK(ChatTemplate::resolve(long_override, "").override_text == std::string(40, 'x'));
 }
 
 TEST_CASE("rendered prompts tokenize with their control tokens (phi-3 vocabulary, Gemma 3)") {

@@ -125,17 +125,15 @@ std::string_view ChatTemplate::name() const {
 }
 
 ChatTemplate::Detection ChatTemplate::detect(std::string_view t) {
-    auto found = [](Family f) { return Detection{ChatTemplate(f), {}}; };
-    if (trim(t).empty())
-        return {ChatTemplate(Family::chatml), "the model has no chat template (tokenizer.chat_template); using chatml "
-                                              "(choose another with --chat-template NAME)"};
+    auto found = [](Family f) { return Detection{ChatTemplate(f)}; };
+    if (trim(t).empty()) return {ChatTemplate(Family::chatml), Detection::Fallback::no_template};
     // Most specific markers first: Phi-4 also uses <|im_start|>, Llama 2 also uses [INST].
     if (has(t, "<|im_sep|>")) return found(Family::phi4);
     if (has(t, "<|im_start|>")) {
         ChatTemplate c(Family::chatml);
         c.default_system_ = literal_default_system(t);
         if (!c.default_system_.empty()) c.family_ = Family::qwen;
-        return {c, {}};
+        return {c};
     }
     if (has(t, "<|start_header_id|>")) return found(Family::llama3);
     if (has(t, "<start_of_turn>")) return found(Family::gemma);
@@ -149,26 +147,20 @@ ChatTemplate::Detection ChatTemplate::detect(std::string_view t) {
     if (has(t, "<|user|>")) return found(has(t, "<|end|>") ? Family::phi3 : Family::zephyr);
     if (has(t, "<｜User｜>") || has(t, "<｜Assistant｜>")) return found(Family::deepseek3);
     if (has(t, "User: ") && has(t, "Assistant:")) return found(Family::deepseek);
-    return {ChatTemplate(Family::chatml), "the model's chat template is not one tern recognises (" +
-                                              std::to_string(t.size()) +
-                                              " chars); using chatml (choose another with --chat-template NAME)"};
+    return {ChatTemplate(Family::chatml), Detection::Fallback::unrecognised_template, t.size()};
 }
 
 bool ChatTemplate::recognises(std::string_view name_or_template) {
-    return from_name(name_or_template).has_value() || detect(name_or_template).warning.empty();
+    return from_name(name_or_template).has_value() || detect(name_or_template).recognised();
 }
 
 ChatTemplate::Detection ChatTemplate::resolve(std::string_view override_name, std::string_view model_template) {
     if (!override_name.empty()) {
-        if (auto t = from_name(override_name)) return {*t, {}};
+        if (auto t = from_name(override_name)) return {*t};
         Detection d = detect(override_name);
-        if (!d.warning.empty()) {
-            std::string known;
-            for (const std::string& n : names())
-                known += (known.empty() ? "" : ", ") + n;
-            d.warning = "--chat-template '" + std::string(override_name.substr(0, 40)) +
-                        "' is neither a template name nor a template tern recognises; using chatml (names: " + known +
-                        ")";
+        if (!d.recognised()) {
+            d.fallback = Detection::Fallback::unrecognised_override;
+            d.override_text = std::string(override_name.substr(0, 40));
         }
         return d;
     }

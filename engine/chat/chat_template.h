@@ -48,7 +48,7 @@ public:
 
     using Detection = ChatTemplateDetection;
     // The family of a tokenizer.chat_template text. An empty or unrecognised template gives
-    // chatml and a warning (the caller prints it; nothing below app/ does).
+    // chatml and says why in `fallback` (app/ words the warning; nothing below app/ prints).
     static Detection detect(std::string_view jinja);
     // What `--chat-template NAME` plus the model's template resolve to: the override when given
     // (a family name, or else template text to detect, as llama.cpp accepts both), else the model's.
@@ -76,8 +76,18 @@ private:
 };
 
 struct ChatTemplateDetection {
+    // Why chatml was chosen when the template was not recognised.
+    enum class Fallback {
+        none,                    // recognised
+        no_template,             // the model has no tokenizer.chat_template
+        unrecognised_template,   // the model's template matches no family
+        unrecognised_override,   // the override is neither a family name nor a recognised template
+    };
     ChatTemplate tmpl;
-    std::string warning; // "" when recognised; else one line for the caller to show once
+    Fallback fallback = Fallback::none;
+    size_t template_chars = 0;     // unrecognised_template: the template's length
+    std::string override_text;     // unrecognised_override: the override as given (at most 40 bytes)
+    bool recognised() const { return fallback == Fallback::none; }
 };
 
 } // namespace tern

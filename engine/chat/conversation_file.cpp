@@ -221,8 +221,8 @@ SavedConversation read_conversation(const std::string& path, const Session& sess
         saved.kv.kv_type = kv_type_from_name(model.string("kv_type"));
         const nlohmann::json expected = model_fingerprint(session, saved.kv.kv_type);
         if (root.object("model") != expected)
-            throw bad("saved with another model or --kv-type (" + printable(root.object("model").dump(), 400) +
-                      "), not this one (" + expected.dump() + ")");
+            throw ConversationMismatch(ConversationMismatch::Kind::model, path,
+                                       printable(root.object("model").dump(), 400), expected.dump());
         saved.template_name = root.string("template");
         ConversationState& s = saved.state;
         const int32_t vocab = session.tokenizer().vocab_size();
@@ -262,8 +262,8 @@ SavedConversation read_conversation(const std::string& path, const Session& sess
                               std::string(value.type_name()));
         if (saved.kv.n_past > n_tokens) throw bad("the KV part holds more positions than the conversation has tokens");
         if (static_cast<int64_t>(s.tokens.size()) > session.n_ctx())
-            throw bad("the conversation has " + std::to_string(s.tokens.size()) + " tokens but the context is " +
-                      std::to_string(session.n_ctx()) + " (raise -c)");
+            throw ConversationMismatch(ConversationMismatch::Kind::context, path, std::to_string(s.tokens.size()),
+                                       std::to_string(session.n_ctx()));
     } catch (const nlohmann::json::exception& e) {
         throw damaged("invalid JSON: " + printable(e.what(), 300));
     } catch (const UsageError& e) {
@@ -272,11 +272,29 @@ SavedConversation read_conversation(const std::string& path, const Session& sess
     return saved;
 }
 
+namespace {
+std::string mismatch_text(ConversationMismatch::Kind kind, const std::string& path, const std::string& saved,
+                          const std::string& current) {
+    switch (kind) {
+    case ConversationMismatch::Kind::model:
+        return path + ": saved with another model or KV cache format (" + saved + "), not this one (" + current + ")";
+    case ConversationMismatch::Kind::context:
+        return path + ": the conversation has " + saved + " tokens but the context is " + current;
+    case ConversationMismatch::Kind::chat_template:
+        return "the conversation was saved with the chat template " + saved + ", not " + current;
+    }
+    return path;
+}
+} // namespace
+
+ConversationMismatch::ConversationMismatch(Kind kind_, std::string path_, std::string saved_, std::string current_)
+    : InputError(mismatch_text(kind_, path_, saved_, current_)), kind(kind_), path(std::move(path_)),
+      saved(std::move(saved_)), current(std::move(current_)) {}
+
 void apply_conversation(SavedConversation saved, Session& session, Conversation& conversation) {
     if (saved.template_name != conversation.chat_template().name())
-        throw InputError("the conversation was saved with the chat template " + saved.template_name + ", not " +
-                         std::string(conversation.chat_template().name()) + " (start tern chat with --chat-template " +
-                         saved.template_name + ")");
+        throw ConversationMismatch(ConversationMismatch::Kind::chat_template, "", saved.template_name,
+                                   std::string(conversation.chat_template().name()));
     const std::span<const int32_t> kv_tokens(saved.state.tokens.data(), static_cast<size_t>(saved.kv.n_past));
     try {
         session.restore(saved.kv, kv_tokens, saved.kv_shifted);

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "engine/backend.h"
 #include "engine/chat/conversation.h"
 
@@ -22,6 +23,16 @@ namespace tern {
 class Session;
 
 inline constexpr uint32_t kConversationFileVersion = 1;
+
+// A conversation file that is sound but was made for another setup. `saved` and `current` are what
+// the file says and what this session has (the model fingerprints, the token count against the
+// context size, the chat template names); app/ words the message with the setting that fixes it.
+struct ConversationMismatch : InputError {
+    enum class Kind { model, context, chat_template };
+    ConversationMismatch(Kind kind, std::string path, std::string saved, std::string current);
+    Kind kind;
+    std::string path, saved, current;
+};
 
 struct SavedConversation {
     ConversationState state;

@@ -78,8 +78,7 @@ SynthVocab vocab_from_file(const std::string& path) {
     const GgufFile f = GgufFile::open(path);   // InputError for a missing or malformed file
     const GgufValue* tokens = f.find("tokenizer.ggml.tokens");
     if (!tokens || tokens->type != GgufType::array || tokens->elem_type != GgufType::string || tokens->array.empty())
-        throw InputError(path + ": --vocab-from: the file has no tokenizer.ggml.tokens (give a model or vocab GGUF "
-                                "with a tokenizer, e.g. one of shared/models/vocab/*.gguf)");
+        throw NoVocabularyError(path);
     SynthVocab v;
     v.n_tokens = static_cast<int64_t>(tokens->array.size());
     for (const GgufKv& kv : f.metadata())

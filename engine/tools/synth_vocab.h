@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "formats/gguf.h"
 
 namespace tern {
@@ -19,8 +20,15 @@ struct SynthVocab {
 // generated text something readable; the size gives the lm_head the real shape's cost.
 SynthVocab builtin_vocab(int64_t n_tokens);
 
-// Every tokenizer.* key of `path`. Throws InputError when the file is not a readable GGUF or has no
-// tokenizer.ggml.tokens.
+// A GGUF file asked to give the vocabulary that has none (no tokenizer.ggml.tokens).
+struct NoVocabularyError : InputError {
+    explicit NoVocabularyError(std::string path_)
+        : InputError(path_ + ": the file has no tokenizer.ggml.tokens"), path(std::move(path_)) {}
+    std::string path;
+};
+
+// Every tokenizer.* key of `path`. Throws InputError when the file is not a readable GGUF,
+// NoVocabularyError when it has no tokenizer.ggml.tokens.
 SynthVocab vocab_from_file(const std::string& path);
 
 } // namespace tern
