@@ -54,7 +54,7 @@ else:
     text = re.sub(r"[0-9]+(\.[0-9]+)? (ms|s|tok/s|tokens/s|GB/s)\b", "<time>", text)
     text = re.sub(r"seed [0-9]+", "seed <n>", text)
     # How many tokens a drafter proposes depends on measured step times; the output may not.
-    text = re.sub(r", (lookup|draft) drafted .*", ", <drafting>", text)
+    text = re.sub(r", (lookup|draft-model|draft) drafted .*", ", <drafting>", text)
     sys.stdout.write(text)
 '
 }
