@@ -91,8 +91,9 @@ TEST_CASE("kv rows: the block formats round-trip within their quantization step"
 }
 
 TEST_CASE("flash attention (AVX2 and scalar chunk kernels) matches two-pass attention on the dequantized cache") {
-    const AttnChunkFn avx2 = attn_chunk_avx2_kernel();
-    if (avx2 == nullptr) MESSAGE("no AVX2 attention kernel in this build: checking the scalar twin only");
+    const CpuKernels* avx2_set = cpu_kernels_for(CpuIsa::avx2);
+    const AttnChunkFn avx2 = avx2_set ? avx2_set->attn_chunk : nullptr;
+    if (avx2 == nullptr) MESSAGE("no AVX2 attention kernel in this build or CPU: checking the scalar twin only");
     for (KvFormat f : kFormats) {
         for (int64_t head_dim : {64, 128, 256}) {
             for (int64_t n_keys : {1, 7, 33, 64, 257, 1000}) {

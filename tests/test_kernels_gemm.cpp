@@ -87,7 +87,7 @@ TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged group
     int simd_sets = 0;
     for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon}) {
         const CpuKernels* k = cpu_kernels_for(isa);
-        if (!k || !packed_tile_for(GgmlType::Q4_0, *k)) continue;
+        if (!k || !k->packed(GgmlType::Q4_0).tile) continue;
         ++simd_sets;
         for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
             for (int64_t n_in : {256, 768, 2048}) {
@@ -116,13 +116,13 @@ TEST_CASE("packed tile kernels equal their scalar twin bit for bit (ragged group
 TEST_CASE("decode kernels: 1..4 groups side by side equal the scalar tile one group at a time, bit for bit") {
     const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
     REQUIRE(scalar);
-    REQUIRE(!packed_decode_for(GgmlType::Q4_0, *scalar));   // the scalar set takes the tile
+    REQUIRE(!scalar->packed(GgmlType::Q4_0).decode);   // the scalar set takes the tile
     int kernels = 0;
     for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon}) {
         const CpuKernels* k = cpu_kernels_for(isa);
         if (!k) continue;
         for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
-            const PackedDecodeFn decode = packed_decode_for(t, *k);
+            const PackedDecodeFn decode = k->packed(t).decode;
             if (!decode) continue;
             ++kernels;
             const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;

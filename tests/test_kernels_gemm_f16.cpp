@@ -72,7 +72,7 @@ double cpu_seconds() {
 std::vector<const CpuKernels*> simd_sets() {
     std::vector<const CpuKernels*> v;
     for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon})
-        if (const CpuKernels* k = cpu_kernels_for(isa); k && f16_tile_for(GgmlType::F16, *k)) v.push_back(k);
+        if (const CpuKernels* k = cpu_kernels_for(isa); k && k->panel_tile(GgmlType::F16)) v.push_back(k);
     return v;
 }
 
@@ -116,7 +116,7 @@ TEST_CASE("repack_panel16: round trip, zero padding, panel placement, range erro
 TEST_CASE("16-bit tile kernels equal their scalar twin bit for bit (ragged panels, k tails, 1..9+ columns, 1 and 2 threads)") {
     const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
     REQUIRE(scalar);
-    const bool scalar_has_tile = f16_tile_for(GgmlType::F16, *scalar) != nullptr;
+    const bool scalar_has_tile = scalar->panel_tile(GgmlType::F16) != nullptr;
     CHECK_FALSE(scalar_has_tile);   // the scalar set runs the twin
     const auto sets = simd_sets();
     for (const CpuKernels* k : sets) {

@@ -10,6 +10,7 @@
 #include "kernels/cpu/ops.h"
 #include "base/parallel_for.h"
 #include "kernels/cpu/quantize_act.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu_features.h"
 #include "quant/reference.h"
 
@@ -67,8 +68,8 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx);
     logits_.clear();
     n_logit_rows_ = 0;
-    packed_.clear();
-    if (!exact_matmul_) pack_weights();
+    prepared_ = {};   // the previous model's copies go before the new ones are made
+    prepared_ = prepare_weights(weights_, exact_matmul_, n_threads_, cpu_kernels());
     loaded_ = true;
 }
 
@@ -115,7 +116,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
 
     for (int32_t l = 0; l < c.n_layers; ++l) {
         const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
-        const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
+        const PreparedLayer& pl = prepared_.layers[static_cast<size_t>(l)];
         const LayerVectors& lv = layer_vectors_[static_cast<size_t>(l)];
         const int64_t n_heads = lc.n_heads, n_kv_heads = lc.n_kv_heads;
         const int64_t q_dim = n_heads * head_dim, k_dim = n_kv_heads * head_dim, v_dim = n_kv_heads * head_dim_v;
@@ -126,8 +127,8 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         q.resize(static_cast<size_t>(n * q_dim)); // (n, n_heads, head_dim)
         k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
         v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
-        norm_input(x.data(), lv.attn_norm, n, dim, xn.data(), lw.wq); // q, k and v share one quantized input
-        project_shared({&lw.wq, &lw.wk, &lw.wv}, {&lv.bq, &lv.bk, &lv.bv}, input_, {q.data(), k.data(), v.data()});
+        norm_input(x.data(), lv.attn_norm, n, dim, xn.data(), pl.q); // q, k and v share one quantized input
+        project_shared(pl.qkv, {&pl.q, &pl.k, &pl.v}, {&lv.bq, &lv.bk, &lv.bv}, input_, {q.data(), k.data(), v.data()});
 
         // Per-head q/k norm (qwen3, gemma3), then RoPE at each token's position, then the KV write.
         const int rope_threads = threads_for_work(n * (n_heads + n_kv_heads) * head_dim * 16, nt);
@@ -154,7 +155,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
 
         // Output projection (+ bias), gemma's post-attention norm, residual.
         input_.reset(att.data(), att_dim, n);
-        project(lw.wo, lv.bo, input_, out.data());
+        project(pl.o, lv.bo, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_attn_norm, out.data(), n, dim, c.rms_eps);
         for (int64_t e = 0; e < n * dim; ++e)
             x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
@@ -163,14 +164,14 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         const int64_t ffn_dim = lc.ffn_dim;
         gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
         up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
-        norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), lw.w_gate); // gate and up share one quantized input
-        project_shared({&lw.w_gate, &lw.w_up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
+        norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.gate); // gate and up share one quantized input
+        project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
         if (c.ffn_act == FfnActivation::silu)
             swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
         else
             geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
         input_.reset(gate.data(), ffn_dim, n);
-        project(lw.w_down, lv.b_down, input_, out.data());
+        project(pl.down, lv.b_down, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);
         for (int64_t e = 0; e < n * dim; ++e)
             x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
@@ -181,8 +182,8 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
     const int64_t rows = n - first;
     logits_.resize(static_cast<size_t>(rows * c.vocab)); // (rows, vocab)
-    norm_input(x.data() + first * dim, output_norm_, rows, dim, xn.data(), weights_.output);
-    project(weights_.output, {}, input_, logits_.data());
+    norm_input(x.data() + first * dim, output_norm_, rows, dim, xn.data(), prepared_.output);
+    project(prepared_.output, {}, input_, logits_.data());
     if (c.final_softcap > 0.0f) softcap_f32(logits_.data(), rows * c.vocab, c.final_softcap);
     n_logit_rows_ = static_cast<int>(rows);
 }

@@ -7,14 +7,13 @@
 #include <array>
 #include <initializer_list>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "engine/backend.h"
 #include "engine/cpu/kv_cache.h"
+#include "engine/cpu/prepared_weights.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
 #include "kernels/cpu/dot.h"
@@ -69,37 +68,21 @@ private:
         void reset(const float* x_new, int64_t n_in_new, int64_t n_cols_new);
         const void* acts(ActFormat f);
     };
-    // y (n_cols, w.n_out) = W x (+ bias): the SIMD matmul, or matmul_dequant when exact_matmul_ or when
-    // the weight format has no dot kernel.
+    // y (n_cols, p.source.n_out) = W x (+ bias) along p's path (prepared_weights.h).
     // Defined in backend_cpu_matmul.cpp.
-    void project(const WeightRef& w, const std::vector<float>& bias, MatmulInput& in, float* y);
+    void project(const PreparedProjection& p, const std::vector<float>& bias, MatmulInput& in, float* y);
     // input_ = RMSNorm(x) * w for n rows of width `dim` (f32 at xn), with the quantized form that `reader`
     // consumes made in the same pass (kernels/cpu/gemm_input.h). Defined in backend_cpu_matmul.cpp.
-    void norm_input(const float* x, const std::vector<float>& w, int64_t n, int64_t dim, float* xn, const WeightRef& reader);
-    // At load: row-interleaved copies (quant/repack.h) of the projections whose format has a packed SIMD
-    // kernel on this CPU, keyed by the weight's data pointer; the mapped pages of each packed tensor are
-    // released (the file stays mapped), so resident memory stays about one copy of the weights.
-    // Defined in backend_cpu_matmul.cpp.
-    void pack_weights();
-    // Packed bytes (new[] without value-initialisation: pages become resident only as they are written).
-    std::unordered_map<const uint8_t*, std::unique_ptr<uint8_t[]>> packed_;
-    // Projections that read the same input (q/k/v, gate/up) packed back to back as one matrix, keyed by the
-    // first one's data pointer: one matmul streams all their rows, so decode pays one fork/join and one
-    // prefetch ramp per group instead of one per matrix. Only for packed (not panel) formats whose parts
-    // each fill whole 16-row groups, so every part starts on a group boundary.
-    struct FusedGroup {
-        GgmlType type = GgmlType::F32;
-        int64_t n_in = 0, n_out = 0;       // n_out: the parts' rows together
-        std::unique_ptr<uint8_t[]> data;
-    };
-    std::unordered_map<const uint8_t*, FusedGroup> fused_;
+    void norm_input(const float* x, const std::vector<float>& w, int64_t n, int64_t dim, float* xn,
+                    const PreparedProjection& reader);
+    // The projections' paths and repacked copies, built in load() (prepared_weights.h).
+    PreparedWeights prepared_;
     std::vector<float> fused_out_;      // (n_cols, group n_out) before it is split into the parts
-    // Packs w (rows [0, n_out)) into dst, releasing the mapped source pages slice by slice.
-    void pack_matrix(const WeightRef& w, bool panels, uint8_t* dst);
-    // ys[i] (n_cols, ws[i]->n_out) = W_i x (+ biases[i]) for projections sharing the input `in`: one matmul
-    // over their fused copy when pack_weights made one, else one project() each. Same bits either way.
-    void project_shared(std::initializer_list<const WeightRef*> ws, std::initializer_list<const std::vector<float>*> biases,
-                        MatmulInput& in, std::initializer_list<float*> ys);
+    // ys[i] (n_cols, ps[i]->source.n_out) = W_i x (+ biases[i]) for projections sharing the input `in`: one matmul
+    // over their fused copy when there is one, else one project() each. Same bits either way.
+    void project_shared(const FusedProjections& fused, std::initializer_list<const PreparedProjection*> ps,
+                        std::initializer_list<const std::vector<float>*> biases, MatmulInput& in,
+                        std::initializer_list<float*> ys);
     // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
     // l's cache, which already holds those positions. Defined in backend_cpu_attention.cpp.
     void attend(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);

@@ -107,12 +107,9 @@ void attn_chunk_scalar(const AttnParams& p, const float* q, int64_t q_stride, co
     }
 }
 
-AttnChunkFn attn_chunk_kernel(const AttnParams& p) {
+AttnChunkFn attn_chunk_kernel(const AttnParams& p, const CpuKernels* k) {
     if (p.head_dim % 8 != 0 || p.head_dim_v % 8 != 0) return attn_chunk_scalar;
-    if (cpu_kernels().isa == CpuIsa::avx2 || cpu_kernels().isa == CpuIsa::avx512) {
-        if (AttnChunkFn f = attn_chunk_avx2_kernel()) return f;
-    }
-    return attn_chunk_scalar;
+    return (k ? *k : cpu_kernels()).attn_chunk;
 }
 
 void attn_merge(const AttnParams& p, float* m, float* l, float* acc, const float* mc, const float* lc,

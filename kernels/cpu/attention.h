@@ -21,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/dispatch.h"
+
 namespace tern {
 
 enum class KvFormat : uint8_t { f32, f16, bf16, q8_0, f8_e4m3 };
@@ -46,18 +48,16 @@ struct AttnParams {
 // The softmax state of one chunk for `group` heads: m[h] the largest score, l[h] = sum_j exp(s_j - m[h]),
 // acc[h * head_dim_v + d] = sum_j exp(s_j - m[h]) * v_j[d].
 // Kernel: q row h at q + h * q_stride (head_dim f32); k, v point at the chunk's first row, rows contiguous;
-// 1 <= n_keys <= kAttnChunk; scores is group * kAttnChunk floats of scratch.
-using AttnChunkFn = void (*)(const AttnParams& p, const float* q, int64_t q_stride, const void* k, const void* v,
-                             int64_t n_keys, float* scores, float* m, float* l, float* acc);
+// 1 <= n_keys <= kAttnChunk; scores is group * kAttnChunk floats of scratch. The signature is AttnChunkFn
+// (dispatch.h); a set's kernel is CpuKernels::attn_chunk (the AVX2 + FMA + F16C one of attention_avx2.cpp in the
+// x86 SIMD sets, the scalar twin in the others).
 
-// The scalar twin (each row converted to f32, then dot_f32 / std::exp) and the AVX2 + FMA + F16C kernel
-// (attention_avx2.cpp; nullptr where this build or CPU has none, or when head dims are not multiples of 8).
+// The scalar twin (each row converted to f32, then dot_f32 / std::exp).
 void attn_chunk_scalar(const AttnParams& p, const float* q, int64_t q_stride, const void* k, const void* v,
                        int64_t n_keys, float* scores, float* m, float* l, float* acc);
-AttnChunkFn attn_chunk_avx2_kernel();
-// The kernel this process uses for p: AVX2 unless the CPU lacks it, TERN_CPU_ISA=scalar asks for the
-// scalar set (kernels/cpu/dispatch.h), or the head dims are not multiples of 8.
-AttnChunkFn attn_chunk_kernel(const AttnParams& p);
+// The kernel the set k (nullptr: this process's, cpu_kernels()) uses for p: its attn_chunk, or the scalar twin
+// when the head dims are not multiples of 8.
+AttnChunkFn attn_chunk_kernel(const AttnParams& p, const CpuKernels* k = nullptr);
 
 // Folds a chunk state (mc, lc, accc) into a running one (m, l, acc), in that order. Fixed arithmetic,
 // compiled once, so every path merges the same way.

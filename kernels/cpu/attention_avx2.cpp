@@ -1,5 +1,5 @@
 // The AVX2 + FMA + F16C chunk kernel of flash-style attention (compiled with -mavx2 -mfma -mf16c,
-// kernels/CMakeLists.txt; attn_chunk_kernel() only hands it out when the CPU has them). The twin is
+// kernels/CMakeLists.txt; only the sets whose CPU has them hold it, dispatch.cpp). The twin is
 // attn_chunk_scalar in attention.cpp: same chunk state, different summation order and a polynomial exp.
 //
 // Rows are converted to f32 eight elements at a time in registers, straight from the stored format:
@@ -232,12 +232,7 @@ void chunk_avx2_any(const AttnParams& p, const float* q, int64_t q_stride, const
 
 } // namespace
 
-AttnChunkFn attn_chunk_avx2_kernel() { return chunk_avx2_any; }
+void fill_attention_avx2(CpuKernels& k) { k.attn_chunk = chunk_avx2_any; }
 
-} // namespace tern
-
-#else
-namespace tern {
-AttnChunkFn attn_chunk_avx2_kernel() { return nullptr; }
 } // namespace tern
 #endif

@@ -1,4 +1,5 @@
-// The once-initialised kernel tables (the only mutable-at-start state of kernels/cpu).
+// The once-initialised kernel tables (the only mutable-at-start state of kernels/cpu): which kernel of each
+// family every set holds is decided here and nowhere else.
 #include "kernels/cpu/dispatch.h"
 
 #include <cstdio>
@@ -7,6 +8,9 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gemm_f16.h"
+#include "kernels/cpu/silu.h"
 #include "kernels/cpu_features.h"
 
 namespace tern {
@@ -21,31 +25,48 @@ const char* cpu_isa_name(CpuIsa isa) {
     return "?";
 }
 
-VecDotFn CpuKernels::dot(GgmlType w) const {
-    VecDotFn f = nullptr;
+VecDotFn CpuKernels::find_dot(GgmlType w) const {
     switch (w) {
-    case GgmlType::Q4_0: f = q4_0; break;
-    case GgmlType::Q4_1: f = q4_1; break;
-    case GgmlType::Q5_0: f = q5_0; break;
-    case GgmlType::Q5_1: f = q5_1; break;
-    case GgmlType::Q8_0: f = q8_0; break;
-    case GgmlType::Q2_K: f = q2_k; break;
-    case GgmlType::Q3_K: f = q3_k; break;
-    case GgmlType::Q4_K: f = q4_k; break;
-    case GgmlType::Q5_K: f = q5_k; break;
-    case GgmlType::Q6_K: f = q6_k; break;
-    case GgmlType::IQ4_NL: f = iq4_nl; break;
-    case GgmlType::IQ4_XS: f = iq4_xs; break;
-    case GgmlType::F8_E4M3: f = f8_e4m3; break;
-    case GgmlType::F16: f = f16; break;
-    case GgmlType::BF16: f = bf16; break;
-    case GgmlType::F32: f = f32; break;
-    default: break;
+    case GgmlType::Q4_0: return q4_0;
+    case GgmlType::Q4_1: return q4_1;
+    case GgmlType::Q5_0: return q5_0;
+    case GgmlType::Q5_1: return q5_1;
+    case GgmlType::Q8_0: return q8_0;
+    case GgmlType::Q2_K: return q2_k;
+    case GgmlType::Q3_K: return q3_k;
+    case GgmlType::Q4_K: return q4_k;
+    case GgmlType::Q5_K: return q5_k;
+    case GgmlType::Q6_K: return q6_k;
+    case GgmlType::IQ4_NL: return iq4_nl;
+    case GgmlType::IQ4_XS: return iq4_xs;
+    case GgmlType::F8_E4M3: return f8_e4m3;
+    case GgmlType::F16: return f16;
+    case GgmlType::BF16: return bf16;
+    case GgmlType::F32: return f32;
+    default: return nullptr;
     }
+}
+
+VecDotFn CpuKernels::dot(GgmlType w) const {
+    const VecDotFn f = find_dot(w);
     if (!f)
         throw std::invalid_argument(std::string("CPU kernels (") + cpu_isa_name(isa) + "): no dot kernel for weight format " +
                                     std::string(type_name(w)));
     return f;
+}
+
+CpuKernels::Packed CpuKernels::packed(GgmlType w) const {
+    switch (w) {
+    case GgmlType::Q4_0: return packed_q4_0;
+    case GgmlType::Q8_0: return packed_q8_0;
+    case GgmlType::Q4_K: return packed_q4_k;
+    case GgmlType::Q6_K: return packed_q6_k;
+    default: return {};
+    }
+}
+
+F16TileFn CpuKernels::panel_tile(GgmlType w) const {
+    return w == GgmlType::F16 ? panel_f16 : w == GgmlType::BF16 ? panel_bf16 : nullptr;
 }
 
 namespace {
@@ -76,6 +97,50 @@ bool isa_supported(CpuIsa isa) {
     return false;
 }
 
+// The scalar twins: what a set without a kernel of its own runs. No packed or panel tiles: on such a set the
+// weights stay in the file layout and go through the dot kernels.
+void fill_scalar(CpuKernels& k) {
+    fill_cpu_kernels_scalar(k);
+    k.widen16 = widen16_scalar;
+    k.attn_chunk = attn_chunk_scalar;
+    k.swiglu = swiglu_rows_scalar;
+}
+
+void fill_avx2(CpuKernels& k) {
+#if defined(__x86_64__)
+    fill_cpu_kernels_avx2(k);
+    fill_packed_avx2(k);
+    fill_panels_avx2(k);
+    fill_attention_avx2(k);
+    fill_swiglu_avx2(k);
+#else
+    (void)k;
+#endif
+}
+
+// The 256-bit dot kernels recompiled with VNNI, then the 512-bit ones; its own packed tiles (and no packed decode
+// kernel: the AVX2 one is not part of this set) and panel tiles; attention and SwiGLU stay AVX2.
+void fill_avx512(CpuKernels& k) {
+#if defined(__x86_64__)
+    fill_cpu_kernels_avx2(k);
+    fill_cpu_kernels_avx512(k);
+    fill_packed_avx512(k);
+    fill_panels_avx512(k);
+    fill_attention_avx2(k);
+    fill_swiglu_avx2(k);
+#else
+    (void)k;
+#endif
+}
+
+void fill_neon(CpuKernels& k) {
+#if defined(__aarch64__)
+    fill_cpu_kernels_neon(k);
+#else
+    (void)k;
+#endif
+}
+
 struct Tables {
     CpuKernels set[4];
     bool ok[4] = {};
@@ -85,15 +150,12 @@ struct Tables {
             ok[i] = isa_supported(isa);
             if (!ok[i]) continue;
             CpuKernels& k = set[i];
-            fill_cpu_kernels_scalar(k);   // every set starts complete; SIMD files override what they have
+            fill_scalar(k);   // every set starts complete; the SIMD files override what they have
             switch (isa) {
             case CpuIsa::scalar: break;
-            case CpuIsa::avx2: fill_cpu_kernels_avx2(k); break;
-            case CpuIsa::avx512:
-                fill_cpu_kernels_avx2(k);
-                fill_cpu_kernels_avx512(k);
-                break;
-            case CpuIsa::neon: fill_cpu_kernels_neon(k); break;
+            case CpuIsa::avx2: fill_avx2(k); break;
+            case CpuIsa::avx512: fill_avx512(k); break;
+            case CpuIsa::neon: fill_neon(k); break;
             }
             k.isa = isa;
         }
@@ -135,13 +197,5 @@ const CpuKernels* cpu_kernels_for(CpuIsa isa) {
     const int i = static_cast<int>(isa);
     return t.ok[i] ? &t.set[i] : nullptr;
 }
-
-#if !defined(__x86_64__)
-void fill_cpu_kernels_avx2(CpuKernels&) {}
-void fill_cpu_kernels_avx512(CpuKernels&) {}
-#endif
-#if !defined(__aarch64__)
-void fill_cpu_kernels_neon(CpuKernels&) {}
-#endif
 
 } // namespace tern

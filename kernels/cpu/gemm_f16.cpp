@@ -1,4 +1,5 @@
-// 16-bit GEMM: the scalar twin of the tile, the kernel choice and the loop nest (gemm_f16.h).
+// 16-bit GEMM: the scalar twins of the tile and the widening, and the loop nest (gemm_f16.h); the kernels come
+// from the set's table (dispatch.h).
 #include "kernels/cpu/gemm_f16.h"
 
 #include <algorithm>
@@ -15,21 +16,9 @@
 
 namespace tern {
 
-// Defined in gemm_f16_avx512.cpp (x86-64 builds): the AVX-512 tile for t (or nullptr) and the widening
-// of n 16-bit values of format t to f32 (exact).
-F16TileFn f16_tile_avx512(GgmlType t);
-void widen16_avx512(GgmlType t, const uint16_t* src, float* dst, int64_t n);
-// Defined in gemm_f16_avx2.cpp (x86-64 builds): the same for AVX2 + FMA + F16C.
-F16TileFn f16_tile_avx2(GgmlType t);
-void widen16_avx2(GgmlType t, const uint16_t* src, float* dst, int64_t n);
-
 namespace {
 
 inline float widen(GgmlType t, uint16_t h) { return t == GgmlType::BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
-
-void widen16_scalar(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = widen(t, src[i]);
-}
 
 // Below ~256K multiply-adds (e.g. one 512x512 matvec) a fork/join costs more than it saves.
 constexpr int64_t kMinParallelWork = 256 * 1024;
@@ -39,6 +28,10 @@ constexpr int64_t kMinParallelWork = 256 * 1024;
 constexpr size_t kChunkActBytes = 4u << 20;
 
 } // namespace
+
+void widen16_scalar(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = widen(t, src[i]);
+}
 
 void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, int64_t n_cols,
                      float* out) {
@@ -54,19 +47,8 @@ void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_pan
     }
 }
 
-F16TileFn f16_tile_for(GgmlType t, const CpuKernels& k) {
-#if defined(__x86_64__)
-    if (k.isa == CpuIsa::avx512) return f16_tile_avx512(t);
-    if (k.isa == CpuIsa::avx2) return f16_tile_avx2(t);
-#else
-    (void)t;
-    (void)k;
-#endif
-    return nullptr;
-}
-
 bool panel16_pays(GgmlType t, int64_t n_in, const CpuKernels& k) {
-    return panel16_packable(t, n_in) && f16_tile_for(t, k) != nullptr;
+    return panel16_packable(t, n_in) && k.panel_tile(t) != nullptr;
 }
 
 void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float* y, int n_threads,
@@ -76,7 +58,9 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
     if (!check_tiled_matmul_args(where, w.type, w.n_in, w.n_out, w.data, x)) return;
 
     const CpuKernels& k = kernels ? *kernels : cpu_kernels();
-    const F16TileFn simd = f16_tile_for(w.type, k);
+    const F16TileFn simd = k.panel_tile(w.type);
+    // A set without a tile of its own (tests) runs the scalar twins of both.
+    const Widen16Fn widen16 = simd ? k.widen16 : widen16_scalar;
     const GgmlType t = w.type;
     const int64_t n_in = w.n_in, n_out = w.n_out, n_cols = x.n_cols;
     const size_t xstride16 = x.col_stride ? x.col_stride / 2 : static_cast<size_t>(n_in);
@@ -91,14 +75,7 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
     col.resize(static_cast<size_t>(n_in));
     for (int64_t c = 0; c < n_cols; ++c) {
         const uint16_t* src = x16 + static_cast<size_t>(c) * xstride16;
-#if defined(__x86_64__)
-        if (simd && k.isa == CpuIsa::avx512)
-            widen16_avx512(t, src, col.data(), n_in);
-        else if (simd && k.isa == CpuIsa::avx2)
-            widen16_avx2(t, src, col.data(), n_in);
-        else
-#endif
-            widen16_scalar(t, src, col.data(), n_in);
+        widen16(t, src, col.data(), n_in);
         float* dst = xf.data() + static_cast<size_t>(c / kF16ColGroup) * kF16ColGroup * static_cast<size_t>(n_in) + c % kF16ColGroup;
         for (int64_t k = 0; k < n_in; ++k) dst[k * kF16ColGroup] = col[static_cast<size_t>(k)];
     }
@@ -139,12 +116,5 @@ void matmul_f16_panels(const Panel16MatrixView& w, const QuantizedActs& x, float
         });
     }
 }
-
-#if !defined(__x86_64__)
-F16TileFn f16_tile_avx512(GgmlType) { return nullptr; }
-void widen16_avx512(GgmlType, const uint16_t*, float*, int64_t) {}
-F16TileFn f16_tile_avx2(GgmlType) { return nullptr; }
-void widen16_avx2(GgmlType, const uint16_t*, float*, int64_t) {}
-#endif
 
 } // namespace tern

@@ -47,16 +47,17 @@ struct Panel16MatrixView {
 // One tile: n_panels (1..4) consecutive panels at `panels` (16 * n_in words each) against n_cols f32
 // columns (each value exactly a 16-bit activation) in groups of 8: column c, element k at
 // x[(c / 8) * 8 * n_in + 8 * k + c % 8]; out[c * kF16TileRows + r] for r < 16 * n_panels, c < n_cols.
-using F16TileFn = void (*)(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x,
-                           int64_t n_cols, float* out);
+// The signature is F16TileFn (dispatch.h); the set's tile is CpuKernels::panel_tile(t) (nullptr when its ISA has
+// none: then the caller keeps the plain layout and matmul_q).
 
-// The scalar twin (any CPU) and the SIMD tile for the set k (nullptr when k's ISA has none: then the
-// caller keeps the plain layout and matmul_q).
+// The scalar twin of the tile (any CPU): what matmul_f16_panels runs for a set without a tile of its own (tests).
 void f16_tile_scalar(GgmlType t, int64_t n_in, const uint16_t* panels, int n_panels, const float* x, int64_t n_cols,
                      float* out);
-F16TileFn f16_tile_for(GgmlType t, const CpuKernels& k);
+// dst[i] = the f32 value of the 16-bit value src[i] of format t (exact), i < n: the scalar twin of the set's
+// CpuKernels::widen16.
+void widen16_scalar(GgmlType t, const uint16_t* src, float* dst, int64_t n);
 
-// Whether weights of format t (rows of n_in) are worth a panel copy for the set k: a SIMD tile exists.
+// Whether weights of format t (rows of n_in) are worth a panel copy for the set k: k has a tile for t.
 bool panel16_pays(GgmlType t, int64_t n_in, const CpuKernels& k);
 
 // y (n_cols, n_out) = W x with x in act_format_for(w.type) (f16 or bf16). kernels: nullptr = cpu_kernels();

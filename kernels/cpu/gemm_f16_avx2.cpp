@@ -159,14 +159,6 @@ void tile(GgmlType, int64_t n_in, const uint16_t* panels, int n_panels, const fl
     }
 }
 
-} // namespace
-
-F16TileFn f16_tile_avx2(GgmlType t) {
-    if (t == GgmlType::F16) return tile<GgmlType::F16>;
-    if (t == GgmlType::BF16) return tile<GgmlType::BF16>;
-    return nullptr;
-}
-
 void widen16_avx2(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
     int64_t i = 0;
     if (t == GgmlType::F16)
@@ -174,6 +166,14 @@ void widen16_avx2(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
     else
         for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8<GgmlType::BF16>(src + i));
     for (; i < n; ++i) dst[i] = t == GgmlType::F16 ? _cvtsh_ss(src[i]) : _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(int(src[i]) << 16)));
+}
+
+} // namespace
+
+void fill_panels_avx2(CpuKernels& k) {
+    k.panel_f16 = tile<GgmlType::F16>;
+    k.panel_bf16 = tile<GgmlType::BF16>;
+    k.widen16 = widen16_avx2;
 }
 
 } // namespace tern

@@ -141,14 +141,6 @@ void tile(GgmlType, int64_t n_in, const uint16_t* panels, int n_panels, const fl
     }
 }
 
-} // namespace
-
-F16TileFn f16_tile_avx512(GgmlType t) {
-    if (t == GgmlType::F16) return tile<GgmlType::F16>;
-    if (t == GgmlType::BF16) return tile<GgmlType::BF16>;
-    return nullptr;
-}
-
 void widen16_avx512(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
     int64_t i = 0;
     if (t == GgmlType::F16)
@@ -162,6 +154,14 @@ void widen16_avx512(GgmlType t, const uint16_t* src, float* dst, int64_t n) {
                                             : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
         _mm512_mask_storeu_ps(dst + i, m, f);
     }
+}
+
+} // namespace
+
+void fill_panels_avx512(CpuKernels& k) {
+    k.panel_f16 = tile<GgmlType::F16>;
+    k.panel_bf16 = tile<GgmlType::BF16>;
+    k.widen16 = widen16_avx512;
 }
 
 } // namespace tern

@@ -1,4 +1,5 @@
-// Packed matmul: the scalar twin of the tile kernel, the kernel choice and the loop nest (gemm_packed.h).
+// Packed matmul: the scalar twin of the tile kernel and the loop nest (gemm_packed.h); the kernels come from
+// the set's table (dispatch.h).
 #include "kernels/cpu/gemm_packed.h"
 
 #include <algorithm>
@@ -16,11 +17,6 @@
 #include "quant/repack.h"
 
 namespace tern {
-
-// Defined in gemm_packed_avx512.cpp / gemm_packed_avx2.cpp (x86-64 builds): the tile for t, or nullptr.
-PackedTileFn packed_tile_avx512(GgmlType t);
-PackedTileFn packed_tile_avx2(GgmlType t);
-PackedDecodeFn packed_decode_avx2(GgmlType t);
 
 namespace {
 
@@ -199,27 +195,6 @@ void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint
     }
 }
 
-PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k) {
-#if defined(__x86_64__)
-    if (k.isa == CpuIsa::avx512) return packed_tile_avx512(t);
-    if (k.isa == CpuIsa::avx2) return packed_tile_avx2(t);
-#else
-    (void)t;
-    (void)k;
-#endif
-    return nullptr;
-}
-
-PackedDecodeFn packed_decode_for(GgmlType t, const CpuKernels& k) {
-#if defined(__x86_64__)
-    if (k.isa == CpuIsa::avx2) return packed_decode_avx2(t);
-#else
-    (void)t;
-    (void)k;
-#endif
-    return nullptr;
-}
-
 void packed_act_words(GgmlType t, const QuantizedActs& x, std::vector<int32_t>& words) {
     const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
     const size_t xstride = x.col_stride ? x.col_stride : act_row_bytes(x.format, x.n_in);
@@ -227,7 +202,7 @@ void packed_act_words(GgmlType t, const QuantizedActs& x, std::vector<int32_t>& 
 }
 
 bool packing_pays(GgmlType t, int64_t n_in, const CpuKernels& k) {
-    return packable(t, n_in) && packed_tile_for(t, k) != nullptr;
+    return packable(t, n_in) && k.packed(t).tile != nullptr;
 }
 
 void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, int n_threads, const CpuKernels* kernels) {
@@ -236,7 +211,8 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
     if (!check_tiled_matmul_args(where, w.type, w.n_in, w.n_out, w.data, x)) return;
 
     const CpuKernels& k = kernels ? *kernels : cpu_kernels();
-    const PackedTileFn simd = packed_tile_for(w.type, k);
+    const CpuKernels::Packed kernel = k.packed(w.type);
+    const PackedTileFn simd = kernel.tile;
     const GgmlType t = w.type;
     const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
     const int64_t nb = w.n_in / (k_quant ? QK_K : QK8_0), n_out = w.n_out, n_cols = x.n_cols;
@@ -254,7 +230,7 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
     const int64_t chunk_cols =
         std::max<int64_t>(kTileCols, static_cast<int64_t>(kChunkActBytes / xstride) / kTileCols * kTileCols);
     // Decode with a decode kernel hands out kDecodeGroups groups at a time, read side by side.
-    const PackedDecodeFn decode = n_cols == 1 && simd ? packed_decode_for(t, k) : nullptr;
+    const PackedDecodeFn decode = n_cols == 1 && simd ? kernel.decode : nullptr;
     const int64_t unit = decode ? kDecodeGroups : 1;
     const int64_t n_units = (n_groups + unit - 1) / unit;
     int nt = std::max(1, n_threads);
@@ -302,11 +278,5 @@ void matmul_packed(const PackedMatrixView& w, const QuantizedActs& x, float* y, 
         });
     }
 }
-
-#if !defined(__x86_64__)
-PackedTileFn packed_tile_avx512(GgmlType) { return nullptr; }
-PackedTileFn packed_tile_avx2(GgmlType) { return nullptr; }
-PackedDecodeFn packed_decode_avx2(GgmlType) { return nullptr; }
-#endif
 
 } // namespace tern

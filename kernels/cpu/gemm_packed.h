@@ -42,9 +42,8 @@ struct PackedMatrixView {
 // One tile: nb blocks (Q4_K: super-blocks) of one group at `group`; column c's activation blocks at
 // x + c * x_stride and its per-block activation words (Q4_0/Q8_0: 2, -off * sum of the block's codes and
 // the block's scale as f32 bits; Q4_K: 4 of sub-block sums; Q6_K: 16, -32 * each sub-block's sum; see
-// gemm_packed.cpp) at corr + c * corr_stride; out[c * 16 + r] for c < n_cols.
-using PackedTileFn = void (*)(int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride, const int32_t* corr,
-                              size_t corr_stride, int n_cols, float* out);
+// gemm_packed.cpp) at corr + c * corr_stride; out[c * 16 + r] for c < n_cols. The signature is PackedTileFn
+// (dispatch.h); the set's tiles are CpuKernels::packed(t).tile.
 
 // A PackedTileFn over a tile template: Tile<C>::run(nb, group, x, x_stride, corr, corr_stride, out) for
 // C = n_cols = 1..kTileCols. One instantiation per count keeps each column's instruction sequence the same at
@@ -65,24 +64,20 @@ static void packed_tile_any_cols(int64_t nb, const uint8_t* group, const uint8_t
 
 // Decode (one column) of n_groups consecutive groups, 1 <= n_groups <= kDecodeGroups, the first at `first`, each
 // group_bytes long: out[16 g + r] is exactly what the tile gives for group g (same x and corr as a 1-column
-// tile). A thread that reads several groups side by side keeps several memory streams going at once.
+// tile). A thread that reads several groups side by side keeps several memory streams going at once. The
+// signature is PackedDecodeFn (dispatch.h); the set's decode kernel is CpuKernels::packed(t).decode (nullptr where
+// it has none: then decode takes the tile one group at a time).
 inline constexpr int kDecodeGroups = 4;
-using PackedDecodeFn = void (*)(int64_t nb, const uint8_t* first, size_t group_bytes, int n_groups, const uint8_t* x,
-                                const int32_t* corr, float* out);
 
-// The scalar twin (any CPU) and the SIMD kernel for the set k (nullptr when k's ISA has none: then the
-// caller keeps the plain layout and matmul_q).
+// The scalar twin of the tiles (any CPU): what matmul_packed runs for a set without a tile of its own (tests).
 void packed_tile_scalar(GgmlType t, int64_t nb, const uint8_t* group, const uint8_t* x, size_t x_stride,
                         const int32_t* corr, size_t corr_stride, int n_cols, float* out);
-PackedTileFn packed_tile_for(GgmlType t, const CpuKernels& k);
-// k's decode kernel for t, or nullptr (then decode takes the tile one group at a time).
-PackedDecodeFn packed_decode_for(GgmlType t, const CpuKernels& k);
 
 // The per-block activation words of x's columns that the tiles and decode kernels take as corr (see
 // PackedTileFn), x.n_cols * corr_stride of them: column c's at c * corr_stride.
 void packed_act_words(GgmlType t, const QuantizedActs& x, std::vector<int32_t>& words);
 
-// Whether weights of format t (rows of n_in) are worth packing for the set k: a SIMD tile kernel exists.
+// Whether weights of format t (rows of n_in) are worth packing for the set k: k has a tile for t.
 bool packing_pays(GgmlType t, int64_t n_in, const CpuKernels& k);
 
 // y (n_cols, n_out) = W x with x in act_format_for(w.type). kernels: nullptr = cpu_kernels();

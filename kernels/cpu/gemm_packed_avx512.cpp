@@ -212,14 +212,12 @@ template <int C> struct Q6_KTile { static constexpr auto run = tile_q6_k<C>; };
 
 } // namespace
 
-PackedTileFn packed_tile_avx512(GgmlType t) {
-    switch (t) {
-    case GgmlType::Q4_0: return packed_tile_any_cols<Q4_0Tile>;
-    case GgmlType::Q8_0: return packed_tile_any_cols<Q8_0Tile>;
-    case GgmlType::Q4_K: return packed_tile_any_cols<Q4_KTile>;
-    case GgmlType::Q6_K: return packed_tile_any_cols<Q6_KTile>;
-    default: return nullptr;
-    }
+// Tiles only: decode takes the tile one group at a time.
+void fill_packed_avx512(CpuKernels& k) {
+    k.packed_q4_0 = {packed_tile_any_cols<Q4_0Tile>, nullptr};
+    k.packed_q8_0 = {packed_tile_any_cols<Q8_0Tile>, nullptr};
+    k.packed_q4_k = {packed_tile_any_cols<Q4_KTile>, nullptr};
+    k.packed_q6_k = {packed_tile_any_cols<Q6_KTile>, nullptr};
 }
 
 } // namespace tern

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/parallel_for.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/silu.h"
 #include "quant/half.h"
 #include "quant/reference.h"
@@ -106,7 +107,7 @@ float gelu_tanh_f32(float x) {
 }
 
 void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, int n_threads) {
-    const SwigluFn kernel = swiglu_kernel();
+    const SwigluFn kernel = cpu_kernels().swiglu;
     const int threads = threads_for_elems(n, n_threads);
     // Pieces of whole cache lines (16 floats); the kernel's lanes and its scalar tail give the same bits, so
     // where the pieces split changes nothing.

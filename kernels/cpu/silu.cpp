@@ -1,10 +1,9 @@
-// The scalar twin of SiLU / SwiGLU (silu.h) and the kernel choice.
+// The scalar twin of SiLU / SwiGLU (silu.h).
 #include "kernels/cpu/silu.h"
 
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/ops.h"
 
 namespace tern {
@@ -26,13 +25,6 @@ float exp_f32(float x) {
 
 void swiglu_rows_scalar(const float* gate, const float* up, float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = silu_f32(gate[i]) * up[i];
-}
-
-SwigluFn swiglu_kernel() {
-    const CpuIsa isa = cpu_kernels().isa;
-    if (isa == CpuIsa::avx2 || isa == CpuIsa::avx512)
-        if (SwigluFn f = swiglu_avx2_kernel()) return f;
-    return swiglu_rows_scalar;
 }
 
 } // namespace tern

@@ -10,18 +10,16 @@
 // silu_f32(x) = x / (1 + exp_f32(-x)). Every step is one IEEE operation, in this order, in the twins.
 #include <cstdint>
 
+#include "kernels/cpu/dispatch.h"
+
 namespace tern {
 
 float exp_f32(float x);
 
-// y[i] = silu(gate[i]) * up[i] for i < n: the scalar twin, and the AVX2 kernel (nullptr where this
-// build or CPU has none). Both give the same bits for every element, whatever n.
+// y[i] = silu(gate[i]) * up[i] for i < n: the scalar twin. A set's kernel is CpuKernels::swiglu (SwigluFn,
+// dispatch.h): the AVX2 one of silu_avx2.cpp in the x86 SIMD sets, this twin in the others. Both give the same
+// bits for every element, whatever n.
 void swiglu_rows_scalar(const float* gate, const float* up, float* y, int64_t n);
-using SwigluFn = void (*)(const float* gate, const float* up, float* y, int64_t n);
-SwigluFn swiglu_avx2_kernel();
-
-// The kernel for this process (cpu_kernels()'s set: AVX2 and AVX-512 sets take the AVX2 one).
-SwigluFn swiglu_kernel();
 
 namespace silu_detail {
 inline constexpr float kHi = 88.0f, kLo = -87.0f;

@@ -33,12 +33,7 @@ void swiglu_avx2(const float* gate, const float* up, float* y, int64_t n) {
 
 } // namespace
 
-SwigluFn swiglu_avx2_kernel() { return swiglu_avx2; }
+void fill_swiglu_avx2(CpuKernels& k) { k.swiglu = swiglu_avx2; }
 
-} // namespace tern
-
-#else
-namespace tern {
-SwigluFn swiglu_avx2_kernel() { return nullptr; }
 } // namespace tern
 #endif
