@@ -155,13 +155,13 @@ TEST_CASE("ImportanceObserver: mean squares per column, second moments, shared i
     ModelWeights w;
     w.layers.resize(1);
     LayerWeights& lw = w.layers[0];
-    lw.wq.name = "q";
-    lw.wk.name = "k";
-    lw.wv.name = "v";
-    lw.wo.name = "o";
-    lw.w_gate.name = "gate";
-    lw.w_up.name = "up";
-    lw.w_down.name = "down";
+    lw.wq.name = "blk.0.attn_q.weight";
+    lw.wk.name = "blk.0.attn_k.weight";
+    lw.wv.name = "blk.0.attn_v.weight";
+    lw.wo.name = "blk.0.attn_output.weight";
+    lw.w_gate.name = "blk.0.ffn_gate.weight";
+    lw.w_up.name = "blk.0.ffn_up.weight";
+    lw.w_down.name = "blk.0.ffn_down.weight";
     w.output.name = "token_embd.weight";   // a tied output is the embedding
 
     ImportanceObserver obs(w, true);
@@ -175,25 +175,25 @@ TEST_CASE("ImportanceObserver: mean squares per column, second moments, shared i
 
     CHECK(im.tokens == 2);   // counted at the lm_head
     // Sums over the reported rows, divided by the tokens.
-    CHECK(im.columns.at("q") == std::vector<float>{1.0f, 2.0f, 6.5f});   // (1+1, 4+0, 9+4) / 2
-    CHECK(im.columns.at("k") == im.columns.at("q"));
-    CHECK(im.columns.at("v") == im.columns.at("q"));
-    CHECK(im.columns.at("down") == std::vector<float>{16.0f, 4.0f});   // (16+16, 4+4) / 2
-    CHECK(im.columns.at("token_embd.weight") == im.columns.at("q"));
-    CHECK(im.columns.at("up").empty());   // gate never reported: up shares its (empty) statistics
+    CHECK(im.columns.at("blk.0.attn_q.weight") == std::vector<float>{1.0f, 2.0f, 6.5f});   // (1+1, 4+0, 9+4) / 2
+    CHECK(im.columns.at("blk.0.attn_k.weight") == im.columns.at("blk.0.attn_q.weight"));
+    CHECK(im.columns.at("blk.0.attn_v.weight") == im.columns.at("blk.0.attn_q.weight"));
+    CHECK(im.columns.at("blk.0.ffn_down.weight") == std::vector<float>{16.0f, 4.0f});   // (16+16, 4+4) / 2
+    CHECK(im.columns.at("token_embd.weight") == im.columns.at("blk.0.attn_q.weight"));
+    CHECK(im.columns.at("blk.0.ffn_up.weight").empty());   // gate never reported: up shares its (empty) statistics
     // x x^T: rows (1,2,3) and (-1,0,2).
-    CHECK(im.moments.at("q") == std::vector<float>{1, 1, 0.5f, 1, 2, 3, 0.5f, 3, 6.5f});
-    CHECK(im.moments.count("k") == 0);
-    CHECK(im.moments_of("k") == &im.moments.at("q"));
-    CHECK(im.moments_of("up") == nullptr);
-    CHECK(im.moment_owner.at("up") == "gate");
+    CHECK(im.moments.at("blk.0.attn_q.weight") == std::vector<float>{1, 1, 0.5f, 1, 2, 3, 0.5f, 3, 6.5f});
+    CHECK(im.moments.count("blk.0.attn_k.weight") == 0);
+    CHECK(im.moments_of("blk.0.attn_k.weight") == &im.moments.at("blk.0.attn_q.weight"));
+    CHECK(im.moments_of("blk.0.ffn_up.weight") == nullptr);
+    CHECK(im.moment_owner.at("blk.0.ffn_up.weight") == "blk.0.ffn_gate.weight");
 
     ImportanceObserver diagonal(w, false);
     diagonal.matmul_input(0, ProjectionInput::attn_qkv, a, 2, 3);
     const ImportanceMatrix d = diagonal.finish();
     CHECK(d.moments.empty());
     CHECK(d.tokens == 0);
-    CHECK(d.columns.at("q") == std::vector<float>{2.0f, 4.0f, 13.0f});   // no tokens counted: sums kept
+    CHECK(d.columns.at("blk.0.attn_q.weight") == std::vector<float>{2.0f, 4.0f, 13.0f});   // no tokens counted: sums kept
 }
 
 TEST_CASE("collect_importance: every matrix, chunked with BOS, the same for any thread count") {
