@@ -59,3 +59,11 @@ void Backend::kv_append(const KvSnapshot&) {
 }
 
 } // namespace tern
+
+namespace tern {
+
+void Backend::set_observer(ForwardObserver* observer) {
+    if (observer) throw RuntimeFailure(device_name() + ": this backend cannot report its projection inputs");
+}
+
+} // namespace tern

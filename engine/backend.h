@@ -21,7 +21,8 @@ struct RunOptions {
     int32_t n_ctx = 0;            // KV cache positions to allocate (> 0)
     KvType kv_type = KvType::f16;
     int n_threads = 0;            // 0 = physical cores
-    // Dequantize weights and multiply in f32 (slow; the twin-reference check uses it). The default
+    // Dequantize weights and multiply in f32 (slow; the twin-reference check and quantize --calibrate use
+    // it; over an f32 KV cache the attention is then the plain softmax too). The default
     // quantizes the activations as ggml does (Q8_0/Q8_1/Q8_K, f16/bf16 for 16-bit weights) and runs the
     // SIMD dot kernels of kernels/cpu/matmul_quant.h, which tracks llama.cpp's own numbers.
     bool exact_matmul = false;
@@ -35,6 +36,19 @@ struct ForwardBatch {
     std::span<const int32_t> tokens;   // N tokens at positions pos0 .. pos0+N-1
     int32_t pos0 = 0;                  // must equal the number of positions already in the KV cache
     LogitsWanted wanted = LogitsWanted::last;
+};
+
+// The projections of the forward, grouped by the activation they read: q/k/v all read the attention
+// norm's output, gate/up the FFN norm's; lm_head is the output matrix (token_embd when tied).
+enum class ProjectionInput { attn_qkv, attn_output, ffn_gate_up, ffn_down, lm_head };
+
+// Sees the f32 input of every projection group as a forward computes it; quantization's calibration
+// collects its statistics this way (engine/quantize/importance.h). Called on the forward's own thread
+// between two ops; x (n_rows, width) row-major is valid during the call only. layer is -1 for lm_head,
+// whose rows are the ones the batch keeps logits for.
+struct ForwardObserver {
+    virtual ~ForwardObserver() = default;
+    virtual void matmul_input(int32_t layer, ProjectionInput which, const float* x, int64_t n_rows, int64_t width) = 0;
 };
 
 // A copy of the first n positions of the KV cache, for the prefix cache and /save.
@@ -68,6 +82,10 @@ public:
     // throw RuntimeFailure (the default); callers then fall back to truncate + prefill.
     virtual void kv_erase(int32_t begin, int32_t end);
     virtual std::string device_name() const = 0;           // "cpu", "cuda:0"
+    // Every later forward reports its projection inputs to `observer` (null, the default: none; the
+    // forward then pays one untaken branch per projection group). Backends that cannot report them
+    // throw RuntimeFailure (the default).
+    virtual void set_observer(ForwardObserver* observer);
 };
 
 } // namespace tern

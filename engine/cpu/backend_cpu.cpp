@@ -128,6 +128,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
         v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
         norm_input(x.data(), lv.attn_norm, n, dim, xn.data(), pl.q); // q, k and v share one quantized input
+        if (observer_) observer_->matmul_input(l, ProjectionInput::attn_qkv, xn.data(), n, dim);
         project_shared(pl.qkv, {&pl.q, &pl.k, &pl.v}, {&lv.bq, &lv.bk, &lv.bv}, input_, {q.data(), k.data(), v.data()});
 
         // Per-head q/k norm (qwen3, gemma3), then RoPE at each token's position, then the KV write.
@@ -151,9 +152,13 @@ void CpuBackend::forward(const ForwardBatch& batch) {
 
         // Attention over the cache (backend_cpu_attention.cpp).
         att.resize(static_cast<size_t>(n * att_dim)); // (n, n_heads, head_dim_v)
-        attend(l, pos0, n, q.data(), att.data());
+        if (exact_matmul_ && kv_.format() == KvFormat::f32)
+            attend_plain(l, pos0, n, q.data(), att.data());
+        else
+            attend(l, pos0, n, q.data(), att.data());
 
         // Output projection (+ bias), gemma's post-attention norm, residual.
+        if (observer_) observer_->matmul_input(l, ProjectionInput::attn_output, att.data(), n, att_dim);
         input_.reset(att.data(), att_dim, n);
         project(pl.o, lv.bo, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_attn_norm, out.data(), n, dim, c.rms_eps);
@@ -165,11 +170,13 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
         up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
         norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.gate); // gate and up share one quantized input
+        if (observer_) observer_->matmul_input(l, ProjectionInput::ffn_gate_up, xn.data(), n, dim);
         project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
         if (c.ffn_act == FfnActivation::silu)
             swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
         else
             geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
+        if (observer_) observer_->matmul_input(l, ProjectionInput::ffn_down, gate.data(), n, ffn_dim);
         input_.reset(gate.data(), ffn_dim, n);
         project(pl.down, lv.b_down, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);
@@ -183,6 +190,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     const int64_t rows = n - first;
     logits_.resize(static_cast<size_t>(rows * c.vocab)); // (rows, vocab)
     norm_input(x.data() + first * dim, output_norm_, rows, dim, xn.data(), prepared_.output);
+    if (observer_) observer_->matmul_input(-1, ProjectionInput::lm_head, xn.data(), rows, dim);
     project(prepared_.output, {}, input_, logits_.data());
     if (c.final_softcap > 0.0f) softcap_f32(logits_.data(), rows * c.vocab, c.final_softcap);
     n_logit_rows_ = static_cast<int>(rows);

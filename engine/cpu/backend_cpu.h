@@ -2,8 +2,9 @@
 // The CPU backend: weights stay in their GGUF formats inside the mapping. By default every projection and
 // the lm_head quantize their input activations once (ggml's pairing: Q8_0/Q8_1/Q8_K, f16/bf16, f32) and
 // run the SIMD dot kernels (kernels/cpu/matmul_quant.h); RunOptions::exact_matmul dequantizes weight
-// rows to f32 instead (kernels/cpu/ops.h matmul_dequant). Other activations are f32; the KV cache is
-// f32, f16 or bf16.
+// rows to f32 instead (kernels/cpu/ops.h matmul_dequant), and over an f32 KV cache also attends by the plain
+// softmax (attention_head) instead of the flash kernels. Other activations are f32; the KV cache is f32, f16,
+// bf16, q8_0 or f8_e4m3.
 #include <array>
 #include <initializer_list>
 #include <cstdint>
@@ -36,6 +37,7 @@ public:
     // Context shift: moves the later rows down and turns their K back (backend_cpu_shift.cpp).
     void kv_erase(int32_t begin, int32_t end) override;
     std::string device_name() const override { return "cpu"; }
+    void set_observer(ForwardObserver* observer) override { observer_ = observer; }
 
     int n_logit_rows() const { return n_logit_rows_; }
     int n_threads() const { return n_threads_; }
@@ -56,6 +58,7 @@ private:
     int n_threads_ = 1;
     bool exact_matmul_ = false;
     bool loaded_ = false;
+    ForwardObserver* observer_ = nullptr; // sees each projection group's f32 input (calibration)
 
     // One matmul input (n_cols, n_in) f32 and its quantized forms, each made at most once and shared by
     // every matmul that reads that input (q/k/v; gate/up).
@@ -86,6 +89,9 @@ private:
     // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
     // l's cache, which already holds those positions. Defined in backend_cpu_attention.cpp.
     void attend(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);
+    // The same by the plain softmax of kernels/cpu/ops.h, for exact_matmul_ over an f32 cache (the reference
+    // arithmetic quantize --calibrate measures with). Defined in backend_cpu_attention_plain.cpp.
+    void attend_plain(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);
 
     MatmulInput input_;
 
