@@ -84,25 +84,4 @@ private:
     DraftCost draft_cost_;
 };
 
-// Holds back streamed text that could be the start of a stop string until it is certain either
-// way, so a stop string is never printed, not even in part. Invariant: what is held back is the
-// longest tail of all text so far that is a proper prefix of some stop string; so a stop string
-// always appears whole inside the held-back text, never across what was already released.
-class StopStringFilter {
-public:
-    explicit StopStringFilter(std::vector<std::string> stops);
-
-    // Adds text; returns what can be shown now. Once a stop string appears, returns the text
-    // before it and matched() becomes true; later calls return nothing.
-    std::string push(std::string_view text);
-    // End of generation: releases what was held (nothing after a match).
-    std::string flush();
-    bool matched() const { return matched_; }
-
-private:
-    std::vector<std::string> stops_;
-    std::string held_;
-    bool matched_ = false;
-};
-
 } // namespace tern
