@@ -180,7 +180,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
         r.tokens.push_back(token);
         history.push_back(token);
         r.text += filter.push(decoder.push(token));
-        const std::optional<RepeatCut> loop = guard.push(token);
+        const std::optional<RepeatCut> loop = guard.push(r.tokens);
         held.token_streamed(r.text.size());
         if (!show(held.showable(guard.at_risk(), r.text.size()))) {
             r.stop_reason = StopReason::cancelled;
