@@ -168,8 +168,14 @@ void add_repeat_guard_options(CLI::App& cmd, RepeatGuardParams& p) {
 }
 
 void check_repeat_guard(const RepeatGuardParams& p) {
-    const std::string error = repeat_guard_params_error(p);
-    if (!error.empty()) throw UsageError(error);
+    const std::optional<RepeatGuardParamsError> error = check_repeat_guard_params(p);
+    if (!error) return;
+    using Field = RepeatGuardParamsError::Field;
+    const char* flag = error->field == Field::min_repeats       ? "--repeat-guard-count"
+                       : error->field == Field::min_loop_tokens ? "--repeat-guard-min-tokens"
+                       : error->field == Field::long_span       ? "--repeat-guard-long-span"
+                                                                : "--repeat-guard-max-span";
+    throw UsageError(std::string(flag) + ": " + error->rule);
 }
 
 std::string repeat_guard_note(const RepeatCut& c) {

@@ -38,9 +38,9 @@ struct Fed {
 Fed feed(const RepeatGuardParams& p, const std::vector<int32_t>& prompt, const std::vector<int32_t>& generated) {
     RepeatGuard g(p, prompt);
     Fed f;
-    for (int32_t t : generated) {
+    while (f.at < generated.size()) {
         ++f.at;
-        if ((f.cut = g.push(t))) return f;
+        if ((f.cut = g.push(std::span(generated).first(f.at)))) return f;
     }
     return f;
 }
@@ -215,7 +215,7 @@ TEST_CASE("at_risk covers every token a later cut removes") {
         RepeatGuard g(on(), std::vector<int32_t>{1});
         std::vector<int32_t> risk;   // at_risk after each token
         for (size_t i = 0; i < gen.size(); ++i) {
-            const std::optional<RepeatCut> cut = g.push(gen[i]);
+            const std::optional<RepeatCut> cut = g.push(std::span(gen).first(i + 1));
             risk.push_back(g.at_risk());
             if (!cut) continue;
             // Every removed token was at risk from when it was generated until now.
@@ -260,21 +260,29 @@ TEST_CASE("HeldText shows the text of the tokens that are not at risk") {
     CHECK(h.showable(10, 7) == 0);
 }
 
-TEST_CASE("bad thresholds are named by their flag") {
+TEST_CASE("bad thresholds are named by their field and worded without a flag") {
+    using Field = RepeatGuardParamsError::Field;
+    const auto field = [](const RepeatGuardParams& p) {
+        const std::optional<RepeatGuardParamsError> e = check_repeat_guard_params(p);
+        REQUIRE(e);
+        CHECK(e->rule.starts_with("must be"));
+        CHECK(e->rule.find("--") == std::string::npos);
+        return e->field;
+    };
     RepeatGuardParams p = on();
-    CHECK(repeat_guard_params_error(p).empty());
+    CHECK(!check_repeat_guard_params(p));
     p.min_repeats = 1;
-    CHECK(repeat_guard_params_error(p).starts_with("--repeat-guard-count:"));
+    CHECK(field(p) == Field::min_repeats);
     p = on();
     p.min_loop_tokens = 0;
-    CHECK(repeat_guard_params_error(p).starts_with("--repeat-guard-min-tokens:"));
+    CHECK(field(p) == Field::min_loop_tokens);
     p = on();
     p.long_span = 1;
-    CHECK(repeat_guard_params_error(p).starts_with("--repeat-guard-long-span:"));
+    CHECK(field(p) == Field::long_span);
     p.long_span = 0;
-    CHECK(repeat_guard_params_error(p).empty());
+    CHECK(!check_repeat_guard_params(p));
     p.max_span = 0;
-    CHECK(repeat_guard_params_error(p).starts_with("--repeat-guard-max-span:"));
+    CHECK(field(p) == Field::max_span);
 }
 
 // ---------------------------------------------------------------------------------------------

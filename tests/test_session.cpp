@@ -1,4 +1,4 @@
-// Session and StopStringFilter on small fakes (a counting "model" and a table tokenizer), so the
+// Session on small fakes (a counting "model" and a table tokenizer), so the
 // stop rules, prefix reuse and chunked prefill are checked independently of any real model; then
 // the same on the real stories260K model. `tern run` end to end is in test_cli_run.cpp.
 #include <doctest/doctest.h>
@@ -106,43 +106,6 @@ GenerateOptions greedy(int32_t n_predict) {
 }
 
 } // namespace
-
-TEST_CASE("StopStringFilter holds back a possible stop string and trims a whole one") {
-    StopStringFilter f({"END", "xyz"});
-    CHECK(f.push("abc") == "abc");
-    CHECK(f.push("E") == "");        // could be the start of END
-    CHECK(f.push("N") == "");
-    CHECK(f.push("X") == "ENX");     // it was not
-    CHECK(f.push("hello EN") == "hello ");
-    CHECK(f.push("D and more") == "");
-    CHECK(f.matched());
-    CHECK(f.push("later") == "");
-    CHECK(f.flush() == "");
-}
-
-TEST_CASE("StopStringFilter: earliest stop wins, held text is released at the end") {
-    StopStringFilter f({"bb", "abb"});
-    CHECK(f.push("xab") == "x");   // "ab" is a prefix of "abb", "b" of "bb"
-    CHECK(f.push("b!") == "");     // "abb" at 1 is earlier than "bb" at 2
-    CHECK(f.matched());
-
-    StopStringFilter g({"</s>"});
-    CHECK(g.push("a</") == "a");
-    CHECK(g.flush() == "</");
-
-    StopStringFilter none({"", ""});   // empty stop strings are ignored
-    CHECK(none.push("abc") == "abc");
-    CHECK(!none.matched());
-}
-
-TEST_CASE("StopStringFilter: overlapping prefixes keep the longest candidate") {
-    StopStringFilter f({"aab"});
-    CHECK(f.push("a") == "");
-    CHECK(f.push("a") == "");
-    CHECK(f.push("a") == "a");     // "aaa": the tail "aa" may still become "aab"
-    CHECK(f.push("b") == "");
-    CHECK(f.matched());
-}
 
 TEST_CASE("greedy generation follows the model, streams text and honours -n") {
     Fixture fx;

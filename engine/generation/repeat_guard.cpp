@@ -94,18 +94,19 @@ int32_t SubstringMatcher::prefix_in_text(std::span<const int32_t> seq) const {
 
 // ---------------------------------------------------------------------------------------------
 
-std::string repeat_guard_params_error(const RepeatGuardParams& p) {
+std::optional<RepeatGuardParamsError> check_repeat_guard_params(const RepeatGuardParams& p) {
+    using Field = RepeatGuardParamsError::Field;
     if (p.min_repeats < 2 || p.min_repeats > 1000)
-        return "--repeat-guard-count: must be in 2..1000 (back-to-back occurrences that make a loop)";
+        return RepeatGuardParamsError{Field::min_repeats, "must be in 2..1000 (back-to-back occurrences that make a loop)"};
     if (p.min_loop_tokens < 1 || p.min_loop_tokens > 100000)
-        return "--repeat-guard-min-tokens: must be in 1..100000 (tokens a loop must cover)";
+        return RepeatGuardParamsError{Field::min_loop_tokens, "must be in 1..100000 (tokens a loop must cover)"};
     if (p.long_span != 0 && (p.long_span < 2 || p.long_span > 100000))
-        return "--repeat-guard-long-span: must be 0 (off) or in 2..100000 (a span this long loops on its 2nd "
-               "occurrence)";
+        return RepeatGuardParamsError{Field::long_span, "must be 0 (off) or in 2..100000 (a span this long loops on "
+                                                        "its 2nd occurrence)"};
     if (p.max_span < 1 || p.max_span > 4096)
-        return "--repeat-guard-max-span: must be in 1..4096 (the longest span looked for; each costs a "
-               "comparison per token)";
-    return {};
+        return RepeatGuardParamsError{Field::max_span, "must be in 1..4096 (the longest span looked for; each costs a "
+                                                       "comparison per token)"};
+    return std::nullopt;
 }
 
 RepeatGuard::RepeatGuard(const RepeatGuardParams& params, std::span<const int32_t> prompt) : params_(params) {
@@ -121,23 +122,22 @@ int32_t RepeatGuard::repeats_needed(int32_t span) const {
     return std::max({params_.min_repeats, by_tokens, 2});
 }
 
-std::optional<RepeatCut> RepeatGuard::push(int32_t token) {
-    if (!params_.enabled) return std::nullopt;
-    tokens_.push_back(token);
-    const int32_t copied = prompt_->push(token);
-    const int32_t n = static_cast<int32_t>(tokens_.size());
+std::optional<RepeatCut> RepeatGuard::push(std::span<const int32_t> generated) {
+    if (!params_.enabled || generated.empty()) return std::nullopt;
+    const int32_t copied = prompt_->push(generated.back());
+    const int32_t n = static_cast<int32_t>(generated.size());
     const int32_t max_span = std::min(params_.max_span, n - 1);
     at_risk_ = 0;
     std::optional<RepeatCut> found;
     for (int32_t s = 1; s <= max_span; ++s) {
         int32_t& run = run_[static_cast<size_t>(s)];
-        run = tokens_[static_cast<size_t>(n - 1)] == tokens_[static_cast<size_t>(n - 1 - s)] ? run + 1 : 0;
+        run = generated[static_cast<size_t>(n - 1)] == generated[static_cast<size_t>(n - 1 - s)] ? run + 1 : 0;
         at_risk_ = std::max(at_risk_, run);
         // The shortest period that qualifies names the loop; its tail (run + s tokens) must not be
         // a verbatim piece of the prompt.
         if (found || run < (repeats_needed(s) - 1) * s || copied >= run + s) continue;
         // Keep one occurrence, or all of the loop's start that copies the prompt when that is more.
-        const std::span<const int32_t> region(tokens_.data() + (n - run - s), static_cast<size_t>(run + s));
+        const std::span<const int32_t> region = generated.subspan(static_cast<size_t>(n - run - s));
         const int32_t keep = std::max(s, prompt_->prefix_in_text(region));
         found = RepeatCut{s, (run + s) / s, run + s - keep};
     }

@@ -69,8 +69,15 @@ private:
     int32_t match_ = 0;
 };
 
-// The human-readable problems with a set of parameters ("" when valid), naming the CLI flag.
-std::string repeat_guard_params_error(const RepeatGuardParams& p);
+// A parameter outside its range: which one, and the rule it breaks in words that name no CLI flag
+// ("must be in 2..1000 (back-to-back occurrences that make a loop)"); app/ puts its flag in front.
+struct RepeatGuardParamsError {
+    enum class Field { min_repeats, min_loop_tokens, long_span, max_span };
+    Field field;
+    std::string rule;
+};
+// The first parameter outside its range; empty when all are valid.
+std::optional<RepeatGuardParamsError> check_repeat_guard_params(const RepeatGuardParams& p);
 
 class RepeatGuard {
 public:
@@ -78,8 +85,10 @@ public:
     // guard does nothing and costs nothing.
     RepeatGuard(const RepeatGuardParams& params, std::span<const int32_t> prompt);
 
-    // Adds one generated token; returns the cut when the tail has just become a loop.
-    std::optional<RepeatCut> push(int32_t token);
+    // One more token was generated: `generated` is every generated token so far, the newest last,
+    // one longer than at the previous call (the guard reads it; it keeps no copy). Returns the cut
+    // when the tail has just become a loop.
+    std::optional<RepeatCut> push(std::span<const int32_t> generated);
 
     // How many of the last generated tokens a later cut could still remove: the length of the
     // longest periodic run ending here. Text of those tokens must not be shown yet.
@@ -93,8 +102,7 @@ public:
 private:
     RepeatGuardParams params_;
     std::optional<SubstringMatcher> prompt_;
-    std::vector<int32_t> tokens_;   // generated so far
-    std::vector<int32_t> run_;      // run_[S]: tail positions i with tokens_[i] == tokens_[i - S]
+    std::vector<int32_t> run_;      // run_[S]: tail positions i with generated[i] == generated[i - S]
     int32_t at_risk_ = 0;
 };
 

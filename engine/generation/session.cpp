@@ -6,9 +6,10 @@
 #include <stdexcept>
 #include <utility>
 
-#include "engine/speculative/drafter.h"
-#include "engine/generation/repeat_guard.h"
 #include "base/error.h"
+#include "engine/generation/accept_drafts.h"
+#include "engine/generation/sampler.h"
+#include "engine/speculative/drafter.h"
 
 namespace tern {
 
@@ -27,17 +28,45 @@ bool penalties_off(const SamplingParams& p) {
            (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
 }
 
-// The text that streaming `tokens` through a fresh decoder and stop-string filter gives, flushed:
-// the completion's text after the repetition guard cut its tail.
-std::string stream_text(const Tokenizer& tokenizer, std::span<const int32_t> tokens,
-                        const std::vector<std::string>& stops) {
-    StreamDecoder decoder(tokenizer);
-    StopStringFilter filter(stops);
-    std::string text;
-    for (int32_t t : tokens) text += filter.push(decoder.push(t));
-    text += filter.push(decoder.flush());
-    text += filter.flush();
-    return text;
+bool length_reached(const GenerateOptions& o, const CompletionStream& stream) {
+    return o.n_predict >= 0 && stream.n_generated() >= o.n_predict;
+}
+
+// The target's token for each logit row of the last forward: the backend's argmax when sampling is
+// greedy without penalties (the logits then stay on the device), else the sampler over the row.
+class TargetTokens {
+public:
+    TargetTokens(Backend& backend, const SamplingParams& params)
+        : backend_(backend), sampler_(params), device_argmax_(sampler_.greedy() && penalties_off(params)) {}
+
+    // A forward left `rows` rows of logits.
+    void forwarded(size_t rows) {
+        if (!device_argmax_) return;
+        row_argmax_.resize(rows);
+        backend_.argmax(row_argmax_);
+    }
+    // `history`: what the penalties look at.
+    int32_t at(size_t row, std::span<const int32_t> history) {
+        return device_argmax_ ? row_argmax_[row] : sampler_.sample(backend_.logits(static_cast<int>(row)), history);
+    }
+
+private:
+    Backend& backend_;
+    Sampler sampler_;
+    bool device_argmax_;
+    std::vector<int32_t> row_argmax_;   // device_argmax_: the argmax of each row
+};
+
+// One token from logit row `row`, through every stop rule in the order plain decoding applies them.
+ProducedToken next_token(size_t row, TargetTokens& target, CompletionStream& stream, const Tokenizer& tokenizer,
+                         const GenerateOptions& options) {
+    if (cancelled(options)) return {std::nullopt, StopReason::cancelled};
+    if (length_reached(options, stream)) return {std::nullopt, StopReason::length};
+    const int32_t token = target.at(row, stream.history());
+    if (tokenizer.is_eog(token)) return {std::nullopt, StopReason::eos};
+    Verdict verdict = stream.push(token);
+    if (!verdict && length_reached(options, stream)) verdict = StopReason::length;
+    return {token, verdict};   // a full cache is checked where the token would be forwarded
 }
 
 } // namespace
@@ -52,47 +81,6 @@ std::string_view stop_reason_name(StopReason r) {
     case StopReason::cancelled: return "cancelled";
     }
     return "unknown";
-}
-
-// ---------------------------------------------------------------------------------------------
-
-StopStringFilter::StopStringFilter(std::vector<std::string> stops) {
-    for (std::string& s : stops)
-        if (!s.empty()) stops_.push_back(std::move(s));
-}
-
-std::string StopStringFilter::push(std::string_view text) {
-    if (matched_) return {};
-    held_.append(text);
-    if (stops_.empty()) return std::exchange(held_, {});
-
-    size_t first = std::string::npos;
-    for (const std::string& s : stops_) first = std::min(first, held_.find(s));
-    if (first != std::string::npos) {
-        matched_ = true;
-        std::string out = held_.substr(0, first);
-        held_.clear();
-        return out;
-    }
-
-    // Keep the longest tail that some stop string starts with.
-    size_t keep = 0;
-    for (const std::string& s : stops_) {
-        for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
-            if (std::string_view(held_).substr(held_.size() - k) == std::string_view(s).substr(0, k)) {
-                keep = k;
-                break;
-            }
-        }
-    }
-    std::string out = held_.substr(0, held_.size() - keep);
-    held_.erase(0, held_.size() - keep);
-    return out;
-}
-
-std::string StopStringFilter::flush() {
-    if (matched_) return {};
-    return std::exchange(held_, {});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -154,15 +142,59 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
                                  const TextCallback& on_text) {
     if (prompt.empty()) throw UsageError("the prompt is empty (no tokens to start from; give some text or keep BOS)");
     if (static_cast<int64_t>(prompt.size()) > n_ctx_)
-        throw UsageError("--ctx-size: the prompt has " + std::to_string(prompt.size()) +
-                         " tokens but the context is " + std::to_string(n_ctx_) + " (raise -c)");
+        throw UsageError("the prompt has " + std::to_string(prompt.size()) + " tokens but the context is " +
+                         std::to_string(n_ctx_));
 
     GenerateResult r;
     r.prompt_tokens.assign(prompt.begin(), prompt.end());
 
-    // --- prefix reuse: keep the KV of the longest common prefix. At least the last prompt
-    // token is run again, because its logits choose the first generated token.
     const auto t_prefill = Clock::now();
+    const size_t common = reuse_prefix(prompt, r);
+    prefill(prompt.subspan(common), options);
+    r.n_prefilled = static_cast<int32_t>(kv_tokens_.size() - common);
+    // The drafter reads the prompt too (a draft model prefills it): part of the prefill's time.
+    if (options.drafter && kv_tokens_.size() == prompt.size()) options.drafter->begin(prompt);
+    r.prefill_ms = ms_since(t_prefill);
+    if (kv_tokens_.size() != prompt.size()) {   // cancelled between chunks
+        r.stop_reason = StopReason::cancelled;
+        return r;
+    }
+
+    const auto t_decode = Clock::now();
+    CompletionStream stream(*tokenizer_, prompt, options.stop, options.repeat_guard, on_text);
+    r.stop_reason = stream.finish(decode(stream, options, r));
+    r.decode_ms = ms_since(t_decode);
+    r.repeat_cut = stream.repeat_cut();
+    r.tokens = stream.take_generated();
+    r.text = stream.take_text();
+    store_prefix(prompt);
+    return r;
+}
+
+StopReason Session::decode(CompletionStream& stream, const GenerateOptions& options, GenerateResult& r) {
+    TargetTokens target(*backend_, options.sampling);
+    target.forwarded(1);         // the prefill's last row
+    std::vector<int32_t> step;   // the last decode forward: the newest token, then its drafts
+    for (;;) {
+        const std::span<const int32_t> drafts =
+            step.empty() ? std::span<const int32_t>() : std::span<const int32_t>(step).subspan(1);
+        const AcceptedDrafts accepted = accept_drafts(
+            drafts, [&](size_t row) { return next_token(row, target, stream, *tokenizer_, options); });
+        forget_last(drafts.size() - static_cast<size_t>(accepted.accepted));
+        if (!drafts.empty()) {
+            r.n_drafted += static_cast<int32_t>(drafts.size());
+            r.n_accepted += accepted.accepted;
+            options.drafter->observe(static_cast<int32_t>(drafts.size()), accepted.accepted);
+        }
+        if (accepted.stop) return *accepted.stop;
+        if (!make_room(options)) return StopReason::context;
+        next_step(stream, options, step);
+        forward_step(step, options);
+        target.forwarded(step.size());
+    }
+}
+
+size_t Session::reuse_prefix(std::span<const int32_t> prompt, GenerateResult& r) {
     size_t common = 0;
     const size_t limit = std::min(kv_tokens_.size(), prompt.size() - 1);
     while (common < limit && kv_tokens_[common] == prompt[common]) ++common;
@@ -179,188 +211,45 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
         r.n_from_disk = disk.n_disk;
     }
     r.n_reused = static_cast<int32_t>(common);
+    return common;
+}
 
-    prefill(prompt.subspan(common), options);
-    r.n_prefilled = static_cast<int32_t>(kv_tokens_.size() - common);
-    // The drafter reads the prompt too (a draft model prefills it): part of the prefill's time.
-    if (options.drafter && kv_tokens_.size() == prompt.size()) options.drafter->begin(prompt);
-    r.prefill_ms = ms_since(t_prefill);
-    if (kv_tokens_.size() != prompt.size()) {   // cancelled between chunks
-        r.stop_reason = StopReason::cancelled;
-        return r;
-    }
+void Session::forget_last(size_t n) {
+    if (n == 0) return;
+    kv_tokens_.resize(kv_tokens_.size() - n);
+    backend_->kv_truncate(static_cast<int32_t>(kv_tokens_.size()));
+}
 
-    // --- decode: sample -> stop checks -> stream -> forward the token. With a drafter the forward
-    // also carries the drafted tokens; the following rows of its logits then give the tokens
-    // after each draft, and a draft is kept while it is exactly the token sampled there.
-    const auto t_decode = Clock::now();
-    Sampler sampler(options.sampling);
-    // Greedy without penalties needs no logits on the host: the backend's argmax can stay on
-    // the device.
-    const bool device_argmax = sampler.greedy() && penalties_off(options.sampling);
-    std::vector<int32_t> history(prompt.begin(), prompt.end());   // what the penalties look at
-    StreamDecoder decoder(*tokenizer_);
-    StopStringFilter filter(options.stop);
-    // The repetition guard: r.text grows with every token, but the text of tokens that a cut could
-    // still remove is held back from on_text until the repetition breaks (never shown if cut).
-    RepeatGuard guard(options.repeat_guard, prompt);
-    HeldText held;
-    size_t shown = 0;   // bytes of r.text passed to on_text
-    bool output_open = true;
-    auto show = [&](size_t upto) {
-        if (upto <= shown || !output_open) return output_open;
-        const std::string_view piece = std::string_view(r.text).substr(shown, upto - shown);
-        shown = upto;
-        if (on_text && !on_text(piece)) output_open = false;
-        return output_open;
-    };
-    // Appends one generated token (not an end-of-generation one) and streams it; false once a
-    // stop rule fired, with r.stop_reason set.
-    auto commit = [&](int32_t token) {
-        r.tokens.push_back(token);
-        history.push_back(token);
-        r.text += filter.push(decoder.push(token));
-        const std::optional<RepeatCut> loop = guard.push(token);
-        held.token_streamed(r.text.size());
-        if (!show(held.showable(guard.at_risk(), r.text.size()))) {
-            r.stop_reason = StopReason::cancelled;
-            return false;
-        }
-        if (filter.matched()) {
-            r.stop_reason = StopReason::stop;
-            return false;
-        }
-        if (loop) {   // keep one occurrence: the text is that of the kept tokens, as if they ended here
-            r.tokens.resize(r.tokens.size() - static_cast<size_t>(loop->cut));
-            r.text = stream_text(*tokenizer_, r.tokens, options.stop);
-            r.repeat_cut = *loop;
-            r.stop_reason = StopReason::repetition;
-            return false;
-        }
-        if (options.n_predict >= 0 && r.n_gen() >= options.n_predict) {
-            r.stop_reason = StopReason::length;
-            return false;
-        }
-        return true;   // a full cache is checked where the token would be forwarded
-    };
+bool Session::make_room(const GenerateOptions& options) {
+    // The new token goes to position kv_tokens_.size() (a context shift may have moved it down).
+    if (static_cast<int64_t>(kv_tokens_.size()) < n_ctx_) return true;
+    if (options.on_context_full) options.on_context_full(*this);
+    return static_cast<int64_t>(kv_tokens_.size()) < n_ctx_;
+}
 
+void Session::next_step(const CompletionStream& stream, const GenerateOptions& options, std::vector<int32_t>& step) {
+    step.assign(1, stream.generated().back());
     Drafter* drafter = options.drafter;
-    std::vector<int32_t> step;         // the last forward's tokens: one generated token, then drafts
-    std::vector<int32_t> row_argmax;   // device_argmax: the argmax of each of its logit rows
-    std::vector<int32_t> drafts;
-    if (device_argmax) {
-        row_argmax.resize(1);
-        backend_->argmax(row_argmax);
-    }
-    bool done = false;
-    while (!done) {
-        // Tokens from the rows of the last forward: row i follows step[0..i]. Each sampled token
-        // is committed exactly as plain decoding would (same RNG draws, same stop checks); it
-        // confirms draft step[i+1] when equal, and the first one that does not is the next
-        // step[0]. So the output does not depend on the drafts, only the number of forwards.
-        const size_t n_drafts = step.empty() ? 0 : step.size() - 1;
-        size_t accepted = 0;
-        for (;;) {
-            if (cancelled(options)) {
-                r.stop_reason = StopReason::cancelled;
-                done = true;
-                break;
-            }
-            if (options.n_predict >= 0 && r.n_gen() >= options.n_predict) {
-                r.stop_reason = StopReason::length;
-                done = true;
-                break;
-            }
-            const size_t row = accepted;
-            const int32_t token =
-                device_argmax ? row_argmax[row] : sampler.sample(backend_->logits(static_cast<int>(row)), history);
-            if (tokenizer_->is_eog(token)) {
-                r.stop_reason = StopReason::eos;
-                done = true;
-                break;
-            }
-            const bool confirms = accepted < n_drafts && token == step[accepted + 1];
-            const bool more = commit(token);
-            if (confirms) ++accepted;   // its K/V, written by the last forward, are right: keep them
-            if (!more) {
-                done = true;
-                break;
-            }
-            if (!confirms) break;   // a new token, not in the cache yet
-        }
-        // Forget the K/V of the rejected drafts.
-        if (accepted < n_drafts) {
-            kv_tokens_.resize(kv_tokens_.size() - (n_drafts - accepted));
-            backend_->kv_truncate(static_cast<int32_t>(kv_tokens_.size()));
-        }
-        if (drafter && n_drafts > 0) {
-            r.n_drafted += static_cast<int32_t>(n_drafts);
-            r.n_accepted += static_cast<int32_t>(accepted);
-            drafter->observe(static_cast<int32_t>(n_drafts), static_cast<int32_t>(accepted));
-        }
-        if (done) break;
+    if (!drafter) return;
+    // At most as many drafts as could still be generated after the token (n_predict) and as fit in the
+    // cache behind it.
+    int64_t room = static_cast<int64_t>(n_ctx_) - static_cast<int64_t>(kv_tokens_.size()) - 1;
+    if (options.n_predict >= 0) room = std::min<int64_t>(room, options.n_predict - stream.n_generated() - 1);
+    if (room <= 0) return;
+    drafter->propose(stream.history(), static_cast<int32_t>(std::min<int64_t>(room, INT32_MAX)), draft_cost_, drafts_);
+    if (static_cast<int64_t>(drafts_.size()) > room) drafts_.resize(static_cast<size_t>(room));
+    step.insert(step.end(), drafts_.begin(), drafts_.end());
+}
 
-        // The new token goes to position kv_tokens_.size() (a context shift may have moved it
-        // down): a full cache stops here unless the hook frees positions.
-        if (static_cast<int64_t>(kv_tokens_.size()) >= n_ctx_) {
-            if (options.on_context_full) options.on_context_full(*this);
-            if (static_cast<int64_t>(kv_tokens_.size()) >= n_ctx_) {
-                r.stop_reason = StopReason::context;
-                break;
-            }
-        }
-
-        // Forward the new token and what the drafter guesses follows it. At most as many drafts as
-        // could still be generated after it (-n) and as fit in the cache behind it.
-        step.assign(1, r.tokens.back());
-        if (drafter) {
-            int64_t room = static_cast<int64_t>(n_ctx_) - static_cast<int64_t>(kv_tokens_.size()) - 1;
-            if (options.n_predict >= 0) room = std::min<int64_t>(room, options.n_predict - r.n_gen() - 1);
-            if (room > 0) {
-                drafter->propose(history, static_cast<int32_t>(std::min<int64_t>(room, INT32_MAX)), draft_cost_,
-                                 drafts);
-                if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
-                step.insert(step.end(), drafts.begin(), drafts.end());
-            }
-        }
-        ForwardBatch batch;
-        batch.tokens = step;
-        batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
-        batch.wanted = step.size() > 1 ? LogitsWanted::all : LogitsWanted::last;
-        const auto t_forward = Clock::now();
-        backend_->forward(batch);
-        if (drafter) draft_cost_.record(static_cast<int32_t>(step.size()), ms_since(t_forward));
-        kv_tokens_.insert(kv_tokens_.end(), step.begin(), step.end());
-        if (device_argmax) {
-            row_argmax.resize(step.size());
-            backend_->argmax(row_argmax);
-        }
-    }
-
-    // Stopped by the user (Ctrl-C) while the guard still held back the text of the last tokens:
-    // the reply ends where the user saw it stop. Those tokens are dropped (their K/V are simply
-    // not reused by the next prompt), so no text appears after the terminal's "^C".
-    bool rederived = false;
-    if (r.stop_reason == StopReason::cancelled && output_open && guard.at_risk() > 0) {
-        r.tokens.resize(r.tokens.size() - std::min(r.tokens.size(), static_cast<size_t>(guard.at_risk())));
-        r.text = stream_text(*tokenizer_, r.tokens, options.stop);
-        rederived = true;
-    }
-    // Release what the decoder and the filter still hold (a trailing partial character becomes
-    // U+FFFD), unless a stop string already ended the text, a cut or a cancel already re-derived
-    // it, or nobody is listening; then show what the guard held back.
-    if (output_open && !filter.matched() && r.stop_reason != StopReason::repetition && !rederived) {
-        r.text += filter.push(decoder.flush());
-        if (filter.matched()) {
-            r.stop_reason = StopReason::stop;
-        } else {
-            r.text += filter.flush();
-        }
-    }
-    show(r.text.size());
-    r.decode_ms = ms_since(t_decode);
-    store_prefix(prompt);
-    return r;
+void Session::forward_step(std::span<const int32_t> step, const GenerateOptions& options) {
+    ForwardBatch batch;
+    batch.tokens = step;
+    batch.pos0 = static_cast<int32_t>(kv_tokens_.size());
+    batch.wanted = step.size() > 1 ? LogitsWanted::all : LogitsWanted::last;
+    const auto t_forward = Clock::now();
+    backend_->forward(batch);
+    if (options.drafter) draft_cost_.record(static_cast<int32_t>(step.size()), ms_since(t_forward));
+    kv_tokens_.insert(kv_tokens_.end(), step.begin(), step.end());
 }
 
 void Session::store_prefix(std::span<const int32_t> prompt) {

@@ -13,6 +13,7 @@
 
 #include "engine/backend.h"
 #include "engine/speculative/drafter.h"
+#include "engine/generation/completion_stream.h"
 #include "engine/generation/generate_options.h"
 #include "engine/prefix_cache/prefix_cache.h"
 #include "engine/text/tokenizer.h"
@@ -20,11 +21,6 @@
 namespace tern {
 
 struct Model;
-
-// Receives each piece of completion text once it is final (never part of a stop string, never a
-// split UTF-8 character). Returning false stops generation (stop_reason cancelled): a closed
-// stdout, for instance.
-using TextCallback = std::function<bool(std::string_view)>;
 
 class Session {
 public:
@@ -68,7 +64,22 @@ public:
     PrefixCache* prefix_cache() { return prefix_cache_.get(); }
 
 private:
+    // Keeps the KV of the longest prefix of `prompt` that memory or the on-disk cache holds (never
+    // the last prompt token: its logits choose the first generated token). Returns its length.
+    size_t reuse_prefix(std::span<const int32_t> prompt, GenerateResult& r);
     void prefill(std::span<const int32_t> tokens, const GenerateOptions& options);
+    // Decodes into `stream` until a stop rule fires; returns it. Each step takes the tokens of the
+    // last forward's logit rows into the completion (accepting the drafts they confirm: the
+    // speculative accept step, accept_drafts.h), then forwards the newest token with the next
+    // drafts. Counts drafted and accepted tokens in `r`.
+    StopReason decode(CompletionStream& stream, const GenerateOptions& options, GenerateResult& r);
+    // Drops the K/V of the last `n` positions (drafts the target did not confirm).
+    void forget_last(size_t n);
+    // The next token needs a position: false when the cache is full and on_context_full freed none.
+    bool make_room(const GenerateOptions& options);
+    // The next decode forward: the newest token, then what the drafter guesses follows it.
+    void next_step(const CompletionStream& stream, const GenerateOptions& options, std::vector<int32_t>& step);
+    void forward_step(std::span<const int32_t> step, const GenerateOptions& options);
     // After generating: the prompt's blocks that are not on disk yet go to the prefix cache.
     void store_prefix(std::span<const int32_t> prompt);
 
@@ -82,27 +93,7 @@ private:
     // What verifying drafted tokens costs on this backend, timed on the decode forwards of
     // speculative steps and kept across calls (chat turns).
     DraftCost draft_cost_;
-};
-
-// Holds back streamed text that could be the start of a stop string until it is certain either
-// way, so a stop string is never printed, not even in part. Invariant: what is held back is the
-// longest tail of all text so far that is a proper prefix of some stop string; so a stop string
-// always appears whole inside the held-back text, never across what was already released.
-class StopStringFilter {
-public:
-    explicit StopStringFilter(std::vector<std::string> stops);
-
-    // Adds text; returns what can be shown now. Once a stop string appears, returns the text
-    // before it and matched() becomes true; later calls return nothing.
-    std::string push(std::string_view text);
-    // End of generation: releases what was held (nothing after a match).
-    std::string flush();
-    bool matched() const { return matched_; }
-
-private:
-    std::vector<std::string> stops_;
-    std::string held_;
-    bool matched_ = false;
+    std::vector<int32_t> drafts_;   // next_step()'s scratch: the drafter's latest proposal
 };
 
 } // namespace tern
