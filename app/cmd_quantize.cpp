@@ -375,7 +375,7 @@ int run_quantize(QuantizeArgs& a) {
         if (a.out.empty()) throw UsageError("quantize: no output file (give IN.gguf OUT.gguf, or --dry-run)");
         check_paths(a);
     }
-    const int n_threads = a.threads > 0 ? a.threads : std::max(1, cpu_features().physical_cores);
+    const int n_threads = resolve_threads(a.threads);
 
     const auto t0 = std::chrono::steady_clock::now();
     const GgufFile in = GgufFile::open(a.in);
