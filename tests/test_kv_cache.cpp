@@ -56,7 +56,7 @@ TEST_CASE("KvCache stores rows in the --kv-type format and returns them at k_row
         const int32_t head_dim = 64, head_dim_v = 96, n = 9;
         Filled f;
         fill(f, type, head_dim, head_dim_v, 16, n);
-        const KvFormat fmt = f.cache.format();
+        const KvType fmt = f.cache.format();
         CHECK(f.cache.total_bytes() == 5 * 16 * (kv_row_bytes(fmt, head_dim) + kv_row_bytes(fmt, head_dim_v)));
         std::vector<float> back(head_dim_v), expect(head_dim_v);
         for (int32_t l = 0; l < 3; ++l) {

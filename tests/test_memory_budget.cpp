@@ -10,6 +10,7 @@
 
 #include "engine/cpu/kv_cache.h"
 #include "engine/memory_budget.h"
+#include "engine/cpu/memory_plan.h"
 #include "engine/model.h"
 #include "tests/test_support.h"
 
@@ -51,13 +52,13 @@ TEST_CASE("kv_cache_bytes equals what KvCache allocates, for every KV type and s
         }
 }
 
-TEST_CASE("estimate_memory: weights are the file's tensor bytes, a tied output counted once") {
+TEST_CASE("cpu_memory_need: weights are the file's tensor bytes, a tied output counted once") {
     if (!test::shared_available()) return;
     for (const char* name : {"models/synth/synth-k256-q4_0.gguf", "models/synth/synth-k256-tied-q8_0.gguf",
                              "models/gguf/stories260K-f32.gguf"}) {
         CAPTURE(name);
         const Model m = load_model(test::shared_path(name).string());
-        const MemoryNeed need = estimate_memory(m.config, m.weights, MemoryRequest{KvType::f16, 256});
+        const MemoryNeed need = cpu_memory_need(m.config, m.weights, MemoryRequest{KvType::f16, 256});
         CHECK(need.weights == file_tensor_bytes(m.file));
         CHECK(need.copies > 0);
         CHECK(need.copies < need.weights);   // the norms (and an untied token_embd) are never packed
@@ -66,11 +67,11 @@ TEST_CASE("estimate_memory: weights are the file's tensor bytes, a tied output c
         CHECK(need.resident() == need.weights + need.kv + need.buffers);
         CHECK(need.allocated() == need.copies + need.kv + need.buffers);
         // Doubling the context doubles the KV cache and nothing else; q8_0 KV is 34/64 of f16's.
-        const MemoryNeed twice = estimate_memory(m.config, m.weights, MemoryRequest{KvType::f16, 512});
+        const MemoryNeed twice = cpu_memory_need(m.config, m.weights, MemoryRequest{KvType::f16, 512});
         CHECK(twice.kv == 2 * need.kv);
         CHECK(twice.weights == need.weights);
         // Perplexity keeps a batch of logit rows: the buffers grow by vocab floats per row.
-        const MemoryNeed rows = estimate_memory(m.config, m.weights, MemoryRequest{KvType::f16, 256, 512, 256});
+        const MemoryNeed rows = cpu_memory_need(m.config, m.weights, MemoryRequest{KvType::f16, 256, 512, 256});
         CHECK(rows.buffers == need.buffers + 255ull * 4 * static_cast<uint64_t>(m.config.vocab));
     }
 }
@@ -145,8 +146,8 @@ TEST_CASE("cgroup_limit: v1 memory controller, its unlimited value, a namespaced
     CHECK(!cgroup_limit("garbage without colons\n", root.path()).has_value());
 }
 
-TEST_CASE("memory_limits: MemAvailable is always among them on Linux") {
-    const std::vector<MemoryLimit> limits = memory_limits();
+TEST_CASE("host_memory_limits: MemAvailable is always among them on Linux") {
+    const std::vector<MemoryLimit> limits = host_memory_limits();
     REQUIRE(!limits.empty());
     CHECK(limits.front().source.find("MemAvailable") != std::string::npos);
     CHECK(limits.front().available > 0);

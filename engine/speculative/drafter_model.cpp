@@ -5,7 +5,7 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "engine/backend_factory.h"
+#include "engine/open_model.h"
 #include "engine/model.h"
 #include "engine/text/tokenizer.h"
 #include "base/error.h"
@@ -126,21 +126,24 @@ void check_draft_vocab(const Model& target, const Model& draft) {
                              quoted(t.tokens[i]) + " in the target " + target.file.path() + hint);
 }
 
-std::unique_ptr<DraftModelDrafter> load_draft_model(const std::string& path, const Model& target,
-                                                    std::string_view device, const RunOptions& run,
+std::unique_ptr<DraftModelDrafter> load_draft_model(const OpenRequest& request, const Model& target,
                                                     int32_t max_tokens) {
-    std::shared_ptr<Model> draft;
+    OpenRequest r = request;
+    bool vocab_checked = false;   // errors after the check are not the file's
+    r.on_file_opened = [&](const Model& draft) {
+        check_draft_vocab(target, draft);
+        vocab_checked = true;
+    };
+    OpenedModel opened;
     try {
-        draft = std::make_shared<Model>(load_model(path));
-        check_draft_vocab(target, *draft);
+        opened = open_model(r);
     } catch (const InputError& e) {
         const std::string what = e.what();
-        if (what.starts_with("--draft-model")) throw;
+        if (vocab_checked || what.starts_with("--draft-model")) throw;
         throw InputError("--draft-model: " + what);
     }
-    std::unique_ptr<Backend> backend = make_backend(device);
-    backend->load(draft->config, draft->weights, run);
-    return std::make_unique<DraftModelDrafter>(std::move(backend), run.n_ctx, max_tokens, std::move(draft));
+    const int32_t n_ctx = opened.context.n_ctx;
+    return std::make_unique<DraftModelDrafter>(std::move(opened.backend), n_ctx, max_tokens, std::move(opened.model));
 }
 
 } // namespace tern

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/open_model.h"
 #include "engine/speculative/drafter.h"
 
 namespace tern {
@@ -54,9 +55,9 @@ private:
 // could not even be verified).
 void check_draft_vocab(const Model& target, const Model& draft);
 
-// Loads --draft-model PATH on `device` with the target's run options (context, KV type, threads)
-// and checks its vocabulary against the target's. Errors (exit 2) name --draft-model.
-std::unique_ptr<DraftModelDrafter> load_draft_model(const std::string& path, const Model& target,
-                                                    std::string_view device, const RunOptions& run, int32_t max_tokens);
+// Opens --draft-model (request.path) through open_model with the target's settings (device,
+// context, KV type, threads), checking its vocabulary against the target's before anything large is
+// allocated, and its memory like any model's. Errors of the file (exit 2) name --draft-model.
+std::unique_ptr<DraftModelDrafter> load_draft_model(const OpenRequest& request, const Model& target, int32_t max_tokens);
 
 } // namespace tern
