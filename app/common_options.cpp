@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "app/engine_errors.h"
 #include "engine/backend_factory.h"
 #include "engine/text/chat_template.h"
 #include "engine/memory_budget.h"
@@ -277,7 +278,7 @@ std::unique_ptr<Drafter> make_drafter(const DraftOptions& f, const ModelOptions&
     request.device = model_options.device;
     request.gpu_layers = model_options.gpu_layers;
     request.cpu.n_threads = model_options.threads;
-    return load_draft_model(request, *target, f.draft_max);
+    return with_flag_words([&] { return load_draft_model(request, *target, f.draft_max); });
 }
 
 OpenRequest open_request(const ModelOptions& o) {
@@ -300,13 +301,7 @@ OpenRequest open_request(const ModelOptions& o) {
 }
 
 OpenedModel open_model_for(const OpenRequest& request) {
-    try {
-        return open_model(request);
-    } catch (const DeviceUnavailable& e) {
-        if (e.reason == DeviceUnavailable::Reason::not_built)
-            throw UsageError("--device " + e.device + ": tern was built without a CUDA backend yet (use cpu)");
-        throw;
-    }
+    return with_flag_words([&] { return open_model(request); });
 }
 
 LoadedSession load_session(const ModelOptions& o) {

@@ -136,8 +136,7 @@ struct LoadedSession {
 // (an automatic device choice, a context capped to memory). The caller may add its hooks.
 OpenRequest open_request(const ModelOptions& options);
 
-// Opens the model (open_request), wording the engine's device errors with the flag that gave the
-// device (--device).
+// Opens the model (open_request), its errors worded with the flags (app/engine_errors.h).
 OpenedModel open_model_for(const OpenRequest& request);
 
 // Opens the model, picks the device, sizes the context and builds the session. Prints at most a

@@ -184,23 +184,23 @@ std::string format_memory(uint64_t bytes) {
     return buf;
 }
 
-std::string memory_shortfall(const MemoryNeed& need, const std::vector<MemoryLimit>& limits, const MemoryRequest& r) {
+std::optional<MemoryShortfall> find_memory_shortfall(const MemoryNeed& need, const std::vector<MemoryLimit>& limits,
+                                                     const MemoryRequest& r) {
     for (const MemoryLimit& l : limits) {
         const bool resident = l.counts == MemoryLimit::Counts::resident;
         const uint64_t wanted = resident ? need.resident() : need.allocated();
         if (wanted <= l.available) continue;
-        const uint64_t weights = resident ? need.weights : need.copies;
-        std::string hint = "a smaller -c (the KV cache grows with it)";
-        if (!kv_format_info(r.kv_type).quantized)
-            hint += ", --kv-type q8_0 (about half of f16's KV bytes)";
-        hint += " or a smaller quantization of the model";
-        return "-c " + std::to_string(r.n_ctx) + ": needs " + format_memory(wanted) + " of memory (" +
-               (resident ? "weights " : "packed weights ") +
-               format_memory(weights) + ", KV cache " + format_memory(need.kv) + " as " +
-               std::string(kv_type_name(r.kv_type)) + ", buffers " + format_memory(need.buffers) + ") but " +
-               format_memory(l.available) + " is available (" + l.source + "); use " + hint;
+        return MemoryShortfall{l, wanted, resident ? need.weights : need.copies, need, r};
     }
-    return "";
+    return std::nullopt;
+}
+
+std::string describe_memory_shortfall(const MemoryShortfall& s) {
+    return "a context of " + std::to_string(s.request.n_ctx) + " positions needs " + format_memory(s.wanted) +
+           " of memory (" + (s.resident() ? "weights " : "packed weights ") + format_memory(s.weights) +
+           ", KV cache " + format_memory(s.need.kv) + " as " + std::string(kv_type_name(s.request.kv_type)) +
+           ", buffers " + format_memory(s.need.buffers) + ") but " + format_memory(s.limit.available) +
+           " is available (" + s.limit.source + ")";
 }
 
 uint64_t memory_left_for_kv(const MemoryNeed& need, const std::vector<MemoryLimit>& limits) {

@@ -32,9 +32,14 @@ std::optional<MemoryLimit> cgroup_limit(std::string_view proc_self_cgroup, const
 // Every limit that applies to this process now (never empty: MemAvailable, else sysconf).
 std::vector<MemoryLimit> host_memory_limits();
 
-// "" when `need` fits every limit; otherwise one line naming the first limit exceeded, the
-// need by part, what is available and the flags that reduce the need (n_ctx, the KV type).
-std::string memory_shortfall(const MemoryNeed& need, const std::vector<MemoryLimit>& limits, const MemoryRequest& request);
+// Nothing when `need` fits every limit; otherwise the first limit exceeded and the totals.
+std::optional<MemoryShortfall> find_memory_shortfall(const MemoryNeed& need, const std::vector<MemoryLimit>& limits,
+                                                     const MemoryRequest& request);
+
+// One line for a shortfall, naming no flag: "a context of N positions needs X of memory (weights
+// W, KV cache K as f16, buffers B) but A is available (source)". The app words its own, with the
+// flags that reduce the need.
+std::string describe_memory_shortfall(const MemoryShortfall& shortfall);
 
 // What every limit leaves for the KV cache once the rest of `need` (weights, buffers; its kv
 // is ignored) is taken: what an automatic context is sized against.

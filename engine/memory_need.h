@@ -36,4 +36,14 @@ struct MemoryLimit {
     Counts counts = Counts::resident;
 };
 
+// The first limit a need exceeds, with the totals compared there.
+struct MemoryShortfall {
+    MemoryLimit limit;
+    uint64_t wanted = 0;    // the total that limit bounds (MemoryNeed::resident() or allocated())
+    uint64_t weights = 0;   // the weights' part of it (all resident weights, or the copies)
+    MemoryNeed need;
+    MemoryRequest request;
+    bool resident() const { return limit.counts == MemoryLimit::Counts::resident; }
+};
+
 } // namespace tern

@@ -1,9 +1,11 @@
 #include "engine/open_model.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "base/error.h"
 #include "engine/backend_factory.h"
+#include "engine/load_errors.h"
 #include "engine/memory_budget.h"
 
 namespace tern {
@@ -54,9 +56,9 @@ OpenedModel open_model(const OpenRequest& r) {
 
     // The limits read again: the file and the caller's checks (a tokenizer) have taken their share.
     request.n_ctx = opened.context.n_ctx;
-    const std::string shortfall =
-        memory_shortfall(backend.plan_memory(m.config, m.weights, request), backend.memory_limits(), request);
-    if (!shortfall.empty()) throw RuntimeFailure(shortfall);
+    if (const std::optional<MemoryShortfall> shortfall =
+            find_memory_shortfall(backend.plan_memory(m.config, m.weights, request), backend.memory_limits(), request))
+        throw MemoryShortfallError(*shortfall);
 
     opened.backend->load(m.config, m.weights, RunOptions{opened.context.n_ctx, r.kv_type});
     return opened;

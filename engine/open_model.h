@@ -56,8 +56,9 @@ struct OpenedModel {
     ContextChoice context;
 };
 
-// Throws DeviceUnavailable (engine/backend_factory.h), InputError for the file, RuntimeFailure with
-// memory_shortfall()'s line when model + context do not fit the device's memory.
+// Throws DeviceUnavailable (engine/backend_factory.h), InputError for the file, MemoryShortfallError
+// when model + context do not fit the device's memory, and what the backend's load throws
+// (engine/load_errors.h).
 OpenedModel open_model(const OpenRequest& request);
 
 } // namespace tern

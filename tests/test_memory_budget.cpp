@@ -1,10 +1,11 @@
 // engine/memory_budget.h: the KV estimate equals what KvCache allocates, the weight estimate
 // equals the file's tensor bytes, the /proc and cgroup parsers read v1 and v2 layouts (built in
-// a temporary directory), and the shortfall line names the flag, the limit and the remedies.
+// a temporary directory), and a shortfall names the limit exceeded and the totals.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -153,7 +154,7 @@ TEST_CASE("host_memory_limits: MemAvailable is always among them on Linux") {
     CHECK(limits.front().available > 0);
 }
 
-TEST_CASE("memory_shortfall: empty when it fits; one line naming -c, the limit and the remedies otherwise") {
+TEST_CASE("find_memory_shortfall: nothing when it fits; else the first limit exceeded, described without flags") {
     MemoryNeed need;
     need.weights = 100 * MiB;
     need.copies = 80 * MiB;
@@ -161,32 +162,34 @@ TEST_CASE("memory_shortfall: empty when it fits; one line naming -c, the limit a
     need.buffers = 40 * MiB;
     const MemoryRequest req{KvType::f16, 32768};
     const MemoryLimit ram{2048 * MiB, "MemAvailable in /proc/meminfo", MemoryLimit::Counts::resident};
-    CHECK(memory_shortfall(need, {ram}, req).empty());
+    CHECK(!find_memory_shortfall(need, {ram}, req));
     // Exactly enough fits.
-    CHECK(memory_shortfall(need, {{1040 * MiB, "x", MemoryLimit::Counts::resident}}, req).empty());
+    CHECK(!find_memory_shortfall(need, {{1040 * MiB, "x", MemoryLimit::Counts::resident}}, req));
 
     const MemoryLimit small{1000 * MiB, "MemAvailable in /proc/meminfo", MemoryLimit::Counts::resident};
-    const std::string m = memory_shortfall(need, {ram, small}, req);
+    const std::optional<MemoryShortfall> s = find_memory_shortfall(need, {ram, small}, req);
+    REQUIRE(s);
+    CHECK(s->wanted == 1040 * MiB);
+    CHECK(s->weights == 100 * MiB);
+    CHECK(s->limit.available == 1000 * MiB);
+    CHECK(s->request.n_ctx == 32768);
+    const std::string m = describe_memory_shortfall(*s);
     CAPTURE(m);
     CHECK(m.find('\n') == std::string::npos);
-    CHECK(m.starts_with("-c 32768: needs 1.0 GiB"));
+    CHECK(m.starts_with("a context of 32768 positions needs 1.0 GiB"));
     CHECK(m.find("KV cache 900.0 MiB as f16") != std::string::npos);
     CHECK(m.find("1000.0 MiB is available (MemAvailable in /proc/meminfo)") != std::string::npos);
-    CHECK(m.find("--kv-type q8_0") != std::string::npos);
-    CHECK(m.find("smaller quantization") != std::string::npos);
-
-    // Already on q8_0: that remedy is not offered again.
-    const std::string q = memory_shortfall(need, {small}, MemoryRequest{KvType::q8_0, 32768});
-    CHECK(!q.empty());
-    CHECK(q.find("--kv-type") == std::string::npos);
+    CHECK(m.find("-c") == std::string::npos);   // the engine names no flag (app/engine_errors.h does)
 
     // An address-space limit counts the new allocations only (the mapped file is already in use).
     const MemoryLimit as{1020 * MiB, "what RLIMIT_AS (ulimit -v) leaves", MemoryLimit::Counts::allocated};
-    CHECK(memory_shortfall(need, {as}, req).empty());   // 80 + 900 + 40 = 1020
+    CHECK(!find_memory_shortfall(need, {as}, req));   // 80 + 900 + 40 = 1020
     const MemoryLimit as_small{1019 * MiB, "what RLIMIT_AS (ulimit -v) leaves", MemoryLimit::Counts::allocated};
-    const std::string a = memory_shortfall(need, {as_small}, req);
-    CHECK(a.find("packed weights 80.0 MiB") != std::string::npos);
-    CHECK(a.find("RLIMIT_AS") != std::string::npos);
+    const std::optional<MemoryShortfall> a = find_memory_shortfall(need, {as_small}, req);
+    REQUIRE(a);
+    CHECK(!a->resident());
+    CHECK(a->weights == 80 * MiB);
+    CHECK(describe_memory_shortfall(*a).find("packed weights 80.0 MiB") != std::string::npos);
 }
 
 TEST_CASE("memory_left_for_kv: the tightest limit after weights and buffers, never below zero") {

@@ -10,6 +10,7 @@
 
 #include "engine/cpu/backend_cpu.h"
 #include "engine/backend_factory.h"
+#include "engine/load_errors.h"
 #include "engine/model.h"
 #include "base/error.h"
 #include "formats/gguf_writer.h"
@@ -317,10 +318,11 @@ TEST_CASE("backend factory, KV type names, block KV types need head dims of 32")
     if (!test::shared_available()) return;
     const Model m = load_model(test::shared_path("models/gguf/stories260K-f32.gguf").string());
     CpuBackend cpu(CpuOptions{1});
-    // stories260K's head dim is 8: the block formats (32 per block) refuse it, naming the flag.
+    // stories260K's head dim is 8: the block formats (32 per block) refuse it, with the numbers.
     CHECK(error_of([&] {
               cpu.load(m.config, m.weights, RunOptions{64, KvType::q8_0});
-          }).find("--kv-type q8_0 needs head dimensions that are multiples of") != std::string::npos);
+          }).find("KV type q8_0 needs head dimensions that are multiples of 32") != std::string::npos);
+    CHECK_THROWS_AS(cpu.load(m.config, m.weights, RunOptions{64, KvType::q8_0}), KvHeadDimsUnfit);
     CHECK_THROWS_AS(cpu.load(m.config, m.weights, RunOptions{64, KvType::f8_e4m3}), UsageError);
     cpu.load(m.config, m.weights, RunOptions{8, KvType::bf16});
     const std::vector<int32_t> toks = {1, 403, 407};

@@ -648,7 +648,7 @@ TEST_CASE("Gemma 3 270M: greedy output with prompt lookup is byte-identical") {
     compare(*l.session, "The capital of France is", &lookup, greedy_opts(24));
 }
 
-TEST_CASE("a draft model with another vocabulary is refused with one line naming --draft-model") {
+TEST_CASE("a draft model with another vocabulary is refused with one line naming the file") {
     if (!test::shared_available()) return;
     Loaded l = load(gguf("stories260K-f32"));
     for (const char* other : {"babyllama-tok105-q8_0", "aidreams260K-f16"}) {
@@ -656,14 +656,15 @@ TEST_CASE("a draft model with another vocabulary is refused with one line naming
         try {
             load_draft(gguf(other), *l.model, 4);
             FAIL("no exception");
-        } catch (const InputError& e) {
+        } catch (const DraftModelUnfit& e) {
             const std::string m = e.what();
-            CHECK(m.starts_with("--draft-model "));
+            CHECK(e.vocabulary);
+            CHECK(m.starts_with(gguf(other) + ": "));
             CHECK(m.find(other) != std::string::npos);
             CHECK(m.find('\n') == std::string::npos);
         }
     }
-    CHECK_THROWS_AS(load_draft("/nonexistent/draft.gguf", *l.model, 4), InputError);
+    CHECK_THROWS_AS(load_draft("/nonexistent/draft.gguf", *l.model, 4), DraftModelUnfit);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "engine/load_errors.h"
 
 namespace tern {
 namespace {
@@ -24,9 +25,7 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
                    int32_t n_ctx) {
     const int64_t block = kv_block_elems(type);
     if (head_dim % block != 0 || head_dim_v % block != 0)
-        throw UsageError("--kv-type " + std::string(kv_type_name(type)) + " needs head dimensions that are multiples of " +
-                         std::to_string(block) + ", this model has " + std::to_string(head_dim) + " (K) and " +
-                         std::to_string(head_dim_v) + " (V); use --kv-type f16");
+        throw KvHeadDimsUnfit(type, block, head_dim, head_dim_v);
     if (n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(n_ctx));
     type_ = type;
     k_row_bytes_ = kv_row_bytes(type, head_dim);
@@ -47,8 +46,7 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
             v_[l].allocate(rows * v_row_bytes_);
         }
     } catch (const std::bad_alloc&) {
-        throw RuntimeFailure("out of memory allocating the KV cache for " + std::to_string(n_ctx) +
-                             " positions; use a smaller context (-c)");
+        throw KvAllocationFailed(n_ctx);
     }
 }
 

@@ -15,7 +15,8 @@ namespace tern {
 
 class KvCache {
 public:
-    // Throws UsageError when head_dim or head_dim_v is not a multiple of 32 for q8_0 / f8_e4m3.
+    // Throws KvHeadDimsUnfit when head_dim or head_dim_v is not a multiple of 32 for q8_0 / f8_e4m3,
+    // KvAllocationFailed when the memory is not there (engine/load_errors.h).
     void init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
               int32_t n_ctx);
 

@@ -109,21 +109,21 @@ void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_to
 void check_draft_vocab(const Model& target, const Model& draft) {
     const VocabSpec t = Tokenizer::read_vocab(target.file);
     const VocabSpec d = Tokenizer::read_vocab(draft.file);
-    const std::string head = "--draft-model " + draft.file.path() + ": ";
+    const std::string head = draft.file.path() + ": ";
     const std::string hint = " (the draft must share the target's tokenizer: use a smaller or more quantized model "
                              "of the same family)";
     if (d.model != t.model)
-        throw InputError(head + "its tokenizer is '" + d.model + "' but the target " + target.file.path() + "'s is '" +
-                         t.model + "'" + hint);
+        throw DraftModelUnfit(head + "its tokenizer is '" + d.model + "' but the target " + target.file.path() +
+                                  "'s is '" + t.model + "'" + hint, true);
     if (d.tokens.size() != t.tokens.size() || draft.config.vocab != target.config.vocab)
-        throw InputError(head + "its vocabulary has " + std::to_string(d.tokens.size()) + " tokens (" +
-                         std::to_string(draft.config.vocab) + " logits) but the target " + target.file.path() +
-                         "'s has " + std::to_string(t.tokens.size()) + " (" + std::to_string(target.config.vocab) +
-                         ")" + hint);
+        throw DraftModelUnfit(head + "its vocabulary has " + std::to_string(d.tokens.size()) + " tokens (" +
+                                  std::to_string(draft.config.vocab) + " logits) but the target " +
+                                  target.file.path() + "'s has " + std::to_string(t.tokens.size()) + " (" +
+                                  std::to_string(target.config.vocab) + ")" + hint, true);
     for (size_t i = 0; i < t.tokens.size(); ++i)
         if (d.tokens[i] != t.tokens[i])
-            throw InputError(head + "token " + std::to_string(i) + " is " + quoted(d.tokens[i]) + " but " +
-                             quoted(t.tokens[i]) + " in the target " + target.file.path() + hint);
+            throw DraftModelUnfit(head + "token " + std::to_string(i) + " is " + quoted(d.tokens[i]) + " but " +
+                                      quoted(t.tokens[i]) + " in the target " + target.file.path() + hint, true);
 }
 
 std::unique_ptr<DraftModelDrafter> load_draft_model(const OpenRequest& request, const Model& target,
@@ -137,10 +137,11 @@ std::unique_ptr<DraftModelDrafter> load_draft_model(const OpenRequest& request, 
     OpenedModel opened;
     try {
         opened = open_model(r);
+    } catch (const DraftModelUnfit&) {
+        throw;
     } catch (const InputError& e) {
-        const std::string what = e.what();
-        if (vocab_checked || what.starts_with("--draft-model")) throw;
-        throw InputError("--draft-model: " + what);
+        if (vocab_checked) throw;
+        throw DraftModelUnfit(e.what(), false);
     }
     const int32_t n_ctx = opened.context.n_ctx;
     return std::make_unique<DraftModelDrafter>(std::move(opened.backend), n_ctx, max_tokens, std::move(opened.model));
