@@ -12,6 +12,7 @@
 
 #include "engine/cpu/kv_cache.h"
 #include "base/error.h"
+#include "engine/load_errors.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -90,9 +91,12 @@ TEST_CASE("q8_0 and f8_e4m3 KV caches need head dims that are multiples of 32") 
         bool threw = false;
         try {
             c.init(type, {1}, 80, 80, 8);
-        } catch (const UsageError& e) {
+        } catch (const KvHeadDimsUnfit& e) {   // a UsageError with the numbers (engine/load_errors.h)
             threw = true;
-            CHECK(std::string(e.what()).find("--kv-type") != std::string::npos);
+            CHECK(e.type == type);
+            CHECK(e.block == 32);
+            CHECK(e.head_dim == 80);
+            CHECK(std::string(e.what()).find("multiples of 32") != std::string::npos);
         }
         CHECK(threw);
         CHECK_NOTHROW(c.init(type, {1}, 64, 128, 8));
