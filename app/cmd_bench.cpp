@@ -23,9 +23,7 @@
 #include "app/console.h"
 #include "app/model_summary.h"
 #include "engine/backend.h"
-#include "engine/backend_factory.h"
 #include "engine/tools/bench.h"
-#include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "engine/tools/synth.h"
 #include "formats/atomic_file.h"
@@ -170,21 +168,19 @@ int run_bench_command(BenchArgs& a) {
     if (a.bench.depth < 0) throw UsageError("--depth: must be >= 0");
     if (a.peak_gbps < 0) throw UsageError("--peak-gbps: must be > 0 (or 0 to measure it)");
 
-    RunOptions run;
-    run.kv_type = kv_type_from_name(a.model.kv_type);
-    run.n_threads = a.model.threads;
-    run.n_ctx = std::max(a.model.ctx_size, bench_context_size(a.bench));
-    std::string note;
-    std::unique_ptr<Backend> backend = make_backend(a.model.device, &note);
-    if (!note.empty()) std::cerr << "tern: " << note << "\n";
-
+    // bench sizes its own context (what the runs need, or -c when larger): never the automatic one.
+    OpenRequest request = open_request(a.model);
+    request.n_ctx = std::max(a.model.ctx_size, bench_context_size(a.bench));
+    request.on_context = nullptr;
+    if (!a.synthetic.empty()) request.open_file = [&] { return load_synthetic(a.synthetic, a.model.threads); };
     const std::string model_label = a.synthetic.empty() ? a.model.model : "synthetic " + a.synthetic;
-    Model model = a.synthetic.empty() ? load_model(a.model.model) : load_synthetic(a.synthetic, a.model.threads);
-    if (backend->device_name() == "cpu") require_memory(model.config, model.weights, MemoryRequest{run.kv_type, run.n_ctx});
-    backend->load(model.config, model.weights, run);
+    OpenedModel opened = open_model_for(request);
+    const Model& model = *opened.model;
+    Backend* backend = opened.backend.get();
+    const KvType kv_type = request.kv_type;
     const std::string device = backend->device_name();
-    const bool on_cpu = device == "cpu";
-    const int threads = run.n_threads > 0 ? run.n_threads : cpu_features().physical_cores;
+    const bool on_cpu = backend->device_kind() == DeviceKind::cpu;
+    const int threads = resolve_threads(a.model.threads);
 
     ProgressBar bar("bench", static_cast<uint64_t>(a.bench.repetitions + 1));
     a.bench.progress = [&](int run_index, int) { bar.update(static_cast<uint64_t>(run_index + 1)); };
@@ -192,7 +188,7 @@ int run_bench_command(BenchArgs& a) {
     bar.finish();
 
     const double bytes_per_token =
-        a.bench.n_gen > 0 ? decode_bytes_per_token(model.weights, model.config, run.kv_type, a.bench.depth, a.bench.n_gen)
+        a.bench.n_gen > 0 ? decode_bytes_per_token(model.weights, model.config, kv_type, a.bench.depth, a.bench.n_gen)
                           : static_cast<double>(weight_bytes_per_token(model.weights, model.config));
     const double decode_gbps = bytes_per_token * r.decode_tps / 1e9;
 

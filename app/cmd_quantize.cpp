@@ -22,6 +22,7 @@
 #include "app/commands.h"
 #include "app/common_options.h"
 #include "app/console.h"
+#include "app/engine_wording.h"
 #include "app/signals.h"
 #include "base/error.h"
 #include "engine/quantize/calibration.h"
@@ -160,7 +161,7 @@ int run_quantize(QuantizeArgs& a) {
         if (a.out.empty()) throw UsageError("quantize: no output file (give IN.gguf OUT.gguf, or --dry-run)");
         check_paths(a);
     }
-    const int n_threads = a.threads > 0 ? a.threads : std::max(1, cpu_features().physical_cores);
+    const int n_threads = resolve_threads(a.threads);
 
     const auto t0 = std::chrono::steady_clock::now();
     const GgufFile in = GgufFile::open(a.in);
@@ -201,11 +202,14 @@ int run_quantize(QuantizeArgs& a) {
     if (!a.calibrate.empty()) imatrix = calibrate(a, n_threads, job.wants_moments());
 
     InterruptGuard guard;
-    const QuantizeOutcome outcome = write_quantized(
-        in, job, a.out, imatrix ? &*imatrix : nullptr, n_threads, guard.flag(), [&](QuantizePass pass) {
-            const char* what = pass == QuantizePass::check ? "checking" : "quantizing";
-            return std::make_unique<ProgressLine>(what + std::string(" ") + std::string(fi.name), sizes.elements);
-        });
+    // The held-out check opens the candidate files as models: a memory shortfall there is worded here.
+    const QuantizeOutcome outcome = with_flag_words([&] {
+        return write_quantized(
+            in, job, a.out, imatrix ? &*imatrix : nullptr, n_threads, guard.flag(), [&](QuantizePass pass) {
+                const char* what = pass == QuantizePass::check ? "checking" : "quantizing";
+                return std::make_unique<ProgressLine>(what + std::string(" ") + std::string(fi.name), sizes.elements);
+            });
+    });
     const std::optional<HeldOutCheck>& model_check = outcome.model_check;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const uint64_t out_size = std::filesystem::file_size(a.out);

@@ -48,7 +48,7 @@ void check_out_path(const std::string& out) {
 int run_synth(SynthArgs& a) {
     if (a.options.n_threads < 0) throw UsageError("--threads: must be > 0 (or 0 for the number of physical cores)");
     check_out_path(a.out);
-    const int n_threads = a.options.n_threads > 0 ? a.options.n_threads : std::max(1, cpu_features().physical_cores);
+    const int n_threads = resolve_threads(a.options.n_threads);
     a.options.n_threads = n_threads;
     a.options.on_warning = [](const std::string& note) { std::cerr << "tern: warning: " << note << "\n"; };
     InterruptGuard guard;

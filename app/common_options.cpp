@@ -37,18 +37,6 @@ std::string fmt_gib(double bytes) {
     return buf;
 }
 
-// Bytes of one stored K or V element, per 32-element block for the block formats.
-double kv_element_bytes(KvType t) {
-    switch (t) {
-    case KvType::f32: return 4.0;
-    case KvType::f16:
-    case KvType::bf16: return 2.0;
-    case KvType::q8_0: return 34.0 / 32.0;   // 32 int8 + one f16 scale
-    case KvType::f8_e4m3: return 34.0 / 32.0;   // tern F8_E4M3 blocks: 32 e4m3 bytes + one f16 scale
-    }
-    return 4.0;
-}
-
 void check_finite(const char* flag, float v) {
     if (!std::isfinite(v)) throw UsageError(std::string(flag) + ": not a finite number");
 }
@@ -191,28 +179,6 @@ void rewrite_llama_aliases(int argc, char** argv) {
     }
 }
 
-uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type) {
-    double elems = 0;
-    for (const LayerConfig& l : config.layers)
-        elems += static_cast<double>(l.n_kv_heads) * (config.head_dim + config.head_dim_v);
-    return static_cast<uint64_t>(std::ceil(elems * kv_element_bytes(type)));
-}
-
-int32_t choose_context(int32_t requested, int32_t n_ctx_train, uint64_t bytes_per_position, uint64_t available_bytes,
-                       bool* capped) {
-    if (capped) *capped = false;
-    if (requested > 0) return requested;
-    // Files that do not say (rare) get 4096, a size every supported architecture handles.
-    const int32_t wanted = n_ctx_train > 0 ? n_ctx_train : 4096;
-    const uint64_t budget = available_bytes / 2;
-    const uint64_t fits = bytes_per_position ? budget / bytes_per_position : uint64_t(wanted);
-    if (fits >= static_cast<uint64_t>(wanted)) return wanted;
-    if (capped) *capped = true;
-    // Round down to a multiple of 256 for tidy numbers, but never below 256 positions.
-    const uint64_t rounded = std::max<uint64_t>(fits / 256 * 256, 256);
-    return static_cast<int32_t>(std::min<uint64_t>(rounded, static_cast<uint64_t>(wanted)));
-}
-
 std::string process_escapes(std::string_view t) {
     std::string out;
     out.reserve(t.size());
@@ -311,54 +277,57 @@ std::unique_ptr<Drafter> make_drafter(const DraftOptions& f, const ModelOptions&
     if (f.draft_model.empty()) return nullptr;
     const Model* target = loaded.session->model();
     if (!target) throw std::logic_error("--draft-model: the session has no model file");
-    RunOptions run;
-    run.n_ctx = loaded.n_ctx;
-    run.kv_type = kv_type_from_name(model_options.kv_type);
-    run.n_threads = model_options.threads;
-    return load_draft_model(f.draft_model, *target, model_options.device, run, f.draft_max);
+    OpenRequest request;
+    request.path = f.draft_model;
+    request.n_ctx = loaded.n_ctx;
+    request.kv_type = kv_type_from_name(model_options.kv_type);
+    request.device = model_options.device;
+    request.gpu_layers = model_options.gpu_layers;
+    request.cpu.n_threads = model_options.threads;
+    return with_flag_words([&] { return load_draft_model(request, *target, f.draft_max); });
+}
+
+OpenRequest open_request(const ModelOptions& o) {
+    OpenRequest r;
+    r.path = o.model;
+    r.n_ctx = o.ctx_size;
+    r.kv_type = kv_type_from_name(o.kv_type);
+    r.device = o.device;
+    r.gpu_layers = o.gpu_layers;
+    r.cpu.n_threads = o.threads;
+    r.on_device_note = [](const std::string& note) { std::cerr << "tern: " << note << "\n"; };
+    r.on_context = [](const ContextChoice& c) {
+        if (c.origin != ContextOrigin::memory_cap) return;
+        std::cerr << "tern: -c: using a context of " << c.n_ctx << " tokens: the model's " << c.n_ctx_train
+                  << " would need " << fmt_gib(static_cast<double>(c.kv_bytes_at_train))
+                  << " of KV cache and half the memory left after the weights is " << format_memory(c.kv_budget)
+                  << " (set -c to choose)\n";
+    };
+    return r;
+}
+
+OpenedModel open_model_for(const OpenRequest& request) {
+    return with_flag_words([&] { return open_model(request); });
 }
 
 LoadedSession load_session(const ModelOptions& o) {
     // Flag errors first, so a typo does not wait for a multi-gigabyte model to load.
     if (o.ctx_size < 0) throw UsageError("--ctx-size: must be > 0 (or 0 for the model's context)");
     if (o.threads < 0) throw UsageError("--threads: must be > 0 (or 0 for the number of physical cores)");
-    RunOptions run;
-    run.kv_type = kv_type_from_name(o.kv_type);
-    run.n_threads = o.threads;
-    std::string note;
-    std::unique_ptr<Backend> backend = make_backend(o.device, &note);
-    if (!note.empty()) std::cerr << "tern: " << note << "\n";
+    OpenRequest request = open_request(o);
+    std::unique_ptr<Tokenizer> tokenizer;
+    request.on_file_opened = [&](const Model& m) { tokenizer = Tokenizer::from_gguf(m.file); };
 
     const auto t0 = std::chrono::steady_clock::now();
-    auto model = std::make_shared<Model>(load_model(o.model));
-    std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_gguf(model->file);
-
-    bool capped = false;
-    const uint64_t per_pos = kv_bytes_per_position(model->config, run.kv_type);
-    // The automatic context sizes its KV cache against what the weights and buffers leave
-    // (engine/memory_budget.h); any context, chosen or given, must then fit before allocation.
-    const bool on_cpu = backend->device_name() == "cpu";
-    const MemoryNeed base =
-        on_cpu ? estimate_memory(model->config, model->weights, MemoryRequest{run.kv_type, 512}) : MemoryNeed{};
-    const uint64_t avail = memory_left_for_kv(base, memory_limits());
-    run.n_ctx = choose_context(o.ctx_size, model->config.n_ctx_train, per_pos, avail, &capped);
-    if (capped) {
-        std::cerr << "tern: -c: using a context of " << run.n_ctx << " tokens: the model's "
-                  << model->config.n_ctx_train << " would need " << fmt_gib(double(per_pos) * model->config.n_ctx_train)
-                  << " of KV cache and half the memory left after the weights is " << format_memory(avail / 2)
-                  << " (set -c to choose)\n";
-    }
-    if (on_cpu) require_memory(model->config, model->weights, MemoryRequest{run.kv_type, run.n_ctx});
-    backend->load(model->config, model->weights, run);
+    OpenedModel opened = open_model_for(request);
 
     LoadedSession s;
-    s.device = backend->device_name();
-    s.n_ctx = run.n_ctx;
-    s.ctx_origin = o.ctx_size > 0 ? LoadedSession::ContextOrigin::flag
-                   : capped       ? LoadedSession::ContextOrigin::memory_cap
-                                  : LoadedSession::ContextOrigin::model;
-    s.ctx_key = std::string(arch_name(model->config.arch)) + ".context_length";
-    s.session = std::make_unique<Session>(std::move(backend), std::move(tokenizer), run.n_ctx, model);
+    s.device = opened.backend->device_name();
+    s.device_kind = opened.backend->device_kind();
+    s.n_ctx = opened.context.n_ctx;
+    s.ctx_origin = opened.context.origin;
+    s.ctx_key = std::string(arch_name(opened.model->config.arch)) + ".context_length";
+    s.session = std::make_unique<Session>(std::move(opened.backend), std::move(tokenizer), s.n_ctx, opened.model);
     s.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return s;
 }
@@ -366,10 +335,10 @@ LoadedSession load_session(const ModelOptions& o) {
 void check_prompt_fits(const LoadedSession& loaded, const std::string& model_path, size_t n_tokens) {
     if (n_tokens <= static_cast<size_t>(loaded.n_ctx)) return;
     const std::string has = "the prompt has " + std::to_string(n_tokens) + " tokens but ";
-    if (loaded.ctx_origin == LoadedSession::ContextOrigin::model)
+    if (loaded.ctx_origin == ContextOrigin::model)
         throw InputError(model_path + ": " + has + "the model's own context length is " + std::to_string(loaded.n_ctx) +
                          " (" + loaded.ctx_key + "; give -c N to run it with a larger context)");
-    const std::string why = loaded.ctx_origin == LoadedSession::ContextOrigin::memory_cap
+    const std::string why = loaded.ctx_origin == ContextOrigin::memory_cap
                                 ? " (capped to fit memory; raise -c if it fits)"
                                 : " (raise -c)";
     throw UsageError("--ctx-size: " + has + "the context is " + std::to_string(loaded.n_ctx) + why);
@@ -399,10 +368,14 @@ void attach_prompt_cache(LoadedSession& loaded, const ModelOptions& model_option
     options.dir = o.dir.empty() ? default_prefix_cache_dir() : std::filesystem::path(o.dir);
     options.max_bytes = prompt_cache_size_bytes(o);
     if (options.dir.empty() || options.max_bytes == 0) return;
-    RunOptions run;
-    run.kv_type = kv_type_from_name(model_options.kv_type);
-    const uint64_t identity = model_identity(*model, run, loaded.device);
-    loaded.session->set_prefix_cache(std::make_unique<PrefixCache>(std::move(options), identity, run.kv_type));
+    KvProducer producer;
+    producer.kv_type = kv_type_from_name(model_options.kv_type);
+    producer.device = loaded.device_kind;
+    producer.device_name = loaded.device;
+    const uint64_t identity = model_identity(*model, producer);
+    loaded.session->set_prefix_cache(std::make_unique<PrefixCache>(
+        std::move(options), identity, producer.kv_type,
+        [](const std::string& line) { std::cerr << "tern: prompt cache: " << line << "\n"; }));
 }
 
 } // namespace tern::app

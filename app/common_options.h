@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/chat/chat_template.h"
+#include "engine/open_model.h"
 #include "engine/speculative/drafter.h"
 #include "engine/generation/sampler.h"
 #include "engine/generation/session.h"
@@ -122,13 +123,21 @@ uint64_t prompt_cache_size_bytes(const PromptCacheOptions& options);
 struct LoadedSession {
     std::unique_ptr<Session> session;
     std::string device;    // "cpu", "cuda:0"
+    DeviceKind device_kind = DeviceKind::cpu;
     int32_t n_ctx = 0;
-    // Where n_ctx came from, for messages about a prompt that does not fit: -c, the model's own
-    // context length (this key), or that length capped to fit memory.
-    enum class ContextOrigin { flag, model, memory_cap } ctx_origin = ContextOrigin::flag;
+    // Where n_ctx came from, for messages about a prompt that does not fit: -c (requested), the
+    // model's own context length (this key), or that length capped to fit memory.
+    ContextOrigin ctx_origin = ContextOrigin::requested;
     std::string ctx_key;   // "llama.context_length"
     double load_ms = 0;    // file open + checks + backend load + tokenizer
 };
+
+// The engine's open request for the model flags (engine/open_model.h), its notes printed on stderr
+// (an automatic device choice, a context capped to memory). The caller may add its hooks.
+OpenRequest open_request(const ModelOptions& options);
+
+// Opens the model (open_request), its errors worded with the flags (app/engine_wording.h).
+OpenedModel open_model_for(const OpenRequest& request);
 
 // Opens the model, picks the device, sizes the context and builds the session. Prints at most a
 // line or two on stderr (an automatic device choice, a context capped to memory).
@@ -142,13 +151,5 @@ void check_prompt_fits(const LoadedSession& loaded, const std::string& model_pat
 // Gives the session its on-disk prefix cache (engine/prefix_cache/prefix_cache.h), keyed by the loaded model
 // and `model_options`' KV type; nothing when disabled or when no cache directory is known.
 void attach_prompt_cache(LoadedSession& loaded, const ModelOptions& model_options, const PromptCacheOptions& options);
-
-// KV cache bytes one position takes for a model (all layers, K and V).
-uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type);
-
-// The context -c picks: the requested size, or the model's trained context capped so the KV
-// cache fits in half of `available_bytes`. `capped` tells whether the cap applied.
-int32_t choose_context(int32_t requested, int32_t n_ctx_train, uint64_t bytes_per_position, uint64_t available_bytes,
-                       bool* capped);
 
 } // namespace tern::app

@@ -1,6 +1,11 @@
 #include "app/engine_wording.h"
 
+#include "base/error.h"
 #include "base/terminal_text.h"
+#include "engine/backend_factory.h"
+#include "engine/load_errors.h"
+#include "engine/memory_budget.h"
+#include "engine/speculative/drafter_model.h"
 
 namespace tern::app {
 
@@ -41,6 +46,40 @@ std::string conversation_mismatch_message(const ConversationMismatch& m) {
         break;
     }
     return terminal_safe(line);   // it quotes file content, as every error message may
+}
+
+std::string memory_shortfall_line(const MemoryShortfall& s) {
+    std::string hint = "a smaller -c (the KV cache grows with it)";
+    if (!kv_format_info(s.request.kv_type).quantized) hint += ", --kv-type q8_0 (about half of f16's KV bytes)";
+    hint += " or a smaller quantization of the model";
+    return "-c " + std::to_string(s.request.n_ctx) + ": needs " + format_memory(s.wanted) + " of memory (" +
+           (s.resident() ? "weights " : "packed weights ") + format_memory(s.weights) + ", KV cache " +
+           format_memory(s.need.kv) + " as " + std::string(kv_type_name(s.request.kv_type)) + ", buffers " +
+           format_memory(s.need.buffers) + ") but " + format_memory(s.limit.available) + " is available (" +
+           s.limit.source + "); use " + hint;
+}
+
+void rethrow_with_flags() {
+    try {
+        throw;
+    } catch (const DeviceUnavailable& e) {
+        if (e.reason == DeviceUnavailable::Reason::not_built)
+            throw UsageError("--device " + e.device + ": tern was built without a CUDA backend yet (use cpu)");
+        throw;
+    } catch (const MemoryShortfallError& e) {
+        throw RuntimeFailure(memory_shortfall_line(e.shortfall));
+    } catch (const KvHeadDimsUnfit& e) {
+        throw UsageError("--kv-type " + std::string(kv_type_name(e.type)) +
+                         " needs head dimensions that are multiples of " + std::to_string(e.block) +
+                         ", this model has " + std::to_string(e.head_dim) + " (K) and " +
+                         std::to_string(e.head_dim_v) + " (V); use --kv-type f16");
+    } catch (const KvAllocationFailed& e) {
+        throw RuntimeFailure("out of memory allocating the KV cache for " + std::to_string(e.n_ctx) +
+                             " positions; use a smaller context (-c)");
+    } catch (const DraftModelUnfit& e) {
+        // Its vocabulary line starts with the file's path; a file that does not open says why.
+        throw InputError((e.vocabulary ? "--draft-model " : "--draft-model: ") + std::string(e.what()));
+    }
 }
 
 } // namespace tern::app

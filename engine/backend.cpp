@@ -1,42 +1,8 @@
 #include "engine/backend.h"
 
-#include <array>
 #include <string>
-#include <utility>
 
 #include "base/error.h"
-
-namespace tern {
-namespace {
-
-constexpr std::array<std::pair<KvType, std::string_view>, 5> kKvTypeNames = {{
-    {KvType::f32, "f32"},
-    {KvType::f16, "f16"},
-    {KvType::bf16, "bf16"},
-    {KvType::q8_0, "q8_0"},
-    {KvType::f8_e4m3, "f8_e4m3"},
-}};
-
-} // namespace
-
-std::string_view kv_type_name(KvType t) {
-    for (const auto& [type, name] : kKvTypeNames)
-        if (type == t) return name;
-    return "unknown";
-}
-
-KvType kv_type_from_name(std::string_view name) {
-    for (const auto& [type, n] : kKvTypeNames)
-        if (n == name) return type;
-    std::string choices;
-    for (const auto& [type, n] : kKvTypeNames) {
-        if (!choices.empty()) choices += ", ";
-        choices += n;
-    }
-    throw UsageError("unknown KV cache type '" + std::string(name) + "' (choices: " + choices + ")");
-}
-
-} // namespace tern
 
 namespace tern {
 

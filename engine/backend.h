@@ -8,24 +8,22 @@
 #include <string>
 #include <vector>
 
+#include "engine/memory_need.h"
+#include "kernels/kv_format.h"
+
 namespace tern {
 
 struct ModelConfig;
 struct ModelWeights;
 
-enum class KvType { f32, f16, bf16, q8_0, f8_e4m3 };
-std::string_view kv_type_name(KvType t);
-KvType kv_type_from_name(std::string_view name);   // throws UsageError listing the choices
+// Which kind of device a backend runs on; device_name() tells which one ("cuda:0") for messages.
+enum class DeviceKind { cpu, cuda };
 
+// What every backend takes at load. Options of one backend only (the CPU's threads and exact
+// matmul: engine/cpu_options.h) are given to it at construction (engine/backend_factory.h).
 struct RunOptions {
     int32_t n_ctx = 0;            // KV cache positions to allocate (> 0)
     KvType kv_type = KvType::f16;
-    int n_threads = 0;            // 0 = physical cores
-    // Dequantize weights and multiply in f32 (slow; the twin-reference check and quantize --calibrate use
-    // it; over an f32 KV cache the attention is then the plain softmax too). The default
-    // quantizes the activations as ggml does (Q8_0/Q8_1/Q8_K, f16/bf16 for 16-bit weights) and runs the
-    // SIMD dot kernels of kernels/cpu/matmul_quant.h, which tracks llama.cpp's own numbers.
-    bool exact_matmul = false;
 };
 
 // Which logit rows a forward keeps: the last token's only (decode, prefill), or every token's
@@ -61,6 +59,13 @@ struct KvSnapshot {
 class Backend {
 public:
     virtual ~Backend() = default;
+    // What loading this model for `request` (context, KV type, batch) needs on this backend's
+    // device, weights, KV cache and buffers; asked before load, so nothing large is allocated yet.
+    virtual MemoryNeed plan_memory(const ModelConfig& config, const ModelWeights& weights,
+                                   const MemoryRequest& request) const = 0;
+    // What this backend's device can still give (never empty), each limit bounding one total of
+    // MemoryNeed.
+    virtual std::vector<MemoryLimit> memory_limits() const = 0;
     virtual void load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) = 0;
     // Writes K/V for the batch's positions and keeps the wanted logit rows.
     virtual void forward(const ForwardBatch& batch) = 0;
@@ -81,6 +86,7 @@ public:
     // conversation can drop old turns without recomputing the rest. Backends that cannot shift
     // throw RuntimeFailure (the default); callers then fall back to truncate + prefill.
     virtual void kv_erase(int32_t begin, int32_t end);
+    virtual DeviceKind device_kind() const = 0;
     virtual std::string device_name() const = 0;           // "cpu", "cuda:0"
     // Every later forward reports its projection inputs to `observer` (null, the default: none; the
     // forward then pays one untaken branch per projection group). Backends that cannot report them

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include "base/error.h"
@@ -16,29 +15,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Per-thread scratch, the tokenizer's tables, the allocator's slack: not worth modelling one by
-// one, but a fixed allowance keeps a "fits exactly" estimate from being an OOM in practice.
-constexpr uint64_t kFixedOverhead = 32ull << 20;
 // cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit value.
 constexpr uint64_t kNoLimitV1 = 1ull << 62;
-
-uint64_t weight_bytes(const WeightRef& w) {
-    if (!w.present()) return 0;
-    return static_cast<uint64_t>(w.row_size()) * static_cast<uint64_t>(std::max<int64_t>(w.n_out(), 1));
-}
-
-// Bytes of n elements stored in a KV format; block formats pack 32 elements in 34 bytes.
-uint64_t kv_row(KvType t, int64_t n) {
-    const uint64_t un = static_cast<uint64_t>(n);
-    switch (t) {
-    case KvType::f32: return 4 * un;
-    case KvType::f16:
-    case KvType::bf16: return 2 * un;
-    case KvType::q8_0:
-    case KvType::f8_e4m3: return (un + 31) / 32 * 34;
-    }
-    return 4 * un;
-}
 
 std::string read_text(const fs::path& p) {
     std::ifstream f(p);
@@ -120,52 +98,15 @@ std::optional<uint64_t> meminfo_available(std::string_view meminfo) {
     return proc_kib_field(meminfo, "MemAvailable");
 }
 
-uint64_t kv_cache_bytes(const ModelConfig& config, KvType type, int32_t n_ctx) {
-    uint64_t per_position = 0;
+uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type) {
+    std::vector<int32_t> n_kv_heads;
     for (const LayerConfig& l : config.layers)
-        per_position += static_cast<uint64_t>(l.n_kv_heads) * (kv_row(type, config.head_dim) + kv_row(type, config.head_dim_v));
-    return per_position * static_cast<uint64_t>(std::max(n_ctx, 0));
+        n_kv_heads.push_back(l.n_kv_heads);
+    return kv_position_bytes(type, n_kv_heads, config.head_dim, config.head_dim_v);
 }
 
-MemoryNeed estimate_memory(const ModelConfig& c, const ModelWeights& w, const MemoryRequest& r) {
-    MemoryNeed need;
-    // Distinct tensors: a tied output is token_embd itself and is counted once.
-    std::set<const uint8_t*> seen, copied;
-    auto add = [&](const WeightRef& ref, bool packed) {
-        if (!ref.present()) return;
-        if (seen.insert(ref.data).second) need.weights += weight_bytes(ref);
-        // The CPU backend packs the matrices it multiplies (engine/cpu/backend_cpu_matmul.cpp) into new
-        // buffers and releases their mapped pages: counted as copies, conservatively all of them.
-        if (packed && copied.insert(ref.data).second) need.copies += weight_bytes(ref);
-    };
-    add(w.token_embd, false);
-    add(w.output_norm, false);
-    add(w.output, true);
-    add(w.rope_freqs, false);
-    for (const LayerWeights& l : w.layers) {
-        for (const WeightRef* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*m, true);
-        for (const WeightRef* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
-                                   &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm})
-            add(*v, false);
-    }
-    need.kv = kv_cache_bytes(c, r.kv_type, r.n_ctx);
-
-    // One forward batch (engine/cpu/backend_cpu.cpp): x, xn, out of width dim; q, k, v, attention
-    // output; gate and up of ffn_dim; the quantized activations (~1 byte an element, two
-    // formats at most); logits of the kept rows. All f32.
-    uint64_t per_token = 3ull * 4 * static_cast<uint64_t>(c.dim);
-    uint64_t widest_attn = 0, widest_ffn = 0;
-    for (const LayerConfig& l : c.layers) {
-        const uint64_t qkv = static_cast<uint64_t>(l.n_heads) * (c.head_dim + c.head_dim_v) +
-                             static_cast<uint64_t>(l.n_kv_heads) * (c.head_dim + c.head_dim_v);
-        widest_attn = std::max(widest_attn, qkv);
-        widest_ffn = std::max<uint64_t>(widest_ffn, static_cast<uint64_t>(l.ffn_dim));
-    }
-    per_token += 4 * widest_attn + 2 * 4 * widest_ffn + 2 * std::max<uint64_t>(static_cast<uint64_t>(c.dim), widest_ffn);
-    const uint64_t batch = static_cast<uint64_t>(std::max(1, std::min(r.n_batch, std::max(r.n_ctx, 1))));
-    const uint64_t logit_rows = static_cast<uint64_t>(std::max(1, r.n_logit_rows));
-    need.buffers = batch * per_token + logit_rows * 4 * static_cast<uint64_t>(c.vocab) + kFixedOverhead;
-    return need;
+uint64_t kv_cache_bytes(const ModelConfig& config, KvType type, int32_t n_ctx) {
+    return kv_bytes_per_position(config, type) * static_cast<uint64_t>(std::max(n_ctx, 0));
 }
 
 std::optional<MemoryLimit> cgroup_limit(std::string_view proc_self_cgroup, const fs::path& root) {
@@ -205,7 +146,7 @@ std::optional<MemoryLimit> cgroup_limit(std::string_view proc_self_cgroup, const
     return MemoryLimit{*best, source, MemoryLimit::Counts::resident};
 }
 
-std::vector<MemoryLimit> memory_limits() {
+std::vector<MemoryLimit> host_memory_limits() {
     std::vector<MemoryLimit> limits;
     if (const std::optional<uint64_t> a = meminfo_available(read_text("/proc/meminfo")))
         limits.push_back({*a, "MemAvailable in /proc/meminfo", MemoryLimit::Counts::resident});
@@ -243,23 +184,23 @@ std::string format_memory(uint64_t bytes) {
     return buf;
 }
 
-std::string memory_shortfall(const MemoryNeed& need, const std::vector<MemoryLimit>& limits, const MemoryRequest& r) {
+std::optional<MemoryShortfall> find_memory_shortfall(const MemoryNeed& need, const std::vector<MemoryLimit>& limits,
+                                                     const MemoryRequest& r) {
     for (const MemoryLimit& l : limits) {
         const bool resident = l.counts == MemoryLimit::Counts::resident;
         const uint64_t wanted = resident ? need.resident() : need.allocated();
         if (wanted <= l.available) continue;
-        const uint64_t weights = resident ? need.weights : need.copies;
-        std::string hint = "a smaller -c (the KV cache grows with it)";
-        if (r.kv_type != KvType::q8_0 && r.kv_type != KvType::f8_e4m3)
-            hint += ", --kv-type q8_0 (about half of f16's KV bytes)";
-        hint += " or a smaller quantization of the model";
-        return "-c " + std::to_string(r.n_ctx) + ": needs " + format_memory(wanted) + " of memory (" +
-               (resident ? "weights " : "packed weights ") +
-               format_memory(weights) + ", KV cache " + format_memory(need.kv) + " as " +
-               std::string(kv_type_name(r.kv_type)) + ", buffers " + format_memory(need.buffers) + ") but " +
-               format_memory(l.available) + " is available (" + l.source + "); use " + hint;
+        return MemoryShortfall{l, wanted, resident ? need.weights : need.copies, need, r};
     }
-    return "";
+    return std::nullopt;
+}
+
+std::string describe_memory_shortfall(const MemoryShortfall& s) {
+    return "a context of " + std::to_string(s.request.n_ctx) + " positions needs " + format_memory(s.wanted) +
+           " of memory (" + (s.resident() ? "weights " : "packed weights ") + format_memory(s.weights) +
+           ", KV cache " + format_memory(s.need.kv) + " as " + std::string(kv_type_name(s.request.kv_type)) +
+           ", buffers " + format_memory(s.need.buffers) + ") but " + format_memory(s.limit.available) +
+           " is available (" + s.limit.source + ")";
 }
 
 uint64_t memory_left_for_kv(const MemoryNeed& need, const std::vector<MemoryLimit>& limits) {
@@ -270,11 +211,6 @@ uint64_t memory_left_for_kv(const MemoryNeed& need, const std::vector<MemoryLimi
         left = std::min(left, l.available - std::min(l.available, taken));
     }
     return left == UINT64_MAX ? uint64_t(8) << 30 : left;
-}
-
-void require_memory(const ModelConfig& config, const ModelWeights& weights, const MemoryRequest& request) {
-    const std::string shortfall = memory_shortfall(estimate_memory(config, weights, request), memory_limits(), request);
-    if (!shortfall.empty()) throw RuntimeFailure(shortfall);
 }
 
 } // namespace tern

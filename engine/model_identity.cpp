@@ -30,7 +30,7 @@ struct Hasher {
 
 } // namespace
 
-uint64_t model_identity(const Model& model, const RunOptions& run, std::string_view device) {
+uint64_t model_identity(const Model& model, const KvProducer& producer) {
     Hasher h;
     h.value<uint32_t>(kKvNumericsVersion);
     const GgufFile& f = model.file;
@@ -54,10 +54,10 @@ uint64_t model_identity(const Model& model, const RunOptions& run, std::string_v
         h.value<float>(l.rope_freq_scale);
     }
 
-    h.value<int32_t>(static_cast<int32_t>(run.kv_type));
-    h.value<uint8_t>(run.exact_matmul);
-    h.text(device);
-    if (device == "cpu") h.text(cpu_features().describe());
+    h.value<int32_t>(static_cast<int32_t>(producer.kv_type));
+    h.value<uint8_t>(producer.exact_matmul);
+    h.text(producer.device_name);
+    if (producer.device == DeviceKind::cpu) h.text(cpu_features().describe());
     return h.digest();
 }
 

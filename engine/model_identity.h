@@ -2,7 +2,7 @@
 // Which K/V a model run produces, as one 64-bit value: the on-disk prefix cache keys its entries
 // with it, so K/V made by another file, KV format or kernel family are never restored.
 #include <cstdint>
-#include <string_view>
+#include <string>
 
 #include "engine/backend.h"
 
@@ -19,10 +19,16 @@ inline constexpr uint32_t kKvNumericsVersion = 1;
 //   the first bytes of every tensor's data (two files that differ only in weights, e.g. two
 //   random-weight models of one shape, still differ there);
 // - the derived rope parameters (per-layer base and scale, rotated dims, style);
-// - the KV type, exact_matmul, the device ("cpu", "cuda:0") and, on the CPU, the instruction
-//   sets the kernels dispatch on (AVX2 and AVX-512 kernels round differently);
+// - the KV type, exact_matmul (CpuOptions), the device ("cpu", "cuda:0") and, on the CPU, the
+//   instruction sets the kernels dispatch on (AVX2 and AVX-512 kernels round differently);
 // - kKvNumericsVersion.
 // Not the context size nor the thread count: the K/V of a position do not depend on them.
-uint64_t model_identity(const Model& model, const RunOptions& run, std::string_view device);
+struct KvProducer {
+    KvType kv_type = KvType::f16;
+    bool exact_matmul = false;
+    DeviceKind device = DeviceKind::cpu;
+    std::string device_name = "cpu";   // Backend::device_name()
+};
+uint64_t model_identity(const Model& model, const KvProducer& producer);
 
 } // namespace tern

@@ -1,5 +1,6 @@
 #include "kernels/cpu_features.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <string>
@@ -94,6 +95,10 @@ std::string CpuFeatures::describe() const {
 const CpuFeatures& cpu_features() {
     static const CpuFeatures features = detect();
     return features;
+}
+
+int resolve_threads(int requested) {
+    return requested > 0 ? requested : std::max(1, cpu_features().physical_cores);
 }
 
 } // namespace tern

@@ -16,4 +16,8 @@ struct CpuFeatures {
 
 const CpuFeatures& cpu_features();   // detected on first call, then cached (immutable)
 
+// The thread count for a -t/--threads value: the value itself when positive, else (0) one thread
+// per physical core, the default everywhere (more threads than cores only contend for them).
+int resolve_threads(int requested);
+
 } // namespace tern

@@ -106,10 +106,10 @@ def main():
                                 f"include {target_folder}")
 
     # The device is a kind, not a string: nothing picks a code path by comparing device names.
-    device_string = re.compile(r'device_name\(\)\s*[!=]=|[!=]=\s*"cpu"|"cpu"\s*[!=]=')
+    device_string = re.compile(r'device_name\(\)\s*[!=]=|[!=]=\s*[\w.>-]*device_name\(\)')
     # KV sizes are the backend's memory plan's business, not the command line's.
     # (Showing a model's head_dim, as `tern info` does, is fine; computing with it is not.)
-    kv_arithmetic = re.compile(r"\b(kv_row_bytes|kv_element_bytes|kv_bytes\w*|bytes_per_position|kv_cache_bytes)\b"
+    kv_arithmetic = re.compile(r"\b(kv_row_bytes|kv_element_bytes|kv_bytes_per_position|bytes_per_position|kv_cache_bytes)\b"
                                r"|\bhead_dim(_v)?\s*[-+*/]|[-+*/]\s*[\w.>-]*\bhead_dim(_v)?\b")
     for p in files:
         if not p.endswith((".h", ".cpp", ".cu")) or p.startswith("tests/"):

@@ -104,13 +104,8 @@ TEST_CASE("KV bytes read honour sliding windows and the KV format") {
 }
 
 TEST_CASE("KV element bytes match the row sizes the KV cache stores") {
-    const std::pair<tern::KvType, tern::KvFormat> pairs[] = {
-        {tern::KvType::f32, tern::KvFormat::f32},   {tern::KvType::f16, tern::KvFormat::f16},
-        {tern::KvType::bf16, tern::KvFormat::bf16}, {tern::KvType::q8_0, tern::KvFormat::q8_0},
-        {tern::KvType::f8_e4m3, tern::KvFormat::f8_e4m3}};
-    for (const auto& [type, format] : pairs)
-        CHECK_MESSAGE(tern::kv_element_bytes(type) * 128 == doctest::Approx(tern::kv_row_bytes(format, 128)),
-                      tern::kv_type_name(type));
+    for (const tern::KvFormatInfo& f : tern::kKvFormats)
+        CHECK_MESSAGE(tern::kv_element_bytes(f.type) * 128 == doctest::Approx(tern::kv_row_bytes(f.type, 128)), f.name);
 }
 
 TEST_CASE("read bandwidth probe: the SIMD sums (plain and prefetching) equal their scalar twin on random words") {
@@ -155,8 +150,7 @@ TEST_CASE("run_bench drives a backend: one time per run, from the depth context"
     CHECK(tern::bench_context_size(o) == 26);
     tern::RunOptions run;
     run.n_ctx = tern::bench_context_size(o);
-    run.n_threads = 1;
-    auto backend = tern::make_backend("cpu");
+    auto backend = tern::make_backend("cpu", tern::CpuOptions{1});
     backend->load(m.config, m.weights, run);
     int calls = 0;
     o.progress = [&](int, int n_runs) {

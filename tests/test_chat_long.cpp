@@ -67,8 +67,7 @@ TEST_CASE("a reply that fills the context drops the oldest turns and goes on") {
     RunOptions run;
     run.n_ctx = n_ctx;
     run.kv_type = KvType::f16;
-    run.n_threads = 1;
-    std::unique_ptr<Backend> backend = make_backend("cpu");
+    std::unique_ptr<Backend> backend = make_backend("cpu", CpuOptions{1});
     backend->load(model->config, model->weights, run);
     Session s(std::move(backend), Tokenizer::from_gguf(model->file), n_ctx, model);
     Conversation c(s, *ChatTemplate::from_name("chatml"));

@@ -311,7 +311,7 @@ TEST_CASE("Ctrl-C during a long generation flushes what was printed and exits 13
     CHECK(out.rfind(", there was a little girl", 0) == 0);
 }
 
-TEST_CASE("option helpers: escapes, context sizing, KV bytes per position") {
+TEST_CASE("option helpers: escapes") {
     using namespace tern::app;
     CHECK(process_escapes("a\\nb") == "a\nb");
     CHECK(process_escapes("\\t\\r\\\\\\'\\\"") == "\t\r\\'\"");
@@ -319,21 +319,4 @@ TEST_CASE("option helpers: escapes, context sizing, KV bytes per position") {
     CHECK(process_escapes("\\x4") == "\\x4");        // incomplete: kept as typed
     CHECK(process_escapes("C:\\dir\\") == "C:\\dir\\");   // unknown escape and a trailing backslash
     CHECK(process_escapes("") == "");
-
-    bool capped = true;
-    CHECK(choose_context(512, 4096, 1000, uint64_t(1) << 30, &capped) == 512);   // -c wins
-    CHECK(!capped);
-    CHECK(choose_context(0, 4096, 1000, uint64_t(1) << 30, &capped) == 4096);    // 4 MB of KV fits
-    CHECK(!capped);
-    // 128k positions of 100 kB = 12.2 GiB of KV; half of 8 GiB fits 42949 positions, rounded to 42752.
-    CHECK(choose_context(0, 131072, 100000, uint64_t(8) << 30, &capped) == 42752);
-    CHECK(capped);
-    CHECK(choose_context(0, 131072, uint64_t(1) << 40, uint64_t(8) << 30, &capped) == 256);   // never below 256
-    CHECK(choose_context(0, 0, 1000, uint64_t(1) << 30, &capped) == 4096);   // no trained context in the file
-
-    if (!shared_available()) return;
-    const tern::Model m = tern::load_model(model_path());
-    // stories260K: 5 layers, 4 KV heads of 8 dims, K and V.
-    CHECK(kv_bytes_per_position(m.config, tern::KvType::f32) == 5 * 4 * (8 + 8) * 4);
-    CHECK(kv_bytes_per_position(m.config, tern::KvType::f16) == 5 * 4 * (8 + 8) * 2);
 }

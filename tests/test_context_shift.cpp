@@ -173,7 +173,7 @@ TEST_CASE("KvCache::erase moves the later rows down, turning K by the given rota
             for (const bool rotate : {false, true}) {
                 CAPTURE(rotate);
                 RandomCache rc(type);
-                const KvFormat fmt = rc.cache.format();
+                const KvType fmt = rc.cache.format();
                 // Layer 1 is left unrotated (n_rot 0), as a layer without rope would be.
                 std::vector<RopeRotation> rot;
                 if (rotate) {
@@ -212,7 +212,7 @@ TEST_CASE("KvCache::erase: an empty range changes nothing, a range past n_past t
     RandomCache rc(KvType::f16);
     rc.cache.erase(20, 20, {}, 1);
     CHECK(rc.cache.n_past() == rc.n);
-    CHECK(std::memcmp(rc.cache.k_head(0, 1), rc.old_k(0, 1, 0), size_t(rc.n) * kv_row_bytes(KvFormat::f16, 64)) == 0);
+    CHECK(std::memcmp(rc.cache.k_head(0, 1), rc.old_k(0, 1, 0), size_t(rc.n) * kv_row_bytes(KvType::f16, 64)) == 0);
     CHECK_THROWS_AS(rc.cache.erase(10, rc.n + 1, {}, 1), UsageError);
     CHECK_THROWS_AS(rc.cache.erase(-1, 3, {}, 1), UsageError);
     CHECK_THROWS_AS(rc.cache.erase(9, 8, {}, 1), UsageError);
@@ -242,9 +242,7 @@ std::unique_ptr<Backend> backend_for(const Model& m, KvType type, int32_t n_ctx,
     RunOptions run;
     run.n_ctx = n_ctx;
     run.kv_type = type;
-    run.n_threads = 1;
-    run.exact_matmul = exact_matmul;
-    std::unique_ptr<Backend> b = make_backend("cpu");
+    std::unique_ptr<Backend> b = make_backend("cpu", CpuOptions{1, exact_matmul});
     b->load(m.config, m.weights, run);
     return b;
 }
@@ -271,7 +269,7 @@ std::vector<float> next_logits(Backend& b, int32_t token) {
 // n V rows, each in the cache's stored format).
 struct SnapshotRows {
     const ModelConfig& c;
-    KvFormat fmt;
+    KvType fmt;
     int32_t n;
     size_t kr() const { return kv_row_bytes(fmt, c.head_dim); }
     size_t vr() const { return kv_row_bytes(fmt, c.head_dim_v); }
@@ -284,15 +282,15 @@ struct SnapshotRows {
     size_t v(int32_t l, int32_t h, int32_t p) const { return head_start(l, h) + size_t(n) * kr() + size_t(p) * vr(); }
 };
 
-KvFormat format_of(KvType t) {
+KvType format_of(KvType t) {
     switch (t) {
-    case KvType::f32: return KvFormat::f32;
-    case KvType::f16: return KvFormat::f16;
-    case KvType::bf16: return KvFormat::bf16;
-    case KvType::q8_0: return KvFormat::q8_0;
-    case KvType::f8_e4m3: return KvFormat::f8_e4m3;
+    case KvType::f32: return KvType::f32;
+    case KvType::f16: return KvType::f16;
+    case KvType::bf16: return KvType::bf16;
+    case KvType::q8_0: return KvType::q8_0;
+    case KvType::f8_e4m3: return KvType::f8_e4m3;
     }
-    return KvFormat::f16;
+    return KvType::f16;
 }
 
 // Compares rows [0, n) of layers [0, n_layers) of two snapshots of n positions: K and V decoded, each

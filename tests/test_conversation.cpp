@@ -33,8 +33,8 @@ std::unique_ptr<Session> session_for(const std::string& path, int32_t n_ctx) {
     RunOptions run;
     run.n_ctx = n_ctx;
     run.kv_type = KvType::f16;
-    run.n_threads = 1;   // the machine running the tests is often busy: one thread waits on no other
-    std::unique_ptr<Backend> backend = make_backend("cpu");
+    // The machine running the tests is often busy: one thread waits on no other.
+    std::unique_ptr<Backend> backend = make_backend("cpu", CpuOptions{1});
     backend->load(model->config, model->weights, run);
     std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file);
     return std::make_unique<Session>(std::move(backend), std::move(tok), n_ctx, model);

@@ -21,18 +21,18 @@
 namespace tern {
 namespace {
 
-const char* format_name(KvFormat f) {
+const char* format_name(KvType f) {
     switch (f) {
-    case KvFormat::f32: return "f32";
-    case KvFormat::f16: return "f16";
-    case KvFormat::bf16: return "bf16";
-    case KvFormat::q8_0: return "q8_0";
-    case KvFormat::f8_e4m3: return "f8_e4m3";
+    case KvType::f32: return "f32";
+    case KvType::f16: return "f16";
+    case KvType::bf16: return "bf16";
+    case KvType::q8_0: return "q8_0";
+    case KvType::f8_e4m3: return "f8_e4m3";
     }
     return "?";
 }
 
-constexpr KvFormat kFormats[] = {KvFormat::f32, KvFormat::f16, KvFormat::bf16, KvFormat::q8_0, KvFormat::f8_e4m3};
+constexpr KvType kFormats[] = {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3};
 
 // n_rows rows of n random elements stored in format f, plus the f32 values the stored rows decode to.
 struct StoredRows {
@@ -40,7 +40,7 @@ struct StoredRows {
     std::vector<float> values;
 };
 
-StoredRows store_rows(KvFormat f, int64_t n_rows, int64_t n, uint32_t seed, float scale) {
+StoredRows store_rows(KvType f, int64_t n_rows, int64_t n, uint32_t seed, float scale) {
     const auto src = test::random_normal(static_cast<size_t>(n_rows * n), seed, scale);
     const size_t rb = kv_row_bytes(f, n);
     StoredRows s;
@@ -56,7 +56,7 @@ StoredRows store_rows(KvFormat f, int64_t n_rows, int64_t n, uint32_t seed, floa
 } // namespace
 
 TEST_CASE("kv rows: the block formats round-trip within their quantization step") {
-    for (KvFormat f : kFormats) {
+    for (KvType f : kFormats) {
         for (int64_t n : {32, 64, 256}) {
             CAPTURE(format_name(f));
             CAPTURE(n);
@@ -72,13 +72,13 @@ TEST_CASE("kv rows: the block formats round-trip within their quantization step"
                 for (int64_t i = b; i < b + 32; ++i) {
                     const float x = src[size_t(i)], err = std::fabs(back[size_t(i)] - x);
                     switch (f) {
-                    case KvFormat::f32: CHECK(err == 0.0f); break;
-                    case KvFormat::f16: CHECK(err <= std::fabs(x) * 0x1p-11f); break;
-                    case KvFormat::bf16: CHECK(err <= std::fabs(x) * 0x1p-8f); break;
+                    case KvType::f32: CHECK(err == 0.0f); break;
+                    case KvType::f16: CHECK(err <= std::fabs(x) * 0x1p-11f); break;
+                    case KvType::bf16: CHECK(err <= std::fabs(x) * 0x1p-8f); break;
                     // half a step of amax / 127, plus the f16 rounding of the scale (2^-11 of |x|)
-                    case KvFormat::q8_0: CHECK(err <= amax / 127.0f * 0.5f + std::fabs(x) * 0x1p-10f); break;
+                    case KvType::q8_0: CHECK(err <= amax / 127.0f * 0.5f + std::fabs(x) * 0x1p-10f); break;
                     // 3 mantissa bits: half an ulp is 2^-4 relative; subnormals are steps of amax / 448 * 2^-9
-                    case KvFormat::f8_e4m3:
+                    case KvType::f8_e4m3:
                         CHECK(err <= std::fabs(x) * 0x1p-4f * 1.01f + amax / 448.0f * 0x1p-9f + std::fabs(x) * 0x1p-10f);
                         break;
                     }
@@ -86,15 +86,15 @@ TEST_CASE("kv rows: the block formats round-trip within their quantization step"
             }
         }
     }
-    CHECK(kv_row_bytes(KvFormat::q8_0, 256) == 8 * 34);
-    CHECK(kv_row_bytes(KvFormat::f8_e4m3, 64) == 2 * 34);
+    CHECK(kv_row_bytes(KvType::q8_0, 256) == 8 * 34);
+    CHECK(kv_row_bytes(KvType::f8_e4m3, 64) == 2 * 34);
 }
 
 TEST_CASE("flash attention (AVX2 and scalar chunk kernels) matches two-pass attention on the dequantized cache") {
     const CpuKernels* avx2_set = cpu_kernels_for(CpuIsa::avx2);
     const AttnChunkFn avx2 = avx2_set ? avx2_set->attn_chunk : nullptr;
     if (avx2 == nullptr) MESSAGE("no AVX2 attention kernel in this build or CPU: checking the scalar twin only");
-    for (KvFormat f : kFormats) {
+    for (KvType f : kFormats) {
         for (int64_t head_dim : {64, 128, 256}) {
             for (int64_t n_keys : {1, 7, 33, 64, 257, 1000}) {
                 for (int64_t group : {1, 4, 8}) {
@@ -146,7 +146,7 @@ TEST_CASE("flash attention (AVX2 and scalar chunk kernels) matches two-pass atte
 }
 
 TEST_CASE("flash attention: a token's output is the same bits alone, in any batch and for any thread count") {
-    for (KvFormat f : {KvFormat::f16, KvFormat::q8_0, KvFormat::f8_e4m3}) {
+    for (KvType f : {KvType::f16, KvType::q8_0, KvType::f8_e4m3}) {
         for (int64_t n_kv_heads : {1, 2}) {
             for (int32_t window : {0, 300}) {
                 CAPTURE(format_name(f));
@@ -220,8 +220,8 @@ TEST_CASE("bench: flash vs two-pass attention at Gemma 3 270M's shape" * doctest
         std::vector<float> out(size_t(depth * group * head_dim));
         // Before: the two-pass attention_head per (token, head), f16 cache.
         {
-            const StoredRows k = store_rows(KvFormat::f16, depth, head_dim, 42, 1.0f);
-            const StoredRows v = store_rows(KvFormat::f16, depth, head_dim, 43, 1.0f);
+            const StoredRows k = store_rows(KvType::f16, depth, head_dim, 42, 1.0f);
+            const StoredRows v = store_rows(KvType::f16, depth, head_dim, 43, 1.0f);
             std::vector<float> scores(static_cast<size_t>(depth));
             const int32_t pos = int32_t(depth - 1);
             const double dec = best_of(20, [&] {
@@ -239,7 +239,7 @@ TEST_CASE("bench: flash vs two-pass attention at Gemma 3 270M's shape" * doctest
             std::printf("bench: depth %5lld two-pass f16      : decode %.3f ms/token, prefill %lld tokens %.1f ms\n",
                         (long long)depth, dec * 1e3, (long long)depth, pre * 1e3);
         }
-        for (KvFormat f : kFormats) {
+        for (KvType f : kFormats) {
             AttnParams p;
             p.format = f;
             p.head_dim = p.head_dim_v = head_dim;
@@ -272,7 +272,7 @@ TEST_CASE("bench: one Gemma 3 270M decode step's attention at depth 4096" * doct
     const int64_t head_dim = 256, group = 4, depth = 4096, n_layers = 18;
     const auto q = test::random_normal(size_t(group * head_dim), 51);
     std::vector<float> out(size_t(group * head_dim));
-    for (KvFormat f : kFormats) {
+    for (KvType f : kFormats) {
         AttnParams p;
         p.format = f;
         p.head_dim = p.head_dim_v = head_dim;

@@ -12,6 +12,7 @@
 
 #include "engine/cpu/kv_cache.h"
 #include "base/error.h"
+#include "engine/load_errors.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -56,7 +57,7 @@ TEST_CASE("KvCache stores rows in the --kv-type format and returns them at k_row
         const int32_t head_dim = 64, head_dim_v = 96, n = 9;
         Filled f;
         fill(f, type, head_dim, head_dim_v, 16, n);
-        const KvFormat fmt = f.cache.format();
+        const KvType fmt = f.cache.format();
         CHECK(f.cache.total_bytes() == 5 * 16 * (kv_row_bytes(fmt, head_dim) + kv_row_bytes(fmt, head_dim_v)));
         std::vector<float> back(head_dim_v), expect(head_dim_v);
         for (int32_t l = 0; l < 3; ++l) {
@@ -90,9 +91,12 @@ TEST_CASE("q8_0 and f8_e4m3 KV caches need head dims that are multiples of 32") 
         bool threw = false;
         try {
             c.init(type, {1}, 80, 80, 8);
-        } catch (const UsageError& e) {
+        } catch (const KvHeadDimsUnfit& e) {   // a UsageError with the numbers (engine/load_errors.h)
             threw = true;
-            CHECK(std::string(e.what()).find("--kv-type") != std::string::npos);
+            CHECK(e.type == type);
+            CHECK(e.block == 32);
+            CHECK(e.head_dim == 80);
+            CHECK(std::string(e.what()).find("multiples of 32") != std::string::npos);
         }
         CHECK(threw);
         CHECK_NOTHROW(c.init(type, {1}, 64, 128, 8));

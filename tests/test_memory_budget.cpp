@@ -1,15 +1,17 @@
 // engine/memory_budget.h: the KV estimate equals what KvCache allocates, the weight estimate
 // equals the file's tensor bytes, the /proc and cgroup parsers read v1 and v2 layouts (built in
-// a temporary directory), and the shortfall line names the flag, the limit and the remedies.
+// a temporary directory), and a shortfall names the limit exceeded and the totals.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/cpu/kv_cache.h"
 #include "engine/memory_budget.h"
+#include "engine/cpu/memory_plan.h"
 #include "engine/model.h"
 #include "tests/test_support.h"
 
@@ -51,13 +53,13 @@ TEST_CASE("kv_cache_bytes equals what KvCache allocates, for every KV type and s
         }
 }
 
-TEST_CASE("estimate_memory: weights are the file's tensor bytes, a tied output counted once") {
+TEST_CASE("cpu_memory_need: weights are the file's tensor bytes, a tied output counted once") {
     if (!test::shared_available()) return;
     for (const char* name : {"models/synth/synth-k256-q4_0.gguf", "models/synth/synth-k256-tied-q8_0.gguf",
                              "models/gguf/stories260K-f32.gguf"}) {
         CAPTURE(name);
         const Model m = load_model(test::shared_path(name).string());
-        const MemoryNeed need = estimate_memory(m.config, m.weights, MemoryRequest{KvType::f16, 256});
+        const MemoryNeed need = cpu_memory_need(m.config, m.weights, MemoryRequest{KvType::f16, 256});
         CHECK(need.weights == file_tensor_bytes(m.file));
         CHECK(need.copies > 0);
         CHECK(need.copies < need.weights);   // the norms (and an untied token_embd) are never packed
@@ -66,11 +68,11 @@ TEST_CASE("estimate_memory: weights are the file's tensor bytes, a tied output c
         CHECK(need.resident() == need.weights + need.kv + need.buffers);
         CHECK(need.allocated() == need.copies + need.kv + need.buffers);
         // Doubling the context doubles the KV cache and nothing else; q8_0 KV is 34/64 of f16's.
-        const MemoryNeed twice = estimate_memory(m.config, m.weights, MemoryRequest{KvType::f16, 512});
+        const MemoryNeed twice = cpu_memory_need(m.config, m.weights, MemoryRequest{KvType::f16, 512});
         CHECK(twice.kv == 2 * need.kv);
         CHECK(twice.weights == need.weights);
         // Perplexity keeps a batch of logit rows: the buffers grow by vocab floats per row.
-        const MemoryNeed rows = estimate_memory(m.config, m.weights, MemoryRequest{KvType::f16, 256, 512, 256});
+        const MemoryNeed rows = cpu_memory_need(m.config, m.weights, MemoryRequest{KvType::f16, 256, 512, 256});
         CHECK(rows.buffers == need.buffers + 255ull * 4 * static_cast<uint64_t>(m.config.vocab));
     }
 }
@@ -145,14 +147,14 @@ TEST_CASE("cgroup_limit: v1 memory controller, its unlimited value, a namespaced
     CHECK(!cgroup_limit("garbage without colons\n", root.path()).has_value());
 }
 
-TEST_CASE("memory_limits: MemAvailable is always among them on Linux") {
-    const std::vector<MemoryLimit> limits = memory_limits();
+TEST_CASE("host_memory_limits: MemAvailable is always among them on Linux") {
+    const std::vector<MemoryLimit> limits = host_memory_limits();
     REQUIRE(!limits.empty());
     CHECK(limits.front().source.find("MemAvailable") != std::string::npos);
     CHECK(limits.front().available > 0);
 }
 
-TEST_CASE("memory_shortfall: empty when it fits; one line naming -c, the limit and the remedies otherwise") {
+TEST_CASE("find_memory_shortfall: nothing when it fits; else the first limit exceeded, described without flags") {
     MemoryNeed need;
     need.weights = 100 * MiB;
     need.copies = 80 * MiB;
@@ -160,32 +162,34 @@ TEST_CASE("memory_shortfall: empty when it fits; one line naming -c, the limit a
     need.buffers = 40 * MiB;
     const MemoryRequest req{KvType::f16, 32768};
     const MemoryLimit ram{2048 * MiB, "MemAvailable in /proc/meminfo", MemoryLimit::Counts::resident};
-    CHECK(memory_shortfall(need, {ram}, req).empty());
+    CHECK(!find_memory_shortfall(need, {ram}, req));
     // Exactly enough fits.
-    CHECK(memory_shortfall(need, {{1040 * MiB, "x", MemoryLimit::Counts::resident}}, req).empty());
+    CHECK(!find_memory_shortfall(need, {{1040 * MiB, "x", MemoryLimit::Counts::resident}}, req));
 
     const MemoryLimit small{1000 * MiB, "MemAvailable in /proc/meminfo", MemoryLimit::Counts::resident};
-    const std::string m = memory_shortfall(need, {ram, small}, req);
+    const std::optional<MemoryShortfall> s = find_memory_shortfall(need, {ram, small}, req);
+    REQUIRE(s);
+    CHECK(s->wanted == 1040 * MiB);
+    CHECK(s->weights == 100 * MiB);
+    CHECK(s->limit.available == 1000 * MiB);
+    CHECK(s->request.n_ctx == 32768);
+    const std::string m = describe_memory_shortfall(*s);
     CAPTURE(m);
     CHECK(m.find('\n') == std::string::npos);
-    CHECK(m.starts_with("-c 32768: needs 1.0 GiB"));
+    CHECK(m.starts_with("a context of 32768 positions needs 1.0 GiB"));
     CHECK(m.find("KV cache 900.0 MiB as f16") != std::string::npos);
     CHECK(m.find("1000.0 MiB is available (MemAvailable in /proc/meminfo)") != std::string::npos);
-    CHECK(m.find("--kv-type q8_0") != std::string::npos);
-    CHECK(m.find("smaller quantization") != std::string::npos);
-
-    // Already on q8_0: that remedy is not offered again.
-    const std::string q = memory_shortfall(need, {small}, MemoryRequest{KvType::q8_0, 32768});
-    CHECK(!q.empty());
-    CHECK(q.find("--kv-type") == std::string::npos);
+    CHECK(m.find("-c") == std::string::npos);   // the engine names no flag (app/engine_wording.h does)
 
     // An address-space limit counts the new allocations only (the mapped file is already in use).
     const MemoryLimit as{1020 * MiB, "what RLIMIT_AS (ulimit -v) leaves", MemoryLimit::Counts::allocated};
-    CHECK(memory_shortfall(need, {as}, req).empty());   // 80 + 900 + 40 = 1020
+    CHECK(!find_memory_shortfall(need, {as}, req));   // 80 + 900 + 40 = 1020
     const MemoryLimit as_small{1019 * MiB, "what RLIMIT_AS (ulimit -v) leaves", MemoryLimit::Counts::allocated};
-    const std::string a = memory_shortfall(need, {as_small}, req);
-    CHECK(a.find("packed weights 80.0 MiB") != std::string::npos);
-    CHECK(a.find("RLIMIT_AS") != std::string::npos);
+    const std::optional<MemoryShortfall> a = find_memory_shortfall(need, {as_small}, req);
+    REQUIRE(a);
+    CHECK(!a->resident());
+    CHECK(a->weights == 80 * MiB);
+    CHECK(describe_memory_shortfall(*a).find("packed weights 80.0 MiB") != std::string::npos);
 }
 
 TEST_CASE("memory_left_for_kv: the tightest limit after weights and buffers, never below zero") {

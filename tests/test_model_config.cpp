@@ -10,6 +10,7 @@
 
 #include "engine/cpu/backend_cpu.h"
 #include "engine/backend_factory.h"
+#include "engine/load_errors.h"
 #include "engine/model.h"
 #include "base/error.h"
 #include "formats/gguf_writer.h"
@@ -273,13 +274,13 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
 
     const std::vector<int32_t> tokens = {3, 7, 1, 12, 5, 9, 2, 14, 6, 11, 0, 8};
     const int64_t vocab = m.config.vocab;
-    CpuBackend full;
-    full.load(m.config, m.weights, RunOptions{32, KvType::f32, 1});
+    CpuBackend full(CpuOptions{1});
+    full.load(m.config, m.weights, RunOptions{32, KvType::f32});
     full.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
     double max_d = 0.0, max_windowless = 0.0;
     for (int32_t p = window - 1; p < static_cast<int32_t>(tokens.size()); ++p) {
-        CpuBackend part;
-        part.load(m.config, m.weights, RunOptions{32, KvType::f32, 1});
+        CpuBackend part(CpuOptions{1});
+        part.load(m.config, m.weights, RunOptions{32, KvType::f32});
         part.forward(
             ForwardBatch{std::span(tokens).subspan(size_t(p - window + 1), size_t(window)), 0, LogitsWanted::last});
         for (int64_t v = 0; v < vocab; ++v)
@@ -290,8 +291,8 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
     // Without the window the same comparison fails: the check has power.
     ModelConfig global = m.config;
     global.layers[0].sliding_window = 0;
-    CpuBackend g;
-    g.load(global, m.weights, RunOptions{32, KvType::f32, 1});
+    CpuBackend g(CpuOptions{1});
+    g.load(global, m.weights, RunOptions{32, KvType::f32});
     g.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
     for (int64_t v = 0; v < vocab; ++v)
         max_windowless =
@@ -302,9 +303,9 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
 
 TEST_CASE("backend factory, KV type names, block KV types need head dims of 32") {
     std::string note;
-    auto be = make_backend("auto", &note);
-    CHECK(be->device_name() == "cpu");   // a note only when a GPU is present but unusable
-    CHECK(make_backend("cpu", &note)->device_name() == "cpu");
+    auto be = make_backend("auto", CpuOptions{}, &note);
+    CHECK(be->device_kind() == DeviceKind::cpu);   // a note only when a GPU is present but unusable
+    CHECK(make_backend("cpu", CpuOptions{}, &note)->device_kind() == DeviceKind::cpu);
     CHECK(note.empty());
     CHECK(error_of([] { make_backend("cuda"); }).find("without a CUDA backend") != std::string::npos);
     CHECK(error_of([] { make_backend("tpu"); }).find("auto, cpu, cuda") != std::string::npos);
@@ -316,13 +317,14 @@ TEST_CASE("backend factory, KV type names, block KV types need head dims of 32")
 
     if (!test::shared_available()) return;
     const Model m = load_model(test::shared_path("models/gguf/stories260K-f32.gguf").string());
-    CpuBackend cpu;
-    // stories260K's head dim is 8: the block formats (32 per block) refuse it, naming the flag.
+    CpuBackend cpu(CpuOptions{1});
+    // stories260K's head dim is 8: the block formats (32 per block) refuse it, with the numbers.
     CHECK(error_of([&] {
-              cpu.load(m.config, m.weights, RunOptions{64, KvType::q8_0, 1});
-          }).find("--kv-type q8_0 needs head dimensions that are multiples of") != std::string::npos);
-    CHECK_THROWS_AS(cpu.load(m.config, m.weights, RunOptions{64, KvType::f8_e4m3, 1}), UsageError);
-    cpu.load(m.config, m.weights, RunOptions{8, KvType::bf16, 1});
+              cpu.load(m.config, m.weights, RunOptions{64, KvType::q8_0});
+          }).find("KV type q8_0 needs head dimensions that are multiples of 32") != std::string::npos);
+    CHECK_THROWS_AS(cpu.load(m.config, m.weights, RunOptions{64, KvType::q8_0}), KvHeadDimsUnfit);
+    CHECK_THROWS_AS(cpu.load(m.config, m.weights, RunOptions{64, KvType::f8_e4m3}), UsageError);
+    cpu.load(m.config, m.weights, RunOptions{8, KvType::bf16});
     const std::vector<int32_t> toks = {1, 403, 407};
     cpu.forward(ForwardBatch{toks, 0, LogitsWanted::last});
     CHECK(cpu.n_past() == 3);

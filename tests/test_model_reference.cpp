@@ -4,7 +4,7 @@
 //   default (SIMD): activations quantized as ggml quantizes them (Q8_0/Q8_1/Q8_K, f16/bf16), integer dot
 //     products: held against <slug>.json at about llama.cpp's own noise (README column (b)) plus a small
 //     margin per file group (default_tolerance below, measured);
-//   exact (RunOptions::exact_matmul, dequantized weights x f32 activations): held against
+//   exact (CpuOptions::exact_matmul, dequantized weights x f32 activations): held against
 //     <slug>.twin.json (and the F32 files against <slug>.json) at F32 accuracy, ~1e-3, on the prompts
 //     that have twins; its distance to <slug>.json (column (c)) is printed for comparison.
 // Also: incremental decode == batch, f16 KV within column (a), thread-count independence,
@@ -127,11 +127,11 @@ bool has_twin_prompt(const std::string& slug) {
     return slug == "once-upon-a-time" || slug == "lily-and-ben-went-to-the-park-they";
 }
 
-// Teacher-forced logits of `tokens` in one forward, every row kept: (n, vocab). exact: RunOptions::exact_matmul.
+// Teacher-forced logits of `tokens` in one forward, every row kept: (n, vocab). exact: CpuOptions::exact_matmul.
 std::vector<float> batch_logits(const Model& m, const std::vector<int32_t>& tokens, KvType kv, int threads,
                                 bool exact = false) {
-    CpuBackend be;
-    be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), kv, threads, exact});
+    CpuBackend be(CpuOptions{threads, exact});
+    be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), kv});
     be.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
     std::vector<float> out;
     for (size_t r = 0; r < tokens.size(); ++r) {
@@ -397,8 +397,8 @@ TEST_CASE("incremental decode equals the batch forward; f16 KV stays within the 
         const int64_t vocab = m.config.vocab;
 
         // Prefill the prompt in two chunks, then one token at a time.
-        CpuBackend be;
-        be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f32, kThreads});
+        CpuBackend be(CpuOptions{kThreads});
+        be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f32});
         double max_d = 0.0;
         auto compare_row = [&](int row, int32_t pos) {
             const auto got = be.logits(row);
@@ -449,8 +449,8 @@ TEST_CASE("results are bit-identical across thread counts and KV snapshots resto
         // Snapshot after the prompt, run ahead, roll back with kv_truncate and with kv_load.
         const int32_t n_prompt = static_cast<int32_t>(ref["prompt_tokens"].size());
         const int64_t vocab = m.config.vocab;
-        CpuBackend be;
-        be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f16, 2});
+        CpuBackend be(CpuOptions{2});
+        be.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f16});
         be.forward(ForwardBatch{std::span(tokens).first(n_prompt), 0, LogitsWanted::last});
         const KvSnapshot snap = be.kv_save(n_prompt);
         CHECK(snap.n_past == n_prompt);
@@ -467,8 +467,8 @@ TEST_CASE("results are bit-identical across thread counts and KV snapshots resto
         be.forward(ForwardBatch{rest.first(1), n_prompt, LogitsWanted::last});
         CHECK(std::equal(first.begin(), first.end(), be.logits(0).begin()));
 
-        CpuBackend other;
-        other.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f16, 1});
+        CpuBackend other(CpuOptions{1});
+        other.load(m.config, m.weights, RunOptions{static_cast<int32_t>(tokens.size()), KvType::f16});
         other.kv_load(snap);
         CHECK(other.n_past() == n_prompt);
         other.forward(ForwardBatch{rest.first(1), n_prompt, LogitsWanted::last});

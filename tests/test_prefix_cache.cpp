@@ -184,17 +184,16 @@ Loaded real_session(int n_threads, KvType kv = KvType::f16, const char* file = "
     RunOptions run;
     run.n_ctx = 256;
     run.kv_type = kv;
-    run.n_threads = n_threads;
-    std::unique_ptr<Backend> backend = make_backend("cpu");
+    std::unique_ptr<Backend> backend = make_backend("cpu", CpuOptions{n_threads});
     backend->load(l.model->config, l.model->weights, run);
     l.session = std::make_unique<Session>(std::move(backend), Tokenizer::from_gguf(l.model->file), 256, l.model);
     return l;
 }
 
 uint64_t identity_of(const Loaded& l, KvType kv = KvType::f16) {
-    RunOptions run;
-    run.kv_type = kv;
-    return model_identity(*l.model, run, "cpu");
+    KvProducer producer;
+    producer.kv_type = kv;
+    return model_identity(*l.model, producer);
 }
 
 GenerateOptions greedy(int32_t n) {
@@ -400,10 +399,10 @@ TEST_CASE("the identity tells models and KV types apart; another model's directo
     CHECK(identity_of(a) == identity_of(a));
     CHECK(identity_of(a) != identity_of(b));
     CHECK(identity_of(a, KvType::f16) != identity_of(a, KvType::q8_0));
-    RunOptions exact;
+    KvProducer exact;
     exact.exact_matmul = true;
-    CHECK(model_identity(*a.model, exact, "cpu") != identity_of(a));
-    CHECK(model_identity(*a.model, RunOptions{}, "cuda:0") != identity_of(a));
+    CHECK(model_identity(*a.model, exact) != identity_of(a));
+    CHECK(model_identity(*a.model, KvProducer{KvType::f16, false, DeviceKind::cuda, "cuda:0"}) != identity_of(a));
 }
 
 TEST_CASE("LRU: the directory never exceeds the limit, recent entries stay, oversized ones are not stored") {

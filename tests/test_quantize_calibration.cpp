@@ -37,12 +37,13 @@ struct Recorder final : ForwardObserver {
 };
 
 std::unique_ptr<CpuBackend> cpu_backend(const Model& m, bool exact, KvType kv = KvType::f32, int32_t n_ctx = 64) {
-    auto be = std::make_unique<CpuBackend>();
+    CpuOptions cpu;
+    cpu.n_threads = 2;
+    cpu.exact_matmul = exact;
+    auto be = std::make_unique<CpuBackend>(cpu);
     RunOptions run;
     run.n_ctx = n_ctx;
     run.kv_type = kv;
-    run.n_threads = 2;
-    run.exact_matmul = exact;
     be->load(m.config, m.weights, run);
     return be;
 }
@@ -144,6 +145,9 @@ TEST_CASE("a backend without observer support refuses an observer but accepts no
         void kv_truncate(int32_t) override {}
         KvSnapshot kv_save(int32_t) const override { return {}; }
         void kv_load(const KvSnapshot&) override {}
+        DeviceKind device_kind() const override { return DeviceKind::cpu; }
+        MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
+        std::vector<MemoryLimit> memory_limits() const override { return {}; }
         std::string device_name() const override { return "bare"; }
     } bare;
     Recorder rec;

@@ -329,6 +329,9 @@ public:
     KvSnapshot kv_save(int32_t) const override { return {}; }
     void kv_load(const KvSnapshot&) override {}
     std::string device_name() const override { return "fake"; }
+    DeviceKind device_kind() const override { return DeviceKind::cpu; }
+    MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
+    std::vector<MemoryLimit> memory_limits() const override { return {}; }
 
 private:
     int32_t forwards_ = 0;

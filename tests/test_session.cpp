@@ -58,6 +58,9 @@ public:
     KvSnapshot kv_save(int32_t) const override { return {}; }
     void kv_load(const KvSnapshot&) override {}
     std::string device_name() const override { return "fake"; }
+    DeviceKind device_kind() const override { return DeviceKind::cpu; }
+    MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
+    std::vector<MemoryLimit> memory_limits() const override { return {}; }
 
 private:
     int32_t n_past_ = 0;
@@ -304,8 +307,7 @@ std::unique_ptr<Session> real_session(int32_t n_ctx) {
     RunOptions run;
     run.n_ctx = n_ctx;
     run.kv_type = KvType::f32;   // as the reference
-    run.n_threads = 1;
-    std::unique_ptr<Backend> backend = make_backend("cpu");
+    std::unique_ptr<Backend> backend = make_backend("cpu", CpuOptions{1});
     backend->load(model->config, model->weights, run);
     std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file);
     return std::make_unique<Session>(std::move(backend), std::move(tok), n_ctx, model);

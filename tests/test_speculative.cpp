@@ -263,6 +263,9 @@ public:
     KvSnapshot kv_save(int32_t) const override { return {}; }
     void kv_load(const KvSnapshot&) override {}
     std::string device_name() const override { return "fake"; }
+    DeviceKind device_kind() const override { return DeviceKind::cpu; }
+    MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
+    std::vector<MemoryLimit> memory_limits() const override { return {}; }
 
 private:
     int rows_ = 0;
@@ -499,8 +502,7 @@ Loaded load(const std::string& path, int32_t n_ctx = 512) {
     l.model = std::make_shared<Model>(load_model(path));
     RunOptions run;
     run.n_ctx = n_ctx;
-    run.n_threads = 1;
-    std::unique_ptr<Backend> backend = make_backend("cpu");
+    std::unique_ptr<Backend> backend = make_backend("cpu", CpuOptions{1});
     backend->load(l.model->config, l.model->weights, run);
     l.session = std::make_unique<Session>(std::move(backend), Tokenizer::from_gguf(l.model->file), n_ctx, l.model);
     return l;
@@ -508,10 +510,12 @@ Loaded load(const std::string& path, int32_t n_ctx = 512) {
 
 std::unique_ptr<DraftModelDrafter> load_draft(const std::string& path, const Model& target, int32_t k,
                                               int32_t n_ctx = 512) {
-    RunOptions run;
-    run.n_ctx = n_ctx;
-    run.n_threads = 1;
-    return load_draft_model(path, target, "cpu", run, k);
+    OpenRequest request;
+    request.path = path;
+    request.n_ctx = n_ctx;
+    request.device = "cpu";
+    request.cpu.n_threads = 1;
+    return load_draft_model(request, target, k);
 }
 
 std::string gguf(const std::string& name) {
@@ -644,7 +648,7 @@ TEST_CASE("Gemma 3 270M: greedy output with prompt lookup is byte-identical") {
     compare(*l.session, "The capital of France is", &lookup, greedy_opts(24));
 }
 
-TEST_CASE("a draft model with another vocabulary is refused with one line naming --draft-model") {
+TEST_CASE("a draft model with another vocabulary is refused with one line naming the file") {
     if (!test::shared_available()) return;
     Loaded l = load(gguf("stories260K-f32"));
     for (const char* other : {"babyllama-tok105-q8_0", "aidreams260K-f16"}) {
@@ -652,14 +656,15 @@ TEST_CASE("a draft model with another vocabulary is refused with one line naming
         try {
             load_draft(gguf(other), *l.model, 4);
             FAIL("no exception");
-        } catch (const InputError& e) {
+        } catch (const DraftModelUnfit& e) {
             const std::string m = e.what();
-            CHECK(m.starts_with("--draft-model "));
+            CHECK(e.vocabulary);
+            CHECK(m.starts_with(gguf(other) + ": "));
             CHECK(m.find(other) != std::string::npos);
             CHECK(m.find('\n') == std::string::npos);
         }
     }
-    CHECK_THROWS_AS(load_draft("/nonexistent/draft.gguf", *l.model, 4), InputError);
+    CHECK_THROWS_AS(load_draft("/nonexistent/draft.gguf", *l.model, 4), DraftModelUnfit);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -42,10 +42,9 @@ std::string synth_file(const TempDir& dir, const std::string& shape, const std::
 // Every logit of a short prefill and of one decode step is finite, and they are not all equal.
 void check_logits_finite(const std::string& path) {
     const Model m = load_model(path);
-    auto backend = make_backend("cpu");
+    auto backend = make_backend("cpu", CpuOptions{1});
     RunOptions run;
     run.n_ctx = 32;
-    run.n_threads = 1;
     backend->load(m.config, m.weights, run);
     const std::vector<int32_t> prompt = {1, 300, 301, 302, 303, 304, 305, 306};
     backend->forward({prompt, 0, LogitsWanted::last});

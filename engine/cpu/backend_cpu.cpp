@@ -5,6 +5,8 @@
 #include <string>
 
 #include "engine/cpu/layer_rope.h"
+#include "engine/cpu/memory_plan.h"
+#include "engine/memory_budget.h"
 #include "base/error.h"
 #include "kernels/cpu/matmul_quant.h"
 #include "kernels/cpu/ops.h"
@@ -33,13 +35,22 @@ void rmsnorm_rows(const float* x, const std::vector<float>& w, float* y, int64_t
 
 } // namespace
 
+CpuBackend::CpuBackend(const CpuOptions& options)
+    : n_threads_(resolve_threads(options.n_threads)), exact_matmul_(options.exact_matmul) {
+    input_.n_threads = n_threads_;
+}
+
+MemoryNeed CpuBackend::plan_memory(const ModelConfig& config, const ModelWeights& weights,
+                                   const MemoryRequest& request) const {
+    return cpu_memory_need(config, weights, request);
+}
+
+std::vector<MemoryLimit> CpuBackend::memory_limits() const { return host_memory_limits(); }
+
 void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) {
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     config_ = config;
     weights_ = weights;
-    n_threads_ = options.n_threads > 0 ? options.n_threads : cpu_features().physical_cores;
-    input_.n_threads = n_threads_;
-    exact_matmul_ = options.exact_matmul;
 
     layer_vectors_.assign(weights.layers.size(), {});
     for (size_t l = 0; l < weights.layers.size(); ++l) {
@@ -152,7 +163,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
 
         // Attention over the cache (backend_cpu_attention.cpp).
         att.resize(static_cast<size_t>(n * att_dim)); // (n, n_heads, head_dim_v)
-        if (exact_matmul_ && kv_.format() == KvFormat::f32)
+        if (exact_matmul_ && kv_.format() == KvType::f32)
             attend_plain(l, pos0, n, q.data(), att.data());
         else
             attend(l, pos0, n, q.data(), att.data());

@@ -1,7 +1,7 @@
 #pragma once
 // The CPU backend: weights stay in their GGUF formats inside the mapping. By default every projection and
 // the lm_head quantize their input activations once (ggml's pairing: Q8_0/Q8_1/Q8_K, f16/bf16, f32) and
-// run the SIMD dot kernels (kernels/cpu/matmul_quant.h); RunOptions::exact_matmul dequantizes weight
+// run the SIMD dot kernels (kernels/cpu/matmul_quant.h); CpuOptions::exact_matmul dequantizes weight
 // rows to f32 instead (kernels/cpu/ops.h matmul_dequant), and over an f32 KV cache also attends by the plain
 // softmax (attention_head) instead of the flash kernels. Other activations are f32; the KV cache is f32, f16,
 // bf16, q8_0 or f8_e4m3.
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/cpu_options.h"
 #include "engine/cpu/kv_cache.h"
 #include "engine/cpu/prepared_weights.h"
 #include "engine/model_config.h"
@@ -23,6 +24,11 @@ namespace tern {
 
 class CpuBackend final : public Backend {
 public:
+    explicit CpuBackend(const CpuOptions& options = {});
+    // Host memory: engine/cpu/memory_plan.h against the host's limits (engine/memory_budget.h).
+    MemoryNeed plan_memory(const ModelConfig& config, const ModelWeights& weights,
+                           const MemoryRequest& request) const override;
+    std::vector<MemoryLimit> memory_limits() const override;
     // The weights' mapping (the Model) must outlive the backend: only views are kept.
     void load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) override;
     void forward(const ForwardBatch& batch) override;
@@ -36,6 +42,7 @@ public:
     void kv_append(const KvSnapshot& range) override;
     // Context shift: moves the later rows down and turns their K back (backend_cpu_shift.cpp).
     void kv_erase(int32_t begin, int32_t end) override;
+    DeviceKind device_kind() const override { return DeviceKind::cpu; }
     std::string device_name() const override { return "cpu"; }
     void set_observer(ForwardObserver* observer) override { observer_ = observer; }
 

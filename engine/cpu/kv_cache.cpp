@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "engine/load_errors.h"
 
 namespace tern {
 namespace {
@@ -18,32 +19,17 @@ constexpr int kHeaderInts = 7;                   // magic, kv_type, n_layers, he
 // position: a block restores into a cache of any context size.
 constexpr int32_t kRangeMagic = 0x31524B54;      // "TKR1"
 
-KvFormat format_for(KvType type) {
-    switch (type) {
-    case KvType::f32: return KvFormat::f32;
-    case KvType::f16: return KvFormat::f16;
-    case KvType::bf16: return KvFormat::bf16;
-    case KvType::q8_0: return KvFormat::q8_0;
-    case KvType::f8_e4m3: return KvFormat::f8_e4m3;
-    }
-    return KvFormat::f16;
-}
-
 } // namespace
 
 void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
                    int32_t n_ctx) {
-    const KvFormat format = format_for(type);
-    const int64_t block = kv_block_elems(format);
+    const int64_t block = kv_block_elems(type);
     if (head_dim % block != 0 || head_dim_v % block != 0)
-        throw UsageError("--kv-type " + std::string(kv_type_name(type)) + " needs head dimensions that are multiples of " +
-                         std::to_string(block) + ", this model has " + std::to_string(head_dim) + " (K) and " +
-                         std::to_string(head_dim_v) + " (V); use --kv-type f16");
+        throw KvHeadDimsUnfit(type, block, head_dim, head_dim_v);
     if (n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(n_ctx));
     type_ = type;
-    format_ = format;
-    k_row_bytes_ = kv_row_bytes(format, head_dim);
-    v_row_bytes_ = kv_row_bytes(format, head_dim_v);
+    k_row_bytes_ = kv_row_bytes(type, head_dim);
+    v_row_bytes_ = kv_row_bytes(type, head_dim_v);
     head_dim_ = head_dim;
     head_dim_v_ = head_dim_v;
     n_ctx_ = n_ctx;
@@ -60,8 +46,7 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
             v_[l].allocate(rows * v_row_bytes_);
         }
     } catch (const std::bad_alloc&) {
-        throw RuntimeFailure("out of memory allocating the KV cache for " + std::to_string(n_ctx) +
-                             " positions; use a smaller context (-c)");
+        throw KvAllocationFailed(n_ctx);
     }
 }
 
@@ -75,8 +60,8 @@ size_t KvCache::total_bytes() const {
 void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v) {
     const size_t l = static_cast<size_t>(layer);
     for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
-        kv_store_row(format_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(h, pos), head_dim_);
-        kv_store_row(format_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(h, pos), head_dim_v_);
+        kv_store_row(type_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(h, pos), head_dim_);
+        kv_store_row(type_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(h, pos), head_dim_v_);
     }
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // The CPU KV cache: per layer, K and V of every position, stored as f32, f16, bf16, q8_0 or f8_e4m3 rows
-// (kernels/cpu/attention.h KvFormat; the block formats halve f16's bytes, models.md "KV cache formats").
+// (kernels/kv_format.h KvType; the block formats halve f16's bytes, models.md "KV cache formats").
 // Layout per layer: K (n_kv_heads, n_ctx, head_dim), V (n_kv_heads, n_ctx, head_dim_v), so one head's
 // keys are contiguous rows for the attention kernel.
 #include <cstdint>
@@ -15,12 +15,13 @@ namespace tern {
 
 class KvCache {
 public:
-    // Throws UsageError when head_dim or head_dim_v is not a multiple of 32 for q8_0 / f8_e4m3.
+    // Throws KvHeadDimsUnfit when head_dim or head_dim_v is not a multiple of 32 for q8_0 / f8_e4m3,
+    // KvAllocationFailed when the memory is not there (engine/load_errors.h).
     void init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
               int32_t n_ctx);
 
     KvType type() const { return type_; }
-    KvFormat format() const { return format_; }
+    KvType format() const { return type_; }   // the stored row format (kernels/kv_format.h)
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_past() const { return n_past_; }
     void set_n_past(int32_t n) { n_past_ = n; }
@@ -64,7 +65,6 @@ private:
     size_t v_offset(int32_t head, int32_t pos) const;
 
     KvType type_ = KvType::f16;
-    KvFormat format_ = KvFormat::f16;
     size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
     int32_t head_dim_ = 0, head_dim_v_ = 0, n_ctx_ = 0, n_past_ = 0;
     std::vector<int32_t> n_kv_heads_; // per layer

@@ -51,7 +51,7 @@ void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>&
 
             uint8_t* k = k_[lu].data() + k_offset(h, 0);
             const RopeRotation* rotation = k_rotation.empty() || k_rotation[lu].n_rot == 0 ? nullptr : &k_rotation[lu];
-            if (!rotation || format_ == KvFormat::f32) {
+            if (!rotation || type_ == KvType::f32) {
                 std::memmove(k + static_cast<size_t>(begin) * k_row_bytes_,
                              k + static_cast<size_t>(end) * k_row_bytes_, static_cast<size_t>(moved) * k_row_bytes_);
                 if (rotation)
@@ -65,11 +65,11 @@ void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>&
             for (int32_t p = 0; p < moved; p += kRowsPerPass) {
                 const int32_t n = std::min(kRowsPerPass, moved - p);
                 for (int32_t r = 0; r < n; ++r)
-                    kv_load_row(format_, k + static_cast<size_t>(end + p + r) * k_row_bytes_,
+                    kv_load_row(type_, k + static_cast<size_t>(end + p + r) * k_row_bytes_,
                                 rows.data() + static_cast<size_t>(r) * static_cast<size_t>(head_dim_), head_dim_);
                 rope_rotate_rows(*rotation, rows.data(), n, head_dim_);
                 for (int32_t r = 0; r < n; ++r)
-                    kv_store_row(format_, rows.data() + static_cast<size_t>(r) * static_cast<size_t>(head_dim_),
+                    kv_store_row(type_, rows.data() + static_cast<size_t>(r) * static_cast<size_t>(head_dim_),
                                  k + static_cast<size_t>(begin + p + r) * k_row_bytes_, head_dim_);
             }
         }

@@ -17,7 +17,7 @@ struct CpuKernels;
 
 // How y = W x is computed for one projection.
 enum class MatmulPath : uint8_t {
-    dequant,   // weight rows dequantized to f32 (kernels/cpu/ops.h matmul_dequant): RunOptions::exact_matmul, or a
+    dequant,   // weight rows dequantized to f32 (kernels/cpu/ops.h matmul_dequant): CpuOptions::exact_matmul, or a
                // format (or row length) without a dot kernel
     dot,       // the file layout and the set's dot kernels (kernels/cpu/matmul_quant.h matmul_q)
     packed,    // a row-interleaved packed copy (quant/repack.h, kernels/cpu/gemm_packed.h)

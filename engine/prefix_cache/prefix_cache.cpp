@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <set>
 
 #include "engine/prefix_cache/prefix_cache_entry.h"
@@ -97,7 +96,7 @@ std::vector<uint64_t> prefix_chain_keys(std::span<const int32_t> tokens, int32_t
 
 PrefixCache::PrefixCache(PrefixCacheOptions options, uint64_t identity, KvType kv_type, Warn warn)
     : options_(std::move(options)), identity_(identity), kv_type_(kv_type), warn_(std::move(warn)) {
-    if (!warn_) warn_ = [](const std::string& line) { std::cerr << "tern: prompt cache: " << line << "\n"; };
+    if (!warn_) warn_ = [](const std::string&) {};   // the caller words and prints its warnings
     if (options_.block_tokens <= 0) throw std::invalid_argument("PrefixCache: block_tokens must be positive");
 }
 

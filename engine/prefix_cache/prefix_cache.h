@@ -46,7 +46,7 @@ std::vector<uint64_t> prefix_chain_keys(std::span<const int32_t> tokens, int32_t
 class PrefixCache {
 public:
     using Warn = std::function<void(const std::string&)>;   // one line, no newline
-    // `warn` defaults to a "tern: prompt cache: ..." line on stderr.
+    // The engine prints nothing: without `warn` the warnings are dropped (the app prints them).
     PrefixCache(PrefixCacheOptions options, uint64_t identity, KvType kv_type, Warn warn = {});
 
     struct Restored {

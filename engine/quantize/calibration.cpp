@@ -15,12 +15,13 @@ namespace {
 // A CPU backend for the calibration forwards: exact (dequantized) matmuls and an f32 cache, so what the
 // observer sees is the model's own arithmetic, not the rounding of the fast path.
 std::unique_ptr<Backend> calibration_backend(const Model& model, int32_t n_ctx, int n_threads) {
-    std::unique_ptr<Backend> backend = make_backend("cpu");
+    CpuOptions cpu;
+    cpu.n_threads = n_threads;
+    cpu.exact_matmul = true;
+    std::unique_ptr<Backend> backend = make_backend("cpu", cpu);
     RunOptions run;
     run.n_ctx = n_ctx;
     run.kv_type = KvType::f32;
-    run.n_threads = n_threads;
-    run.exact_matmul = true;
     backend->load(model.config, model.weights, run);
     return backend;
 }

@@ -5,9 +5,7 @@
 #include <string>
 
 #include "base/error.h"
-#include "engine/backend_factory.h"
-#include "engine/memory_budget.h"
-#include "engine/model.h"
+#include "engine/open_model.h"
 #include "engine/tools/perplexity.h"
 #include "quant/compensated.h"
 #include "quant/imatrix.h"
@@ -59,14 +57,14 @@ bool calibration_wins_held_out(const GgufTensor& src, const PlannedTensor& t, in
 // The mean NLL of the model file at `path` on `tokens`.
 PerplexityResult score_file(const std::string& path, const std::vector<int32_t>& tokens, int32_t n_ctx, int32_t bos,
                             int n_threads, const std::atomic<bool>* cancel) {
-    std::unique_ptr<Backend> backend = make_backend("cpu");
-    const Model model = load_model(path);
-    RunOptions run;
-    run.n_ctx = n_ctx;
-    run.kv_type = KvType::f16;
-    run.n_threads = n_threads;
-    require_memory(model.config, model.weights, MemoryRequest{run.kv_type, run.n_ctx});
-    backend->load(model.config, model.weights, run);
+    OpenRequest request;
+    request.path = path;
+    request.n_ctx = n_ctx;
+    request.kv_type = KvType::f16;
+    request.device = "cpu";
+    request.cpu.n_threads = n_threads;
+    const OpenedModel opened = open_model(request);
+    Backend* backend = opened.backend.get();
     PerplexityOptions po;
     po.n_ctx = n_ctx;
     po.n_batch = 512;

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "engine/backend_factory.h"
+#include "engine/open_model.h"
 #include "engine/model.h"
 #include "engine/text/tokenizer.h"
 #include "base/error.h"
@@ -109,38 +109,42 @@ void DraftModelDrafter::propose(std::span<const int32_t> history, int32_t max_to
 void check_draft_vocab(const Model& target, const Model& draft) {
     const VocabSpec t = Tokenizer::read_vocab(target.file);
     const VocabSpec d = Tokenizer::read_vocab(draft.file);
-    const std::string head = "--draft-model " + draft.file.path() + ": ";
+    const std::string head = draft.file.path() + ": ";
     const std::string hint = " (the draft must share the target's tokenizer: use a smaller or more quantized model "
                              "of the same family)";
     if (d.model != t.model)
-        throw InputError(head + "its tokenizer is '" + d.model + "' but the target " + target.file.path() + "'s is '" +
-                         t.model + "'" + hint);
+        throw DraftModelUnfit(head + "its tokenizer is '" + d.model + "' but the target " + target.file.path() +
+                                  "'s is '" + t.model + "'" + hint, true);
     if (d.tokens.size() != t.tokens.size() || draft.config.vocab != target.config.vocab)
-        throw InputError(head + "its vocabulary has " + std::to_string(d.tokens.size()) + " tokens (" +
-                         std::to_string(draft.config.vocab) + " logits) but the target " + target.file.path() +
-                         "'s has " + std::to_string(t.tokens.size()) + " (" + std::to_string(target.config.vocab) +
-                         ")" + hint);
+        throw DraftModelUnfit(head + "its vocabulary has " + std::to_string(d.tokens.size()) + " tokens (" +
+                                  std::to_string(draft.config.vocab) + " logits) but the target " +
+                                  target.file.path() + "'s has " + std::to_string(t.tokens.size()) + " (" +
+                                  std::to_string(target.config.vocab) + ")" + hint, true);
     for (size_t i = 0; i < t.tokens.size(); ++i)
         if (d.tokens[i] != t.tokens[i])
-            throw InputError(head + "token " + std::to_string(i) + " is " + quoted(d.tokens[i]) + " but " +
-                             quoted(t.tokens[i]) + " in the target " + target.file.path() + hint);
+            throw DraftModelUnfit(head + "token " + std::to_string(i) + " is " + quoted(d.tokens[i]) + " but " +
+                                      quoted(t.tokens[i]) + " in the target " + target.file.path() + hint, true);
 }
 
-std::unique_ptr<DraftModelDrafter> load_draft_model(const std::string& path, const Model& target,
-                                                    std::string_view device, const RunOptions& run,
+std::unique_ptr<DraftModelDrafter> load_draft_model(const OpenRequest& request, const Model& target,
                                                     int32_t max_tokens) {
-    std::shared_ptr<Model> draft;
+    OpenRequest r = request;
+    bool vocab_checked = false;   // errors after the check are not the file's
+    r.on_file_opened = [&](const Model& draft) {
+        check_draft_vocab(target, draft);
+        vocab_checked = true;
+    };
+    OpenedModel opened;
     try {
-        draft = std::make_shared<Model>(load_model(path));
-        check_draft_vocab(target, *draft);
+        opened = open_model(r);
+    } catch (const DraftModelUnfit&) {
+        throw;
     } catch (const InputError& e) {
-        const std::string what = e.what();
-        if (what.starts_with("--draft-model")) throw;
-        throw InputError("--draft-model: " + what);
+        if (vocab_checked) throw;
+        throw DraftModelUnfit(e.what(), false);
     }
-    std::unique_ptr<Backend> backend = make_backend(device);
-    backend->load(draft->config, draft->weights, run);
-    return std::make_unique<DraftModelDrafter>(std::move(backend), run.n_ctx, max_tokens, std::move(draft));
+    const int32_t n_ctx = opened.context.n_ctx;
+    return std::make_unique<DraftModelDrafter>(std::move(opened.backend), n_ctx, max_tokens, std::move(opened.model));
 }
 
 } // namespace tern

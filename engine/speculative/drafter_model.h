@@ -10,7 +10,9 @@
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "engine/backend.h"
+#include "engine/open_model.h"
 #include "engine/speculative/drafter.h"
 
 namespace tern {
@@ -48,15 +50,23 @@ private:
     std::vector<int32_t> kv_tokens_;
 };
 
-// Throws InputError naming --draft-model when `draft` cannot draft for `target`: a different
+// The draft model's file cannot serve (exit 2): it does not open (vocabulary false; what() is the
+// file's error), or its vocabulary is not the target's (vocabulary true; what() starts with its
+// path). The app names the flag that gave the file.
+struct DraftModelUnfit : InputError {
+    DraftModelUnfit(const std::string& message, bool vocabulary_) : InputError(message), vocabulary(vocabulary_) {}
+    bool vocabulary;
+};
+
+// Throws DraftModelUnfit (vocabulary true) when `draft` cannot draft for `target`: a different
 // tokenizer kind, vocabulary size or token text, or logit width. Drafted ids must mean the same
 // text to both models, or every draft would be rejected (and an id past the target's vocabulary
 // could not even be verified).
 void check_draft_vocab(const Model& target, const Model& draft);
 
-// Loads --draft-model PATH on `device` with the target's run options (context, KV type, threads)
-// and checks its vocabulary against the target's. Errors (exit 2) name --draft-model.
-std::unique_ptr<DraftModelDrafter> load_draft_model(const std::string& path, const Model& target,
-                                                    std::string_view device, const RunOptions& run, int32_t max_tokens);
+// Opens --draft-model (request.path) through open_model with the target's settings (device,
+// context, KV type, threads), checking its vocabulary against the target's before anything large is
+// allocated, and its memory like any model's. Errors of the file are DraftModelUnfit.
+std::unique_ptr<DraftModelDrafter> load_draft_model(const OpenRequest& request, const Model& target, int32_t max_tokens);
 
 } // namespace tern

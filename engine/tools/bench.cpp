@@ -42,15 +42,9 @@ std::vector<int32_t> random_tokens(int64_t n, int32_t vocab, std::mt19937_64& rn
 } // namespace
 
 double kv_element_bytes(KvType type) {
-    switch (type) {
-    case KvType::f32: return 4.0;
-    case KvType::f16:
-    case KvType::bf16: return 2.0;
-    // The block formats of kernels/cpu/attention.h: an f16 scale + 32 one-byte codes per 32 elements.
-    case KvType::q8_0:
-    case KvType::f8_e4m3: return 34.0 / 32.0;
-    }
-    return 4.0;
+    // The block formats (kernels/kv_format.h) average block_bytes / block_elems per element.
+    const KvFormatInfo& f = kv_format_info(type);
+    return static_cast<double>(f.block_bytes) / static_cast<double>(f.block_elems);
 }
 
 uint64_t weight_bytes_per_token(const ModelWeights& w, const ModelConfig& config) {

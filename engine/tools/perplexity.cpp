@@ -58,7 +58,7 @@ PerplexityResult compute_perplexity(Backend& backend, std::span<const int32_t> t
             // logits() may not be thread-safe on every backend: fetch the spans first.
             std::vector<std::span<const float>> rows;
             for (int32_t pos = lo; pos <= hi; ++pos) rows.push_back(backend.logits(pos - p0));
-            parallel_for(hi - lo + 1, cpu_features().physical_cores, 8, [&](int64_t a, int64_t b) {
+            parallel_for(hi - lo + 1, resolve_threads(0), 8, [&](int64_t a, int64_t b) {
                 for (int32_t pos = lo + static_cast<int32_t>(a); pos < lo + static_cast<int32_t>(b); ++pos)
                     nll[static_cast<size_t>(pos)] = token_nll(rows[static_cast<size_t>(pos - lo)], chunk[static_cast<size_t>(pos + 1)]);
             });

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <iostream>
 #include <span>
 #include <string_view>
 
@@ -211,7 +210,7 @@ void write_synth_model(const SynthOptions& options, const std::string& out_path)
         for (std::string_view n : ftype_names()) names.emplace_back(n);
         throw UsageError("--type " + options.type + ": unknown type (choices: " + join(names) + ")");
     }
-    const int n_threads = options.n_threads > 0 ? options.n_threads : std::max(1, cpu_features().physical_cores);
+    const int n_threads = resolve_threads(options.n_threads);
 
     SynthVocab vocab;
     if (options.vocab_from.empty()) {
@@ -223,7 +222,6 @@ void write_synth_model(const SynthOptions& options, const std::string& out_path)
                                      " tokens, " + std::string(shape->name) + " has " + std::to_string(shape->vocab) +
                                      "; the model gets the file's vocabulary size";
             if (options.on_warning) options.on_warning(note);
-            else std::cerr << "tern: warning: " << note << "\n";
         }
     }
 

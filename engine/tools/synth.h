@@ -20,7 +20,7 @@ struct SynthOptions {
     std::string vocab_from;   // GGUF file whose tokenizer.* keys are copied; empty: built-in vocab
     uint64_t seed = 1;
     int n_threads = 0;        // 0: the physical cores
-    // Non-fatal notes (the copied vocabulary's size differs from the shape's); stderr when unset.
+    // Non-fatal notes (the copied vocabulary's size differs from the shape's); dropped when unset.
     std::function<void(const std::string&)> on_warning;
     // Called after each tensor with the tensor bytes written so far and in all (progress bars).
     std::function<void(uint64_t done, uint64_t total)> on_progress;

@@ -17,56 +17,43 @@
 
 namespace tern {
 
-size_t kv_row_bytes(KvFormat f, int64_t n) {
+void kv_store_row(KvType f, const float* src, void* dst, int64_t n) {
     switch (f) {
-    case KvFormat::f32: return 4 * static_cast<size_t>(n);
-    case KvFormat::f16:
-    case KvFormat::bf16: return 2 * static_cast<size_t>(n);
-    case KvFormat::q8_0:
-    case KvFormat::f8_e4m3: return 34 * static_cast<size_t>(n / 32); // f16 scale + 32 bytes
-    }
-    return 0;
-}
-
-int64_t kv_block_elems(KvFormat f) { return f == KvFormat::q8_0 || f == KvFormat::f8_e4m3 ? 32 : 1; }
-
-void kv_store_row(KvFormat f, const float* src, void* dst, int64_t n) {
-    switch (f) {
-    case KvFormat::f32: std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n)); return;
-    case KvFormat::f16: {
+    case KvType::f32: std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n)); return;
+    case KvType::f16: {
         auto* d = static_cast<uint16_t*>(dst);
         for (int64_t i = 0; i < n; ++i)
             d[i] = f32_to_f16(src[i]);
         return;
     }
-    case KvFormat::bf16: {
+    case KvType::bf16: {
         auto* d = static_cast<uint16_t*>(dst);
         for (int64_t i = 0; i < n; ++i)
             d[i] = f32_to_bf16(src[i]);
         return;
     }
-    case KvFormat::q8_0: quantize_row(GgmlType::Q8_0, src, dst, n); return;
-    case KvFormat::f8_e4m3: quantize_row_f8_e4m3_fast(src, dst, n); return;   // every token: the cheap search
+    case KvType::q8_0: quantize_row(GgmlType::Q8_0, src, dst, n); return;
+    case KvType::f8_e4m3: quantize_row_f8_e4m3_fast(src, dst, n); return;   // every token: the cheap search
     }
 }
 
-void kv_load_row(KvFormat f, const void* src, float* dst, int64_t n) {
+void kv_load_row(KvType f, const void* src, float* dst, int64_t n) {
     switch (f) {
-    case KvFormat::f32: std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n)); return;
-    case KvFormat::f16: {
+    case KvType::f32: std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n)); return;
+    case KvType::f16: {
         const auto* s = static_cast<const uint16_t*>(src);
         for (int64_t i = 0; i < n; ++i)
             dst[i] = f16_to_f32(s[i]);
         return;
     }
-    case KvFormat::bf16: {
+    case KvType::bf16: {
         const auto* s = static_cast<const uint16_t*>(src);
         for (int64_t i = 0; i < n; ++i)
             dst[i] = bf16_to_f32(s[i]);
         return;
     }
-    case KvFormat::q8_0: dequantize_row(GgmlType::Q8_0, src, dst, n); return;
-    case KvFormat::f8_e4m3: dequantize_row(GgmlType::F8_E4M3, src, dst, n); return;
+    case KvType::q8_0: dequantize_row(GgmlType::Q8_0, src, dst, n); return;
+    case KvType::f8_e4m3: dequantize_row(GgmlType::F8_E4M3, src, dst, n); return;
     }
 }
 

@@ -13,32 +13,24 @@
 // decode path may compute the chunk states of one query on different threads (attend_tokens does, when
 // there are fewer (token, KV head) pairs than threads) and still merge them in the same order.
 //
-// Row formats (kv_row_bytes):
-//   f32 / f16 / bf16  one element per 4 / 2 / 2 bytes
-//   q8_0              GGUF Q8_0 blocks: f16 scale d + 32 int8 codes, x = d * q (quant/blocks.h BlockQ8_0)
-//   f8_e4m3           tern's F8_E4M3 blocks: f16 scale d + 32 e4m3 bytes, x = d * e4m3(q) (models.md)
-// Both quantized formats need head dims that are multiples of 32.
+// Row formats: kernels/kv_format.h (KvType, kv_row_bytes); both block formats need head dims that are
+// multiples of 32.
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/kv_format.h"
 
 namespace tern {
 
-enum class KvFormat : uint8_t { f32, f16, bf16, q8_0, f8_e4m3 };
-
-// Bytes of one row of n elements (n a multiple of 32 for the block formats).
-size_t kv_row_bytes(KvFormat f, int64_t n);
-// Elements per block of the format (1 for the float formats, 32 for q8_0 / f8_e4m3).
-int64_t kv_block_elems(KvFormat f);
 // One row, f32 <-> stored format. The block formats use quant/reference's quantizers (round to nearest).
-void kv_store_row(KvFormat f, const float* src, void* dst, int64_t n);
-void kv_load_row(KvFormat f, const void* src, float* dst, int64_t n);
+void kv_store_row(KvType f, const float* src, void* dst, int64_t n);
+void kv_load_row(KvType f, const void* src, float* dst, int64_t n);
 
 inline constexpr int64_t kAttnChunk = 128; // positions per chunk state (and per decode work item)
 
 struct AttnParams {
-    KvFormat format = KvFormat::f16;
+    KvType format = KvType::f16;
     int64_t head_dim = 0, head_dim_v = 0;
     int64_t group = 1;    // query heads per KV head
     float scale = 1.0f;   // score = (q . k) * scale

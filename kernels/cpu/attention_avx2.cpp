@@ -47,11 +47,11 @@ inline __m256 exp_ps(__m256 x) {
 }
 
 // The multiplier of the 32-element block holding element d of a row (1 for the float formats).
-template <KvFormat F> inline __m256 block_scale(const uint8_t* row, int64_t d) {
-    if constexpr (F == KvFormat::q8_0 || F == KvFormat::f8_e4m3) {
+template <KvType F> inline __m256 block_scale(const uint8_t* row, int64_t d) {
+    if constexpr (F == KvType::q8_0 || F == KvType::f8_e4m3) {
         const uint8_t* blk = row + (d / 32) * 34;
         float s = _cvtsh_ss(static_cast<uint16_t>(blk[0] | (blk[1] << 8)));
-        if constexpr (F == KvFormat::f8_e4m3) s *= 256.0f;
+        if constexpr (F == KvType::f8_e4m3) s *= 256.0f;
         return _mm256_set1_ps(s);
     } else {
         (void)row;
@@ -61,18 +61,18 @@ template <KvFormat F> inline __m256 block_scale(const uint8_t* row, int64_t d) {
 }
 
 // Elements d .. d + 7 of a row as f32 (d a multiple of 8); `scale` from block_scale for the block formats.
-template <KvFormat F> inline __m256 load8(const uint8_t* row, int64_t d, __m256 scale) {
-    if constexpr (F == KvFormat::f32) {
+template <KvType F> inline __m256 load8(const uint8_t* row, int64_t d, __m256 scale) {
+    if constexpr (F == KvType::f32) {
         (void)scale;
         return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + d);
-    } else if constexpr (F == KvFormat::f16) {
+    } else if constexpr (F == KvType::f16) {
         (void)scale;
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d)));
-    } else if constexpr (F == KvFormat::bf16) {
+    } else if constexpr (F == KvType::bf16) {
         (void)scale;
         const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    } else if constexpr (F == KvFormat::q8_0) {
+    } else if constexpr (F == KvType::q8_0) {
         const uint8_t* qs = row + (d / 32) * 34 + 2 + d % 32;
         const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
         return _mm256_mul_ps(_mm256_cvtepi32_ps(w), scale);
@@ -88,7 +88,7 @@ template <KvFormat F> inline __m256 load8(const uint8_t* row, int64_t d, __m256 
 }
 
 // scores[h * kAttnChunk + j] = (q_h . k_j) * scale for NH heads starting at q.
-template <KvFormat F, int NH>
+template <KvType F, int NH>
 void scores_tile(const AttnParams& p, const float* q, int64_t q_stride, const uint8_t* k, size_t k_bytes,
                  int64_t n_keys, float* scores) {
     for (int64_t j = 0; j < n_keys; ++j) {
@@ -118,7 +118,7 @@ void scores_tile(const AttnParams& p, const float* q, int64_t q_stride, const ui
 
 // acc[h * head_dim_v + d] = sum_j w[h * kAttnChunk + j] * v_j[d] for NH heads, 16 columns per pass (one block
 // scale per row and pass; 2 * NH accumulators) while they last, then 8.
-template <KvFormat F, int NH>
+template <KvType F, int NH>
 void values_tile(const AttnParams& p, const float* w, const uint8_t* v, size_t v_bytes, int64_t n_keys, float* out) {
     int64_t d = 0;
     for (; d + 16 <= p.head_dim_v; d += 16) {
@@ -156,7 +156,7 @@ void values_tile(const AttnParams& p, const float* w, const uint8_t* v, size_t v
 }
 
 // Tiles of 4 heads, then the remainder (groups of 1 .. 8 and 7 = 4 + 3 all occur).
-template <KvFormat F>
+template <KvType F>
 void for_head_tiles(int64_t group, auto&& tile4, auto&& tile3, auto&& tile2, auto&& tile1) {
     int64_t h = 0;
     for (; h + 4 <= group; h += 4)
@@ -169,7 +169,7 @@ void for_head_tiles(int64_t group, auto&& tile4, auto&& tile3, auto&& tile2, aut
     }
 }
 
-template <KvFormat F>
+template <KvType F>
 void chunk_avx2(const AttnParams& p, const float* q, int64_t q_stride, const void* k, const void* v, int64_t n_keys,
                 float* scores, float* m, float* l, float* acc) {
     const auto* kb = static_cast<const uint8_t*>(k);
@@ -222,11 +222,11 @@ void chunk_avx2(const AttnParams& p, const float* q, int64_t q_stride, const voi
 void chunk_avx2_any(const AttnParams& p, const float* q, int64_t q_stride, const void* k, const void* v,
                     int64_t n_keys, float* scores, float* m, float* l, float* acc) {
     switch (p.format) {
-    case KvFormat::f32: return chunk_avx2<KvFormat::f32>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
-    case KvFormat::f16: return chunk_avx2<KvFormat::f16>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
-    case KvFormat::bf16: return chunk_avx2<KvFormat::bf16>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
-    case KvFormat::q8_0: return chunk_avx2<KvFormat::q8_0>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
-    case KvFormat::f8_e4m3: return chunk_avx2<KvFormat::f8_e4m3>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
+    case KvType::f32: return chunk_avx2<KvType::f32>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
+    case KvType::f16: return chunk_avx2<KvType::f16>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
+    case KvType::bf16: return chunk_avx2<KvType::bf16>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
+    case KvType::q8_0: return chunk_avx2<KvType::q8_0>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
+    case KvType::f8_e4m3: return chunk_avx2<KvType::f8_e4m3>(p, q, q_stride, k, v, n_keys, scores, m, l, acc);
     }
 }
 

@@ -1,0 +1,32 @@
+#pragma once
+// Errors of opening a model that carry their numbers, so the app can word the remedy with the
+// flags that set them (the engine names no flags). Each what() is a complete, flag-free line.
+#include <cstdint>
+#include <string>
+
+#include "base/error.h"
+#include "engine/memory_need.h"
+#include "kernels/kv_format.h"
+
+namespace tern {
+
+// Model + context do not fit what the device can give (engine/memory_budget.h); exit 3.
+struct MemoryShortfallError : RuntimeFailure {
+    explicit MemoryShortfallError(const MemoryShortfall& s);
+    MemoryShortfall shortfall;
+};
+
+// A block KV format (kernels/kv_format.h) and head dims that are not whole blocks; exit 1.
+struct KvHeadDimsUnfit : UsageError {
+    KvHeadDimsUnfit(KvType type, int64_t block, int64_t head_dim, int64_t head_dim_v);
+    KvType type;
+    int64_t block, head_dim, head_dim_v;
+};
+
+// The KV cache of n_ctx positions could not be allocated; exit 3.
+struct KvAllocationFailed : RuntimeFailure {
+    explicit KvAllocationFailed(int32_t n_ctx);
+    int32_t n_ctx;
+};
+
+} // namespace tern

@@ -1,0 +1,67 @@
+#include "engine/open_model.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "base/error.h"
+#include "engine/backend_factory.h"
+#include "engine/load_errors.h"
+#include "engine/memory_budget.h"
+
+namespace tern {
+
+ContextChoice choose_context(int32_t requested, int32_t n_ctx_train, uint64_t bytes_per_position,
+                             uint64_t memory_left_for_kv) {
+    ContextChoice c;
+    c.n_ctx_train = n_ctx_train;
+    c.kv_bytes_at_train = bytes_per_position * static_cast<uint64_t>(std::max(n_ctx_train, 0));
+    c.kv_budget = memory_left_for_kv / 2;
+    if (requested > 0) {
+        c.n_ctx = requested;
+        c.origin = ContextOrigin::requested;
+        return c;
+    }
+    // Files that do not say (rare) get 4096, a size every supported architecture handles.
+    const int32_t wanted = n_ctx_train > 0 ? n_ctx_train : 4096;
+    const uint64_t fits = bytes_per_position ? c.kv_budget / bytes_per_position : uint64_t(wanted);
+    c.origin = ContextOrigin::model;
+    c.n_ctx = wanted;
+    if (fits >= static_cast<uint64_t>(wanted)) return c;
+    // Round down to a multiple of 256 for tidy numbers, but never below 256 positions.
+    const uint64_t rounded = std::max<uint64_t>(fits / 256 * 256, 256);
+    c.origin = ContextOrigin::memory_cap;
+    c.n_ctx = static_cast<int32_t>(std::min<uint64_t>(rounded, static_cast<uint64_t>(wanted)));
+    return c;
+}
+
+OpenedModel open_model(const OpenRequest& r) {
+    OpenedModel opened;
+    std::string note;
+    opened.backend = make_backend(r.device, r.cpu, r.on_device_note ? &note : nullptr);
+    if (!note.empty()) r.on_device_note(note);
+
+    opened.model = std::make_shared<Model>(r.open_file ? r.open_file() : load_model(r.path));
+    const Model& m = *opened.model;
+    if (r.on_file_opened) r.on_file_opened(m);
+
+    // The automatic context sizes its KV cache against what the weights and buffers leave; any
+    // context, chosen or given, must then fit before the backend allocates.
+    const Backend& backend = *opened.backend;
+    MemoryRequest request = r.shape;
+    request.kv_type = r.kv_type;
+    request.n_ctx = 512;   // the batch the base need is sized with, as a forward of a full prefill chunk
+    const uint64_t left = memory_left_for_kv(backend.plan_memory(m.config, m.weights, request), backend.memory_limits());
+    opened.context = choose_context(r.n_ctx, m.config.n_ctx_train, kv_bytes_per_position(m.config, r.kv_type), left);
+    if (r.on_context) r.on_context(opened.context);
+
+    // The limits read again: the file and the caller's checks (a tokenizer) have taken their share.
+    request.n_ctx = opened.context.n_ctx;
+    if (const std::optional<MemoryShortfall> shortfall =
+            find_memory_shortfall(backend.plan_memory(m.config, m.weights, request), backend.memory_limits(), request))
+        throw MemoryShortfallError(*shortfall);
+
+    opened.backend->load(m.config, m.weights, RunOptions{opened.context.n_ctx, r.kv_type});
+    return opened;
+}
+
+} // namespace tern
