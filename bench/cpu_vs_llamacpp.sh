@@ -22,6 +22,7 @@
 # tern: $TERN, else build-bench/bin/tern, else build/bin/tern. A quiet machine gives the numbers worth
 # comparing; bench/shared_cpu.sh is the one for a busy machine. OMP_WAIT_POLICY (recorded in --out) affects
 # llama.cpp only: tern's forward pass runs on its own thread pool.
+# LLAMA_BENCH_ARGS: extra llama-bench flags (e.g. "--repack 0" on CPUs where its AMX repacking crashes).
 # TERN_BASE=<another tern binary> adds it to the interleave (tern, base, llama, ...) and the table gets
 # its decode and prefill tok/s and tern / base: how a change moved the speed, measured under the same noise.
 set -u -o pipefail
@@ -143,7 +144,8 @@ for f in $files; do
     for t in $threads; do
         for round in $(seq 1 "$rounds"); do
             tern_cmd=("$TERN" bench -m "$f" -p "$n_prompt" -n "$n_gen" -r "$reps" -t "$t" --json)
-            llama_cmd=("$LLAMA_BENCH" -m "$f" -p "$n_prompt" -n "$n_gen" -r "$reps" -t "$t" -o json)
+            # shellcheck disable=SC2206  # LLAMA_BENCH_ARGS is a list of words on purpose
+            llama_cmd=("$LLAMA_BENCH" -m "$f" -p "$n_prompt" -n "$n_gen" -r "$reps" -t "$t" ${LLAMA_BENCH_ARGS:-} -o json)
             [ "$round" = 1 ] && printf '%s\n' "${tern_cmd[*]}" "${llama_cmd[*]}" >> "$commands"
             echo "cpu_vs_llamacpp.sh: $(basename "$f") -t $t round $round: tern" >&2
             "${tern_cmd[@]}" > "$work/tern.json" 2> "$work/tern.err" || {
