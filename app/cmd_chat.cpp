@@ -96,7 +96,8 @@ public:
     Chat(const ChatFlags& flags, LoadedSession loaded, bool tty)
         : flags_(flags), loaded_(std::move(loaded)), session_(*loaded_.session), tty_(tty),
           conversation_(session_, resolve_chat_template(session_, flags.chat_template), flags.system) {
-        conversation_.set_notice_callback([](std::string_view line) { std::cerr << "tern: " << line << "\n"; });
+        conversation_.set_notice_callback(
+            [](const ConversationNotice& n) { std::cerr << "tern: " << conversation_notice_line(n) << "\n"; });
         options_.n_predict = flags.n_predict < 0 ? -1 : flags.n_predict;
         options_.sampling = resolve_sampling(flags.sampling);
         drafter_ = make_drafter(flags.draft, flags.model, loaded_);
@@ -191,6 +192,9 @@ private:
         std::vector<int32_t> prompt;
         try {
             prompt = conversation_.begin_turn(text, reserve);
+        } catch (const NoRoomForReplyError& e) {
+            say("tern: " + no_room_for_reply_message(e));
+            return r;
         } catch (const UsageError& e) {
             say(std::string("tern: ") + e.what());
             return r;

@@ -70,6 +70,8 @@ int run_perplexity(PerplexityArgs& a) {
     const PerplexityResult r = [&] {
         try {
             return compute_perplexity(s.session->backend(), tokens, po);
+        } catch (const TextTooShortError& e) {
+            throw InputError(a.file + " (-f): " + e.what() + " (use a longer text or a smaller -c)");
         } catch (const InputError& e) {
             throw InputError(a.file + " (-f): " + e.what());
         }

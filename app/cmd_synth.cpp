@@ -16,10 +16,12 @@
 #include "app/console.h"
 #include "app/signals.h"
 #include "engine/tools/synth.h"
+#include "engine/tools/synth_shapes.h"
 #include "engine/tools/synth_vocab.h"
 #include "formats/atomic_file.h"
 #include "base/error.h"
 #include "kernels/cpu_features.h"
+#include "quant/plan.h"
 
 namespace tern::app {
 
@@ -45,6 +47,19 @@ void check_out_path(const std::string& out) {
         throw UsageError(out + ": the directory " + parent.string() + " does not exist (create it first)");
 }
 
+// --shape and --type against what tern synth knows, worded with the flags (the engine's own check
+// names none); at the moment the engine would check them, so errors come in the same order.
+void check_shape_and_type(const SynthOptions& o) {
+    auto join = [](const auto& names) {
+        std::string out;
+        for (const auto& n : names) out += (out.empty() ? "" : ", ") + std::string(n);
+        return out;
+    };
+    if (!find_synth_shape(o.shape))
+        throw UsageError("--shape " + o.shape + ": unknown shape (choices: " + join(synth_shape_names()) + ")");
+    if (!ftype_from_name(o.type)) throw UsageError("--type " + o.type + ": unknown type (choices: " + join(ftype_names()) + ")");
+}
+
 int run_synth(SynthArgs& a) {
     if (a.options.n_threads < 0) throw UsageError("--threads: must be > 0 (or 0 for the number of physical cores)");
     check_out_path(a.out);
@@ -59,6 +74,7 @@ int run_synth(SynthArgs& a) {
     };
     const auto t0 = std::chrono::steady_clock::now();
     try {
+        check_shape_and_type(a.options);
         write_synth_model(a.options, a.out);
     } catch (const NoVocabularyError& e) {
         throw InputError(e.path + ": --vocab-from: the file has no tokenizer.ggml.tokens (give a model or vocab GGUF "

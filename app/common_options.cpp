@@ -375,7 +375,7 @@ void attach_prompt_cache(LoadedSession& loaded, const ModelOptions& model_option
     const uint64_t identity = model_identity(*model, producer);
     loaded.session->set_prefix_cache(std::make_unique<PrefixCache>(
         std::move(options), identity, producer.kv_type,
-        [](const std::string& line) { std::cerr << "tern: prompt cache: " << line << "\n"; }));
+        [](const PrefixCache::Warning& w) { std::cerr << "tern: prompt cache: " << prompt_cache_warning_line(w) << "\n"; }));
 }
 
 } // namespace tern::app

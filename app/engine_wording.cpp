@@ -48,6 +48,24 @@ std::string conversation_mismatch_message(const ConversationMismatch& m) {
     return terminal_safe(line);   // it quotes file content, as every error message may
 }
 
+std::string conversation_notice_line(const ConversationNotice& n) {
+    if (n.kind != ConversationNotice::Kind::dropping_turns) return n.text;
+    return "the conversation reached the " + std::to_string(n.n_ctx) +
+           "-token context: dropping its oldest turns to continue (the system prompt and the first tokens are kept; "
+           "-c sets the size)";
+}
+
+std::string no_room_for_reply_message(const NoRoomForReplyError& e) {
+    return "the message takes " + std::to_string(e.turn_tokens) + " tokens and the conversation keeps " +
+           std::to_string(e.kept) + " (system prompt, first tokens), which leaves no room in the " +
+           std::to_string(e.n_ctx) + "-token context for a reply (shorten it or raise -c)";
+}
+
+std::string prompt_cache_warning_line(const PrefixCache::Warning& w) {
+    if (!w.no_directory) return w.text;
+    return w.text + " (choose another with --prompt-cache DIR or turn it off with --no-prompt-cache)";
+}
+
 std::string memory_shortfall_line(const MemoryShortfall& s) {
     std::string hint = "a smaller -c (the KV cache grows with it)";
     if (!kv_format_info(s.request.kv_type).quantized) hint += ", --kv-type q8_0 (about half of f16's KV bytes)";

@@ -7,8 +7,10 @@
 #include <string>
 
 #include "engine/chat/chat_template.h"
+#include "engine/chat/conversation.h"
 #include "engine/chat/conversation_file.h"
 #include "engine/memory_need.h"
+#include "engine/prefix_cache/prefix_cache.h"
 
 namespace tern::app {
 
@@ -17,6 +19,15 @@ std::string chat_template_warning(const ChatTemplateDetection& detection);
 
 // The one-line error for a conversation file made for another setup, naming the flag that fits it.
 std::string conversation_mismatch_message(const ConversationMismatch& mismatch);
+
+// A chat notice as printed (the one about dropping turns names -c).
+std::string conversation_notice_line(const ConversationNotice& notice);
+
+// A message with no room for a reply, naming -c.
+std::string no_room_for_reply_message(const NoRoomForReplyError& error);
+
+// A prompt-cache warning as printed (a directory that cannot be made names the flags that choose one).
+std::string prompt_cache_warning_line(const PrefixCache::Warning& warning);
 
 
 // "-c N: needs X of memory (weights W, KV cache K as f16, buffers B) but A is available (source);

@@ -72,7 +72,7 @@ TEST_CASE("a reply that fills the context drops the oldest turns and goes on") {
     Session s(std::move(backend), Tokenizer::from_gguf(model->file), n_ctx, model);
     Conversation c(s, *ChatTemplate::from_name("chatml"));
     int dropping_notices = 0;
-    c.set_notice_callback([&](std::string_view line) { dropping_notices += line.find("dropping") != line.npos; });
+    c.set_notice_callback([&](const ConversationNotice& n) { dropping_notices += n.text.find("dropping") != std::string::npos; });
 
     GenerateOptions o;
     o.sampling.temp = 0.0f;

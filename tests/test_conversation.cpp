@@ -102,7 +102,7 @@ TEST_CASE("every template family either extends the last prompt or says once tha
         CAPTURE(name);
         Conversation c(*s, named(name), "Be brief.");
         int notices = 0;
-        c.set_notice_callback([&](std::string_view) { ++notices; });
+        c.set_notice_callback([&](const ConversationNotice&) { ++notices; });
         std::vector<int32_t> last;
         for (const char* text : {"Hello there", "Tell me more", "Thanks"}) {
             const std::vector<int32_t> prompt = c.begin_turn(text, 16);
@@ -168,7 +168,7 @@ TEST_CASE("a full context drops the oldest turns, keeps the head, and says so on
     auto s = session_for(gemma, n_ctx);
     Conversation c(*s, named("gemma"), "Be brief.");
     std::vector<std::string> notices;
-    c.set_notice_callback([&](std::string_view line) { notices.emplace_back(line); });
+    c.set_notice_callback([&](const ConversationNotice& n) { notices.emplace_back(n.text); });
     std::vector<int32_t> head;
     for (int i = 0; i < 10; ++i) {
         CAPTURE(i);

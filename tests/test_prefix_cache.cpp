@@ -215,7 +215,7 @@ std::vector<int32_t> story_prompt(const Session& s, const std::string& question)
 struct Warnings {
     std::vector<std::string> lines;
     PrefixCache::Warn sink() {
-        return [this](const std::string& s) { lines.push_back(s); };
+        return [this](const PrefixCache::Warning& w) { lines.push_back(w.text); };
     }
 };
 

@@ -83,11 +83,17 @@ bool Conversation::split(const std::vector<ChatMessage>& msgs, size_t first, con
     return true;
 }
 
-void Conversation::notice_once(bool& said, const std::string& line) {
+void Conversation::notice_once(bool& said, ConversationNotice notice) {
     if (said) return;
     said = true;
-    if (notice_) notice_(line);
+    if (notice_) notice_(notice);
 }
+
+NoRoomForReplyError::NoRoomForReplyError(int64_t turn_tokens_, int64_t kept_, int32_t n_ctx_)
+    : UsageError("the message takes " + std::to_string(turn_tokens_) + " tokens and the conversation keeps " +
+                 std::to_string(kept_) + " (system prompt, first tokens), which leaves no room in the " +
+                 std::to_string(n_ctx_) + "-token context for a reply (shorten it or use a larger context)"),
+      turn_tokens(turn_tokens_), kept(kept_), n_ctx(n_ctx_) {}
 
 std::vector<int32_t> Conversation::begin_turn(std::string_view user_text, int32_t reply_reserve) {
     if (turn_open_) end_turn(GenerateResult{});   // the last reply never came (an error): keep it empty
@@ -113,10 +119,11 @@ std::vector<int32_t> Conversation::begin_turn(std::string_view user_text, int32_
             msgs[msgs.size() - 2].content = messages_.back().message.content;
         }
         if (!incremental)
-            notice_once(said_rerender_, "the chat template (" + std::string(tmpl_.name()) +
-                                            ") renders earlier turns differently once a new one follows, so each "
-                                            "turn re-tokenizes the conversation and prefills it from the first "
-                                            "changed token");
+            notice_once(said_rerender_, {ConversationNotice::Kind::template_rerenders,
+                                         "the chat template (" + std::string(tmpl_.name()) +
+                                             ") renders earlier turns differently once a new one follows, so each "
+                                             "turn re-tokenizes the conversation and prefills it from the first "
+                                             "changed token"});
     }
 
     // The new turn's tokens, encoded piece by piece so every message's span is known.
@@ -148,9 +155,7 @@ std::vector<int32_t> Conversation::begin_turn(std::string_view user_text, int32_
     const int64_t turn_tokens = static_cast<int64_t>(new_tokens.size()) - new_messages[user_index].begin;
     const int64_t kept = min_kept_tokens(new_messages, new_messages[user_index].begin);
     if (kept + turn_tokens >= session_.n_ctx())
-        throw UsageError("the message takes " + std::to_string(turn_tokens) + " tokens and the conversation keeps " +
-                         std::to_string(kept) + " (system prompt, first tokens), which leaves no room in the " +
-                         std::to_string(session_.n_ctx()) + "-token context for a reply (shorten it or raise -c)");
+        throw NoRoomForReplyError(turn_tokens, kept, session_.n_ctx());
 
     messages_ = std::move(new_messages);
     tokens_ = std::move(new_tokens);
@@ -202,9 +207,11 @@ int32_t Conversation::make_room(int64_t extra) {
     }
     if (end <= begin) return 0;
 
-    notice_once(said_dropping_, "the conversation reached the " + std::to_string(n_ctx) +
-                                    "-token context: dropping its oldest turns to continue (the system prompt and "
-                                    "the first tokens are kept; -c sets the size)");
+    notice_once(said_dropping_, {ConversationNotice::Kind::dropping_turns,
+                                 "the conversation reached the " + std::to_string(n_ctx) +
+                                     "-token context: dropping its oldest turns to continue (the system prompt and "
+                                     "the first tokens are kept)",
+                                 n_ctx});
 
     // The KV cache: shift it when it holds the dropped range exactly; otherwise the next
     // generate() finds where it stops matching and prefills from there.
@@ -215,8 +222,9 @@ int32_t Conversation::make_room(int64_t extra) {
         try {
             session_.erase(begin, end);
         } catch (const RuntimeFailure&) {
-            notice_once(said_no_shift_, "this device cannot shift the KV cache, so after dropping turns the kept "
-                                        "conversation is prefilled again");
+            notice_once(said_no_shift_, {ConversationNotice::Kind::no_kv_shift,
+                                         "this device cannot shift the KV cache, so after dropping turns the kept "
+                                         "conversation is prefilled again"});
             session_.reset();
         }
     }

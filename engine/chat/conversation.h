@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/chat/chat_template.h"
+#include "base/error.h"
 #include "engine/generation/generate_options.h"
 
 namespace tern {
@@ -47,8 +48,23 @@ struct ConversationState {
     int32_t n_dropped_tokens = 0;
 };
 
-// One line for the user (the caller prints it; nothing in engine/ does).
-using NoticeCallback = std::function<void(std::string_view)>;
+// One line for the user (the caller prints it; nothing in engine/ does). `text` is the engine's own
+// wording; the kinds that a flag changes carry their numbers so the caller can name the flag.
+struct ConversationNotice {
+    enum class Kind { template_rerenders, dropping_turns, no_kv_shift };
+    Kind kind = Kind::template_rerenders;
+    std::string text;
+    int32_t n_ctx = 0;   // dropping_turns: the context that filled up
+};
+using NoticeCallback = std::function<void(const ConversationNotice&)>;
+
+// A message that leaves no room for a reply: turn_tokens of its own plus the kept tokens (system
+// prompt, first tokens) fill the n_ctx-token context.
+struct NoRoomForReplyError : UsageError {
+    NoRoomForReplyError(int64_t turn_tokens, int64_t kept, int32_t n_ctx);
+    int64_t turn_tokens, kept;
+    int32_t n_ctx;
+};
 
 class Conversation {
 public:
@@ -111,7 +127,7 @@ private:
                std::vector<Piece>& pieces) const;
     std::vector<int32_t> encode(const std::string& text, bool at_start) const;
     std::vector<ChatMessage> plain_messages() const;
-    void notice_once(bool& said, const std::string& line);
+    void notice_once(bool& said, ConversationNotice notice);
 
     Session& session_;
     ChatTemplate tmpl_;

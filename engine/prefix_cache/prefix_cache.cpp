@@ -96,7 +96,7 @@ std::vector<uint64_t> prefix_chain_keys(std::span<const int32_t> tokens, int32_t
 
 PrefixCache::PrefixCache(PrefixCacheOptions options, uint64_t identity, KvType kv_type, Warn warn)
     : options_(std::move(options)), identity_(identity), kv_type_(kv_type), warn_(std::move(warn)) {
-    if (!warn_) warn_ = [](const std::string&) {};   // the caller words and prints its warnings
+    if (!warn_) warn_ = [](const Warning&) {};   // the caller words and prints its warnings
     if (options_.block_tokens <= 0) throw std::invalid_argument("PrefixCache: block_tokens must be positive");
 }
 
@@ -188,9 +188,9 @@ bool PrefixCache::ensure_directory() {
     std::error_code ec;
     create_private_directories(options_.dir, ec);
     if (ec || !fs::is_directory(options_.dir, ec)) {
-        warn_(options_.dir.string() + ": cannot create the prompt-cache directory" +
-              (ec ? " (" + ec.message() + ")" : std::string()) +
-              "; prompts are not cached (choose another with --prompt-cache DIR or turn it off with --no-prompt-cache)");
+        warn_({options_.dir.string() + ": cannot create the prompt-cache directory" +
+                   (ec ? " (" + ec.message() + ")" : std::string()) + "; prompts are not cached",
+               true});
         disabled_ = true;
         return false;
     }

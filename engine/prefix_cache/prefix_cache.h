@@ -45,7 +45,14 @@ std::vector<uint64_t> prefix_chain_keys(std::span<const int32_t> tokens, int32_t
 
 class PrefixCache {
 public:
-    using Warn = std::function<void(const std::string&)>;   // one line, no newline
+    // One line, no newline. no_directory: the cache directory cannot be made, so the caller may add
+    // how to choose another (it knows which setting gave the directory).
+    struct Warning {
+        Warning(std::string text_, bool no_directory_ = false) : text(std::move(text_)), no_directory(no_directory_) {}
+        std::string text;
+        bool no_directory = false;
+    };
+    using Warn = std::function<void(const Warning&)>;
     // The engine prints nothing: without `warn` the warnings are dropped (the app prints them).
     PrefixCache(PrefixCacheOptions options, uint64_t identity, KvType kv_type, Warn warn = {});
 

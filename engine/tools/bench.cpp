@@ -83,11 +83,12 @@ int32_t bench_context_size(const BenchOptions& o) {
 }
 
 BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
-    if (o.n_prompt < 0) throw UsageError("-p/--n-prompt: must be >= 0");
-    if (o.n_gen < 0) throw UsageError("-n/--n-gen: must be >= 0");
-    if (o.n_prompt == 0 && o.n_gen == 0) throw UsageError("-p/-n: nothing to measure (both are 0)");
-    if (o.repetitions < 1) throw UsageError("-r/--repetitions: must be >= 1");
-    if (o.depth < 0) throw UsageError("--depth: must be >= 0");
+    // app/cmd_bench.cpp checks its flags first and words these with them.
+    if (o.n_prompt < 0) throw UsageError("bench: the prompt token count must be >= 0");
+    if (o.n_gen < 0) throw UsageError("bench: the generated token count must be >= 0");
+    if (o.n_prompt == 0 && o.n_gen == 0) throw UsageError("bench: nothing to measure (no prompt and no generated tokens)");
+    if (o.repetitions < 1) throw UsageError("bench: the repetitions must be >= 1");
+    if (o.depth < 0) throw UsageError("bench: the depth must be >= 0");
     if (vocab < 1) throw UsageError("bench: the model has an empty vocabulary");
 
     std::mt19937_64 rng(o.seed);

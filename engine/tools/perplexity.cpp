@@ -19,15 +19,17 @@ double token_nll(std::span<const float> logits, int32_t target) {
     return std::log(sum) - (static_cast<double>(logits[static_cast<size_t>(target)]) - static_cast<double>(mx));
 }
 
+TextTooShortError::TextTooShortError(int64_t n_tokens_, int32_t n_ctx_)
+    : InputError("the text has " + std::to_string(n_tokens_) + " tokens; perplexity with a context of " +
+                 std::to_string(n_ctx_) + " needs at least " + std::to_string(2 * int64_t{n_ctx_})),
+      n_tokens(n_tokens_), n_ctx(n_ctx_) {}
+
 PerplexityResult compute_perplexity(Backend& backend, std::span<const int32_t> tokens, const PerplexityOptions& opt) {
     const int32_t ctx = opt.n_ctx;
-    if (ctx < 4) throw UsageError("--ctx-size: perplexity needs a context of at least 4 tokens, got " + std::to_string(ctx));
-    if (opt.n_batch < 1) throw UsageError("--batch-size: must be at least 1");
+    if (ctx < 4) throw UsageError("perplexity needs a context of at least 4 tokens, got " + std::to_string(ctx));
+    if (opt.n_batch < 1) throw UsageError("perplexity: the batch size must be at least 1");
     const int64_t n = static_cast<int64_t>(tokens.size());
-    if (n < 2 * int64_t{ctx})
-        throw InputError("the text has " + std::to_string(n) + " tokens; perplexity with a context of " +
-                         std::to_string(ctx) + " needs at least " + std::to_string(2 * int64_t{ctx}) +
-                         " (use a longer text or a smaller -c)");
+    if (n < 2 * int64_t{ctx}) throw TextTooShortError(n, ctx);
     int64_t n_chunks = n / ctx;
     if (opt.max_chunks > 0) n_chunks = std::min(n_chunks, opt.max_chunks);
 

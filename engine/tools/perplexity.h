@@ -10,6 +10,8 @@
 #include <span>
 #include <vector>
 
+#include "base/error.h"
+
 namespace tern {
 
 class Backend;
@@ -40,6 +42,13 @@ double token_nll(std::span<const float> logits, int32_t target);
 
 // Throws InputError when the text has fewer than 2 * n_ctx tokens (llama-perplexity's rule) and
 // UsageError for an n_ctx below 4 or a backend context that is too small.
+// The text is shorter than two contexts: n_tokens against the 2 * n_ctx that a score needs.
+struct TextTooShortError : InputError {
+    TextTooShortError(int64_t n_tokens, int32_t n_ctx);
+    int64_t n_tokens;
+    int32_t n_ctx;
+};
+
 PerplexityResult compute_perplexity(Backend& backend, std::span<const int32_t> tokens, const PerplexityOptions& opt);
 
 } // namespace tern

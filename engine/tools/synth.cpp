@@ -203,12 +203,12 @@ std::vector<std::string> synth_shape_names() {
 void write_synth_model(const SynthOptions& options, const std::string& out_path) {
     const SynthShape* shape = find_synth_shape(options.shape);
     if (!shape)
-        throw UsageError("--shape " + options.shape + ": unknown shape (choices: " + join(synth_shape_names()) + ")");
+        throw UsageError("unknown synthetic model shape '" + options.shape + "' (choices: " + join(synth_shape_names()) + ")");
     const std::optional<QuantFtype> ftype = ftype_from_name(options.type);
     if (!ftype) {
         std::vector<std::string> names;
         for (std::string_view n : ftype_names()) names.emplace_back(n);
-        throw UsageError("--type " + options.type + ": unknown type (choices: " + join(names) + ")");
+        throw UsageError("unknown model type '" + options.type + "' (choices: " + join(names) + ")");
     }
     const int n_threads = resolve_threads(options.n_threads);
 
