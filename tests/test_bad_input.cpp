@@ -31,6 +31,8 @@ using test::write_file;
 
 namespace {
 
+using tern::test::stories;
+
 // Seconds one case may take; a stuck open() or read on a FIFO would otherwise hang CI. Sanitized
 // builds run tern several times slower.
 #if defined(__SANITIZE_ADDRESS__)
@@ -70,7 +72,10 @@ std::string quote(const std::string& s) {
 Outcome run_tern(const std::vector<std::string>& args, const Setup& s = {}) {
     test::TempDir dir;
     std::string cmd = "timeout -k 5 " + std::to_string(kCaseSeconds) + " " + quote(TERN_BIN);
-    for (const std::string& a : args) cmd += " " + quote(a);
+    for (const std::string& a : args) {
+        cmd += ' ';   // appended apart: GCC 12 misreads " " + quote(a) as an overlapping copy (-Wrestrict)
+        cmd += quote(a);
+    }
     cmd += " <" + quote(s.stdin_file) + " 2>" + quote((dir / "err").string());
     std::string script = s.shell_prefix + "\n";
     switch (s.out) {
@@ -121,7 +126,6 @@ std::vector<std::string> dir_listing(const fs::path& d) {
     return names;
 }
 
-std::string stories() { return test::shared_path("models/gguf/stories260K-f32.gguf").string(); }
 // No width fallbacks for q8_0, so quantize prints nothing but its error on stderr.
 std::string llama2xs() { return test::shared_path("models/gguf/llama2xs-tok512-f32.gguf").string(); }
 std::string vocab_only() { return test::shared_path("models/vocab/ggml-vocab-llama-spm.gguf").string(); }

@@ -35,12 +35,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string stories() {
-    return shared_path("models/gguf/stories260K-f32.gguf").string();
-}
-std::string wikitext() {
-    return shared_path("data/wikitext-2-raw/wiki.test.raw").string();
-}
 
 size_t lines(const std::string& s) {
     return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
@@ -135,7 +129,7 @@ TEST_CASE("-f: a text file over the 512 MiB cap is refused unread (exit 2, the s
     const fs::path big = dir / "big.txt";
     write_file(big, "x");
     fs::resize_file(big, (uint64_t{512} << 20) + 1); // sparse: no disk, no time
-    for (const std::string& sub : {"run", "tokenize"}) {
+    for (const char* sub : {"run", "tokenize"}) {
         const CommandResult r = run_tern({sub, "-m", stories(), "-f", big.string()});
         CHECK(r.exit_code == 2);
         CHECK(r.err.find(big.string()) != std::string::npos);

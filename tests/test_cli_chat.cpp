@@ -32,7 +32,6 @@ namespace {
 
 // Trained on a 128-token context, which a few chatml turns fill: the tests give it 512 so no turn
 // is dropped unless a test wants that.
-std::string stories() { return shared_path("models/gguf/stories260K-f32.gguf").string(); }
 
 // A `tern chat` child on a pseudo-terminal, read and written like a user would.
 class PtyChat {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/generation/completion_stream.h"
+#include "tests/fake_tokenizer.h"
 
 using namespace tern;
 
@@ -21,17 +22,9 @@ const std::vector<std::string> kPieces = {
     "E", "N", "D", "X",       // 9..12: letters for stop strings
 };
 
-class PieceTokenizer : public Tokenizer {
-public:
-    std::vector<int32_t> encode(std::string_view, const EncodeOptions&) const override { return {}; }
-    std::string token_to_piece(int32_t id, bool) const override { return kPieces.at(static_cast<size_t>(id)); }
-    int32_t vocab_size() const override { return static_cast<int32_t>(kPieces.size()); }
-    std::string_view kind() const override { return "fake"; }
-    std::string_view pre() const override { return "default"; }
-    int32_t bos() const override { return 1; }
-    int32_t eos() const override { return 2; }
-    bool is_eog(int32_t id) const override { return id == 2; }
-    int32_t token_id(std::string_view) const override { return -1; }
+// The pieces above; token 2 is the end-of-generation token.
+struct PieceTokenizer : test::FakeTokenizer {
+    PieceTokenizer() : FakeTokenizer(kPieces) {}
 };
 
 // A stream whose callback records every piece it receives.

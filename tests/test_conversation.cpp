@@ -28,6 +28,8 @@ using namespace tern;
 
 namespace {
 
+using tern::test::stories;
+
 std::unique_ptr<Session> session_for(const std::string& path, int32_t n_ctx) {
     auto model = std::make_shared<Model>(load_model(path));
     RunOptions run;
@@ -40,7 +42,6 @@ std::unique_ptr<Session> session_for(const std::string& path, int32_t n_ctx) {
     return std::make_unique<Session>(std::move(backend), std::move(tok), n_ctx, model);
 }
 
-std::string stories() { return test::shared_path("models/gguf/stories260K-f32.gguf").string(); }
 
 ChatTemplate named(const std::string& name) {
     std::optional<ChatTemplate> t = ChatTemplate::from_name(name);

@@ -33,9 +33,6 @@ namespace {
 std::string llama2xs() {
     return shared_path("models/gguf/llama2xs-tok512-f32.gguf").string();
 }
-std::string stories() {
-    return shared_path("models/gguf/stories260K-f32.gguf").string();
-}
 
 void write_atomically(const std::string& path, const std::string& bytes, AtomicFile::Options o = {}) {
     AtomicFile f(path, o);

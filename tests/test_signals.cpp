@@ -23,12 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string stories() {
-    return shared_path("models/gguf/stories260K-f32.gguf").string();
-}
-std::string wikitext() {
-    return shared_path("data/wikitext-2-raw/wiki.test.raw").string();
-}
 
 struct Way {
     const char* name;

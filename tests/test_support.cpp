@@ -83,4 +83,7 @@ void write_file(const fs::path& path, const std::string& bytes) {
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+std::string stories() { return shared_path("models/gguf/stories260K-f32.gguf").string(); }
+std::string wikitext() { return shared_path("data/wikitext-2-raw/wiki.test.raw").string(); }
+
 } // namespace tern::test

@@ -10,6 +10,10 @@ namespace tern::test {
 std::filesystem::path shared_dir();
 std::filesystem::path shared_path(const std::string& relative);
 bool shared_available();
+// The files many tests run: the f32 stories260K model (the smallest real one) and the wikitext-2
+// test text, as paths under shared_dir().
+std::string stories();
+std::string wikitext();
 
 struct CommandResult {
     int exit_code = -1;
