@@ -11,21 +11,13 @@
 #include <iostream>
 #include <string>
 
-#include "engine/text/unicode.h"
 #include "base/error.h"
+#include "base/terminal_text.h"
 
 namespace tern::app {
 namespace {
 
 bool is_closed(int fd) { return ::fcntl(fd, F_GETFD) == -1 && errno == EBADF; }
-
-// Bytes in the UTF-8 sequence that lead byte `c` starts (0 for a continuation or invalid byte).
-size_t utf8_length(unsigned char c) {
-    if (c >= 0xC2 && c <= 0xDF) return 2;
-    if (c >= 0xE0 && c <= 0xEF) return 3;
-    if (c >= 0xF0 && c <= 0xF4) return 4;
-    return 0;
-}
 
 // The read end of stdout's pipe or socket is gone: writes fail with EPIPE (SIGPIPE is ignored).
 bool reader_gone() {
@@ -79,39 +71,11 @@ std::string stdout_write_error(int err) {
     return "stdout: write failed: " + why;
 }
 
-std::string terminal_safe_text(std::string_view s) {
-    static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-    std::string out;
-    out.reserve(s.size());
-    size_t i = 0;
-    while (i < s.size()) {
-        const auto c = static_cast<unsigned char>(s[i]);
-        if (c < 0x80) {
-            const bool control = (c < 0x20 && c != '\n' && c != '\t') || c == 0x7F;
-            if (control) out += kReplacement;
-            else out += static_cast<char>(c);
-            ++i;
-            continue;
-        }
-        const size_t n = utf8_length(c);
-        if (n == 0 || unicode::valid_utf8_prefix(s.substr(i, n)) < n) {   // not a whole, valid character
-            out += kReplacement;
-            ++i;
-            continue;
-        }
-        const bool c1_control = c == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0;   // U+0080..U+009F
-        if (c1_control) out += kReplacement;
-        else out.append(s.substr(i, n));
-        i += n;
-    }
-    return out;
-}
-
 bool write_stdout(std::string_view s) {
     if (s.empty()) return true;
     static const bool terminal = ::isatty(STDOUT_FILENO) == 1;
     std::string safe;
-    if (terminal) s = safe = terminal_safe_text(s);
+    if (terminal) s = safe = terminal_display(s);
     errno = 0;
     if (std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0) return true;
     if (errno == EPIPE) return false;

@@ -24,14 +24,8 @@ std::string stdout_write_error(int err);
 // Writes one piece of streamed output and flushes it, so a reader sees text as it is produced.
 // False once stdout is gone (EPIPE: `tern run | head -c 20`; SIGPIPE is ignored in main()). Any
 // other failure (a full disk) throws RuntimeFailure: the user would otherwise get a silently
-// short file. On a terminal the text goes through terminal_safe_text first; pipes and files get
-// the bytes exactly.
+// short file. On a terminal the text goes through terminal_display (base/terminal_text.h) first;
+// pipes and files get the bytes exactly.
 bool write_stdout(std::string_view s);
-
-// Generated text as a terminal may show it: control characters other than newline and tab (C0,
-// DEL, and C1 such as U+009B, which some terminals take as an escape sequence's start) become
-// U+FFFD, as do bytes that are not UTF-8. A model, random weights above all, can emit ESC or a
-// byte token that would otherwise move the cursor, recolour or retitle the user's terminal.
-std::string terminal_safe_text(std::string_view s);
 
 } // namespace tern::app

@@ -108,4 +108,28 @@ inline std::string terminal_safe(std::string_view s) {
     return out;
 }
 
+// Generated text as a terminal may show it: the model's newlines and tabs stay, as do valid UTF-8
+// characters, but the other C0 controls, DEL, the C1 controls (U+009B is CSI on some terminals)
+// and bytes that are not UTF-8 each become U+FFFD. A model, random weights above all, can emit ESC
+// or a byte token that would otherwise move the cursor, recolour or retitle the user's terminal.
+// Unlike terminal_safe(), nothing is escaped: the text reads as the model wrote it.
+inline std::string terminal_display(std::string_view s) {
+    static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size();) {
+        uint32_t cp = 0;
+        const size_t n = text_detail::utf8_char_at(s, i, cp);
+        const bool control = (cp < 0x20 && cp != '\n' && cp != '\t') || (cp >= 0x7F && cp <= 0x9F);
+        if (n == 0 || control) {
+            out += kReplacement;   // one per invalid byte, one per control character
+            i += n == 0 ? 1 : n;
+        } else {
+            out.append(s.substr(i, n));
+            i += n;
+        }
+    }
+    return out;
+}
+
 } // namespace tern

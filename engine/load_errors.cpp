@@ -3,14 +3,30 @@
 #include "engine/memory_budget.h"
 
 namespace tern {
+namespace {
+
+// Built by appends: GCC 12 misreads some chains of `std::string + "short literal"` as overlapping
+// copies (-Wrestrict).
+std::string head_dims_message(KvType type, int64_t block, int64_t head_dim, int64_t head_dim_v) {
+    std::string m = "KV type ";
+    m += kv_type_name(type);
+    m += " needs head dimensions that are multiples of ";
+    m += std::to_string(block);
+    m += ", this model has ";
+    m += std::to_string(head_dim);
+    m += " (K) and ";
+    m += std::to_string(head_dim_v);
+    m += " (V)";
+    return m;
+}
+
+} // namespace
 
 MemoryShortfallError::MemoryShortfallError(const MemoryShortfall& s)
     : RuntimeFailure(describe_memory_shortfall(s)), shortfall(s) {}
 
 KvHeadDimsUnfit::KvHeadDimsUnfit(KvType type_, int64_t block_, int64_t head_dim_, int64_t head_dim_v_)
-    : UsageError("KV type " + std::string(kv_type_name(type_)) + " needs head dimensions that are multiples of " +
-                 std::to_string(block_) + ", this model has " + std::to_string(head_dim_) + " (K) and " +
-                 std::to_string(head_dim_v_) + " (V)"),
+    : UsageError(head_dims_message(type_, block_, head_dim_, head_dim_v_)),
       type(type_), block(block_), head_dim(head_dim_), head_dim_v(head_dim_v_) {}
 
 KvAllocationFailed::KvAllocationFailed(int32_t n_ctx_)

@@ -1,5 +1,6 @@
 // Generated text on a terminal: control characters and bytes that are not UTF-8 never reach it
-// (app/standard_streams.cpp, terminal_safe_text), while pipes get the model's bytes exactly. A
+// (app/standard_streams.cpp through base/terminal_text.h terminal_display), while pipes get the
+// model's bytes exactly. A
 // random-weight model emits control bytes (ESC among them) within a few hundred tokens, which is
 // how the end-to-end case below gets them.
 #include <doctest/doctest.h>
@@ -14,7 +15,7 @@
 #include <vector>
 
 #include "tests/test_support.h"
-#include "app/standard_streams.cpp"
+#include "base/terminal_text.h"
 
 using namespace tern;
 
@@ -74,18 +75,17 @@ std::string run_on_pty(const std::vector<std::string>& args) {
 
 } // namespace
 
-TEST_CASE("terminal_safe_text keeps text, newlines and tabs; replaces controls and broken UTF-8") {
-    using app::terminal_safe_text;
-    CHECK(terminal_safe_text("plain text\nnext\tline") == "plain text\nnext\tline");
-    CHECK(terminal_safe_text("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\xA6\x99") == "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\xA6\x99");
-    CHECK(terminal_safe_text("a\x1B[2Jb") == "a" + kReplacement + "[2Jb");   // ESC: clear screen
-    CHECK(terminal_safe_text("\r\x07\x7F") == kReplacement + kReplacement + kReplacement);
-    CHECK(terminal_safe_text("x\xC2\x9B" "31m") == "x" + kReplacement + "31m");   // U+009B, a C1 CSI
-    CHECK(terminal_safe_text("\xC2\xA0") == "\xC2\xA0");                         // U+00A0 is text
-    CHECK(terminal_safe_text("\xFF") == kReplacement);                           // never UTF-8
-    CHECK(terminal_safe_text("\xE2\x82") == kReplacement + kReplacement);        // a cut character
-    CHECK(terminal_safe_text("\xED\xA0\x80") == kReplacement + kReplacement + kReplacement);   // a surrogate
-    CHECK(terminal_safe_text("") == "");
+TEST_CASE("terminal_display keeps text, newlines and tabs; replaces controls and broken UTF-8") {
+    CHECK(terminal_display("plain text\nnext\tline") == "plain text\nnext\tline");
+    CHECK(terminal_display("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\xA6\x99") == "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\xA6\x99");
+    CHECK(terminal_display("a\x1B[2Jb") == "a" + kReplacement + "[2Jb");   // ESC: clear screen
+    CHECK(terminal_display("\r\x07\x7F") == kReplacement + kReplacement + kReplacement);
+    CHECK(terminal_display("x\xC2\x9B" "31m") == "x" + kReplacement + "31m");   // U+009B, a C1 CSI
+    CHECK(terminal_display("\xC2\xA0") == "\xC2\xA0");                         // U+00A0 is text
+    CHECK(terminal_display("\xFF") == kReplacement);                           // never UTF-8
+    CHECK(terminal_display("\xE2\x82") == kReplacement + kReplacement);        // a cut character
+    CHECK(terminal_display("\xED\xA0\x80") == kReplacement + kReplacement + kReplacement);   // a surrogate
+    CHECK(terminal_display("") == "");
 }
 
 TEST_CASE("a random-weight model's output: raw bytes on a pipe, nothing a terminal acts on on a pty") {

@@ -211,7 +211,7 @@ int32_t Conversation::make_room(int64_t extra) {
                                  "the conversation reached the " + std::to_string(n_ctx) +
                                      "-token context: dropping its oldest turns to continue (the system prompt and "
                                      "the first tokens are kept)",
-                                 n_ctx});
+                                 static_cast<int32_t>(n_ctx)});
 
     // The KV cache: shift it when it holds the dropped range exactly; otherwise the next
     // generate() finds where it stops matching and prefills from there.
