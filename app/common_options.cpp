@@ -277,13 +277,13 @@ std::unique_ptr<Drafter> make_drafter(const DraftOptions& f, const ModelOptions&
     if (f.draft_model.empty()) return nullptr;
     const Model* target = loaded.session->model();
     if (!target) throw std::logic_error("--draft-model: the session has no model file");
-    OpenRequest request;
+    // The target's device, KV type and threads, at the target's context; the notes about a device or
+    // context choice were said when the target opened, and are not repeated.
+    OpenRequest request = open_request(model_options);
     request.path = f.draft_model;
     request.n_ctx = loaded.n_ctx;
-    request.kv_type = kv_type_from_name(model_options.kv_type);
-    request.device = model_options.device;
-    request.gpu_layers = model_options.gpu_layers;
-    request.cpu.n_threads = model_options.threads;
+    request.on_device_note = nullptr;
+    request.on_context = nullptr;
     return with_flag_words([&] { return load_draft_model(request, *target, f.draft_max); });
 }
 
