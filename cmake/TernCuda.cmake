@@ -7,9 +7,14 @@ if(_tern_cuda STREQUAL "ON" OR _tern_cuda STREQUAL "AUTO")
     if(CMAKE_CUDA_COMPILER)
         enable_language(CUDA)
         find_package(CUDAToolkit REQUIRED)
-        # CMake 3.25 knows no C++20 flag for nvcc; device code needs no more than C++17.
-        set(CMAKE_CUDA_STANDARD 17)
+        # The kernels include tern's C++20 headers (quant/types.h, kernels/kv_format.h). CMake 3.25 knows
+        # no C++20 flag for nvcc 13, so it is told here; --expt-relaxed-constexpr lets device code call
+        # constexpr helpers of those headers (kv_row_bytes, kv_format_info).
+        set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+        set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+        set(CMAKE_CUDA_STANDARD 20)
         set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+        string(APPEND CMAKE_CUDA_FLAGS " --expt-relaxed-constexpr")
         set(TERN_HAVE_CUDA ON)
         message(STATUS "tern: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
     elseif(_tern_cuda STREQUAL "ON")

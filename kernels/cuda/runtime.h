@@ -15,6 +15,16 @@
 #include <cuda_runtime.h>
 #endif
 
+// Every kernel, launcher and backend class compiled from tern's CUDA sources lives in the inline
+// namespace TERN_CUDA_ABI: `dev` for the real build (nvcc kernels, the CUDA runtime), `emu` for the same
+// sources built against the emulator. Code names them without it (tern::cuda::matmul, tern::CudaBackend),
+// and a test executable can hold both builds at once without their symbols colliding.
+#if defined(TERN_CUDA_EMULATOR)
+#define TERN_CUDA_ABI emu
+#else
+#define TERN_CUDA_ABI dev
+#endif
+
 namespace tern::cuda {
 
 #if defined(TERN_CUDA_EMULATOR)

@@ -1,0 +1,31 @@
+#pragma once
+// Row norms, activations, the residual add, softcap and argmax on the GPU (kernels/cuda/elementwise.cu).
+// Host-callable launchers; every pointer is device memory, f32 row-major.
+#include <cstdint>
+
+#include "kernels/cuda/runtime.h"
+
+namespace tern::cuda {
+inline namespace TERN_CUDA_ABI {
+
+// y = RMSNorm(x) * w for each of `rows` rows of `width`; in place when x == y.
+void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t width, float eps,
+                  cudaStream_t stream);
+
+// x += (w ? RMSNorm(y) * w : y) for each row: a sub-block's output joins the residual stream, through
+// gemma's post-norm when w is given.
+void add_residual(float* x, const float* y, const float* w, int64_t rows, int64_t width, float eps,
+                  cudaStream_t stream);
+
+// out = silu(gate) * up (SwiGLU) / gelu_tanh(gate) * up (GeGLU), n elements; out may equal gate.
+void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+void geglu_tanh(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+
+// x = cap * tanh(x / cap), n elements in place.
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
+
+// out[r] = the index of the largest value of row r (`rows` rows of `width`); the lowest index wins ties.
+void argmax_rows(const float* x, int64_t rows, int64_t width, int32_t* out, cudaStream_t stream);
+
+} // namespace TERN_CUDA_ABI
+} // namespace tern::cuda

@@ -1,0 +1,28 @@
+#pragma once
+// RoPE on the GPU: the per-head q/k norm and rotation of the forward (kernels/cuda/rope.cu), with the
+// angles of the CPU's rope_theta (kernels/cpu/ops.h): the angle in double, its cos/sin rounded to float.
+#include <cstdint>
+
+#include "kernels/cuda/runtime.h"
+
+namespace tern::cuda {
+inline namespace TERN_CUDA_ABI {
+
+// One layer's rotation (engine/cpu/layer_rope.h has the same fields for the CPU).
+struct RopeParams {
+    bool neox = false;                    // pairs (i, i + n_rot/2) instead of (2i, 2i+1)
+    int32_t n_rot = 0;                    // rotated dims per head; dims n_rot.. pass through
+    float base = 10000.0f;
+    float freq_scale = 1.0f;
+    const float* freq_factors = nullptr;  // device (n_rot/2) or null: angle i divided by factor i
+};
+
+// For token i at position pos0 + i: each of q's n_heads heads (rows of n_heads * head_dim) and k's
+// n_kv_heads heads (rows of n_kv_heads * head_dim) gets an RMSNorm by q_norm / k_norm (head_dim each)
+// when those are not null, then RoPE. In place.
+void qk_norm_rope(float* q, float* k, int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                  const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
+                  cudaStream_t stream);
+
+} // namespace TERN_CUDA_ABI
+} // namespace tern::cuda
