@@ -4,8 +4,6 @@
 // nvcc, and the emulator's launch of the same kernel under g++ (TERN_CUDA_EMULATOR), so call sites are
 // identical in both builds. Arguments are converted to the kernel's parameter types and copied at the
 // call, as the runtime does (a stream under graph capture keeps those copies for every replay).
-#include <stdexcept>
-#include <string>
 #include <tuple>
 #include <utility>
 
@@ -16,17 +14,7 @@
 #endif
 
 namespace tern::cuda {
-
-// A CUDA runtime call that failed; the message names the call and the runtime's description.
-struct Error : std::runtime_error {
-    cudaError_t code;
-    Error(cudaError_t e, const std::string& what)
-        : std::runtime_error(what + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")"), code(e) {}
-};
-
-inline void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) throw Error(e, what);
-}
+inline namespace TERN_CUDA_ABI {
 
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
@@ -42,4 +30,5 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
     check(cudaGetLastError(), "kernel launch");
 }
 
+} // namespace TERN_CUDA_ABI
 } // namespace tern::cuda

@@ -16,6 +16,7 @@
 #include "kernels/cuda/runtime.h"
 
 namespace tern::cuda {
+inline namespace TERN_CUDA_ABI {
 
 #if defined(TERN_CUDA_EMULATOR)
 namespace detail {
@@ -84,4 +85,5 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row_addre
 #endif
 }
 
+} // namespace TERN_CUDA_ABI
 } // namespace tern::cuda

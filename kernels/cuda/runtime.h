@@ -4,6 +4,9 @@
 // runs the same sources on the CPU in the tests. Kernels written against this header must follow the
 // emulator's rules (see its top comment): launch through launch.h, exchange data in a warp only through
 // the _sync intrinsics, and take dynamic shared memory from dynamic_shared<T>() below.
+#include <stdexcept>
+#include <string>
+
 #if defined(TERN_CUDA_EMULATOR)
 #include "tests/cuda_emu/cuda_emu.h"
 #elif defined(__CUDACC__)
@@ -26,6 +29,18 @@
 #endif
 
 namespace tern::cuda {
+inline namespace TERN_CUDA_ABI {
+
+// A CUDA runtime call that failed; the message names the call and the runtime's description.
+struct Error : std::runtime_error {
+    cudaError_t code;
+    Error(cudaError_t e, const std::string& what)
+        : std::runtime_error(what + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")"), code(e) {}
+};
+
+inline void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw Error(e, what);
+}
 
 #if defined(TERN_CUDA_EMULATOR)
 // The block's dynamic shared memory (the launch's shared_bytes), 16-byte aligned.
@@ -41,4 +56,5 @@ template <typename T> __device__ __forceinline__ T* dynamic_shared() {
 }
 #endif
 
+} // namespace TERN_CUDA_ABI
 } // namespace tern::cuda
