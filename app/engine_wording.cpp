@@ -82,8 +82,10 @@ void rethrow_with_flags() {
         throw;
     } catch (const DeviceUnavailable& e) {
         if (e.reason == DeviceUnavailable::Reason::not_built)
-            throw UsageError("--device " + e.device + ": tern was built without a CUDA backend yet (use cpu)");
+            throw UsageError("--device " + e.device + ": tern was built without CUDA; use --device cpu");
         throw;
+    } catch (const GpuUnavailable& e) {
+        throw RuntimeFailure("--device " + e.device + ": " + e.why + "; use --device cpu or auto");
     } catch (const MemoryShortfallError& e) {
         throw RuntimeFailure(memory_shortfall_line(e.shortfall));
     } catch (const KvHeadDimsUnfit& e) {

@@ -3,6 +3,9 @@
 #include <string>
 
 #include "engine/cpu/backend_cpu.h"
+#if defined(TERN_HAVE_CUDA)
+#include "engine/cuda/backend_cuda.h"
+#endif
 #include "base/error.h"
 #include "kernels/gpu_info.h"
 
@@ -11,7 +14,7 @@ namespace {
 
 std::string unavailable_message(const std::string& device, DeviceUnavailable::Reason reason) {
     if (reason == DeviceUnavailable::Reason::not_built)
-        return "device " + device + ": tern was built without a CUDA backend yet (use cpu)";
+        return "device " + device + ": tern was built without CUDA (use cpu)";
     return "unknown device '" + device + "' (choices: auto, cpu, cuda)";
 }
 
@@ -20,10 +23,19 @@ std::string unavailable_message(const std::string& device, DeviceUnavailable::Re
 DeviceUnavailable::DeviceUnavailable(std::string device_, Reason reason_)
     : UsageError(unavailable_message(device_, reason_)), device(std::move(device_)), reason(reason_) {}
 
+GpuUnavailable::GpuUnavailable(std::string device_, std::string why_)
+    : RuntimeFailure("device " + device_ + ": " + why_), device(std::move(device_)), why(std::move(why_)) {}
+
 std::optional<DeviceChoice> parse_device(std::string_view device) {
-    if (device == "auto") return DeviceChoice{true, DeviceKind::cpu};
-    if (device == "cpu") return DeviceChoice{false, DeviceKind::cpu};
-    if (device == "cuda" || device.starts_with("cuda:")) return DeviceChoice{false, DeviceKind::cuda};
+    if (device == "auto") return DeviceChoice{true, DeviceKind::cpu, 0};
+    if (device == "cpu") return DeviceChoice{false, DeviceKind::cpu, 0};
+    if (device == "cuda") return DeviceChoice{false, DeviceKind::cuda, 0};
+    if (device.starts_with("cuda:")) {
+        const std::string_view digits = device.substr(5);
+        if (digits.empty() || digits.size() > 3 || digits.find_first_not_of("0123456789") != std::string_view::npos)
+            return std::nullopt;
+        return DeviceChoice{false, DeviceKind::cuda, std::stoi(std::string(digits))};
+    }
     return std::nullopt;
 }
 
@@ -32,20 +44,29 @@ std::unique_ptr<Backend> make_backend(std::string_view device, const CpuOptions&
     const std::optional<DeviceChoice> choice = parse_device(device);
     if (!choice) throw DeviceUnavailable(std::string(device), DeviceUnavailable::Reason::unknown);
     if (choice->automatic) {
-        // Only worth a word when a GPU is there to be disappointed about.
-        if (note && cuda_compiled()) {
-            const size_t n_gpus = list_cuda_devices(nullptr).size();
-            if (n_gpus > 0)
-                *note = "device auto: " + std::to_string(n_gpus) +
-                        " CUDA GPU(s) found but tern has no CUDA backend yet; running on the cpu";
-        }
+#if defined(TERN_HAVE_CUDA)
+        std::string why;
+        const std::vector<GpuInfo> gpus = list_cuda_devices(&why);
+        if (!gpus.empty()) return std::make_unique<CudaBackend>(CudaOptions{gpus.front().index});
+        if (note) *note = "device auto: " + why + "; running on the cpu";
+#endif
         return std::make_unique<CpuBackend>(cpu);
     }
     switch (choice->kind) {
     case DeviceKind::cpu: return std::make_unique<CpuBackend>(cpu);
     case DeviceKind::cuda: break;
     }
+#if defined(TERN_HAVE_CUDA)
+    std::string why;
+    const std::vector<GpuInfo> gpus = list_cuda_devices(&why);
+    if (gpus.empty()) throw GpuUnavailable(std::string(device), why);
+    for (const GpuInfo& g : gpus)
+        if (g.index == choice->index) return std::make_unique<CudaBackend>(CudaOptions{g.index});
+    throw GpuUnavailable(std::string(device), "this machine has " + std::to_string(gpus.size()) + " CUDA GPU(s), " +
+                                                  "numbered from 0");
+#else
     throw DeviceUnavailable(std::string(device), DeviceUnavailable::Reason::not_built);
+#endif
 }
 
 } // namespace tern

@@ -9,6 +9,7 @@
 
 #include "engine/backend.h"
 #include "engine/cpu_options.h"
+#include "engine/memory_need.h"
 #include "base/error.h"
 
 namespace tern {
@@ -21,17 +22,26 @@ struct DeviceUnavailable : UsageError {
     Reason reason;
 };
 
+// A CUDA device asked for by name (--device cuda, cuda:N) that this machine cannot give: no driver, no
+// GPU, no GPU of that index. A runtime failure (exit 3), worded by the app with the flag.
+struct GpuUnavailable : RuntimeFailure {
+    GpuUnavailable(std::string device, std::string why);
+    std::string device, why;
+};
+
 // A device value read once: "auto" (automatic: the GPU when one is usable, else the CPU), "cpu",
 // "cuda" or "cuda:N" (index not yet used). nullopt for anything else.
 struct DeviceChoice {
     bool automatic = false;
     DeviceKind kind = DeviceKind::cpu;
+    int index = 0;   // cuda:N
 };
 std::optional<DeviceChoice> parse_device(std::string_view device);
 
-// Throws DeviceUnavailable for an unknown device or one this build cannot use. When `note` is not
-// null it receives a one-line explanation of an automatic choice (empty when there is nothing to
-// say), for the app to print on stderr.
+// Throws DeviceUnavailable for an unknown device or one this build cannot use, GpuUnavailable for a
+// CUDA device this machine does not have. "auto" takes the first usable GPU of a build with CUDA, else
+// the CPU; when `note` is not null it then receives one line saying why no GPU was taken (empty when
+// there is nothing to say: a GPU was taken, or tern was built without CUDA), for the app to print.
 std::unique_ptr<Backend> make_backend(std::string_view device, const CpuOptions& cpu = {}, std::string* note = nullptr);
 
 } // namespace tern

@@ -46,9 +46,23 @@ OpenedModel open_model(const OpenRequest& r) {
 
     // The automatic context sizes its KV cache against what the weights and buffers leave; any
     // context, chosen or given, must then fit before the backend allocates.
-    const Backend& backend = *opened.backend;
     MemoryRequest request = r.shape;
     request.kv_type = r.kv_type;
+
+    // An automatic choice of the GPU falls back to the CPU when the model does not fit the GPU's memory
+    // even with the smallest automatic context (or the context asked for).
+    if (opened.backend->device_kind() != DeviceKind::cpu && parse_device(r.device) && parse_device(r.device)->automatic) {
+        request.n_ctx = r.n_ctx > 0 ? r.n_ctx : 256;
+        if (const std::optional<MemoryShortfall> shortfall = find_memory_shortfall(
+                opened.backend->plan_memory(m.config, m.weights, request), opened.backend->memory_limits(), request)) {
+            if (r.on_device_note)
+                r.on_device_note("device auto: " + describe_memory_shortfall(*shortfall) + " on " +
+                                 opened.backend->device_name() + "; running on the cpu");
+            opened.backend = make_backend("cpu", r.cpu);
+        }
+    }
+
+    const Backend& backend = *opened.backend;
     request.n_ctx = 512;   // the batch the base need is sized with, as a forward of a full prefill chunk
     const uint64_t left = memory_left_for_kv(backend.plan_memory(m.config, m.weights, request), backend.memory_limits());
     opened.context = choose_context(r.n_ctx, m.config.n_ctx_train, kv_bytes_per_position(m.config, r.kv_type), left);

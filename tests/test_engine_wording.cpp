@@ -56,7 +56,9 @@ TEST_CASE("memory_shortfall_line: one line naming -c, the limit and the remedies
 
 TEST_CASE("with_flag_words: device, KV and draft-model errors name their flags; others pass unchanged") {
     CHECK(worded(DeviceUnavailable("cuda:1", DeviceUnavailable::Reason::not_built)).first ==
-          "--device cuda:1: tern was built without a CUDA backend yet (use cpu)");
+          "--device cuda:1: tern was built without CUDA; use --device cpu");
+    CHECK(worded(GpuUnavailable("cuda", "no CUDA device found")).first ==
+          "--device cuda: no CUDA device found; use --device cpu or auto");
     CHECK(worded(DeviceUnavailable("tpu", DeviceUnavailable::Reason::unknown)).first ==
           "unknown device 'tpu' (choices: auto, cpu, cuda)");
     const auto [kv, kv_code] = worded(KvHeadDimsUnfit(KvType::q8_0, 32, 8, 8));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/kv_snapshot.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/rope_shift.h"
 
@@ -37,7 +38,7 @@ public:
     const void* k_row(int32_t layer, int32_t head, int32_t pos) const;
     const void* v_row(int32_t layer, int32_t head, int32_t pos) const;
 
-    // The first n positions as bytes (header + per layer, per head: K rows then V rows).
+    // The first n positions as bytes (engine/kv_snapshot.h: header + per layer, per head: K rows then V rows).
     KvSnapshot save(int32_t n) const;
     // Restores a snapshot taken from a cache of the same shape and type; sets n_past.
     // Throws UsageError when the snapshot does not fit this cache.
@@ -59,8 +60,9 @@ public:
     void erase(int32_t begin, int32_t end, const std::vector<RopeRotation>& k_rotation, int n_threads);
 
 private:
-    KvSnapshot pack(int32_t magic, int32_t field5, int32_t begin, int32_t n) const;
-    void unpack(const KvSnapshot& s, const char* what, int32_t begin, int32_t n);
+    KvSnapshotShape shape() const;
+    void copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes) const;
+    void copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes);
     size_t k_offset(int32_t head, int32_t pos) const; // bytes into a layer's K buffer
     size_t v_offset(int32_t head, int32_t pos) const;
 

@@ -1,0 +1,391 @@
+#include "engine/cuda/backend_cuda.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+
+#include "base/error.h"
+#include "engine/memory_budget.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/rope.h"
+#include "quant/reference.h"
+
+namespace tern {
+inline namespace TERN_CUDA_ABI {
+namespace {
+
+// Scratch, the runtime's own context and the allocator's slack on the GPU.
+constexpr uint64_t kFixedOverhead = 64ull << 20;
+
+uint64_t tensor_bytes(const WeightRef& w) {
+    if (!w.present()) return 0;
+    return static_cast<uint64_t>(w.row_size()) * static_cast<uint64_t>(std::max<int64_t>(w.n_out(), 1));
+}
+
+// The matrices of a model, token_embd and the output included (once when tied).
+std::vector<const WeightRef*> matrices(const ModelWeights& w) {
+    std::vector<const WeightRef*> m = {&w.token_embd, &w.output};
+    for (const LayerWeights& l : w.layers)
+        for (const WeightRef* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) m.push_back(p);
+    return m;
+}
+
+// The 1-D tensors the forward reads as f32.
+std::vector<const WeightRef*> vectors(const ModelWeights& w) {
+    std::vector<const WeightRef*> v = {&w.output_norm, &w.rope_freqs};
+    for (const LayerWeights& l : w.layers)
+        for (const WeightRef* p : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
+                                   &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm})
+            v.push_back(p);
+    return v;
+}
+
+// f32 elements of one forward's activations per token (engine/cuda/backend_cuda.cpp forward), and the
+// widths the scratch buffers are sized by.
+struct ActivationWidths {
+    int64_t q = 0, kv = 0, att = 0, ffn = 0;
+};
+ActivationWidths activation_widths(const ModelConfig& c) {
+    ActivationWidths w;
+    for (const LayerConfig& l : c.layers) {
+        w.q = std::max<int64_t>(w.q, static_cast<int64_t>(l.n_heads) * c.head_dim);
+        w.kv = std::max<int64_t>(w.kv, static_cast<int64_t>(l.n_kv_heads) * std::max(c.head_dim, c.head_dim_v));
+        w.att = std::max<int64_t>(w.att, static_cast<int64_t>(l.n_heads) * c.head_dim_v);
+        w.ffn = std::max<int64_t>(w.ffn, l.ffn_dim);
+    }
+    return w;
+}
+
+} // namespace
+
+CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device) {
+    cuda_call(cudaSetDevice(device_), "selecting the GPU");
+    cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+}
+
+CudaBackend::~CudaBackend() {
+    if (stream_) {
+        cudaStreamSynchronize(stream_);
+        cudaStreamDestroy(stream_);
+    }
+}
+
+MemoryNeed CudaBackend::plan_memory(const ModelConfig& c, const ModelWeights& w, const MemoryRequest& r) const {
+    MemoryNeed need;
+    std::set<const uint8_t*> seen;
+    for (const WeightRef* m : matrices(w))
+        if (m->present() && seen.insert(m->data).second) need.weights += tensor_bytes(*m);
+    for (const WeightRef* v : vectors(w))
+        if (v->present()) need.weights += 4ull * static_cast<uint64_t>(v->n_in());
+    need.copies = need.weights;   // all of it is copied to the GPU
+    need.kv = kv_cache_bytes(c, r.kv_type, r.n_ctx);
+    const ActivationWidths aw = activation_widths(c);
+    const uint64_t per_token = 4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn) + 4;
+    const uint64_t batch = static_cast<uint64_t>(std::max(1, std::min(r.n_batch, std::max(r.n_ctx, 1))));
+    const uint64_t logit_rows = static_cast<uint64_t>(std::max(1, r.n_logit_rows));
+    need.buffers = batch * per_token + logit_rows * 4ull * static_cast<uint64_t>(c.vocab) + kFixedOverhead;
+    return need;
+}
+
+std::vector<MemoryLimit> CudaBackend::memory_limits() const {
+    size_t free_bytes = 0, total_bytes = 0;
+    cuda_call(cudaMemGetInfo(&free_bytes, &total_bytes), "asking the GPU's free memory");
+    MemoryLimit limit;
+    limit.available = free_bytes;
+    limit.source = "free memory of " + device_name() + " (cudaMemGetInfo)";
+    limit.counts = MemoryLimit::Counts::resident;
+    return {limit};
+}
+
+void CudaBackend::upload_weights(const ModelWeights& w) {
+    // Every distinct matrix once (a tied output is token_embd itself), at 256-byte offsets.
+    std::map<const uint8_t*, uint64_t> offsets;
+    uint64_t total = 0;
+    for (const WeightRef* m : matrices(w)) {
+        if (!m->present() || offsets.count(m->data)) continue;
+        if (!cuda::matmul_supports(m->type))
+            throw InputError("tensor " + m->name + ": the CUDA backend cannot compute with " +
+                             std::string(type_name(m->type)) + " weights (use --device cpu)");
+        offsets[m->data] = total;
+        total += (tensor_bytes(*m) + 255) / 256 * 256;
+    }
+    weights_buffer_ = DeviceBuffer(total, "the model's weights");
+    for (const auto& [host, offset] : offsets) {
+        // The tensor's bytes: found again from any WeightRef with this data pointer.
+        for (const WeightRef* m : matrices(w))
+            if (m->data == host) {
+                cuda_call(cudaMemcpyAsync(weights_buffer_.bytes() + offset, host, tensor_bytes(*m),
+                                          cudaMemcpyHostToDevice, stream_),
+                          "uploading the weights");
+                break;
+            }
+    }
+    auto device_weight = [&](const WeightRef& m) {
+        DeviceWeight d;
+        if (!m.present()) return d;
+        d.type = m.type;
+        d.n_in = m.n_in();
+        d.n_out = m.n_out();
+        d.data = weights_buffer_.bytes() + offsets.at(m.data);
+        return d;
+    };
+
+    // The vectors, dequantized to f32 on the host, in one buffer.
+    std::vector<float> host_vectors;
+    std::map<const WeightRef*, size_t> vector_offsets;
+    for (const WeightRef* v : vectors(w)) {
+        if (!v->present()) continue;
+        vector_offsets[v] = host_vectors.size();
+        const size_t n = static_cast<size_t>(v->n_in());
+        host_vectors.resize(host_vectors.size() + (n + 63) / 64 * 64);
+        dequantize_row(v->type, v->data, host_vectors.data() + vector_offsets[v], v->n_in());
+    }
+    vectors_buffer_ = DeviceBuffer(host_vectors.size() * sizeof(float), "norm weights and biases");
+    cuda_call(cudaMemcpyAsync(vectors_buffer_.get(), host_vectors.data(), host_vectors.size() * sizeof(float),
+                              cudaMemcpyHostToDevice, stream_),
+              "uploading norm weights and biases");
+    auto device_vector = [&](const WeightRef& v) -> const float* {
+        if (!v.present()) return nullptr;
+        return vectors_buffer_.as<float>() + vector_offsets.at(&v);
+    };
+
+    token_embd_ = device_weight(w.token_embd);
+    output_ = device_weight(w.output);
+    output_norm_ = device_vector(w.output_norm);
+    rope_freqs_ = device_vector(w.rope_freqs);
+    layers_.assign(w.layers.size(), {});
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+        const LayerWeights& lw = w.layers[l];
+        DeviceLayer& d = layers_[l];
+        d.wq = device_weight(lw.wq);
+        d.wk = device_weight(lw.wk);
+        d.wv = device_weight(lw.wv);
+        d.wo = device_weight(lw.wo);
+        d.w_gate = device_weight(lw.w_gate);
+        d.w_up = device_weight(lw.w_up);
+        d.w_down = device_weight(lw.w_down);
+        d.attn_norm = device_vector(lw.attn_norm);
+        d.bq = device_vector(lw.bq);
+        d.bk = device_vector(lw.bk);
+        d.bv = device_vector(lw.bv);
+        d.q_norm = device_vector(lw.q_norm);
+        d.k_norm = device_vector(lw.k_norm);
+        d.bo = device_vector(lw.bo);
+        d.post_attn_norm = device_vector(lw.post_attn_norm);
+        d.ffn_norm = device_vector(lw.ffn_norm);
+        d.b_gate = device_vector(lw.b_gate);
+        d.b_up = device_vector(lw.b_up);
+        d.b_down = device_vector(lw.b_down);
+        d.post_ffn_norm = device_vector(lw.post_ffn_norm);
+    }
+    // The host vectors go out of scope: wait for their copies.
+    cuda_call(cudaStreamSynchronize(stream_), "uploading the weights");
+}
+
+void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) {
+    if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
+    loaded_ = false;
+    config_ = config;
+    weights_buffer_.reset();
+    vectors_buffer_.reset();
+    upload_weights(weights);
+    std::vector<int32_t> n_kv_heads;
+    for (const LayerConfig& lc : config.layers)
+        n_kv_heads.push_back(lc.n_kv_heads);
+    kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx, stream_);
+    n_logit_rows_ = 0;
+    loaded_ = true;
+}
+
+void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y) {
+    cuda::matmul(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, stream_);
+}
+
+void CudaBackend::observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width) {
+    if (!observer_) return;
+    observed_.resize(static_cast<size_t>(n_rows * width));
+    cuda_call(cudaMemcpyAsync(observed_.data(), x_device, observed_.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                              stream_),
+              "copying a projection input for the observer");
+    cuda_call(cudaStreamSynchronize(stream_), "copying a projection input for the observer");
+    observer_->matmul_input(layer, which, observed_.data(), n_rows, width);
+}
+
+void CudaBackend::forward(const ForwardBatch& batch) {
+    if (!loaded_) throw UsageError("forward: the backend has no model loaded");
+    const ModelConfig& c = config_;
+    const int64_t n = static_cast<int64_t>(batch.tokens.size());
+    const int32_t pos0 = batch.pos0;
+    if (n == 0) throw UsageError("forward: empty batch");
+    if (pos0 != kv_.n_past())
+        throw UsageError("forward: batch starts at position " + std::to_string(pos0) + " but the KV cache holds " +
+                         std::to_string(kv_.n_past()) + " positions");
+    if (pos0 + n > kv_.n_ctx())
+        throw UsageError("forward: positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
+                         " do not fit the context of " + std::to_string(kv_.n_ctx()) + " positions");
+    for (int32_t t : batch.tokens)
+        if (t < 0 || t >= c.vocab)
+            throw UsageError("forward: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                             std::to_string(c.vocab - 1) + ")");
+    try {
+        forward_on_device(batch);
+    } catch (const cuda::Error& e) {
+        throw RuntimeFailure(std::string("cuda: ") + e.what());
+    }
+}
+
+// The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line, as the CPU backend's:
+// embed -> per layer {norm, q/k/v, q/k norm + rope, KV write, attention, output, FFN} -> norm -> lm_head.
+void CudaBackend::forward_on_device(const ForwardBatch& batch) {
+    const ModelConfig& c = config_;
+    const int64_t n = static_cast<int64_t>(batch.tokens.size());
+    const int32_t pos0 = batch.pos0;
+    const int64_t dim = c.dim;
+    const ActivationWidths aw = activation_widths(c);
+    const auto un = static_cast<size_t>(n);
+
+    auto* tokens = static_cast<int32_t*>(tokens_.reserve(un * sizeof(int32_t), "the batch's tokens"));
+    float* x = x_.floats(un * static_cast<size_t>(dim), "activations");       // (n, dim) residual stream
+    float* xn = xn_.floats(un * static_cast<size_t>(dim), "activations");     // (n, dim) normed input
+    float* out = out_.floats(un * static_cast<size_t>(dim), "activations");   // (n, dim) sub-block output
+    float* q = q_.floats(un * static_cast<size_t>(aw.q), "activations");
+    float* k = k_.floats(un * static_cast<size_t>(aw.kv), "activations");
+    float* v = v_.floats(un * static_cast<size_t>(aw.kv), "activations");
+    float* att = att_.floats(un * static_cast<size_t>(aw.att), "activations");
+    float* gate = gate_.floats(un * static_cast<size_t>(aw.ffn), "activations");
+    float* up = up_.floats(un * static_cast<size_t>(aw.ffn), "activations");
+
+    cuda_call(cudaMemcpyAsync(tokens, batch.tokens.data(), un * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+              "copying the batch's tokens");
+    cuda::embed_rows(token_embd_.type, token_embd_.data, dim, tokens, n, c.embed_scale, x, stream_);
+
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
+        const DeviceLayer& d = layers_[static_cast<size_t>(l)];
+
+        // Attention block: q/k/v projections (+ biases), q/k norm and RoPE, the KV write, attention.
+        cuda::rmsnorm_rows(x, d.attn_norm, xn, n, dim, c.rms_eps, stream_);
+        observe(l, ProjectionInput::attn_qkv, xn, n, dim);
+        project(d.wq, xn, n, d.bq, q);
+        project(d.wk, xn, n, d.bk, k);
+        project(d.wv, xn, n, d.bv, v);
+        cuda::RopeParams rope;
+        rope.neox = c.rope_style == RopeStyle::neox;
+        rope.n_rot = c.n_rot;
+        rope.base = lc.rope_base;
+        rope.freq_scale = lc.rope_freq_scale;
+        rope.freq_factors = rope_freqs_;
+        cuda::qk_norm_rope(q, k, n, lc.n_heads, lc.n_kv_heads, c.head_dim, c.qk_norm ? d.q_norm : nullptr,
+                           c.qk_norm ? d.k_norm : nullptr, c.rms_eps, rope, pos0, stream_);
+        cuda::kv_write(kv_.layer(l), k, v, n, pos0, stream_);
+        cuda::attention(kv_.layer(l), q, n, lc.n_heads, pos0, lc.sliding_window, c.attn_scale, c.attn_softcap, att,
+                        stream_);
+
+        // Output projection (+ bias), gemma's post-attention norm, residual.
+        observe(l, ProjectionInput::attn_output, att, n, static_cast<int64_t>(lc.n_heads) * c.head_dim_v);
+        project(d.wo, att, n, d.bo, out);
+        cuda::add_residual(x, out, c.post_norms ? d.post_attn_norm : nullptr, n, dim, c.rms_eps, stream_);
+
+        // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
+        cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
+        observe(l, ProjectionInput::ffn_gate_up, xn, n, dim);
+        project(d.w_gate, xn, n, d.b_gate, gate);
+        project(d.w_up, xn, n, d.b_up, up);
+        const int64_t ffn = static_cast<int64_t>(n) * lc.ffn_dim;
+        if (c.ffn_act == FfnActivation::silu)
+            cuda::swiglu(gate, up, gate, ffn, stream_);
+        else
+            cuda::geglu_tanh(gate, up, gate, ffn, stream_);
+        observe(l, ProjectionInput::ffn_down, gate, n, lc.ffn_dim);
+        project(d.w_down, gate, n, d.b_down, out);
+        cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
+    }
+    kv_.set_n_past(pos0 + static_cast<int32_t>(n));
+
+    // Final norm and lm_head on the rows whose logits are wanted; they stay on the GPU until asked for.
+    const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
+    const int64_t rows = n - first;
+    float* logits = logits_.floats(static_cast<size_t>(rows) * static_cast<size_t>(c.vocab), "logits");
+    cuda::rmsnorm_rows(x + first * dim, output_norm_, xn, rows, dim, c.rms_eps, stream_);
+    observe(-1, ProjectionInput::lm_head, xn, rows, dim);
+    project(output_, xn, rows, nullptr, logits);
+    if (c.final_softcap > 0.0f) cuda::softcap(logits, rows * c.vocab, c.final_softcap, stream_);
+    n_logit_rows_ = static_cast<int>(rows);
+    host_logits_.resize(static_cast<size_t>(rows) * static_cast<size_t>(c.vocab));
+    host_row_ready_.assign(static_cast<size_t>(rows), false);
+}
+
+std::span<const float> CudaBackend::logits(int row) {
+    if (row < 0 || row >= n_logit_rows_)
+        throw UsageError("logits: row " + std::to_string(row) + " requested but the last forward kept " +
+                         std::to_string(n_logit_rows_));
+    const auto vocab = static_cast<size_t>(config_.vocab);
+    float* host = host_logits_.data() + static_cast<size_t>(row) * vocab;
+    if (!host_row_ready_[static_cast<size_t>(row)]) {
+        cuda_call(cudaMemcpyAsync(host, logits_.floats(0, "logits") + static_cast<size_t>(row) * vocab,
+                                  vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+                  "copying logits to the host");
+        cuda_call(cudaStreamSynchronize(stream_), "copying logits to the host");
+        host_row_ready_[static_cast<size_t>(row)] = true;
+    }
+    return {host, vocab};
+}
+
+void CudaBackend::argmax(std::span<int32_t> per_row) {
+    if (static_cast<int64_t>(per_row.size()) > n_logit_rows_)
+        throw UsageError("argmax: " + std::to_string(per_row.size()) + " rows requested but the last forward kept " +
+                         std::to_string(n_logit_rows_));
+    if (per_row.empty()) return;
+    auto* ids = static_cast<int32_t*>(ids_.reserve(per_row.size() * sizeof(int32_t), "argmax ids"));
+    try {
+        cuda::argmax_rows(logits_.floats(0, "logits"), static_cast<int64_t>(per_row.size()), config_.vocab, ids,
+                          stream_);
+    } catch (const cuda::Error& e) {
+        throw RuntimeFailure(std::string("cuda: ") + e.what());
+    }
+    cuda_call(cudaMemcpyAsync(per_row.data(), ids, per_row.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+              "copying token ids to the host");
+    cuda_call(cudaStreamSynchronize(stream_), "copying token ids to the host");
+}
+
+void CudaBackend::kv_truncate(int32_t n_past) {
+    if (n_past < 0 || n_past > kv_.n_past())
+        throw UsageError("kv_truncate: cannot keep " + std::to_string(n_past) + " positions, the cache holds " +
+                         std::to_string(kv_.n_past()));
+    kv_.set_n_past(n_past);   // later writes overwrite the forgotten positions
+}
+
+KvSnapshot CudaBackend::kv_save(int32_t n) const { return kv_.save(n); }
+void CudaBackend::kv_load(const KvSnapshot& snapshot) { kv_.load(snapshot); }
+KvSnapshot CudaBackend::kv_save_range(int32_t begin, int32_t end) const { return kv_.save_range(begin, end); }
+void CudaBackend::kv_append(const KvSnapshot& range) { kv_.append(range); }
+
+void CudaBackend::kv_erase(int32_t begin, int32_t end) {
+    if (!loaded_) throw UsageError("kv_erase: the backend has no model loaded");
+    if (begin < 0 || end < begin || end > kv_.n_past())
+        throw UsageError("kv_erase: cannot remove positions " + std::to_string(begin) + ".." + std::to_string(end) +
+                         ", the cache holds " + std::to_string(kv_.n_past()));
+    if (end == begin) return;
+    try {
+        for (int32_t l = 0; l < config_.n_layers; ++l) {
+            const LayerConfig& lc = config_.layers[static_cast<size_t>(l)];
+            cuda::RopeParams rope;
+            rope.neox = config_.rope_style == RopeStyle::neox;
+            rope.n_rot = config_.n_rot;
+            rope.base = lc.rope_base;
+            rope.freq_scale = lc.rope_freq_scale;
+            rope.freq_factors = rope_freqs_;
+            cuda::kv_erase(kv_.layer(l), begin, end, kv_.n_past(), rope, stream_);
+        }
+    } catch (const cuda::Error& e) {
+        throw RuntimeFailure(std::string("cuda: ") + e.what());
+    }
+    kv_.set_n_past(kv_.n_past() - (end - begin));
+}
+
+} // namespace TERN_CUDA_ABI
+} // namespace tern

@@ -1,0 +1,106 @@
+#pragma once
+// The CUDA backend: the same straight-line forward as the CPU backend (engine/cpu/backend_cpu.cpp, its
+// reference), on kernels of kernels/cuda. Weights are uploaded once in their GGUF formats; norms and
+// biases as f32. Activations are f32 in device memory; the KV cache lives on the GPU in any KvType
+// (engine/cuda/kv_cache_cuda.h). A decode step copies back one token id (argmax on the device) or, when
+// the caller asks for logits, only the rows it asks for.
+//
+// The same source builds two ways (kernels/cuda/runtime.h): against the CUDA runtime for the binary,
+// and against the CUDA emulator for the tests, where it runs on the CPU and is compared with the CPU
+// backend (tests/test_cuda_backend.cpp).
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cuda/device_buffer.h"
+#include "engine/cuda/kv_cache_cuda.h"
+#include "engine/model_config.h"
+#include "engine/weights.h"
+
+namespace tern {
+inline namespace TERN_CUDA_ABI {
+
+// Which GPU to use and how.
+struct CudaOptions {
+    int device = 0;   // CUDA device index (--device cuda:N)
+};
+
+class CudaBackend final : public Backend {
+public:
+    explicit CudaBackend(const CudaOptions& options = {});
+    ~CudaBackend() override;
+    CudaBackend(const CudaBackend&) = delete;
+    CudaBackend& operator=(const CudaBackend&) = delete;
+
+    // GPU memory: weights (all of them, as stored), the KV cache and one batch's activations.
+    MemoryNeed plan_memory(const ModelConfig& config, const ModelWeights& weights,
+                           const MemoryRequest& request) const override;
+    std::vector<MemoryLimit> memory_limits() const override;
+    // Throws InputError for a weight format the CUDA kernels do not read (kernels/cuda/matmul.h).
+    void load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) override;
+    void forward(const ForwardBatch& batch) override;
+    std::span<const float> logits(int row) override;
+    void argmax(std::span<int32_t> per_row) override;
+    int32_t n_past() const override { return kv_.n_past(); }
+    void kv_truncate(int32_t n_past) override;
+    KvSnapshot kv_save(int32_t n) const override;
+    void kv_load(const KvSnapshot& snapshot) override;
+    KvSnapshot kv_save_range(int32_t begin, int32_t end) const override;
+    void kv_append(const KvSnapshot& range) override;
+    void kv_erase(int32_t begin, int32_t end) override;
+    DeviceKind device_kind() const override { return DeviceKind::cuda; }
+    std::string device_name() const override { return "cuda:" + std::to_string(device_); }
+    // The projection inputs are copied back to the host for the observer (calibration on the GPU).
+    void set_observer(ForwardObserver* observer) override { observer_ = observer; }
+
+    int n_logit_rows() const { return n_logit_rows_; }
+
+private:
+    // A weight as uploaded: its format and shape, and where its bytes are in weights_buffer_.
+    struct DeviceWeight {
+        GgmlType type = GgmlType::F32;
+        int64_t n_in = 0, n_out = 0;
+        const void* data = nullptr;   // null when the optional tensor is absent
+    };
+    struct DeviceLayer {
+        DeviceWeight wq, wk, wv, wo, w_gate, w_up, w_down;
+        // f32 vectors (device), null when absent.
+        const float *attn_norm = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr,
+                    *k_norm = nullptr, *bo = nullptr, *post_attn_norm = nullptr, *ffn_norm = nullptr,
+                    *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr, *post_ffn_norm = nullptr;
+    };
+
+    void upload_weights(const ModelWeights& weights);
+    // y (n, w.n_out) = W x (+ bias) on the backend's stream.
+    void project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y);
+    void observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width);
+    void forward_on_device(const ForwardBatch& batch);
+
+    int device_ = 0;
+    cudaStream_t stream_ = nullptr;
+    ModelConfig config_;
+    bool loaded_ = false;
+    ForwardObserver* observer_ = nullptr;
+
+    DeviceBuffer weights_buffer_;   // every matrix, in its GGUF format, one allocation
+    DeviceBuffer vectors_buffer_;   // norms, biases, rope factors as f32
+    DeviceWeight token_embd_, output_;
+    const float* output_norm_ = nullptr;
+    const float* rope_freqs_ = nullptr;
+    std::vector<DeviceLayer> layers_;
+
+    CudaKvCache kv_;
+
+    // One forward's activations, grown to the largest batch seen.
+    DeviceScratch tokens_, x_, xn_, q_, k_, v_, att_, gate_, up_, out_, logits_, ids_;
+    int n_logit_rows_ = 0;
+    // Host copies of logit rows, fetched on first request after each forward.
+    std::vector<float> host_logits_;
+    std::vector<bool> host_row_ready_;
+    std::vector<float> observed_;   // a projection input copied back for the observer
+};
+
+} // namespace TERN_CUDA_ABI
+} // namespace tern

@@ -1,0 +1,126 @@
+#include "engine/kv_snapshot.h"
+
+#include <cstring>
+#include <string>
+
+#include "base/error.h"
+
+namespace tern {
+namespace {
+
+// "TKV2" snapshots hold each head's first n rows in the cache's stored row format (kv_row_bytes), which
+// for f32/f16/bf16 is byte for byte what "TKV1" (before the block formats existed) held, so both load.
+constexpr int32_t kSnapshotMagicV1 = 0x31564B54; // "TKV1" little-endian
+constexpr int32_t kSnapshotMagic = 0x32564B54;   // "TKV2"
+constexpr int kHeaderInts = 7;                   // magic, kv_type, n_layers, head_dim, head_dim_v, n_ctx, n
+// Range snapshots keep the same seven ints with n_ctx replaced by the first position: a block restores
+// into a cache of any context size.
+constexpr int32_t kRangeMagic = 0x31524B54;      // "TKR1"
+
+size_t k_rows_bytes(const KvSnapshotShape& s, int32_t n) {
+    return static_cast<size_t>(n) * kv_row_bytes(s.type, s.head_dim);
+}
+size_t v_rows_bytes(const KvSnapshotShape& s, int32_t n) {
+    return static_cast<size_t>(n) * kv_row_bytes(s.type, s.head_dim_v);
+}
+
+KvSnapshot pack(const KvSnapshotShape& s, int32_t magic, int32_t field5, int32_t begin, int32_t n,
+                const KvRowsOut& out) {
+    KvSnapshot snap;
+    snap.n_past = n;
+    snap.kv_type = s.type;
+    const int32_t header[kHeaderInts] = {magic,      static_cast<int32_t>(s.type), static_cast<int32_t>(s.n_kv_heads.size()),
+                                         s.head_dim, s.head_dim_v,                 field5,
+                                         n};
+    const size_t k_bytes = k_rows_bytes(s, n), v_bytes = v_rows_bytes(s, n);
+    size_t total = sizeof header;
+    for (int32_t h : s.n_kv_heads)
+        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    snap.bytes.resize(total);
+    uint8_t* dst = snap.bytes.data();
+    std::memcpy(dst, header, sizeof header);
+    dst += sizeof header;
+    for (size_t l = 0; l < s.n_kv_heads.size(); ++l) {
+        for (int32_t h = 0; h < s.n_kv_heads[l]; ++h) {
+            out(l, h, false, begin, n, dst);
+            dst += k_bytes;
+            out(l, h, true, begin, n, dst);
+            dst += v_bytes;
+        }
+    }
+    return snap;
+}
+
+// The rows of a pack()ed snapshot (header already checked) into positions [begin, begin + n). `what`
+// starts the error for a wrong size, which is checked before anything is copied.
+void unpack(const KvSnapshotShape& s, const KvSnapshot& snap, const char* what, int32_t begin, int32_t n,
+            const KvRowsIn& in) {
+    const size_t k_bytes = k_rows_bytes(s, n), v_bytes = v_rows_bytes(s, n);
+    size_t total = kHeaderInts * sizeof(int32_t);
+    for (int32_t h : s.n_kv_heads)
+        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    if (snap.bytes.size() != total)
+        throw UsageError(std::string(what) + " has " + std::to_string(snap.bytes.size()) + " bytes but " +
+                         std::to_string(total) + " were expected");
+    const uint8_t* src = snap.bytes.data() + kHeaderInts * sizeof(int32_t);
+    for (size_t l = 0; l < s.n_kv_heads.size(); ++l) {
+        for (int32_t h = 0; h < s.n_kv_heads[l]; ++h) {
+            in(l, h, false, begin, n, src);
+            src += k_bytes;
+            in(l, h, true, begin, n, src);
+            src += v_bytes;
+        }
+    }
+}
+
+bool same_shape(const KvSnapshotShape& s, const int32_t* header) {
+    return header[1] == static_cast<int32_t>(s.type) && header[2] == static_cast<int32_t>(s.n_kv_heads.size()) &&
+           header[3] == s.head_dim && header[4] == s.head_dim_v;
+}
+
+} // namespace
+
+KvSnapshot kv_snapshot_whole(const KvSnapshotShape& shape, int32_t n, const KvRowsOut& out) {
+    return pack(shape, kSnapshotMagic, shape.n_ctx, 0, n, out);
+}
+
+KvSnapshot kv_snapshot_range(const KvSnapshotShape& shape, int32_t begin, int32_t end, const KvRowsOut& out) {
+    return pack(shape, kRangeMagic, begin, begin, end - begin, out);
+}
+
+int32_t kv_restore_whole(const KvSnapshotShape& shape, const KvSnapshot& s, const KvRowsIn& in) {
+    int32_t header[kHeaderInts] = {};
+    if (s.bytes.size() < sizeof header) throw UsageError("kv_load: the snapshot is too short to be a KV snapshot");
+    std::memcpy(header, s.bytes.data(), sizeof header);
+    const int32_t n = header[6];
+    const KvType t = shape.type;
+    const bool v1 = header[0] == kSnapshotMagicV1 && (t == KvType::f32 || t == KvType::f16 || t == KvType::bf16);
+    if ((header[0] != kSnapshotMagic && !v1) || !same_shape(shape, header))
+        throw UsageError("kv_load: the snapshot was taken from a different model or KV type (" +
+                         std::string(kv_type_name(s.kv_type)) + ", cache is " + std::string(kv_type_name(t)) + ")");
+    if (n < 0 || n > shape.n_ctx)
+        throw UsageError("kv_load: the snapshot holds " + std::to_string(n) + " positions but the context is " +
+                         std::to_string(shape.n_ctx));
+    unpack(shape, s, "kv_load: the snapshot", 0, n, in);
+    return n;
+}
+
+int32_t kv_restore_range(const KvSnapshotShape& shape, int32_t n_past, const KvSnapshot& s, const KvRowsIn& in) {
+    int32_t header[kHeaderInts] = {};
+    if (s.bytes.size() < sizeof header) throw UsageError("kv_append: the snapshot is too short to be a KV range");
+    std::memcpy(header, s.bytes.data(), sizeof header);
+    if (header[0] != kRangeMagic || !same_shape(shape, header))
+        throw UsageError("kv_append: the range was taken from a different model or KV type (cache is " +
+                         std::string(kv_type_name(shape.type)) + ")");
+    const int32_t begin = header[5], n = header[6];
+    if (begin != n_past)
+        throw UsageError("kv_append: the range starts at position " + std::to_string(begin) + " but the cache holds " +
+                         std::to_string(n_past));
+    if (n < 0 || n > shape.n_ctx - n_past)
+        throw UsageError("kv_append: the range holds " + std::to_string(n) + " positions but only " +
+                         std::to_string(shape.n_ctx - n_past) + " are free");
+    unpack(shape, s, "kv_append: the range", begin, n, in);
+    return n;
+}
+
+} // namespace tern

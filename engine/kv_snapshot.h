@@ -1,0 +1,41 @@
+#pragma once
+// The byte format of KV snapshots (Backend::kv_save / kv_save_range), shared by every backend whose
+// cache has the CPU's layout (engine/cpu/kv_cache.h): a header of seven int32 (magic, KV type, layers,
+// head_dim, head_dim_v, n_ctx or first position, positions), then per layer, per KV head, that head's K
+// rows and V rows in the cache's row format. So a prefix-cache file or a /save taken on one device
+// loads on another. Each backend supplies only the copy of a run of rows between its memory and the
+// snapshot bytes.
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace tern {
+
+// The shape a snapshot must match.
+struct KvSnapshotShape {
+    KvType type = KvType::f16;
+    std::vector<int32_t> n_kv_heads;   // per layer
+    int32_t head_dim = 0, head_dim_v = 0, n_ctx = 0;
+};
+
+// Copies `n` consecutive rows of one head's K (value false) or V (value true) of `layer`, starting at
+// position `pos`, to or from `bytes` (n * row bytes of that kind).
+using KvRowsOut = std::function<void(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes)>;
+using KvRowsIn =
+    std::function<void(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes)>;
+
+// The first n positions ("TKV2"); the caller has checked 0 <= n <= n_past.
+KvSnapshot kv_snapshot_whole(const KvSnapshotShape& shape, int32_t n, const KvRowsOut& out);
+// Positions [begin, end) ("TKR1"); the caller has checked the range.
+KvSnapshot kv_snapshot_range(const KvSnapshotShape& shape, int32_t begin, int32_t end, const KvRowsOut& out);
+
+// Restores a whole snapshot (kv_load; "TKV1" too for the float formats) and returns its positions.
+// Throws UsageError naming what differs when it was taken from another shape or type, or does not fit.
+int32_t kv_restore_whole(const KvSnapshotShape& shape, const KvSnapshot& snapshot, const KvRowsIn& in);
+// Appends a range snapshot at n_past (kv_append) and returns its positions. Throws UsageError, having
+// copied nothing, when it does not fit: another shape or type, another start, wrong length, past n_ctx.
+int32_t kv_restore_range(const KvSnapshotShape& shape, int32_t n_past, const KvSnapshot& range, const KvRowsIn& in);
+
+} // namespace tern

@@ -1,0 +1,319 @@
+// The whole CUDA backend (engine/cuda) against the CPU backend, on every file of ../shared/models/gguf, a
+// few of ../shared/models/synth and tiny synthetic qwen3 / gemma3 files. Under the CUDA emulator in CI
+// (the kernels run on the CPU), on a GPU with TERN_CUDA_TESTS=device.
+//
+// The CPU side runs with exact_matmul (dequantized weights x f32 activations, the arithmetic the CUDA
+// kernels use), so the two differ only by f32 summation order:
+//   - teacher-forced logits along llama.cpp's greedy path (reference/<stem>/<slug>.json: prompt +
+//     generated tokens in one batch, every row kept), normalised error max|cuda - cpu| / max|cpu| per row;
+//   - greedy ids over 32 decoded tokens (prompt in one batch, then one token a forward, argmax on the
+//     device), equal until the CPU's top-two margin is a near-tie;
+//   - the KV formats, the prefix cache's range save / append across backends, the context shift, a
+//     draft-verification batch and the forward observer once each.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/backend_cpu.h"
+#include "engine/cuda/backend_cuda.h"
+#include "engine/model.h"
+#include "engine/tools/synth.h"
+#include "tests/test_support.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace tern {
+namespace {
+
+// f32 summation-order differences through a handful of layers: measured below 1e-4 on every file here
+// (the largest is printed); 1e-3 leaves room for the device's own order (FMA contraction, other splits).
+constexpr double kLogitTolerance = 1e-3;
+// KV rows in q8_0 / f8_e4m3: both backends store the same bytes, but the CPU's flash kernels read them
+// through their own conversions and accumulation order; still far below one quantization step of a logit.
+constexpr double kQuantizedKvTolerance = 1e-2;
+// A greedy step whose top two CPU logits are closer than this (relative to the row's largest magnitude)
+// is a near-tie: either id is right, and the paths may part there.
+constexpr double kNearTie = 2e-3;
+constexpr int kGreedySteps = 32;
+
+json read_json(const fs::path& p) {
+    std::ifstream f(p);
+    return json::parse(f);
+}
+
+// The shared files the suite runs: all real ones and a few synthetic ones covering the formats and
+// architectures the real ones lack (q2_K, q3_K, q4_1, q5_0, q5_1, q5_K, bf16, qwen2, a tied output).
+std::vector<std::string> model_stems() {
+    std::vector<std::string> stems;
+    for (const auto& e : fs::directory_iterator(test::shared_path("models/gguf")))
+        if (e.path().extension() == ".gguf") stems.push_back(e.path().stem().string());
+    std::sort(stems.begin(), stems.end());
+    for (const char* s : {"synth-k256-q2_k", "synth-k256-q3_k_m", "synth-k256-q4_1", "synth-k256-q5_0",
+                          "synth-k256-q5_1", "synth-k256-q5_k_m", "synth-k256-bf16", "synth-k256-tied-q8_0",
+                          "synth-qwen2-k256-q4_k_m"})
+        stems.push_back(s);
+    return stems;
+}
+
+std::string model_path(const std::string& stem) {
+    const fs::path gguf = test::shared_path("models/gguf/" + stem + ".gguf");
+    return fs::exists(gguf) ? gguf.string() : test::shared_path("models/synth/" + stem + ".gguf").string();
+}
+
+// Every logit row of one teacher-forced batch.
+std::vector<std::vector<float>> batch_logits(Backend& b, const std::vector<int32_t>& tokens) {
+    b.forward({tokens, b.n_past(), LogitsWanted::all});
+    std::vector<std::vector<float>> rows;
+    for (size_t r = 0; r < tokens.size(); ++r) {
+        const std::span<const float> row = b.logits(static_cast<int>(r));
+        rows.emplace_back(row.begin(), row.end());
+    }
+    return rows;
+}
+
+double row_error(std::span<const float> got, std::span<const float> want) {
+    double diff = 0.0, scale = 0.0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+    }
+    return diff / std::max(scale, 1e-30);
+}
+
+double max_row_error(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+    REQUIRE(got.size() == want.size());
+    double worst = 0.0;
+    for (size_t r = 0; r < want.size(); ++r) worst = std::max(worst, row_error(got[r], want[r]));
+    return worst;
+}
+
+// Whether the row's best two logits are within kNearTie of each other.
+bool near_tie(std::span<const float> row) {
+    float first = -INFINITY, second = -INFINITY, scale = 0.0f;
+    for (float v : row) {
+        scale = std::max(scale, std::fabs(v));
+        if (v > first) {
+            second = first;
+            first = v;
+        } else if (v > second) {
+            second = v;
+        }
+    }
+    return first - second <= kNearTie * scale;
+}
+
+// Greedy decode: the prompt in one batch, then kGreedySteps tokens one forward each. Returns the ids and
+// whether each step's CPU row was a near-tie (only filled when `ties` is given).
+std::vector<int32_t> greedy(Backend& b, const std::vector<int32_t>& prompt, std::vector<bool>* ties = nullptr) {
+    std::vector<int32_t> ids;
+    b.forward({prompt, 0, LogitsWanted::last});
+    for (int step = 0; step < kGreedySteps; ++step) {
+        int32_t next = 0;
+        b.argmax({&next, 1});
+        if (ties) ties->push_back(near_tie(b.logits(0)));
+        ids.push_back(next);
+        if (step + 1 < kGreedySteps) b.forward({std::vector<int32_t>{next}, b.n_past(), LogitsWanted::last});
+    }
+    return ids;
+}
+
+// CUDA's ids equal the CPU's up to the first step where the CPU saw a near-tie (the paths may part there).
+void check_greedy(const std::vector<int32_t>& cuda, const std::vector<int32_t>& cpu, const std::vector<bool>& ties) {
+    for (size_t i = 0; i < cpu.size(); ++i) {
+        if (cuda[i] == cpu[i]) continue;
+        CAPTURE(i);
+        CHECK_MESSAGE(ties[i], "greedy ids part at step " << i << " without a near-tie: cuda " << cuda[i] << ", cpu "
+                                                           << cpu[i]);
+        return;
+    }
+}
+
+struct Opened {
+    Model model;
+    std::unique_ptr<Backend> cpu, cuda;
+};
+
+Opened open_both(const std::string& path, int32_t n_ctx, KvType kv = KvType::f32) {
+    Opened o{load_model(path), std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>()};
+    o.cpu->load(o.model.config, o.model.weights, RunOptions{n_ctx, kv});
+    o.cuda->load(o.model.config, o.model.weights, RunOptions{n_ctx, kv});
+    return o;
+}
+
+std::string synth_file(const test::TempDir& dir, const std::string& shape, const std::string& type) {
+    const std::string path = (dir / (shape + "-" + type + ".gguf")).string();
+    SynthOptions o;
+    o.shape = shape;
+    o.type = type;
+    o.n_threads = 1;
+    o.on_warning = [](const std::string&) {};
+    write_synth_model(o, path);
+    return path;
+}
+
+std::vector<int32_t> ramp_tokens(int n, int32_t vocab) {
+    std::vector<int32_t> t;
+    for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((1 + 37 * i) % vocab));
+    return t;
+}
+
+} // namespace
+
+TEST_CASE("cuda backend: teacher-forced logits and greedy ids equal the CPU backend's on the shared models") {
+    if (!test::shared_available()) return;
+    double worst = 0.0;
+    std::string worst_case;
+    for (const std::string& stem : model_stems()) {
+        CAPTURE(stem);
+        const json ref = read_json(test::shared_path("reference/" + stem + "/once-upon-a-time.json"));
+        std::vector<int32_t> tokens = ref.at("prompt_tokens").get<std::vector<int32_t>>();
+        const std::vector<int32_t> prompt = tokens;
+        for (int32_t t : ref.at("generated_tokens").get<std::vector<int32_t>>()) tokens.push_back(t);
+        const int32_t n_ctx = static_cast<int32_t>(tokens.size()) + kGreedySteps + 8;
+
+        Opened o = open_both(model_path(stem), n_ctx);
+        const double e = max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens));
+        CHECK(e < kLogitTolerance);
+        if (e > worst) worst = e, worst_case = stem;
+
+        o.cpu->kv_truncate(0);
+        o.cuda->kv_truncate(0);
+        std::vector<bool> ties;
+        const std::vector<int32_t> cpu_ids = greedy(*o.cpu, prompt, &ties);
+        check_greedy(greedy(*o.cuda, prompt), cpu_ids, ties);
+    }
+    MESSAGE("largest normalised logit error " << worst << " (" << worst_case << ")");
+}
+
+TEST_CASE("cuda backend: qwen3 and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding scale)") {
+    test::TempDir dir;
+    for (const char* shape : {"tiny-qwen3", "tiny-gemma3"}) {
+        for (const char* type : {"f16", "q4_k_m"}) {
+            CAPTURE(shape);
+            CAPTURE(type);
+            const std::string path = synth_file(dir, shape, type);
+            // Past gemma3's 512-position local window is too slow under the emulator; the window logic is
+            // covered by the attention kernel tests with small windows.
+            const std::vector<int32_t> tokens = ramp_tokens(24, 2048);
+            Opened o = open_both(path, 64);
+            CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+        }
+    }
+}
+
+TEST_CASE("cuda backend: every KV cache format") {
+    if (!test::shared_available()) return;
+    const std::vector<int32_t> tokens = ramp_tokens(40, 512);
+    for (KvType kv : {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3}) {
+        CAPTURE(kv_type_name(kv));
+        Opened o = open_both(model_path("synth-k256-q8_0"), 64, kv);
+        const double e = max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens));
+        CHECK(e < (kv_format_info(kv).quantized ? kQuantizedKvTolerance : kLogitTolerance));
+        // Both caches hold the same bytes: the stores are bit-exact with the CPU's.
+        CHECK(o.cuda->kv_save(40).bytes == o.cpu->kv_save(40).bytes);
+    }
+}
+
+TEST_CASE("cuda backend: a prefix cache range saved on the CPU restores on the GPU and the other way round") {
+    if (!test::shared_available()) return;
+    const std::vector<int32_t> prompt = ramp_tokens(30, 512);
+    Opened o = open_both(model_path("llama2xs-tok512-q4_0"), 64, KvType::f16);
+    o.cpu->forward({prompt, 0, LogitsWanted::last});
+    o.cuda->forward({std::vector<int32_t>(prompt.begin(), prompt.begin() + 10), 0, LogitsWanted::last});
+    // GPU: its own first 10 positions, then the CPU's positions 10..30 as a prefix-cache block.
+    o.cuda->kv_append(o.cpu->kv_save_range(10, 30));
+    CHECK(o.cuda->n_past() == 30);
+    CHECK(o.cuda->kv_save_range(0, 30).bytes == o.cpu->kv_save_range(0, 30).bytes);
+    const std::vector<int32_t> next = {7};
+    o.cpu->forward({next, 30, LogitsWanted::last});
+    o.cuda->forward({next, 30, LogitsWanted::last});
+    CHECK(row_error(o.cuda->logits(0), o.cpu->logits(0)) < kLogitTolerance);
+
+    // A whole snapshot from the GPU loads on the CPU (chat /save on one device, /load on another).
+    o.cpu->kv_load(o.cuda->kv_save(31));
+    CHECK(o.cpu->n_past() == 31);
+    // A range of another shape is refused with the CPU's words, leaving the cache as it was.
+    Opened other = open_both(model_path("stories260K-f32"), 64, KvType::f16);
+    other.cpu->forward({std::vector<int32_t>{1, 2, 3}, 0, LogitsWanted::last});
+    CHECK_THROWS_WITH_AS(o.cuda->kv_append(other.cpu->kv_save_range(0, 3)),
+                         doctest::Contains("taken from a different model or KV type"), UsageError);
+    CHECK(o.cuda->n_past() == 31);
+}
+
+TEST_CASE("cuda backend: the context shift moves and turns the cache as the CPU's does") {
+    if (!test::shared_available()) return;
+    for (const std::string stem : {"stories260K-f32", "synth-qwen2-k256-f16"}) {
+        CAPTURE(stem);
+        Opened o = open_both(model_path(stem), 64, KvType::f16);
+        const std::vector<int32_t> prompt = ramp_tokens(40, 512);
+        o.cpu->forward({prompt, 0, LogitsWanted::last});
+        o.cuda->forward({prompt, 0, LogitsWanted::last});
+        o.cpu->kv_erase(5, 17);
+        o.cuda->kv_erase(5, 17);
+        CHECK(o.cuda->n_past() == 28);
+        const std::vector<int32_t> next = {11, 12};
+        o.cpu->forward({next, 28, LogitsWanted::all});
+        o.cuda->forward({next, 28, LogitsWanted::all});
+        for (int r = 0; r < 2; ++r) CHECK(row_error(o.cuda->logits(r), o.cpu->logits(r)) < kLogitTolerance);
+    }
+}
+
+TEST_CASE("cuda backend: a draft-verification batch gives each row what one-token forwards give") {
+    if (!test::shared_available()) return;
+    Opened o = open_both(model_path("babyllama-tok105-q4_k_m"), 64, KvType::f16);
+    const std::vector<int32_t> prompt = ramp_tokens(12, 105), drafts = {5, 9, 14, 3, 22, 7, 8, 40};
+    o.cuda->forward({prompt, 0, LogitsWanted::last});
+    o.cuda->forward({drafts, 12, LogitsWanted::all});
+    std::vector<std::vector<float>> verified;
+    for (int r = 0; r < 8; ++r) verified.emplace_back(o.cuda->logits(r).begin(), o.cuda->logits(r).end());
+    std::vector<int32_t> batch_ids(8);
+    o.cuda->argmax(batch_ids);
+    o.cuda->kv_truncate(12);
+    for (int r = 0; r < 8; ++r) {
+        o.cuda->forward({std::vector<int32_t>{drafts[static_cast<size_t>(r)]}, 12 + r, LogitsWanted::last});
+        CHECK(row_error(o.cuda->logits(0), verified[static_cast<size_t>(r)]) < kLogitTolerance);
+        int32_t id = -1;
+        o.cuda->argmax({&id, 1});
+        if (!near_tie(o.cuda->logits(0))) CHECK(id == batch_ids[static_cast<size_t>(r)]);
+    }
+}
+
+TEST_CASE("cuda backend: the forward observer sees the CPU's projection inputs") {
+    if (!test::shared_available()) return;
+    struct Recorder : ForwardObserver {
+        std::vector<std::vector<float>> seen;
+        void matmul_input(int32_t, ProjectionInput, const float* x, int64_t rows, int64_t width) override {
+            seen.emplace_back(x, x + rows * width);
+        }
+    } cpu_seen, cuda_seen;
+    Opened o = open_both(model_path("stories260K-f32"), 32);
+    o.cpu->set_observer(&cpu_seen);
+    o.cuda->set_observer(&cuda_seen);
+    const std::vector<int32_t> tokens = ramp_tokens(6, 512);
+    o.cpu->forward({tokens, 0, LogitsWanted::all});
+    o.cuda->forward({tokens, 0, LogitsWanted::all});
+    REQUIRE(cuda_seen.seen.size() == cpu_seen.seen.size());
+    for (size_t i = 0; i < cpu_seen.seen.size(); ++i) CHECK(row_error(cuda_seen.seen[i], cpu_seen.seen[i]) < kLogitTolerance);
+}
+
+TEST_CASE("cuda backend: bad batches are refused as on the CPU") {
+    if (!test::shared_available()) return;
+    Opened o = open_both(model_path("stories260K-f32"), 8);
+    CHECK_THROWS_AS(o.cuda->forward({std::vector<int32_t>{}, 0, LogitsWanted::last}), UsageError);
+    CHECK_THROWS_AS(o.cuda->forward({std::vector<int32_t>{1}, 3, LogitsWanted::last}), UsageError);
+    CHECK_THROWS_AS(o.cuda->forward({std::vector<int32_t>{100000}, 0, LogitsWanted::last}), UsageError);
+    CHECK_THROWS_AS(o.cuda->forward({ramp_tokens(9, 512), 0, LogitsWanted::last}), UsageError);
+    CHECK_THROWS_AS(o.cuda->logits(0), UsageError);
+    CHECK(o.cuda->device_kind() == DeviceKind::cuda);
+    CHECK(o.cuda->device_name() == "cuda:0");
+}
+
+} // namespace tern
