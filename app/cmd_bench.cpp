@@ -23,6 +23,7 @@
 #include "app/console.h"
 #include "app/model_summary.h"
 #include "engine/backend.h"
+#include "engine/backend_factory.h"
 #include "engine/tools/bench.h"
 #include "engine/model.h"
 #include "engine/tools/synth.h"
@@ -31,6 +32,7 @@
 #include "kernels/cpu/membw.h"
 #include "quant/plan.h"
 #include "kernels/cpu_features.h"
+#include "kernels/gpu_info.h"
 
 namespace tern::app {
 
@@ -192,8 +194,8 @@ int run_bench_command(BenchArgs& a) {
                           : static_cast<double>(weight_bytes_per_token(model.weights, model.config));
     const double decode_gbps = bytes_per_token * r.decode_tps / 1e9;
 
-    // The CPU's ceiling, measured after the timed runs so its buffer never competes with them. A GPU's
-    // peak is not what this probe measures; there it is only reported when given.
+    // The device's ceiling, measured after the timed runs so its buffers never compete with them: the
+    // CPU's read bandwidth, or the GPU's copy bandwidth.
     double peak = a.peak_gbps;
     std::string peak_method = peak > 0 ? "given (--peak-gbps)" : "";
     double plain_peak = 0;   // the plain loop's best (STREAM's number), beside the peak of the faster loop
@@ -202,6 +204,8 @@ int run_bench_command(BenchArgs& a) {
         peak = bw.best_gbps;
         plain_peak = bw.plain_best_gbps;
         peak_method = bw.method;
+    } else if (peak == 0 && backend->device_kind() == DeviceKind::cuda) {
+        peak = measure_cuda_copy_gbps(parse_device(device) ? parse_device(device)->index : 0, &peak_method);
     }
 
     const std::string format = model_format(model.file);

@@ -18,4 +18,10 @@ bool cuda_compiled();
 // Empty when no device is usable; then *why_none says why (no driver, no device, ...).
 std::vector<GpuInfo> list_cuda_devices(std::string* why_none);
 
+// The device's measured copy bandwidth in GB/s: the best of several device-to-device copies of a large
+// buffer, counting the bytes read and written (2 x size / time, the convention of CUDA's bandwidthTest
+// and of the ceiling a decode step's weight reads are compared with). 0 when it cannot be measured;
+// *method then says why, else how it was measured.
+double measure_cuda_copy_gbps(int device, std::string* method);
+
 } // namespace tern

@@ -9,4 +9,9 @@ std::vector<GpuInfo> list_cuda_devices(std::string* why_none) {
     return {};
 }
 
+double measure_cuda_copy_gbps(int, std::string* method) {
+    if (method) *method = "tern was built without CUDA";
+    return 0.0;
+}
+
 } // namespace tern

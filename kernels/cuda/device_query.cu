@@ -2,6 +2,8 @@
 // driver or a GPU is the normal case for a CPU user.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/gpu_info.h"
 
 namespace tern {
@@ -36,6 +38,49 @@ std::vector<GpuInfo> list_cuda_devices(std::string* why_none) {
     }
     if (out.empty() && why_none) *why_none = "no CUDA device found";
     return out;
+}
+
+double measure_cuda_copy_gbps(int device, std::string* method) {
+    auto fail = [&](const char* what, cudaError_t e) {
+        if (method) *method = std::string(what) + ": " + cudaGetErrorString(e);
+        cudaGetLastError();
+        return 0.0;
+    };
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return fail("cudaSetDevice", e);
+    // 1 GiB halves, or a quarter of the free memory on small devices.
+    size_t free_b = 0, total_b = 0;
+    if ((e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) return fail("cudaMemGetInfo", e);
+    const size_t bytes = std::min<size_t>(size_t(1) << 30, free_b / 4) & ~size_t(4095);
+    void *a = nullptr, *b = nullptr;
+    if ((e = cudaMalloc(&a, bytes)) != cudaSuccess) return fail("cudaMalloc", e);
+    if ((e = cudaMalloc(&b, bytes)) != cudaSuccess) {
+        cudaFree(a);
+        return fail("cudaMalloc", e);
+    }
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    cudaMemset(a, 1, bytes);
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);   // warm-up
+    float best_ms = 0.0f;
+    for (int i = 0; i < 8; ++i) {
+        cudaEventRecord(start);
+        cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(stop);
+        cudaEventSynchronize(stop);
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, start, stop);
+        if (ms > 0.0f && (best_ms == 0.0f || ms < best_ms)) best_ms = ms;
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaFree(a);
+    cudaFree(b);
+    if ((e = cudaGetLastError()) != cudaSuccess || best_ms == 0.0f) return fail("copy", e);
+    if (method)
+        *method = "best of 8 device-to-device copies of " + std::to_string(bytes >> 20) + " MiB, read + write bytes";
+    return 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3) / 1e9;
 }
 
 } // namespace tern
