@@ -8,7 +8,7 @@
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
 
-// y = RMSNorm(x) * w for each of `rows` rows of `width`; in place when x == y.
+// y = RMSNorm(x) * w for each of `rows` rows of `width` (w null: no weight); in place when x == y.
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t width, float eps,
                   cudaStream_t stream);
 
@@ -21,11 +21,20 @@ void add_residual(float* x, const float* y, const float* w, int64_t rows, int64_
 void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 void geglu_tanh(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 
-// x = cap * tanh(x / cap), n elements in place.
+// x = cap * tanh(x / cap), n elements in place; cap > 0.
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 
-// out[r] = the index of the largest value of row r (`rows` rows of `width`); the lowest index wins ties.
+// out[r] = the index of the largest value of row r (`rows` rows of `width`, no NaN); the lowest index wins
+// ties (-0.0 and +0.0 tie).
 void argmax_rows(const float* x, int64_t rows, int64_t width, int32_t* out, cudaStream_t stream);
+
+// The same answer with each row read by many blocks at once (argmax_rows reads a row with one block, one
+// SM: a 262144-wide vocabulary row then takes ~10 us where the whole GPU takes ~1): the blocks' partial
+// results go to `scratch`, device memory of argmax_rows_split_scratch_bytes(rows, width) bytes, 16-byte
+// aligned, which a second kernel folds. rows < 65536.
+int64_t argmax_rows_split_scratch_bytes(int64_t rows, int64_t width);
+void argmax_rows_split(const float* x, int64_t rows, int64_t width, int32_t* out, void* scratch,
+                       cudaStream_t stream);
 
 } // namespace TERN_CUDA_ABI
 } // namespace tern::cuda
