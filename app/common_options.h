@@ -22,7 +22,7 @@ struct ModelOptions {
     int threads = 0;               // -t; 0 = physical cores
     std::string kv_type = "f16";   // --kv-type
     int32_t ctx_size = 0;          // -c; 0 = the model's context, capped to what memory allows
-    int32_t gpu_layers = -1;       // -ngl; -1 = all (accepted; the CPU backend ignores it)
+    int32_t gpu_layers = -1;       // -ngl; -1 = all (on a GPU; ignored on the CPU)
 };
 
 // -m/--model (required), -c/--ctx-size, -t/--threads, --kv-type, --device, --gpu-layers.

@@ -24,6 +24,10 @@ enum class DeviceKind { cpu, cuda };
 struct RunOptions {
     int32_t n_ctx = 0;            // KV cache positions to allocate (> 0)
     KvType kv_type = KvType::f16;
+    // The model's index of the first layer given to load(): a model split across devices (partial
+    // offload, engine/split_backend.h) loads each backend with a slice of its layers. Observers see
+    // layers by the model's numbering.
+    int32_t first_layer = 0;
 };
 
 // Which logit rows a forward keeps: the last token's only (decode, prefill), or every token's
@@ -34,6 +38,11 @@ struct ForwardBatch {
     std::span<const int32_t> tokens;   // N tokens at positions pos0 .. pos0+N-1
     int32_t pos0 = 0;                  // must equal the number of positions already in the KV cache
     LogitsWanted wanted = LogitsWanted::last;
+    // A backend loaded with a slice of the layers (engine/split_backend.h): without token_embd it reads
+    // the residual stream entering its first layer from hidden_in, without an output matrix it writes
+    // the stream leaving its last layer to hidden_out (and keeps no logits). Host memory, (N, dim) f32.
+    const float* hidden_in = nullptr;
+    float* hidden_out = nullptr;
 };
 
 // The projections of the forward, grouped by the activation they read: q/k/v all read the attention

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "engine/cpu/backend_cpu.h"
+#include "engine/split_backend.h"
 #if defined(TERN_HAVE_CUDA)
 #include "engine/cuda/backend_cuda.h"
 #endif
@@ -39,7 +40,19 @@ std::optional<DeviceChoice> parse_device(std::string_view device) {
     return std::nullopt;
 }
 
-std::unique_ptr<Backend> make_backend(std::string_view device, const CpuOptions& cpu, std::string* note) {
+#if defined(TERN_HAVE_CUDA)
+std::unique_ptr<Backend> gpu_backend(int index, const CpuOptions& cpu, int32_t gpu_layers) {
+    auto gpu = std::make_unique<CudaBackend>(CudaOptions{index});
+    if (gpu_layers < 0) return gpu;
+    return std::make_unique<SplitBackend>(std::make_unique<CpuBackend>(cpu), std::move(gpu), gpu_layers);
+}
+#endif
+
+std::unique_ptr<Backend> make_backend(std::string_view device, const CpuOptions& cpu, std::string* note,
+                                      int32_t gpu_layers) {
+#if !defined(TERN_HAVE_CUDA)
+    (void)gpu_layers;   // no GPU to put layers on
+#endif
     if (note) note->clear();
     const std::optional<DeviceChoice> choice = parse_device(device);
     if (!choice) throw DeviceUnavailable(std::string(device), DeviceUnavailable::Reason::unknown);
@@ -47,7 +60,7 @@ std::unique_ptr<Backend> make_backend(std::string_view device, const CpuOptions&
 #if defined(TERN_HAVE_CUDA)
         std::string why;
         const std::vector<GpuInfo> gpus = list_cuda_devices(&why);
-        if (!gpus.empty()) return std::make_unique<CudaBackend>(CudaOptions{gpus.front().index});
+        if (!gpus.empty()) return gpu_backend(gpus.front().index, cpu, gpu_layers);
         if (note) *note = "device auto: " + why + "; running on the cpu";
 #endif
         return std::make_unique<CpuBackend>(cpu);
@@ -61,7 +74,7 @@ std::unique_ptr<Backend> make_backend(std::string_view device, const CpuOptions&
     const std::vector<GpuInfo> gpus = list_cuda_devices(&why);
     if (gpus.empty()) throw GpuUnavailable(std::string(device), why);
     for (const GpuInfo& g : gpus)
-        if (g.index == choice->index) return std::make_unique<CudaBackend>(CudaOptions{g.index});
+        if (g.index == choice->index) return gpu_backend(g.index, cpu, gpu_layers);
     throw GpuUnavailable(std::string(device), "this machine has " + std::to_string(gpus.size()) + " CUDA GPU(s), " +
                                                   "numbered from 0");
 #else

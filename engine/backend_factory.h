@@ -42,6 +42,9 @@ std::optional<DeviceChoice> parse_device(std::string_view device);
 // CUDA device this machine does not have. "auto" takes the first usable GPU of a build with CUDA, else
 // the CPU; when `note` is not null it then receives one line saying why no GPU was taken (empty when
 // there is nothing to say: a GPU was taken, or tern was built without CUDA), for the app to print.
-std::unique_ptr<Backend> make_backend(std::string_view device, const CpuOptions& cpu = {}, std::string* note = nullptr);
+// gpu_layers (-ngl) >= 0 puts only that many of the last layers on a GPU that was chosen and the rest on
+// the CPU (engine/split_backend.h); -1, the default, puts all of them there.
+std::unique_ptr<Backend> make_backend(std::string_view device, const CpuOptions& cpu = {}, std::string* note = nullptr,
+                                      int32_t gpu_layers = -1);
 
 } // namespace tern

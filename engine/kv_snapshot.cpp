@@ -123,4 +123,55 @@ int32_t kv_restore_range(const KvSnapshotShape& shape, int32_t n_past, const KvS
     return n;
 }
 
+KvSnapshot kv_snapshot_join(const KvSnapshot& front, const KvSnapshot& back) {
+    int32_t a[kHeaderInts] = {}, b[kHeaderInts] = {};
+    if (front.bytes.size() < sizeof a || back.bytes.size() < sizeof b)
+        throw UsageError("kv snapshot: a part is too short to be a KV snapshot");
+    std::memcpy(a, front.bytes.data(), sizeof a);
+    std::memcpy(b, back.bytes.data(), sizeof b);
+    for (int i : {0, 1, 3, 4, 5, 6})
+        if (a[i] != b[i]) throw UsageError("kv snapshot: the parts of a split cache do not match");
+    KvSnapshot joined;
+    joined.n_past = front.n_past;
+    joined.kv_type = front.kv_type;
+    joined.bytes = front.bytes;
+    joined.bytes.insert(joined.bytes.end(), back.bytes.begin() + sizeof b, back.bytes.end());
+    a[2] += b[2];
+    std::memcpy(joined.bytes.data(), a, sizeof a);
+    return joined;
+}
+
+std::pair<KvSnapshot, KvSnapshot> kv_snapshot_split(const KvSnapshot& whole, const KvSnapshotShape& front_shape) {
+    int32_t h[kHeaderInts] = {};
+    if (whole.bytes.size() < sizeof h) throw UsageError("kv_load: the snapshot is too short to be a KV snapshot");
+    std::memcpy(h, whole.bytes.data(), sizeof h);
+    const auto front_layers = static_cast<int32_t>(front_shape.n_kv_heads.size());
+    if (h[2] <= front_layers || h[6] < 0)
+        throw UsageError("kv_load: the snapshot was taken from a different model or KV type (" +
+                         std::string(kv_type_name(whole.kv_type)) + ", cache is " +
+                         std::string(kv_type_name(front_shape.type)) + ")");
+    size_t front_body = 0;
+    for (int32_t heads : front_shape.n_kv_heads)
+        front_body += static_cast<size_t>(heads) * (k_rows_bytes(front_shape, h[6]) + v_rows_bytes(front_shape, h[6]));
+    if (whole.bytes.size() < sizeof h + front_body)
+        throw UsageError("kv_load: the snapshot has " + std::to_string(whole.bytes.size()) + " bytes, too few for its " +
+                         std::to_string(h[6]) + " positions");
+    std::pair<KvSnapshot, KvSnapshot> parts;
+    for (KvSnapshot* p : {&parts.first, &parts.second}) {
+        p->n_past = whole.n_past;
+        p->kv_type = whole.kv_type;
+    }
+    const auto* body = whole.bytes.data() + sizeof h;
+    int32_t front_h[kHeaderInts], back_h[kHeaderInts];
+    std::memcpy(front_h, h, sizeof h);
+    std::memcpy(back_h, h, sizeof h);
+    front_h[2] = front_layers;
+    back_h[2] = h[2] - front_layers;
+    parts.first.bytes.assign(reinterpret_cast<const uint8_t*>(front_h), reinterpret_cast<const uint8_t*>(front_h) + sizeof h);
+    parts.first.bytes.insert(parts.first.bytes.end(), body, body + front_body);
+    parts.second.bytes.assign(reinterpret_cast<const uint8_t*>(back_h), reinterpret_cast<const uint8_t*>(back_h) + sizeof h);
+    parts.second.bytes.insert(parts.second.bytes.end(), body + front_body, whole.bytes.data() + whole.bytes.size());
+    return parts;
+}
+
 } // namespace tern

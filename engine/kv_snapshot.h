@@ -7,6 +7,7 @@
 // snapshot bytes.
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.h"
@@ -37,5 +38,12 @@ int32_t kv_restore_whole(const KvSnapshotShape& shape, const KvSnapshot& snapsho
 // Appends a range snapshot at n_past (kv_append) and returns its positions. Throws UsageError, having
 // copied nothing, when it does not fit: another shape or type, another start, wrong length, past n_ctx.
 int32_t kv_restore_range(const KvSnapshotShape& shape, int32_t n_past, const KvSnapshot& range, const KvRowsIn& in);
+
+// A split model's cache (engine/split_backend.h) is two caches over consecutive layers. join() makes one
+// snapshot of the model from the front layers' and the back layers' snapshots of the same positions;
+// split() undoes it for a front part of `front_layers` layers with those KV head counts. Both throw
+// UsageError for snapshots that do not fit together.
+KvSnapshot kv_snapshot_join(const KvSnapshot& front, const KvSnapshot& back);
+std::pair<KvSnapshot, KvSnapshot> kv_snapshot_split(const KvSnapshot& whole, const KvSnapshotShape& front_shape);
 
 } // namespace tern

@@ -37,7 +37,7 @@ ContextChoice choose_context(int32_t requested, int32_t n_ctx_train, uint64_t by
 OpenedModel open_model(const OpenRequest& r) {
     OpenedModel opened;
     std::string note;
-    opened.backend = make_backend(r.device, r.cpu, r.on_device_note ? &note : nullptr);
+    opened.backend = make_backend(r.device, r.cpu, r.on_device_note ? &note : nullptr, r.gpu_layers);
     if (!note.empty()) r.on_device_note(note);
 
     opened.model = std::make_shared<Model>(r.open_file ? r.open_file() : load_model(r.path));

@@ -40,7 +40,7 @@ struct OpenRequest {
     int32_t n_ctx = 0;              // 0 = automatic (choose_context)
     KvType kv_type = KvType::f16;
     std::string device = "auto";    // engine/backend_factory.h
-    int32_t gpu_layers = -1;        // layers on the device; -1 = all (the CPU backend has no use for it)
+    int32_t gpu_layers = -1;        // layers on a GPU (-ngl), the rest on the CPU; -1 = all (engine/split_backend.h)
     CpuOptions cpu;
     MemoryRequest shape;            // n_batch and n_logit_rows of the forwards to come (n_ctx, kv_type set here)
 

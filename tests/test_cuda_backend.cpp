@@ -24,6 +24,7 @@
 #include "engine/cpu/backend_cpu.h"
 #include "engine/cuda/backend_cuda.h"
 #include "engine/model.h"
+#include "engine/split_backend.h"
 #include "engine/tools/synth.h"
 #include "tests/test_support.h"
 
@@ -302,6 +303,43 @@ TEST_CASE("cuda backend: the forward observer sees the CPU's projection inputs")
     o.cuda->forward({tokens, 0, LogitsWanted::all});
     REQUIRE(cuda_seen.seen.size() == cpu_seen.seen.size());
     for (size_t i = 0; i < cpu_seen.seen.size(); ++i) CHECK(row_error(cuda_seen.seen[i], cpu_seen.seen[i]) < kLogitTolerance);
+}
+
+TEST_CASE("cuda backend: partial offload (-ngl) runs the last layers on the GPU and the rest on the CPU") {
+    if (!test::shared_available()) return;
+    const Model model = load_model(model_path("stories260K-f32"));   // 5 layers
+    const std::vector<int32_t> tokens = ramp_tokens(20, 512);
+    CpuBackend cpu(CpuOptions{2, true});
+    cpu.load(model.config, model.weights, RunOptions{40, KvType::f16});
+    const std::vector<std::vector<float>> want = batch_logits(cpu, tokens);
+    for (int32_t ngl : {0, 2, 5, 99}) {
+        CAPTURE(ngl);
+        SplitBackend split(std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>(), ngl);
+        split.load(model.config, model.weights, RunOptions{40, KvType::f16});
+        CHECK(split.cpu_layers() == std::max(0, 5 - ngl));
+        CHECK(split.device_name() == (ngl == 0 ? "cpu" : ngl < 5 ? "cuda:0+cpu" : "cuda:0"));
+        const std::vector<std::vector<float>> got = batch_logits(split, tokens);
+        if (ngl == 0)
+            CHECK(got == want);   // the CPU backend alone
+        else
+            CHECK(max_row_error(got, want) < kLogitTolerance);
+        // One cache in the shared format across both parts: the same bytes as the CPU's, and it loads back.
+        const KvSnapshot snap = split.kv_save(20);
+        CHECK(snap.bytes == cpu.kv_save(20).bytes);
+        CHECK(split.kv_save_range(4, 9).bytes == cpu.kv_save_range(4, 9).bytes);
+        split.kv_truncate(4);
+        split.kv_append(cpu.kv_save_range(4, 9));
+        CHECK(split.n_past() == 9);
+        split.kv_load(snap);
+        CHECK(split.n_past() == 20);
+        split.kv_erase(3, 8);
+        CHECK(split.n_past() == 15);
+        cpu.kv_erase(3, 8);
+        split.forward({std::vector<int32_t>{9}, 15, LogitsWanted::last});
+        cpu.forward({std::vector<int32_t>{9}, 15, LogitsWanted::last});
+        CHECK(row_error(split.logits(0), cpu.logits(0)) < kLogitTolerance);
+        cpu.kv_load(cpu.kv_save(0));
+    }
 }
 
 TEST_CASE("cuda backend: bad batches are refused as on the CPU") {

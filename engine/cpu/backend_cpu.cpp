@@ -51,6 +51,7 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     config_ = config;
     weights_ = weights;
+    first_layer_ = options.first_layer;
 
     layer_vectors_.assign(weights.layers.size(), {});
     for (size_t l = 0; l < weights.layers.size(); ++l) {
@@ -115,8 +116,13 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     std::vector<float> gate, up;                          // (n, ffn_dim)
     std::vector<float> out(static_cast<size_t>(n * dim)); // (n, dim) sub-block output
 
-    // Embeddings: dequantize each token's row (gemma scales it by sqrt(dim)).
-    for (int64_t i = 0; i < n; ++i) {
+    // Embeddings: dequantize each token's row (gemma scales it by sqrt(dim)); a later slice of a split
+    // model starts from the stream the slice before it computed.
+    if (!weights_.token_embd.present()) {
+        if (!batch.hidden_in) throw UsageError("forward: a slice without the embedding needs the hidden state in");
+        std::copy(batch.hidden_in, batch.hidden_in + n * dim, x.begin());
+    }
+    for (int64_t i = 0; i < n && weights_.token_embd.present(); ++i) {
         float* xi = x.data() + i * dim;
         dequantize_row(weights_.token_embd.type, weights_.token_embd.row(batch.tokens[static_cast<size_t>(i)]), xi,
                        dim);
@@ -139,7 +145,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
         v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
         norm_input(x.data(), lv.attn_norm, n, dim, xn.data(), pl.q); // q, k and v share one quantized input
-        if (observer_) observer_->matmul_input(l, ProjectionInput::attn_qkv, xn.data(), n, dim);
+        if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::attn_qkv, xn.data(), n, dim);
         project_shared(pl.qkv, {&pl.q, &pl.k, &pl.v}, {&lv.bq, &lv.bk, &lv.bv}, input_, {q.data(), k.data(), v.data()});
 
         // Per-head q/k norm (qwen3, gemma3), then RoPE at each token's position, then the KV write.
@@ -169,7 +175,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
             attend(l, pos0, n, q.data(), att.data());
 
         // Output projection (+ bias), gemma's post-attention norm, residual.
-        if (observer_) observer_->matmul_input(l, ProjectionInput::attn_output, att.data(), n, att_dim);
+        if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::attn_output, att.data(), n, att_dim);
         input_.reset(att.data(), att_dim, n);
         project(pl.o, lv.bo, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_attn_norm, out.data(), n, dim, c.rms_eps);
@@ -181,13 +187,13 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
         up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
         norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.gate); // gate and up share one quantized input
-        if (observer_) observer_->matmul_input(l, ProjectionInput::ffn_gate_up, xn.data(), n, dim);
+        if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_gate_up, xn.data(), n, dim);
         project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
         if (c.ffn_act == FfnActivation::silu)
             swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
         else
             geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
-        if (observer_) observer_->matmul_input(l, ProjectionInput::ffn_down, gate.data(), n, ffn_dim);
+        if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_down, gate.data(), n, ffn_dim);
         input_.reset(gate.data(), ffn_dim, n);
         project(pl.down, lv.b_down, input_, out.data());
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);
@@ -195,6 +201,12 @@ void CpuBackend::forward(const ForwardBatch& batch) {
             x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
     }
     kv_.set_n_past(pos0 + static_cast<int32_t>(n));
+    if (!weights_.output.present()) {   // a slice before the last: the stream goes on to the next device
+        if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");
+        std::copy(x.begin(), x.end(), batch.hidden_out);
+        n_logit_rows_ = 0;
+        return;
+    }
 
     // Final norm and lm_head on the rows whose logits are wanted.
     const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;

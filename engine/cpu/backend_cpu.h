@@ -66,6 +66,7 @@ private:
     bool exact_matmul_ = false;
     bool loaded_ = false;
     ForwardObserver* observer_ = nullptr; // sees each projection group's f32 input (calibration)
+    int32_t first_layer_ = 0;             // the model's index of layer 0 here (a slice of a split model)
 
     // One matmul input (n_cols, n_in) f32 and its quantized forms, each made at most once and shared by
     // every matmul that reads that input (q/k/v; gate/up).

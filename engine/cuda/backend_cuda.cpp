@@ -190,6 +190,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     loaded_ = false;
     config_ = config;
+    first_layer_ = options.first_layer;
     weights_buffer_.reset();
     vectors_buffer_.reset();
     upload_weights(weights);
@@ -261,7 +262,14 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
 
     cuda_call(cudaMemcpyAsync(tokens, batch.tokens.data(), un * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
               "copying the batch's tokens");
-    cuda::embed_rows(token_embd_.type, token_embd_.data, dim, tokens, n, c.embed_scale, x, stream_);
+    if (token_embd_.data) {
+        cuda::embed_rows(token_embd_.type, token_embd_.data, dim, tokens, n, c.embed_scale, x, stream_);
+    } else {   // a later slice of a split model starts from the stream the slice before it computed
+        if (!batch.hidden_in) throw UsageError("forward: a slice without the embedding needs the hidden state in");
+        cuda_call(cudaMemcpyAsync(x, batch.hidden_in, un * static_cast<size_t>(dim) * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream_),
+                  "copying the hidden state to the GPU");
+    }
 
     for (int32_t l = 0; l < c.n_layers; ++l) {
         const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
@@ -269,7 +277,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
 
         // Attention block: q/k/v projections (+ biases), q/k norm and RoPE, the KV write, attention.
         cuda::rmsnorm_rows(x, d.attn_norm, xn, n, dim, c.rms_eps, stream_);
-        observe(l, ProjectionInput::attn_qkv, xn, n, dim);
+        observe(first_layer_ + l, ProjectionInput::attn_qkv, xn, n, dim);
         project(d.wq, xn, n, d.bq, q);
         project(d.wk, xn, n, d.bk, k);
         project(d.wv, xn, n, d.bv, v);
@@ -286,13 +294,13 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
                         stream_);
 
         // Output projection (+ bias), gemma's post-attention norm, residual.
-        observe(l, ProjectionInput::attn_output, att, n, static_cast<int64_t>(lc.n_heads) * c.head_dim_v);
+        observe(first_layer_ + l, ProjectionInput::attn_output, att, n, static_cast<int64_t>(lc.n_heads) * c.head_dim_v);
         project(d.wo, att, n, d.bo, out);
         cuda::add_residual(x, out, c.post_norms ? d.post_attn_norm : nullptr, n, dim, c.rms_eps, stream_);
 
         // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
         cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
-        observe(l, ProjectionInput::ffn_gate_up, xn, n, dim);
+        observe(first_layer_ + l, ProjectionInput::ffn_gate_up, xn, n, dim);
         project(d.w_gate, xn, n, d.b_gate, gate);
         project(d.w_up, xn, n, d.b_up, up);
         const int64_t ffn = static_cast<int64_t>(n) * lc.ffn_dim;
@@ -300,11 +308,20 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
             cuda::swiglu(gate, up, gate, ffn, stream_);
         else
             cuda::geglu_tanh(gate, up, gate, ffn, stream_);
-        observe(l, ProjectionInput::ffn_down, gate, n, lc.ffn_dim);
+        observe(first_layer_ + l, ProjectionInput::ffn_down, gate, n, lc.ffn_dim);
         project(d.w_down, gate, n, d.b_down, out);
         cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
     }
     kv_.set_n_past(pos0 + static_cast<int32_t>(n));
+    if (!output_.data) {   // a slice before the last: the stream goes on to the next device
+        if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");
+        cuda_call(cudaMemcpyAsync(batch.hidden_out, x, un * static_cast<size_t>(dim) * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_),
+                  "copying the hidden state to the host");
+        cuda_call(cudaStreamSynchronize(stream_), "copying the hidden state to the host");
+        n_logit_rows_ = 0;
+        return;
+    }
 
     // Final norm and lm_head on the rows whose logits are wanted; they stay on the GPU until asked for.
     const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
@@ -340,10 +357,14 @@ void CudaBackend::argmax(std::span<int32_t> per_row) {
         throw UsageError("argmax: " + std::to_string(per_row.size()) + " rows requested but the last forward kept " +
                          std::to_string(n_logit_rows_));
     if (per_row.empty()) return;
-    auto* ids = static_cast<int32_t*>(ids_.reserve(per_row.size() * sizeof(int32_t), "argmax ids"));
+    const auto rows = static_cast<int64_t>(per_row.size());
+    // The ids, then the split argmax's partial results (16-byte aligned).
+    const size_t ids_bytes = (per_row.size() * sizeof(int32_t) + 15) / 16 * 16;
+    const auto scratch_bytes = static_cast<size_t>(cuda::argmax_rows_split_scratch_bytes(rows, config_.vocab));
+    auto* ids = static_cast<int32_t*>(ids_.reserve(ids_bytes + scratch_bytes, "argmax ids"));
     try {
-        cuda::argmax_rows(logits_.floats(0, "logits"), static_cast<int64_t>(per_row.size()), config_.vocab, ids,
-                          stream_);
+        cuda::argmax_rows_split(logits_.floats(0, "logits"), rows, config_.vocab, ids,
+                                reinterpret_cast<uint8_t*>(ids) + ids_bytes, stream_);
     } catch (const cuda::Error& e) {
         throw RuntimeFailure(std::string("cuda: ") + e.what());
     }

@@ -83,6 +83,7 @@ private:
     ModelConfig config_;
     bool loaded_ = false;
     ForwardObserver* observer_ = nullptr;
+    int32_t first_layer_ = 0;   // the model's index of layer 0 here (a slice of a split model)
 
     DeviceBuffer weights_buffer_;   // every matrix, in its GGUF format, one allocation
     DeviceBuffer vectors_buffer_;   // norms, biases, rope factors as f32
