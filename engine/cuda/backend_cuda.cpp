@@ -10,6 +10,7 @@
 #include "engine/memory_budget.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/rope.h"
 #include "quant/reference.h"
@@ -20,6 +21,10 @@ namespace {
 
 // Scratch, the runtime's own context and the allocator's slack on the GPU.
 constexpr uint64_t kFixedOverhead = 64ull << 20;
+// Batches of this many tokens or more take the GEMM path (kernels/cuda/gemm.h), whose dequantized weight
+// blocks take up to kGemmScratchBytes.
+constexpr int64_t kGemmMinColumns = 16;
+constexpr int64_t kGemmScratchBytes = 64ll << 20;
 
 uint64_t tensor_bytes(const WeightRef& w) {
     if (!w.present()) return 0;
@@ -87,7 +92,8 @@ MemoryNeed CudaBackend::plan_memory(const ModelConfig& c, const ModelWeights& w,
     const uint64_t per_token = 4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn) + 4;
     const uint64_t batch = static_cast<uint64_t>(std::max(1, std::min(r.n_batch, std::max(r.n_ctx, 1))));
     const uint64_t logit_rows = static_cast<uint64_t>(std::max(1, r.n_logit_rows));
-    need.buffers = batch * per_token + logit_rows * 4ull * static_cast<uint64_t>(c.vocab) + kFixedOverhead;
+    need.buffers = batch * per_token + logit_rows * 4ull * static_cast<uint64_t>(c.vocab) + kFixedOverhead +
+                   static_cast<uint64_t>(kGemmScratchBytes) + 4ull * static_cast<uint64_t>(c.vocab);
     return need;
 }
 
@@ -182,6 +188,15 @@ void CudaBackend::upload_weights(const ModelWeights& w) {
         d.b_down = device_vector(lw.b_down);
         d.post_ffn_norm = device_vector(lw.post_ffn_norm);
     }
+    // 0 .. n-1 for the GEMM path's dequantizer (the widest matrix's rows).
+    int64_t widest = 0;
+    for (const WeightRef* m : matrices(w))
+        if (m->present()) widest = std::max(widest, m->n_out());
+    std::vector<int32_t> ids(static_cast<size_t>(widest));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    row_ids_ = DeviceBuffer(ids.size() * sizeof(int32_t), "row indices");
+    cuda_call(cudaMemcpyAsync(row_ids_.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+              "uploading row indices");
     // The host vectors go out of scope: wait for their copies.
     cuda_call(cudaStreamSynchronize(stream_), "uploading the weights");
 }
@@ -203,7 +218,14 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
 }
 
 void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y) {
-    cuda::matmul(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, stream_);
+    if (n < kGemmMinColumns) {   // decode, draft verification: one pass over the weights per 8 columns
+        cuda::matmul(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, stream_);
+        return;
+    }
+    // Prefill: the weights dequantized block by block into f32 and multiplied by cuBLAS.
+    const int64_t floats = std::max<int64_t>(w.n_in, kGemmScratchBytes / 4);
+    cuda::matmul_gemm(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, row_ids_.as<int32_t>(),
+                      gemm_scratch_.floats(static_cast<size_t>(floats), "dequantized weights"), floats, stream_);
 }
 
 void CudaBackend::observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width) {

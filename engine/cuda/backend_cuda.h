@@ -96,6 +96,8 @@ private:
 
     // One forward's activations, grown to the largest batch seen.
     DeviceScratch tokens_, x_, xn_, q_, k_, v_, att_, gate_, up_, out_, logits_, ids_;
+    DeviceScratch gemm_scratch_;   // a block of dequantized weight rows (the prefill path)
+    DeviceBuffer row_ids_;         // 0, 1, 2, ... for the prefill path's dequantizer
     int n_logit_rows_ = 0;
     // Host copies of logit rows, fetched on first request after each forward.
     std::vector<float> host_logits_;
