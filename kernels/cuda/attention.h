@@ -12,7 +12,9 @@ inline namespace TERN_CUDA_ABI {
 
 // One layer's cache, laid out as the CPU's (engine/cpu/kv_cache.h): K is n_kv_heads blocks of n_ctx
 // rows of kv_row_bytes(type, head_dim) bytes, V likewise with head_dim_v; row `pos` of head h starts at
-// (h * n_ctx + pos) * row_bytes. Rows hold the formats of kernels/kv_format.h.
+// (h * n_ctx + pos) * row_bytes. Rows hold the formats of kernels/kv_format.h. k and v are 16-byte
+// aligned (cudaMalloc's are). head_dim and head_dim_v must be multiples of 32 from 32 to 256 for every
+// format (the launchers throw std::invalid_argument otherwise).
 struct KvLayer {
     KvType type = KvType::f16;
     void* k = nullptr;
@@ -27,13 +29,31 @@ void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, i
 // att (n, n_heads, head_dim_v) for q (n, n_heads, head_dim): token i, at position pos0 + i, attends to
 // the cached positions [lo, pos0 + i], lo = pos0 + i - sliding_window + 1 (at least 0) when
 // sliding_window > 0, else 0. Query head h reads KV head h / (n_heads / n_kv_heads). Scores are
-// (q . k) * scale, then softcap * tanh(score / softcap) when softcap > 0.
+// (q . k) * scale, then softcap * tanh(score / softcap) when softcap > 0. q and att are 16-byte aligned.
+// f32 throughout with an online softmax: close to the CPU's attend_tokens, not bit-identical. The group
+// n_heads / n_kv_heads may be up to min(64, 4096 / max(head_dim, head_dim_v)): 16 at head dim 256.
+// A split KV range keeps its partial states in one device buffer of this module: attention() launches
+// must not overlap each other (issue them on one stream, or order the streams).
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
                float scale, float softcap, float* att, cudaStream_t stream);
 
+// How attention() shares out the work for these arguments (for tests and tuning): blocks of
+// tokens_per_block query tokens (each with all query heads of one KV head), query_tiles of them per KV
+// head, and the visible key range split over `splits` blocks whose partial softmax states the last to
+// finish merges (flash-decoding; more splits when there are fewer (tile, KV head) items than the GPU
+// has room for).
+struct AttentionPlan {
+    int32_t tokens_per_block = 0;
+    int32_t query_tiles = 0;
+    int32_t splits = 0;
+};
+AttentionPlan attention_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window);
+
 // The context shift: removes positions [begin, end) of the n_past cached ones. Rows after `end` move
 // down by end - begin; their K rows are turned back by as many positions with `rope` (decoded to f32,
-// rotated, re-encoded in the cache's format), V rows move as bytes.
+// rotated, re-encoded in the cache's format), V rows move as bytes. The rotation's cos/sin are computed
+// on the host exactly as the CPU's rope_rotation, so the result is the CPU's KvCache::erase bit for bit;
+// with freq_factors that means reading them back first (a stream synchronisation).
 void kv_erase(const KvLayer& layer, int32_t begin, int32_t end, int32_t n_past, const RopeParams& rope,
               cudaStream_t stream);
 

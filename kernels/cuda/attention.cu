@@ -1,0 +1,504 @@
+// Attention over the GPU KV cache (kernels/cuda/attention.h): one flash-attention kernel for decode and
+// prefill, in f32 with an online softmax.
+//
+// A block of 128 threads takes one KV head g, a tile of `tokens_per_block` consecutive query tokens with
+// all `group` query heads of g (its `rows`, token-major), and one share (`split`) of the key range those
+// tokens see. It walks its keys in tiles of 32:
+//   1. the K tile is decoded to f32 into shared memory (coalesced: a head's rows are contiguous bytes);
+//   2. scores: lane j scores key j against the block's rows; the 4 warps split the rows (4 row slices)
+//      or, when there are fewer than 4 rows, the head dim (partial dots summed in step 3);
+//   3. softmax: 8 lanes per row (4 keys each) mask by position, take the tile's max and sum with 3
+//      shuffles, rescale the row's running state (max m and sum l, in the log2 domain); the V tile is
+//      decoded into the buffer K used;
+//   4. P V: each thread owns up to kMaxQuads 4-float pieces of the rows' outputs and accumulates them.
+// Every K/V byte of the block's range is read once for all its rows (GQA: the group's heads; drafts and
+// prefill: the tile's tokens too).
+//
+// Decode has few (token, KV head) items, so the key range is split over several blocks (flash-decoding):
+// each writes its unnormalised state to a device scratch buffer, and the last block of an item to finish
+// (an arrival counter) merges the states and writes the output, in the same launch.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/kv_codec.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace tern::cuda {
+inline namespace TERN_CUDA_ABI {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kKeyTile = 32;                       // keys per tile: one per lane when scoring
+constexpr int kRowLanes = 8;                       // lanes per row in the softmax step, 4 keys each
+constexpr int kRowsPerPass = kThreads / kRowLanes; // rows one softmax pass covers
+constexpr int kMaxRows = 64;                       // rows of a block
+constexpr int kMaxRowElems = 4096;                 // rows * max(head_dim, head_dim_v) of a block
+constexpr float kLog2e = 1.44269504088896340736f;
+
+// The split-KV states: per (item, split) rows * head_dim_v accumulators, then all (m, l) pairs. A fixed
+// device buffer, so attention() needs no allocation (and is graph-capturable); launches that share it
+// must not overlap, i.e. attention runs on one stream at a time. Plans that would not fit use fewer splits.
+constexpr int64_t kPartialFloats = int64_t{1} << 20; // 4 MiB
+constexpr int kMaxSplitItems = 4096;
+__device__ float g_partials[kPartialFloats];
+__device__ unsigned g_arrivals[kMaxSplitItems]; // blocks of an item done; the last resets it to 0
+
+struct AttnArgs {
+    const uint8_t* k;
+    const uint8_t* v;
+    const float* q;
+    float* att;
+    int64_t k_head_bytes, v_head_bytes;
+    int32_t k_row_bytes, v_row_bytes;
+    int32_t n, n_heads, group, head_dim, head_dim_v, pos0, window;
+    int32_t tokens_per_block, rows, splits;
+    float q_scale; // scale * log2(e), or scale alone when softcap > 0 (the cap applies before log2(e))
+    float softcap;
+};
+
+// Row slices of the score step: 4 when there are 4 rows or more, else the rows (1, 2; 3 rows use 2).
+__host__ __device__ constexpr int row_slices(int rows) {
+    return rows >= 4 ? 4 : (rows >= 2 ? 2 : 1);
+}
+
+// Shared memory in floats: the K/V tile (rows padded by 4 floats so lanes reading different keys at the
+// same column hit different banks), the scaled queries, the scores (one slice per head-dim share; slice 0
+// then holds the probabilities), each row's rescale factor and final (m, l).
+struct Layout {
+    int kv_stride, qs, sp, alpha, ml, floats;
+};
+__host__ __device__ constexpr Layout layout_for(int rows, int head_dim, int head_dim_v) {
+    Layout l{};
+    l.kv_stride = (head_dim > head_dim_v ? head_dim : head_dim_v) + 4;
+    l.qs = kKeyTile * l.kv_stride;
+    l.sp = l.qs + rows * head_dim;
+    l.alpha = l.sp + (kWarps / row_slices(rows)) * rows * kKeyTile;
+    l.ml = l.alpha + rows;
+    l.floats = l.ml + 2 * rows;
+    return l;
+}
+
+// Another block's results, read from L2 (ld.cg): L1 is not coherent across SMs.
+__device__ __forceinline__ float load_other(const float* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+__device__ __forceinline__ float4 load_other4(const float* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldcg(reinterpret_cast<const float4*>(p));
+#else
+    return *reinterpret_cast<const float4*>(p);
+#endif
+}
+
+// Rows [0, count) of a K or V tile decoded to f32 at dst (row stride `stride` floats), 4 elements per
+// thread and step, four steps' loads issued before their stores.
+template <KvType F>
+__device__ __forceinline__ void stage_tile(const uint8_t* first_row, int row_bytes, int count, int dim, float* dst,
+                                           int stride) {
+    const int quads = dim / 4; // 8 .. 64
+    const int step_r = kThreads / quads, step_c = kThreads - step_r * quads;
+    int r = static_cast<int>(threadIdx.x) / quads, c = static_cast<int>(threadIdx.x) - r * quads;
+    while (r < count) {
+        float4 x[4];
+        int rr[4], cc[4];
+        TERN_UNROLL
+        for (int u = 0; u < 4; ++u) {
+            rr[u] = r;
+            cc[u] = c;
+            if (r < count) x[u] = kv_codec::load4<F>(first_row + static_cast<int64_t>(r) * row_bytes, 4 * c);
+            r += step_r;
+            c += step_c;
+            if (c >= quads) {
+                c -= quads;
+                ++r;
+            }
+        }
+        TERN_UNROLL
+        for (int u = 0; u < 4; ++u)
+            if (rr[u] < count) *reinterpret_cast<float4*>(dst + rr[u] * stride + 4 * cc[u]) = x[u];
+    }
+}
+
+__device__ __forceinline__ float4 fma4(float p, float4 v, float4 acc) {
+    return make_float4(fmaf(p, v.x, acc.x), fmaf(p, v.y, acc.y), fmaf(p, v.z, acc.z), fmaf(p, v.w, acc.w));
+}
+__device__ __forceinline__ float4 scale4(float4 v, float s) {
+    return make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+}
+
+// kMaxWarpRows: rows per warp in the score step; kMaxQuads: output pieces per thread; kMaxPasses:
+// softmax passes of 16 rows. The decode variant (<= 8 rows) keeps all three small. The explicit minimum
+// of one block per SM lets ptxas use the registers it needs (about 145 for decode, 188 for the general
+// variant at sm_89): with the thread count alone it aimed at 96 for decode and spilled.
+template <KvType F, int kMaxWarpRows, int kMaxQuads, int kMaxPasses>
+__global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
+    __shared__ int last_block;
+    const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+    const int D = a.head_dim, Dv = a.head_dim_v, rows = a.rows, group = a.group;
+    const Layout L = layout_for(rows, D, Dv);
+    float* smem = dynamic_shared<float>();
+    float* kv = smem;
+    float* qs = smem + L.qs;
+    float* sp = smem + L.sp;
+    float* alpha_s = smem + L.alpha;
+    float* ml = smem + L.ml;
+
+    const int qtile = static_cast<int>(blockIdx.x), g = static_cast<int>(blockIdx.y),
+              split = static_cast<int>(blockIdx.z);
+    const int tok0 = qtile * a.tokens_per_block;
+    const int tok_end = min(a.n, tok0 + a.tokens_per_block);
+    // The keys any of the tile's tokens sees, and this split's share of its 32-key tiles.
+    const int khi = a.pos0 + tok_end - 1;
+    const int klo = a.window > 0 ? max(0, a.pos0 + tok0 - a.window + 1) : 0;
+    const int n_tiles = (khi - klo + kKeyTile) / kKeyTile;
+    const int per_split = (n_tiles + a.splits - 1) / a.splits;
+    const int tile_begin = split * per_split, tile_end = min(n_tiles, tile_begin + per_split);
+    const uint8_t* k_head = a.k + g * a.k_head_bytes;
+    const uint8_t* v_head = a.v + g * a.v_head_bytes;
+
+    // Queries, scaled: row r is token tok0 + r / group, head g * group + r % group (zeros past n).
+    for (int t = tid; t < rows * (D / 4); t += kThreads) {
+        const int r = t / (D / 4), c = t - r * (D / 4);
+        const int tok = tok0 + r / group, h = g * group + r % group;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (tok < tok_end)
+            x = *reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(tok) * a.n_heads + h) * D + 4 * c);
+        *reinterpret_cast<float4*>(qs + r * D + 4 * c) = scale4(x, a.q_scale);
+    }
+
+    // Score step: this warp's rows rslice, rslice + rs, ... over head dims [d_begin, d_begin + d_len).
+    const int rs = row_slices(rows);
+    const int rslice = warp % rs, dslice = warp / rs;
+    const int warp_rows = (rows - rslice + rs - 1) / rs;
+    const int d_len = D / (kWarps / rs), d_begin = dslice * d_len;
+
+    // Softmax step: pass p's row of this thread, its visible positions [lo, hi] (empty past n), its state.
+    int row_lo[kMaxPasses], row_hi[kMaxPasses];
+    float m_run[kMaxPasses], l_run[kMaxPasses];
+    TERN_UNROLL
+    for (int p = 0; p < kMaxPasses; ++p) {
+        const int r = p * kRowsPerPass + tid / kRowLanes;
+        const int tok = tok0 + r / group;
+        row_lo[p] = 1;
+        row_hi[p] = 0;
+        if (r < rows && tok < tok_end) {
+            row_hi[p] = a.pos0 + tok;
+            row_lo[p] = a.window > 0 ? max(0, row_hi[p] - a.window + 1) : 0;
+        }
+        m_run[p] = -INFINITY;
+        l_run[p] = 0.0f;
+    }
+
+    // P V step: output piece i of this thread is 4 floats at column 4 * col[i] of row prow[i].
+    const int quads_per_row = Dv / 4;
+    int prow[kMaxQuads], pcol[kMaxQuads];
+    float4 acc[kMaxQuads];
+    TERN_UNROLL
+    for (int i = 0; i < kMaxQuads; ++i) {
+        const int o = tid + i * kThreads;
+        prow[i] = o / quads_per_row;
+        pcol[i] = o - prow[i] * quads_per_row;
+        if (prow[i] >= rows) prow[i] = -1;
+        acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+
+    for (int t = tile_begin; t < tile_end; ++t) {
+        const int key0 = klo + t * kKeyTile;
+        const int count = min(kKeyTile, khi + 1 - key0);
+        __syncthreads(); // the previous tile's P V is done with the buffer and the probabilities (and Q is in)
+        stage_tile<F>(k_head + static_cast<int64_t>(key0) * a.k_row_bytes, a.k_row_bytes, count, D, kv, L.kv_stride);
+        __syncthreads();
+
+        float s[kMaxWarpRows];
+        TERN_UNROLL
+        for (int i = 0; i < kMaxWarpRows; ++i)
+            s[i] = 0.0f;
+        const float* krow = kv + lane * L.kv_stride + d_begin;
+        const float* qrow = qs + rslice * D + d_begin;
+        for (int d = 0; d < d_len; d += 4) {
+            const float4 kk = *reinterpret_cast<const float4*>(krow + d);
+            TERN_UNROLL
+            for (int i = 0; i < kMaxWarpRows; ++i) {
+                if (i < warp_rows) {
+                    const float4 qq = *reinterpret_cast<const float4*>(qrow + i * rs * D + d);
+                    s[i] = fmaf(qq.x, kk.x, fmaf(qq.y, kk.y, fmaf(qq.z, kk.z, fmaf(qq.w, kk.w, s[i]))));
+                }
+            }
+        }
+        TERN_UNROLL
+        for (int i = 0; i < kMaxWarpRows; ++i)
+            if (i < warp_rows) sp[(dslice * rows + rslice + i * rs) * kKeyTile + lane] = s[i];
+        __syncthreads();
+
+        TERN_UNROLL
+        for (int p = 0; p < kMaxPasses; ++p) {
+            if (p * kRowsPerPass + warp * (32 / kRowLanes) >= rows) continue; // the whole warp past the rows
+            const int r = p * kRowsPerPass + tid / kRowLanes, rr = min(r, rows - 1);
+            const int j0 = (lane % kRowLanes) * 4;
+            float4 x = *reinterpret_cast<const float4*>(sp + rr * kKeyTile + j0);
+            for (int slice = 1; slice < kWarps / rs; ++slice) {
+                const float4 y = *reinterpret_cast<const float4*>(sp + (slice * rows + rr) * kKeyTile + j0);
+                x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+            }
+            float v[4] = {x.x, x.y, x.z, x.w};
+            float mx = -INFINITY;
+            TERN_UNROLL
+            for (int k = 0; k < 4; ++k) {
+                float sc = v[k];
+                if (a.softcap > 0.0f) sc = a.softcap * tanhf(sc / a.softcap) * kLog2e;
+                const int pos = key0 + j0 + k;
+                v[k] = (j0 + k < count && pos >= row_lo[p] && pos <= row_hi[p]) ? sc : -INFINITY;
+                mx = fmaxf(mx, v[k]);
+            }
+            for (int offset = kRowLanes / 2; offset > 0; offset /= 2)
+                mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, offset));
+            const float m_new = fmaxf(m_run[p], mx);
+            float alpha = 1.0f, sum = 0.0f;
+            if (m_new != -INFINITY) { // else nothing visible yet: p = 0, the state stays (-inf, 0)
+                alpha = exp2f(m_run[p] - m_new);
+                TERN_UNROLL
+                for (int k = 0; k < 4; ++k) {
+                    v[k] = exp2f(v[k] - m_new);
+                    sum += v[k];
+                }
+            } else {
+                v[0] = v[1] = v[2] = v[3] = 0.0f;
+            }
+            for (int offset = kRowLanes / 2; offset > 0; offset /= 2)
+                sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+            l_run[p] = l_run[p] * alpha + sum;
+            m_run[p] = m_new;
+            if (r < rows) {
+                *reinterpret_cast<float4*>(sp + r * kKeyTile + j0) = make_float4(v[0], v[1], v[2], v[3]);
+                if (lane % kRowLanes == 0) alpha_s[r] = alpha;
+            }
+        }
+        stage_tile<F>(v_head + static_cast<int64_t>(key0) * a.v_row_bytes, a.v_row_bytes, count, Dv, kv, L.kv_stride);
+        __syncthreads();
+
+        TERN_UNROLL
+        for (int i = 0; i < kMaxQuads; ++i)
+            if (prow[i] >= 0) acc[i] = scale4(acc[i], alpha_s[prow[i]]);
+        for (int j = 0; j < count; ++j) {
+            const float* vrow = kv + j * L.kv_stride;
+            TERN_UNROLL
+            for (int i = 0; i < kMaxQuads; ++i) {
+                if (prow[i] >= 0) {
+                    const float pj = sp[prow[i] * kKeyTile + j];
+                    acc[i] = fma4(pj, *reinterpret_cast<const float4*>(vrow + 4 * pcol[i]), acc[i]);
+                }
+            }
+        }
+    }
+
+    // Each row's (m, l) to shared memory for the threads holding its outputs.
+    TERN_UNROLL
+    for (int p = 0; p < kMaxPasses; ++p) {
+        const int r = p * kRowsPerPass + tid / kRowLanes;
+        if (r < rows && lane % kRowLanes == 0) {
+            ml[2 * r] = m_run[p];
+            ml[2 * r + 1] = l_run[p];
+        }
+    }
+    __syncthreads();
+
+    auto out_of = [&](int r) { // the output row of block row r, or null past n
+        const int tok = tok0 + r / group;
+        return tok < tok_end ? a.att + (static_cast<int64_t>(tok) * a.n_heads + g * group + r % group) * Dv : nullptr;
+    };
+    if (a.splits == 1) {
+        TERN_UNROLL
+        for (int i = 0; i < kMaxQuads; ++i) {
+            if (prow[i] < 0) continue;
+            float* out = out_of(prow[i]);
+            const float l = ml[2 * prow[i] + 1];
+            if (out) *reinterpret_cast<float4*>(out + 4 * pcol[i]) = scale4(acc[i], l > 0.0f ? 1.0f / l : 0.0f);
+        }
+        return;
+    }
+
+    // Split: this block's state to the scratch, then the last block of the item merges them all.
+    const int items = static_cast<int>(gridDim.x * gridDim.y);
+    const int item = qtile * static_cast<int>(gridDim.y) + g;
+    const int64_t state_floats = static_cast<int64_t>(rows) * Dv;
+    float* part_acc = g_partials + (static_cast<int64_t>(item) * a.splits) * state_floats;
+    float* part_ml = g_partials + static_cast<int64_t>(items) * a.splits * state_floats +
+                     static_cast<int64_t>(item) * a.splits * 2 * rows;
+    TERN_UNROLL
+    for (int i = 0; i < kMaxQuads; ++i)
+        if (prow[i] >= 0)
+            *reinterpret_cast<float4*>(part_acc + split * state_floats + prow[i] * Dv + 4 * pcol[i]) = acc[i];
+    for (int r = tid; r < 2 * rows; r += kThreads)
+        part_ml[split * 2 * rows + r] = ml[r];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last_block = atomicAdd(&g_arrivals[item], 1u) == static_cast<unsigned>(a.splits - 1);
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    TERN_UNROLL
+    for (int i = 0; i < kMaxQuads; ++i) {
+        if (prow[i] < 0) continue;
+        float* out = out_of(prow[i]);
+        if (!out) continue;
+        const int r = prow[i];
+        float m_max = -INFINITY;
+        for (int s = 0; s < a.splits; ++s)
+            if (load_other(part_ml + s * 2 * rows + 2 * r + 1) > 0.0f)
+                m_max = fmaxf(m_max, load_other(part_ml + s * 2 * rows + 2 * r));
+        float l = 0.0f;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s = 0; s < a.splits; ++s) {
+            const float ls = load_other(part_ml + s * 2 * rows + 2 * r + 1);
+            if (!(ls > 0.0f)) continue; // a split that saw none of this row's keys
+            const float w = exp2f(load_other(part_ml + s * 2 * rows + 2 * r) - m_max);
+            l += ls * w;
+            o = fma4(w, load_other4(part_acc + s * state_floats + r * Dv + 4 * pcol[i]), o);
+        }
+        *reinterpret_cast<float4*>(out + 4 * pcol[i]) = scale4(o, l > 0.0f ? 1.0f / l : 0.0f);
+    }
+    if (tid == 0) g_arrivals[item] = 0; // ready for the next launch
+}
+
+struct Plan {
+    AttentionPlan pub;
+    int32_t group = 0, rows = 0;
+    bool decode_variant = false;
+};
+
+int multiprocessors() {
+    int device = 0;
+    check(cudaGetDevice(&device), "attention: cudaGetDevice");
+#if defined(TERN_CUDA_EMULATOR)
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device), "attention: cudaGetDeviceProperties");
+    return std::max(1, prop.multiProcessorCount);
+#else
+    int sms = 0;
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "attention: cudaDeviceGetAttribute");
+    return std::max(1, sms);
+#endif
+}
+
+Plan make_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, int32_t window) {
+    kv_codec::check_kv_shape(layer.head_dim, layer.head_dim_v, layer.n_kv_heads, layer.n_ctx, "attention");
+    if (n_heads < layer.n_kv_heads || n_heads % layer.n_kv_heads != 0)
+        throw std::invalid_argument("attention: " + std::to_string(n_heads) + " query heads over " +
+                                    std::to_string(layer.n_kv_heads) + " KV heads");
+    if (n < 0 || pos0 < 0 || pos0 + n > layer.n_ctx)
+        throw std::invalid_argument("attention: positions " + std::to_string(pos0) + " + " + std::to_string(n) +
+                                    " outside the cache's " + std::to_string(layer.n_ctx));
+    Plan plan;
+    plan.group = n_heads / layer.n_kv_heads;
+    const int32_t widest = std::max(layer.head_dim, layer.head_dim_v);
+    const int32_t rows_cap = std::min(kMaxRows, kMaxRowElems / widest); // 16 .. 64
+    if (plan.group > rows_cap)
+        throw std::invalid_argument("attention: " + std::to_string(plan.group) + " query heads per KV head; at most " +
+                                    std::to_string(rows_cap) + " at head dim " + std::to_string(widest));
+    if (n == 0) return plan;
+    const int32_t tokens = static_cast<int32_t>(std::min<int64_t>(n, std::max(1, rows_cap / plan.group)));
+    plan.rows = tokens * plan.group;
+    plan.decode_variant = plan.rows <= 8 && plan.rows * layer.head_dim_v <= 2048;
+    plan.pub.tokens_per_block = tokens;
+    plan.pub.query_tiles = static_cast<int32_t>((n + tokens - 1) / tokens);
+
+    // Enough blocks to fill the GPU a few times over, but at least 2 key tiles per split.
+    const int64_t items = int64_t{plan.pub.query_tiles} * layer.n_kv_heads;
+    const int64_t span = window > 0 ? std::min<int64_t>(int64_t{window} + tokens - 1, pos0 + n) : pos0 + n;
+    const int64_t key_tiles = (span + kKeyTile - 1) / kKeyTile;
+    const int64_t target_blocks = 4 * int64_t{multiprocessors()};
+    int64_t splits = 1;
+    if (items < target_blocks && items <= kMaxSplitItems) {
+        splits = std::min((target_blocks + items - 1) / items, std::max<int64_t>(1, key_tiles / 2));
+        splits = std::min(splits, kPartialFloats / (items * plan.rows * (layer.head_dim_v + 2)));
+        splits = std::max<int64_t>(splits, 1);
+    }
+    plan.pub.splits = static_cast<int32_t>(splits);
+    return plan;
+}
+
+template <KvType F, int kMaxWarpRows, int kMaxQuads, int kMaxPasses>
+void launch_attention(const AttnArgs& args, const Plan& plan, int32_t n_kv_heads, cudaStream_t stream) {
+    const auto kernel = attention_kernel<F, kMaxWarpRows, kMaxQuads, kMaxPasses>;
+    const size_t bytes =
+        sizeof(float) * static_cast<size_t>(layout_for(args.rows, args.head_dim, args.head_dim_v).floats);
+    if (bytes > 48 * 1024)
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+              "attention: shared memory size");
+    launch(kernel,
+           dim3(static_cast<unsigned>(plan.pub.query_tiles), static_cast<unsigned>(n_kv_heads),
+                static_cast<unsigned>(plan.pub.splits)),
+           dim3(kThreads), bytes, stream, args);
+}
+
+template <KvType F> void launch_for_type(const AttnArgs& args, const Plan& plan, int32_t n_kv_heads, cudaStream_t s) {
+    if (plan.decode_variant)
+        launch_attention<F, 2, 4, 1>(args, plan, n_kv_heads, s);
+    else
+        launch_attention<F, kMaxRows / 4, kMaxRowElems / 4 / kThreads, kMaxRows / kRowsPerPass>(args, plan, n_kv_heads,
+                                                                                                s);
+}
+
+} // namespace
+
+AttentionPlan attention_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window) {
+    return make_plan(layer, n, n_heads, pos0, sliding_window).pub;
+}
+
+void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
+               float scale, float softcap, float* att, cudaStream_t stream) {
+    const Plan plan = make_plan(layer, n, n_heads, pos0, sliding_window);
+    if (n == 0) return;
+    if (!layer.k || !layer.v) throw std::invalid_argument("attention: the layer has no K or V buffer");
+    AttnArgs a{};
+    a.k = static_cast<const uint8_t*>(layer.k);
+    a.v = static_cast<const uint8_t*>(layer.v);
+    a.q = q;
+    a.att = att;
+    a.k_row_bytes = static_cast<int32_t>(kv_row_bytes(layer.type, layer.head_dim));
+    a.v_row_bytes = static_cast<int32_t>(kv_row_bytes(layer.type, layer.head_dim_v));
+    a.k_head_bytes = int64_t{a.k_row_bytes} * layer.n_ctx;
+    a.v_head_bytes = int64_t{a.v_row_bytes} * layer.n_ctx;
+    a.n = static_cast<int32_t>(n);
+    a.n_heads = n_heads;
+    a.group = plan.group;
+    a.head_dim = layer.head_dim;
+    a.head_dim_v = layer.head_dim_v;
+    a.pos0 = pos0;
+    a.window = sliding_window > 0 ? sliding_window : 0;
+    a.tokens_per_block = plan.pub.tokens_per_block;
+    a.rows = plan.rows;
+    a.splits = plan.pub.splits;
+    a.softcap = softcap > 0.0f ? softcap : 0.0f;
+    a.q_scale = a.softcap > 0.0f ? scale : scale * kLog2e;
+    switch (layer.type) {
+    case KvType::f32:
+        launch_for_type<KvType::f32>(a, plan, layer.n_kv_heads, stream);
+        return;
+    case KvType::f16:
+        launch_for_type<KvType::f16>(a, plan, layer.n_kv_heads, stream);
+        return;
+    case KvType::bf16:
+        launch_for_type<KvType::bf16>(a, plan, layer.n_kv_heads, stream);
+        return;
+    case KvType::q8_0:
+        launch_for_type<KvType::q8_0>(a, plan, layer.n_kv_heads, stream);
+        return;
+    case KvType::f8_e4m3:
+        launch_for_type<KvType::f8_e4m3>(a, plan, layer.n_kv_heads, stream);
+        return;
+    }
+    throw std::invalid_argument("attention: unknown KV type");
+}
+
+} // namespace TERN_CUDA_ABI
+} // namespace tern::cuda

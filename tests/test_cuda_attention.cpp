@@ -1,0 +1,568 @@
+// The GPU KV cache and attention (kernels/cuda/attention.h) on the CUDA emulator, against their CPU twins:
+//   kv_write  bit for bit with kv_store_row (kernels/cpu/attention.h) for every format, ties and edge
+//             values included, and nothing outside the written rows touched;
+//   attention against a double-precision reference over the kv_load_row'd cache and against the CPU's
+//             attend_tokens, by normalised error, for every format, GQA groups 1..8, head dims 32..256,
+//             decode / drafts / prefill, sliding windows, softcap, ragged sizes and positions up to n_ctx;
+//             The split-KV path (partial states merged by the last block) and the single pass both run,
+//             and the launchers allocate no device memory;
+//   kv_erase  bit for bit with the CPU's KvCache::erase (engine/cpu/kv_cache_erase.cpp), rope styles,
+//             partial rotation and frequency factors included, rows moved in parallel waves or in order.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/kv_cache.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/rope_shift.h"
+#include "kernels/cuda/attention.h"
+#include "tests/kernel_test_data.h"
+
+namespace tern {
+namespace {
+
+constexpr KvType kFormats[] = {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3};
+
+// Device memory freed on scope exit.
+struct DeviceBuffer {
+    void* p = nullptr;
+    explicit DeviceBuffer(size_t bytes) { REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess); }
+    DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p) { o.p = nullptr; }
+    ~DeviceBuffer() {
+        if (p) cudaFree(p);
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    template <typename T> T* as() const { return static_cast<T*>(p); }
+};
+
+template <typename T> DeviceBuffer upload(const std::vector<T>& v) {
+    DeviceBuffer b(std::max<size_t>(1, v.size() * sizeof(T)));
+    REQUIRE(cudaMemcpy(b.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    return b;
+}
+
+template <typename T> std::vector<T> download(const void* p, size_t count) {
+    std::vector<T> v(count);
+    REQUIRE(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return v;
+}
+
+// One layer's cache on the device, every byte first set to `fill` so untouched rows can be recognised.
+struct DeviceCache {
+    cuda::KvLayer layer;
+    size_t k_bytes, v_bytes;
+    DeviceBuffer k, v;
+    DeviceCache(KvType type, int32_t n_kv_heads, int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int fill = 0xA5)
+        : k_bytes(kv_row_bytes(type, head_dim) * static_cast<size_t>(n_kv_heads) * static_cast<size_t>(n_ctx)),
+          v_bytes(kv_row_bytes(type, head_dim_v) * static_cast<size_t>(n_kv_heads) * static_cast<size_t>(n_ctx)),
+          k(k_bytes), v(v_bytes) {
+        layer.type = type;
+        layer.k = k.p;
+        layer.v = v.p;
+        layer.n_kv_heads = n_kv_heads;
+        layer.head_dim = head_dim;
+        layer.head_dim_v = head_dim_v;
+        layer.n_ctx = n_ctx;
+        REQUIRE(cudaMemset(k.p, fill, k_bytes) == cudaSuccess);
+        REQUIRE(cudaMemset(v.p, fill, v_bytes) == cudaSuccess);
+    }
+    std::vector<uint8_t> k_host() const { return download<uint8_t>(k.p, k_bytes); }
+    std::vector<uint8_t> v_host() const { return download<uint8_t>(v.p, v_bytes); }
+};
+
+// The cache image the CPU's kv_store_row gives for rows (n, n_kv_heads, dim) at positions pos0.., laid out
+// (head, n_ctx, row_bytes) over `image`.
+void store_rows_cpu(KvType type, const std::vector<float>& x, int64_t n, int32_t n_kv_heads, int32_t dim, int32_t n_ctx,
+                    int32_t pos0, std::vector<uint8_t>& image) {
+    const size_t rb = kv_row_bytes(type, dim);
+    for (int64_t i = 0; i < n; ++i)
+        for (int32_t h = 0; h < n_kv_heads; ++h)
+            kv_store_row(type, x.data() + (i * n_kv_heads + h) * dim,
+                         image.data() + (static_cast<size_t>(h) * n_ctx + pos0 + i) * rb, dim);
+}
+
+// Values that probe the encoders' rounding: ties, zero, tiny and huge blocks, specials. Segment s (32
+// elements) of the data gets kind s % 8.
+void add_edge_values(std::vector<float>& x, KvType type, uint32_t seed) {
+    std::mt19937 rng(seed);
+    const size_t segments = x.size() / 32;
+    for (size_t s = 0; s < segments; ++s) {
+        float* seg = x.data() + s * 32;
+        switch (s % 8) {
+        case 0:
+            break; // plain gaussian
+        case 1:
+            std::fill(seg, seg + 32, 0.0f);
+            break;
+        case 2: // amax 127: q8_0's d is exactly 1, so j + 0.5 are ties (roundf: away from zero)
+            for (int j = 0; j < 32; ++j)
+                seg[j] = static_cast<float>(static_cast<int>(rng() % 254) - 127) + 0.5f;
+            seg[5] = 127.0f;
+            break;
+        case 3: // exactly halfway between neighbouring f16 values (even j) or bf16 values (odd j): ties
+            for (int j = 0; j < 32; ++j) {
+                const float tie = j % 2 ? 1.0f + static_cast<float>(rng() % 128) / 128.0f + 1.0f / 256.0f
+                                        : 1.0f + static_cast<float>(rng() % 1024) / 1024.0f + 1.0f / 2048.0f;
+                seg[j] = (j % 4 < 2 ? -1.0f : 1.0f) * tie * std::ldexp(1.0f, static_cast<int>(rng() % 8) - 4);
+            }
+            seg[7] = 448.0f + 8.0f; // e4m3: between 448 and the next binade's first step
+            break;
+        case 4: // tiny: the f16 scale underflows to zero or to a subnormal
+            for (int j = 0; j < 32; ++j)
+                seg[j] = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 1e-12f;
+            break;
+        case 5: // large: f8's amax / 448 past f16's range for some, q8_0's fine
+            for (int j = 0; j < 32; ++j)
+                seg[j] = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 4e4f;
+            break;
+        case 6: // f16 subnormals and values that overflow f16
+            for (int j = 0; j < 32; ++j)
+                seg[j] = (j % 3 == 0 ? 7e4f : 3e-6f) * (j % 2 ? -1.0f : 1.0f);
+            break;
+        case 7: // float specials where the CPU's conversions define them (not q8_0: its NaN cast is UB)
+            if (type == KvType::q8_0) break;
+            seg[0] = std::numeric_limits<float>::infinity();
+            seg[1] = -std::numeric_limits<float>::infinity();
+            seg[2] = std::numeric_limits<float>::quiet_NaN();
+            seg[3] = -0.0f;
+            seg[4] = 1e-45f;
+            break;
+        }
+    }
+}
+
+TEST_CASE("kv_write stores rows bit for bit as kv_store_row, and only those rows") {
+    struct Dims {
+        int32_t head_dim, head_dim_v;
+    };
+    for (KvType type : kFormats) {
+        for (Dims d : {Dims{32, 32}, Dims{96, 64}, Dims{128, 128}, Dims{256, 160}}) {
+            CAPTURE(kv_type_name(type));
+            CAPTURE(d.head_dim);
+            CAPTURE(d.head_dim_v);
+            const int32_t n_kv_heads = 3, n_ctx = 11, pos0 = 4;
+            const int64_t n = 6;
+            std::vector<float> k = test::random_normal(static_cast<size_t>(n * n_kv_heads * d.head_dim), 11, 2.0f);
+            std::vector<float> v = test::random_normal(static_cast<size_t>(n * n_kv_heads * d.head_dim_v), 12, 2.0f);
+            add_edge_values(k, type, 13);
+            add_edge_values(v, type, 14);
+            DeviceCache cache(type, n_kv_heads, d.head_dim, d.head_dim_v, n_ctx);
+            std::vector<uint8_t> want_k = cache.k_host(), want_v = cache.v_host();
+            store_rows_cpu(type, k, n, n_kv_heads, d.head_dim, n_ctx, pos0, want_k);
+            store_rows_cpu(type, v, n, n_kv_heads, d.head_dim_v, n_ctx, pos0, want_v);
+
+            DeviceBuffer dk = upload(k), dv = upload(v);
+            cuda::kv_write(cache.layer, dk.as<float>(), dv.as<float>(), n, pos0, nullptr);
+            REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+            const std::vector<uint8_t> got_k = cache.k_host(), got_v = cache.v_host();
+            size_t k_diff = 0, v_diff = 0;
+            for (size_t i = 0; i < got_k.size(); ++i)
+                k_diff += got_k[i] != want_k[i];
+            for (size_t i = 0; i < got_v.size(); ++i)
+                v_diff += got_v[i] != want_v[i];
+            CHECK(k_diff == 0);
+            CHECK(v_diff == 0);
+        }
+    }
+}
+
+TEST_CASE("kv_write f8_e4m3 and q8_0: many blocks of varied data encode as the CPU's") {
+    // Gaussian blocks and blocks on coarse grids (small integers times a power of two, where candidate
+    // scales often quantize some elements exactly), at magnitudes from 2^-20 to 2^19: 20480 blocks per
+    // format. The f8 encoder's error sums use the CPU's operations in the CPU's order; a different order
+    // or a contracted multiply-add would only matter where two candidates' errors lie within an ulp,
+    // which 2 million such blocks never showed, so that part is exact by construction, not by this test.
+    const int32_t n_kv_heads = 4, dim = 256, n_ctx = 160;
+    const int64_t n = 160;
+    for (KvType type : {KvType::f8_e4m3, KvType::q8_0}) {
+        CAPTURE(kv_type_name(type));
+        std::vector<float> k = test::random_normal(static_cast<size_t>(n * n_kv_heads * dim), 21, 1.0f);
+        std::vector<float> v = test::random_normal(static_cast<size_t>(n * n_kv_heads * dim), 22, 1.0f);
+        std::mt19937 rng(23);
+        for (std::vector<float>* x : {&k, &v}) {
+            for (size_t s = 0; s < x->size() / 32; ++s) {
+                float* seg = x->data() + s * 32;
+                const float m = std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+                const int grid = static_cast<int>(rng() % 4); // 0: gaussian, else integers up to 2^(2 grid)
+                for (int j = 0; j < 32; ++j) {
+                    const float g =
+                        grid == 0
+                            ? seg[j]
+                            : static_cast<float>(static_cast<int>(rng() % (2u << (2 * grid))) - (1 << (2 * grid)));
+                    seg[j] = g * m;
+                }
+            }
+        }
+        DeviceCache cache(type, n_kv_heads, dim, dim, n_ctx);
+        std::vector<uint8_t> want_k = cache.k_host(), want_v = cache.v_host();
+        store_rows_cpu(type, k, n, n_kv_heads, dim, n_ctx, 0, want_k);
+        store_rows_cpu(type, v, n, n_kv_heads, dim, n_ctx, 0, want_v);
+        DeviceBuffer dk = upload(k), dv = upload(v);
+        cuda::kv_write(cache.layer, dk.as<float>(), dv.as<float>(), n, 0, nullptr);
+        CHECK(cache.k_host() == want_k);
+        CHECK(cache.v_host() == want_v);
+    }
+}
+
+// ---- attention ------------------------------------------------------------------------------------------
+
+struct AttnCase {
+    KvType type;
+    int32_t head_dim, head_dim_v, n_kv_heads, group;
+    int32_t n_ctx, pos0, n, window;
+    float softcap;
+};
+
+std::string describe(const AttnCase& c) {
+    return std::string(kv_type_name(c.type)) + " D=" + std::to_string(c.head_dim) + "/" + std::to_string(c.head_dim_v) +
+           " kv_heads=" + std::to_string(c.n_kv_heads) + " group=" + std::to_string(c.group) +
+           " n_ctx=" + std::to_string(c.n_ctx) + " pos0=" + std::to_string(c.pos0) + " n=" + std::to_string(c.n) +
+           " window=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap);
+}
+
+// Tolerance of the normalised error max |gpu - ref| / max |ref|. Both sides sum up to 256-term f32 dot
+// products, exponentials and weighted V rows in different orders: a score (here up to about +-20) is off
+// by a few f32 ulps of the terms' magnitudes, ~1e-6, which moves each softmax weight by that relative
+// amount; the device's exp2f / tanhf add a couple of ulps more. The emulator measures at most 2.2e-6 over
+// all cases here; 2e-5 leaves room for the device's approximations, while one key masked wrongly, a
+// window off by one or a dropped split moves outputs by a fraction of a weight (>= 1e-3 with these
+// peaked softmaxes).
+constexpr double kAttnTolerance = 2e-5;
+
+struct AttnResult {
+    double err_ref = 0.0, err_cpu = 0.0;
+    cuda::AttentionPlan plan;
+};
+
+// Writes positions [0, pos0) and then [pos0, pos0 + n) with kv_write, runs attention for the n new tokens
+// and compares it with a double-precision reference computed from the kv_load_row'd cache, and with the
+// CPU's attend_tokens on the CPU-encoded cache (the kv_write bytes are checked equal to it first).
+AttnResult run_attention_case(const AttnCase& c, uint32_t seed) {
+    const int32_t n_heads = c.n_kv_heads * c.group, D = c.head_dim, Dv = c.head_dim_v;
+    const int32_t total = c.pos0 + c.n;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    // Gaussian q and k with a spread that makes the softmax peaked (scores with a std of about 2.5), so
+    // every key's weight matters; V gaussian.
+    const std::vector<float> k = test::random_normal(static_cast<size_t>(total) * c.n_kv_heads * D, seed, 1.6f);
+    const std::vector<float> v = test::random_normal(static_cast<size_t>(total) * c.n_kv_heads * Dv, seed + 1, 1.0f);
+    const std::vector<float> q = test::random_normal(static_cast<size_t>(c.n) * n_heads * D, seed + 2, 1.6f);
+
+    DeviceCache cache(c.type, c.n_kv_heads, D, Dv, c.n_ctx);
+    DeviceBuffer dk = upload(k), dv = upload(v), dq = upload(q);
+    DeviceBuffer datt(sizeof(float) * static_cast<size_t>(c.n) * n_heads * Dv);
+    if (c.pos0 > 0) cuda::kv_write(cache.layer, dk.as<float>(), dv.as<float>(), c.pos0, 0, nullptr);
+    cuda::kv_write(cache.layer, dk.as<float>() + static_cast<size_t>(c.pos0) * c.n_kv_heads * D,
+                   dv.as<float>() + static_cast<size_t>(c.pos0) * c.n_kv_heads * Dv, c.n, c.pos0, nullptr);
+    AttnResult res;
+    res.plan = cuda::attention_plan(cache.layer, c.n, n_heads, c.pos0, c.window);
+    cuda::attention(cache.layer, dq.as<float>(), c.n, n_heads, c.pos0, c.window, scale, c.softcap, datt.as<float>(),
+                    nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const std::vector<float> att = download<float>(datt.p, static_cast<size_t>(c.n) * n_heads * Dv);
+
+    // The CPU's encoding of the same rows (equal to the device's, checked) and its decoded values.
+    std::vector<uint8_t> k_img = cache.k_host(), v_img = cache.v_host();
+    {
+        std::vector<uint8_t> want_k(k_img.size(), 0xA5), want_v(v_img.size(), 0xA5);
+        store_rows_cpu(c.type, k, total, c.n_kv_heads, D, c.n_ctx, 0, want_k);
+        store_rows_cpu(c.type, v, total, c.n_kv_heads, Dv, c.n_ctx, 0, want_v);
+        REQUIRE(k_img == want_k);
+        REQUIRE(v_img == want_v);
+    }
+    const size_t k_rb = kv_row_bytes(c.type, D), v_rb = kv_row_bytes(c.type, Dv);
+    std::vector<float> kd(static_cast<size_t>(c.n_kv_heads) * total * D),
+        vd(static_cast<size_t>(c.n_kv_heads) * total * Dv);
+    for (int32_t g = 0; g < c.n_kv_heads; ++g)
+        for (int32_t p = 0; p < total; ++p) {
+            kv_load_row(c.type, k_img.data() + (static_cast<size_t>(g) * c.n_ctx + p) * k_rb,
+                        kd.data() + (static_cast<size_t>(g) * total + p) * D, D);
+            kv_load_row(c.type, v_img.data() + (static_cast<size_t>(g) * c.n_ctx + p) * v_rb,
+                        vd.data() + (static_cast<size_t>(g) * total + p) * Dv, Dv);
+        }
+
+    // Double-precision reference.
+    std::vector<double> ref(att.size());
+    std::vector<double> w;
+    for (int32_t i = 0; i < c.n; ++i) {
+        const int32_t pos = c.pos0 + i, lo = c.window > 0 ? std::max(0, pos - c.window + 1) : 0;
+        for (int32_t h = 0; h < n_heads; ++h) {
+            const int32_t g = h / c.group;
+            const float* qh = q.data() + (static_cast<size_t>(i) * n_heads + h) * D;
+            w.assign(static_cast<size_t>(pos - lo + 1), 0.0);
+            double mx = -INFINITY;
+            for (int32_t p = lo; p <= pos; ++p) {
+                const float* kr = kd.data() + (static_cast<size_t>(g) * total + p) * D;
+                double s = 0.0;
+                for (int32_t d = 0; d < D; ++d)
+                    s += static_cast<double>(qh[d]) * kr[d];
+                s *= scale;
+                if (c.softcap > 0.0f) s = c.softcap * std::tanh(s / c.softcap);
+                w[static_cast<size_t>(p - lo)] = s;
+                mx = std::max(mx, s);
+            }
+            double sum = 0.0;
+            for (double& x : w)
+                sum += (x = std::exp(x - mx));
+            double* out = ref.data() + (static_cast<size_t>(i) * n_heads + h) * Dv;
+            for (int32_t d = 0; d < Dv; ++d)
+                out[d] = 0.0;
+            for (int32_t p = lo; p <= pos; ++p) {
+                const float* vr = vd.data() + (static_cast<size_t>(g) * total + p) * Dv;
+                const double wp = w[static_cast<size_t>(p - lo)] / sum;
+                for (int32_t d = 0; d < Dv; ++d)
+                    out[d] += wp * vr[d];
+            }
+        }
+    }
+
+    // The CPU's flash attention over the same cache.
+    AttnParams ap;
+    ap.format = c.type;
+    ap.head_dim = D;
+    ap.head_dim_v = Dv;
+    ap.group = c.group;
+    ap.scale = scale;
+    ap.softcap = c.softcap;
+    std::vector<const void*> k_heads(static_cast<size_t>(c.n_kv_heads)), v_heads(static_cast<size_t>(c.n_kv_heads));
+    for (int32_t g = 0; g < c.n_kv_heads; ++g) {
+        k_heads[static_cast<size_t>(g)] = k_img.data() + static_cast<size_t>(g) * c.n_ctx * k_rb;
+        v_heads[static_cast<size_t>(g)] = v_img.data() + static_cast<size_t>(g) * c.n_ctx * v_rb;
+    }
+    std::vector<float> cpu(att.size());
+    attend_tokens(ap, attn_chunk_kernel(ap), c.n_kv_heads, k_heads.data(), v_heads.data(), c.pos0, c.n, c.window,
+                  q.data(), static_cast<int64_t>(n_heads) * D, cpu.data(), static_cast<int64_t>(n_heads) * Dv, 1);
+
+    double ref_max = 0.0, cpu_max = 0.0, d_ref = 0.0, d_cpu = 0.0;
+    for (size_t i = 0; i < att.size(); ++i) {
+        REQUIRE(std::isfinite(att[i]));
+        ref_max = std::max(ref_max, std::fabs(ref[i]));
+        cpu_max = std::max(cpu_max, static_cast<double>(std::fabs(cpu[i])));
+        d_ref = std::max(d_ref, std::fabs(att[i] - ref[i]));
+        d_cpu = std::max(d_cpu, static_cast<double>(std::fabs(att[i] - cpu[i])));
+    }
+    res.err_ref = d_ref / ref_max;
+    res.err_cpu = d_cpu / cpu_max;
+    return res;
+}
+
+TEST_CASE("attention matches a double-precision reference and the CPU's attend_tokens") {
+    std::vector<AttnCase> cases;
+    for (KvType t : kFormats) {
+        cases.push_back({t, 128, 128, 2, 4, 512, 300, 1, 0, 0.0f});  // decode, 301 keys (ragged)
+        cases.push_back({t, 128, 128, 2, 4, 512, 200, 5, 0, 0.0f});  // draft verification
+        cases.push_back({t, 128, 128, 2, 4, 512, 0, 77, 0, 0.0f});   // prefill from empty
+        cases.push_back({t, 64, 64, 3, 2, 160, 123, 37, 100, 0.0f}); // chunked prefill, window < n_past
+        cases.push_back({t, 256, 256, 1, 8, 96, 93, 3, 0, 30.0f});   // ends at n_ctx, softcap, group 8
+    }
+    // Head dims, groups, windows and formats mixed (one format each, rotating).
+    const AttnCase more[] = {
+        {KvType::f16, 32, 32, 4, 1, 100, 57, 1, 0, 0.0f},       {KvType::bf16, 96, 96, 2, 3, 300, 250, 1, 64, 0.0f},
+        {KvType::q8_0, 96, 96, 1, 7, 300, 0, 41, 0, 0.0f},      {KvType::f8_e4m3, 192, 128, 2, 3, 200, 150, 9, 0, 0.0f},
+        {KvType::f32, 64, 256, 2, 4, 128, 100, 28, 0, 0.0f},    // ends at n_ctx
+        {KvType::f16, 128, 128, 1, 5, 400, 333, 1, 1, 0.0f},    // window 1: only itself
+        {KvType::q8_0, 128, 128, 2, 2, 400, 350, 2, 16, 0.0f},  // window far below n_past
+        {KvType::bf16, 64, 64, 2, 6, 200, 20, 100, 1000, 0.0f}, // window above every position
+        {KvType::f8_e4m3, 32, 64, 8, 1, 64, 0, 64, 0, 50.0f},   // whole cache in one prefill
+        {KvType::f32, 256, 256, 2, 8, 64, 0, 40, 7, 0.0f},      // group 8 at 256: 2 tokens a block
+        {KvType::f16, 160, 96, 1, 8, 130, 31, 99, 33, 0.0f},
+    };
+    cases.insert(cases.end(), std::begin(more), std::end(more));
+
+    bool saw_split = false, saw_single = false, saw_many_tokens = false;
+    uint32_t seed = 100;
+    const size_t device_bytes = cuda_emu::device_bytes_in_use();
+    for (const AttnCase& c : cases) {
+        CAPTURE(describe(c));
+        const AttnResult r = run_attention_case(c, seed += 7);
+        CAPTURE(r.plan.splits);
+        CAPTURE(r.plan.tokens_per_block);
+        CHECK(r.err_ref < kAttnTolerance);
+        CHECK(r.err_cpu < kAttnTolerance);
+        saw_split |= r.plan.splits > 1;
+        saw_single |= r.plan.splits == 1;
+        saw_many_tokens |= r.plan.tokens_per_block > 1 && r.plan.query_tiles > 1;
+    }
+    CHECK(cuda_emu::device_bytes_in_use() == device_bytes); // every case freed its buffers; attention took none
+    // The cases cover both the split-KV merge and the single-pass path, and multi-token tiles.
+    CHECK(saw_split);
+    CHECK(saw_single);
+    CHECK(saw_many_tokens);
+}
+
+TEST_CASE("attention: many KV splits merged by the last block, the arrival counters reset for the next launch") {
+    // One KV head and one query tile: a single item, so the plan splits its 1032 keys as far as the
+    // (emulated) multiprocessors ask, 8 blocks or more; blocks run on the emulator's OS threads at once,
+    // so the merge's atomics and fences are exercised across threads.
+    for (KvType t : {KvType::f16, KvType::q8_0}) {
+        const AttnCase c{t, 128, 64, 1, 4, 1100, 1030, 2, 0, 0.0f};
+        CAPTURE(describe(c));
+        const AttnResult a = run_attention_case(c, 900);
+        CHECK(a.plan.splits >= 8);
+        CHECK(a.err_ref < kAttnTolerance);
+        CHECK(a.err_cpu < kAttnTolerance);
+        const AttnResult b = run_attention_case(c, 900); // same data: same result, counters were reset
+        CHECK(b.err_ref == a.err_ref);
+    }
+}
+
+TEST_CASE("attention: a sweep of shapes, groups, positions, windows and split counts") {
+    // Deterministic random cases: every format, head dims 32..256 (K and V dims apart in a third), groups
+    // 1..8 (capped where the block's row budget is smaller), 1..150 tokens at ragged positions, caches
+    // that end right after the last token, windows from 1 to beyond every position, softcap in a quarter.
+    std::mt19937 rng(77);
+    const int32_t dims[] = {32, 64, 96, 128, 160, 256};
+    const int32_t ns[] = {1, 1, 1, 2, 3, 4, 7, 8, 9, 16, 33, 70, 150};
+    const int32_t windows[] = {0, 0, 0, 1, 2, 31, 32, 33, 64, 100, 1000};
+    int splits_seen = 0;
+    for (int i = 0; i < 80; ++i) {
+        AttnCase c{};
+        c.type = kFormats[i % 5];
+        c.head_dim = dims[rng() % 6];
+        c.head_dim_v = rng() % 3 == 0 ? dims[rng() % 6] : c.head_dim;
+        c.n_kv_heads = 1 + static_cast<int32_t>(rng() % 3);
+        c.group = std::min<int32_t>(1 + static_cast<int32_t>(rng() % 8), 4096 / std::max(c.head_dim, c.head_dim_v));
+        c.n = ns[rng() % std::size(ns)];
+        c.pos0 = static_cast<int32_t>(rng() % 400);
+        c.n_ctx = c.pos0 + c.n + (rng() % 3 == 0 ? 0 : static_cast<int32_t>(rng() % 50));
+        c.window = windows[rng() % std::size(windows)];
+        c.softcap = rng() % 4 == 0 ? 20.0f : 0.0f;
+        CAPTURE(describe(c));
+        const AttnResult r = run_attention_case(c, 5000 + static_cast<uint32_t>(i));
+        CAPTURE(r.plan.splits);
+        CAPTURE(r.plan.tokens_per_block);
+        CHECK(r.err_ref < kAttnTolerance);
+        CHECK(r.err_cpu < kAttnTolerance);
+        splits_seen = std::max(splits_seen, r.plan.splits);
+    }
+    CHECK(splits_seen >= 4);
+}
+
+TEST_CASE("attention and kv_write refuse shapes they do not support") {
+    DeviceCache cache(KvType::f16, 2, 128, 128, 16);
+    DeviceBuffer buf(sizeof(float) * 16 * 8 * 128);
+    float* x = buf.as<float>();
+    CHECK_THROWS_AS(cuda::attention(cache.layer, x, 1, 3, 0, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(cuda::attention(cache.layer, x, 4, 2, 13, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(cuda::kv_write(cache.layer, x, x, 2, 15, nullptr), std::invalid_argument);
+    cuda::KvLayer odd = cache.layer;
+    odd.head_dim = 80;
+    CHECK_THROWS_AS(cuda::kv_write(odd, x, x, 1, 0, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(cuda::attention(odd, x, 1, 2, 0, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
+    cuda::KvLayer wide = cache.layer;
+    wide.head_dim = wide.head_dim_v = 256;
+    wide.n_kv_heads = 1;
+    CHECK_THROWS_AS(cuda::attention(wide, x, 1, 32, 0, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(cuda::kv_erase(cache.layer, 3, 2, 10, cuda::RopeParams{}, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(cuda::kv_erase(cache.layer, 0, 11, 10, cuda::RopeParams{}, nullptr), std::invalid_argument);
+}
+
+// ---- kv_erase -------------------------------------------------------------------------------------------
+
+struct EraseCase {
+    KvType type;
+    int32_t head_dim, head_dim_v, n_kv_heads, n_ctx, n_past, begin, end;
+    bool neox;
+    int32_t n_rot;
+    bool factors;
+};
+
+TEST_CASE("kv_erase moves and turns the cache bit for bit as the CPU's KvCache::erase") {
+    std::vector<EraseCase> cases;
+    for (KvType t : kFormats) {
+        cases.push_back({t, 128, 128, 2, 200, 150, 10, 40, true, 128, false}); // 110 rows move, overlapping
+        cases.push_back({t, 64, 96, 3, 100, 97, 0, 1, false, 64, true});       // one position, 96 rows move
+        cases.push_back({t, 96, 64, 1, 90, 90, 50, 89, true, 64, false});      // partial rope, one row moves
+        cases.push_back({t, 32, 32, 2, 64, 64, 3, 40, false, 0, false});       // no rope: K bytes move too
+    }
+    // Waves of `removed` rows run in parallel when there are at most 16 of them, else one block per head
+    // walks the rows in order: 13 waves, 19 (walked in order), and 248 (walked in order).
+    cases.push_back({KvType::f8_e4m3, 128, 64, 2, 120, 100, 20, 26, true, 128, true});
+    cases.push_back({KvType::q8_0, 64, 64, 2, 120, 110, 10, 15, false, 64, false});
+    cases.push_back({KvType::f16, 256, 256, 1, 300, 280, 30, 31, false, 256, true});
+    cases.push_back({KvType::q8_0, 128, 128, 2, 64, 50, 20, 50, true, 128, false}); // nothing after the gap
+    cases.push_back({KvType::bf16, 128, 128, 2, 64, 50, 20, 20, true, 128, false}); // nothing removed
+
+    for (const EraseCase& c : cases) {
+        CAPTURE(kv_type_name(c.type));
+        CAPTURE(c.head_dim);
+        CAPTURE(c.head_dim_v);
+        CAPTURE(c.begin);
+        CAPTURE(c.end);
+        CAPTURE(c.n_past);
+        CAPTURE(c.neox);
+        CAPTURE(c.n_rot);
+        const int32_t D = c.head_dim, Dv = c.head_dim_v;
+        const float base = 10000.0f, freq_scale = 0.75f;
+        std::vector<float> factors;
+        for (int32_t i = 0; i < c.n_rot / 2; ++i)
+            factors.push_back(1.0f + 0.37f * static_cast<float>(i % 5));
+        const std::vector<float> k = test::random_normal(static_cast<size_t>(c.n_past) * c.n_kv_heads * D, 70, 2.0f);
+        const std::vector<float> v = test::random_normal(static_cast<size_t>(c.n_past) * c.n_kv_heads * Dv, 71, 2.0f);
+
+        KvCache cpu;
+        cpu.init(c.type, {c.n_kv_heads}, D, Dv, c.n_ctx);
+        for (int32_t p = 0; p < c.n_past; ++p)
+            cpu.write(0, p, k.data() + static_cast<size_t>(p) * c.n_kv_heads * D,
+                      v.data() + static_cast<size_t>(p) * c.n_kv_heads * Dv);
+        cpu.set_n_past(c.n_past);
+        std::vector<RopeRotation> rotation;
+        if (c.n_rot > 0 && c.end > c.begin && c.end < c.n_past) // as CpuBackend::kv_erase builds them
+            rotation.push_back(rope_rotation(c.neox, c.n_rot, c.begin - c.end, base, freq_scale,
+                                             c.factors ? factors.data() : nullptr));
+        cpu.erase(c.begin, c.end, rotation, 1);
+
+        DeviceCache dev(c.type, c.n_kv_heads, D, Dv, c.n_ctx);
+        DeviceBuffer dk = upload(k), dv = upload(v), dfactors = upload(factors);
+        cuda::kv_write(dev.layer, dk.as<float>(), dv.as<float>(), c.n_past, 0, nullptr);
+        cuda::RopeParams rope;
+        rope.neox = c.neox;
+        rope.n_rot = c.n_rot;
+        rope.base = base;
+        rope.freq_scale = freq_scale;
+        rope.freq_factors = c.factors ? dfactors.as<float>() : nullptr;
+        cuda::kv_erase(dev.layer, c.begin, c.end, c.n_past, rope, nullptr);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+
+        const std::vector<uint8_t> gk = dev.k_host(), gv = dev.v_host();
+        const size_t k_rb = kv_row_bytes(c.type, D), v_rb = kv_row_bytes(c.type, Dv);
+        const int32_t kept = c.n_past - (c.end - c.begin);
+        REQUIRE(cpu.n_past() == kept);
+        int64_t k_rows_differ = 0, v_rows_differ = 0, rows_rotated_changed = 0;
+        for (int32_t h = 0; h < c.n_kv_heads; ++h) {
+            for (int32_t p = 0; p < kept; ++p) {
+                const uint8_t* g = gk.data() + (static_cast<size_t>(h) * c.n_ctx + p) * k_rb;
+                k_rows_differ += std::memcmp(g, cpu.k_row(0, h, p), k_rb) != 0;
+                v_rows_differ += std::memcmp(gv.data() + (static_cast<size_t>(h) * c.n_ctx + p) * v_rb,
+                                             cpu.v_row(0, h, p), v_rb) != 0;
+            }
+            // Rows past the kept ones are left as they were (the CPU's memmove leaves them too); rows
+            // never written keep the fill.
+            for (int32_t p = c.n_past; p < c.n_ctx; ++p)
+                for (size_t b = 0; b < k_rb; ++b)
+                    REQUIRE(gk[(static_cast<size_t>(h) * c.n_ctx + p) * k_rb + b] == 0xA5);
+        }
+        // The rotation did something where it should (a test that passes with no rotation at all is no test).
+        if (!rotation.empty()) {
+            std::vector<uint8_t> plain(k_rb);
+            for (int32_t p = c.begin; p < kept; ++p) {
+                kv_store_row(c.type, k.data() + (static_cast<size_t>(p + c.end - c.begin) * c.n_kv_heads) * D,
+                             plain.data(), D);
+                rows_rotated_changed += std::memcmp(plain.data(), cpu.k_row(0, 0, p), k_rb) != 0;
+            }
+            CHECK(rows_rotated_changed == kept - c.begin);
+        }
+        CHECK(k_rows_differ == 0);
+        CHECK(v_rows_differ == 0);
+    }
+}
+
+} // namespace
+} // namespace tern
