@@ -16,7 +16,7 @@ namespace {
 std::string unavailable_message(const std::string& device, DeviceUnavailable::Reason reason) {
     if (reason == DeviceUnavailable::Reason::not_built)
         return "device " + device + ": tern was built without CUDA (use cpu)";
-    return "unknown device '" + device + "' (choices: auto, cpu, cuda)";
+    return "unknown device '" + device + "' (choices: auto, cpu, cuda, cuda:N)";
 }
 
 } // namespace

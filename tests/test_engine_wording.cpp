@@ -60,7 +60,7 @@ TEST_CASE("with_flag_words: device, KV and draft-model errors name their flags; 
     CHECK(worded(GpuUnavailable("cuda", "no CUDA device found")).first ==
           "--device cuda: no CUDA device found; use --device cpu or auto");
     CHECK(worded(DeviceUnavailable("tpu", DeviceUnavailable::Reason::unknown)).first ==
-          "unknown device 'tpu' (choices: auto, cpu, cuda)");
+          "unknown device 'tpu' (choices: auto, cpu, cuda, cuda:N)");
     const auto [kv, kv_code] = worded(KvHeadDimsUnfit(KvType::q8_0, 32, 8, 8));
     CHECK(kv == "--kv-type q8_0 needs head dimensions that are multiples of 32, this model has 8 (K) and 8 (V); use "
                 "--kv-type f16");

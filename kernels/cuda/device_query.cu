@@ -16,9 +16,12 @@ std::vector<GpuInfo> list_cuda_devices(std::string* why_none) {
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
         if (why_none) {
-            *why_none = err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice
-                            ? std::string("no usable CUDA driver or device (") + cudaGetErrorString(err) + ")"
-                            : std::string("CUDA runtime error: ") + cudaGetErrorString(err);
+            // The runtime words a missing driver as an old one; say both.
+            *why_none = err == cudaErrorInsufficientDriver
+                            ? std::string("no usable CUDA driver (none installed, or one older than the CUDA ") +
+                                  std::to_string(CUDART_VERSION / 1000) + " runtime tern was built with)"
+                        : err == cudaErrorNoDevice ? std::string("no CUDA GPU found")
+                                                   : std::string("CUDA runtime error: ") + cudaGetErrorString(err);
         }
         cudaGetLastError();   // clear the sticky error so later calls start clean
         return out;
