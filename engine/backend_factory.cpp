@@ -1,5 +1,6 @@
 #include "engine/backend_factory.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "engine/cpu/backend_cpu.h"
@@ -42,7 +43,13 @@ std::optional<DeviceChoice> parse_device(std::string_view device) {
 
 #if defined(TERN_HAVE_CUDA)
 std::unique_ptr<Backend> gpu_backend(int index, const CpuOptions& cpu, int32_t gpu_layers) {
-    auto gpu = std::make_unique<CudaBackend>(CudaOptions{index});
+    CudaOptions options;
+    options.device = index;
+    // TERN_CUDA_GRAPHS=0 launches every kernel of a decode step instead of replaying its graph (to
+    // measure what the graphs save, or to rule them out).
+    const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
+    options.graphs = !(graphs && std::string_view(graphs) == "0");
+    auto gpu = std::make_unique<CudaBackend>(options);
     if (gpu_layers < 0) return gpu;
     return std::make_unique<SplitBackend>(std::make_unique<CpuBackend>(cpu), std::move(gpu), gpu_layers);
 }

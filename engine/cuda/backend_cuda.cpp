@@ -67,12 +67,14 @@ ActivationWidths activation_widths(const ModelConfig& c) {
 
 } // namespace
 
-CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device) {
+CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), graphs_(options.graphs) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
     cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+    step_ = DeviceBuffer(2 * sizeof(int32_t), "the decode step's values");
 }
 
 CudaBackend::~CudaBackend() {
+    reset_graph();
     if (stream_) {
         cudaStreamSynchronize(stream_);
         cudaStreamDestroy(stream_);
@@ -204,6 +206,7 @@ void CudaBackend::upload_weights(const ModelWeights& w) {
 void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, const RunOptions& options) {
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     loaded_ = false;
+    reset_graph();
     config_ = config;
     first_layer_ = options.first_layer;
     weights_buffer_.reset();
@@ -255,7 +258,10 @@ void CudaBackend::forward(const ForwardBatch& batch) {
             throw UsageError("forward: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
                              std::to_string(c.vocab - 1) + ")");
     try {
-        forward_on_device(batch);
+        if (graph_fits(batch))
+            forward_graph(batch);
+        else
+            forward_on_device(batch);
     } catch (const cuda::Error& e) {
         throw RuntimeFailure(std::string("cuda: ") + e.what());
     }
@@ -263,7 +269,85 @@ void CudaBackend::forward(const ForwardBatch& batch) {
 
 // The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line, as the CPU backend's:
 // embed -> per layer {norm, q/k/v, q/k norm + rope, KV write, attention, output, FFN} -> norm -> lm_head.
-void CudaBackend::forward_on_device(const ForwardBatch& batch) {
+bool CudaBackend::graph_fits(const ForwardBatch& batch) const {
+    // One token, its logits kept, nothing copied back in the middle (observer), a whole model.
+    return graphs_ && batch.tokens.size() == 1 && batch.wanted == LogitsWanted::last && !observer_ &&
+           token_embd_.data && output_.data;
+}
+
+void CudaBackend::reset_graph() {
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    graph_exec_ = nullptr;
+    graph_key_.clear();
+}
+
+// What a captured step depends on besides the values in step_: each layer's attention split (which
+// grows with the position) and the addresses of the buffers it reads and writes.
+std::vector<int64_t> CudaBackend::graph_key(int32_t pos0) {
+    std::vector<int64_t> key;
+    for (int32_t l = 0; l < config_.n_layers; ++l) {
+        const LayerConfig& lc = config_.layers[static_cast<size_t>(l)];
+        key.push_back(cuda::attention_plan(kv_.layer(l), 1, lc.n_heads, pos0, lc.sliding_window).splits);
+    }
+    for (const DeviceScratch* b : {&tokens_, &x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &out_, &logits_})
+        key.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(b->data())));
+    return key;
+}
+
+void CudaBackend::forward_graph(const ForwardBatch& batch) {
+    const int32_t values[2] = {batch.tokens[0], batch.pos0};
+    cuda_call(cudaMemcpyAsync(step_.get(), values, sizeof values, cudaMemcpyHostToDevice, stream_),
+              "copying the decode step's values");
+    reserve_buffers(1, 1);   // before the key: a first step allocates them
+    std::vector<int64_t> key = graph_key(batch.pos0);
+    if (!graph_exec_ || key != graph_key_) {
+        reset_graph();
+        cuda_call(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "capturing the decode step");
+        cudaGraph_t graph = nullptr;
+        try {
+            forward_on_device(batch, step_.as<int32_t>());
+        } catch (...) {
+            cudaStreamEndCapture(stream_, &graph);
+            if (graph) cudaGraphDestroy(graph);
+            throw;
+        }
+        cuda_call(cudaStreamEndCapture(stream_, &graph), "capturing the decode step");
+        const cudaError_t e = cudaGraphInstantiate(&graph_exec_, graph, 0);
+        cudaGraphDestroy(graph);
+        cuda_call(e, "instantiating the decode step's graph");
+        graph_key_ = std::move(key);
+    }
+    cuda_call(cudaGraphLaunch(graph_exec_, stream_), "replaying the decode step");
+    finish_forward(batch.pos0 + 1, 1);
+}
+
+// The activations of an n-token batch keeping logit_rows rows of logits (grown, never shrunk).
+void CudaBackend::reserve_buffers(int64_t n, int64_t logit_rows) {
+    const ModelConfig& c = config_;
+    const ActivationWidths aw = activation_widths(c);
+    const auto un = static_cast<size_t>(n), dim = static_cast<size_t>(c.dim);
+    tokens_.reserve(un * sizeof(int32_t), "the batch's tokens");
+    x_.floats(un * dim, "activations");
+    xn_.floats(un * dim, "activations");
+    out_.floats(un * dim, "activations");
+    q_.floats(un * static_cast<size_t>(aw.q), "activations");
+    k_.floats(un * static_cast<size_t>(aw.kv), "activations");
+    v_.floats(un * static_cast<size_t>(aw.kv), "activations");
+    att_.floats(un * static_cast<size_t>(aw.att), "activations");
+    gate_.floats(un * static_cast<size_t>(aw.ffn), "activations");
+    up_.floats(un * static_cast<size_t>(aw.ffn), "activations");
+    logits_.floats(static_cast<size_t>(logit_rows) * static_cast<size_t>(c.vocab), "logits");
+}
+
+// The host's view after a forward: positions, and logit rows not yet copied back.
+void CudaBackend::finish_forward(int32_t n_past, int64_t rows) {
+    kv_.set_n_past(n_past);
+    n_logit_rows_ = static_cast<int>(rows);
+    host_logits_.resize(static_cast<size_t>(rows) * static_cast<size_t>(config_.vocab));
+    host_row_ready_.assign(static_cast<size_t>(rows), false);
+}
+
+void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* step) {
     const ModelConfig& c = config_;
     const int64_t n = static_cast<int64_t>(batch.tokens.size());
     const int32_t pos0 = batch.pos0;
@@ -271,7 +355,9 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
     const ActivationWidths aw = activation_widths(c);
     const auto un = static_cast<size_t>(n);
 
-    auto* tokens = static_cast<int32_t*>(tokens_.reserve(un * sizeof(int32_t), "the batch's tokens"));
+    reserve_buffers(n, batch.wanted == LogitsWanted::all ? n : 1);
+    const int32_t* pos0_device = step ? step + 1 : nullptr;   // a graph reads the position there
+    auto* tokens = step ? const_cast<int32_t*>(step) : static_cast<int32_t*>(tokens_.reserve(0, ""));
     float* x = x_.floats(un * static_cast<size_t>(dim), "activations");       // (n, dim) residual stream
     float* xn = xn_.floats(un * static_cast<size_t>(dim), "activations");     // (n, dim) normed input
     float* out = out_.floats(un * static_cast<size_t>(dim), "activations");   // (n, dim) sub-block output
@@ -282,8 +368,9 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
     float* gate = gate_.floats(un * static_cast<size_t>(aw.ffn), "activations");
     float* up = up_.floats(un * static_cast<size_t>(aw.ffn), "activations");
 
-    cuda_call(cudaMemcpyAsync(tokens, batch.tokens.data(), un * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-              "copying the batch's tokens");
+    if (!step)
+        cuda_call(cudaMemcpyAsync(tokens, batch.tokens.data(), un * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+                  "copying the batch's tokens");
     if (token_embd_.data) {
         cuda::embed_rows(token_embd_.type, token_embd_.data, dim, tokens, n, c.embed_scale, x, stream_);
     } else {   // a later slice of a split model starts from the stream the slice before it computed
@@ -310,10 +397,10 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
         rope.freq_scale = lc.rope_freq_scale;
         rope.freq_factors = rope_freqs_;
         cuda::qk_norm_rope(q, k, n, lc.n_heads, lc.n_kv_heads, c.head_dim, c.qk_norm ? d.q_norm : nullptr,
-                           c.qk_norm ? d.k_norm : nullptr, c.rms_eps, rope, pos0, stream_);
-        cuda::kv_write(kv_.layer(l), k, v, n, pos0, stream_);
+                           c.qk_norm ? d.k_norm : nullptr, c.rms_eps, rope, pos0, stream_, pos0_device);
+        cuda::kv_write(kv_.layer(l), k, v, n, pos0, stream_, pos0_device);
         cuda::attention(kv_.layer(l), q, n, lc.n_heads, pos0, lc.sliding_window, c.attn_scale, c.attn_softcap, att,
-                        stream_);
+                        stream_, pos0_device);
 
         // Output projection (+ bias), gemma's post-attention norm, residual.
         observe(first_layer_ + l, ProjectionInput::attn_output, att, n, static_cast<int64_t>(lc.n_heads) * c.head_dim_v);
@@ -334,8 +421,8 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
         project(d.w_down, gate, n, d.b_down, out);
         cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
     }
-    kv_.set_n_past(pos0 + static_cast<int32_t>(n));
     if (!output_.data) {   // a slice before the last: the stream goes on to the next device
+        kv_.set_n_past(pos0 + static_cast<int32_t>(n));
         if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");
         cuda_call(cudaMemcpyAsync(batch.hidden_out, x, un * static_cast<size_t>(dim) * sizeof(float),
                                   cudaMemcpyDeviceToHost, stream_),
@@ -353,9 +440,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch) {
     observe(-1, ProjectionInput::lm_head, xn, rows, dim);
     project(output_, xn, rows, nullptr, logits);
     if (c.final_softcap > 0.0f) cuda::softcap(logits, rows * c.vocab, c.final_softcap, stream_);
-    n_logit_rows_ = static_cast<int>(rows);
-    host_logits_.resize(static_cast<size_t>(rows) * static_cast<size_t>(c.vocab));
-    host_row_ready_.assign(static_cast<size_t>(rows), false);
+    if (!step) finish_forward(pos0 + static_cast<int32_t>(n), rows);   // a captured step finishes at its replay
 }
 
 std::span<const float> CudaBackend::logits(int row) {

@@ -24,7 +24,8 @@ inline namespace TERN_CUDA_ABI {
 
 // Which GPU to use and how.
 struct CudaOptions {
-    int device = 0;   // CUDA device index (--device cuda:N)
+    int device = 0;       // CUDA device index (--device cuda:N)
+    bool graphs = true;   // decode steps replay a captured CUDA graph (TERN_CUDA_GRAPHS=0 turns it off)
 };
 
 class CudaBackend final : public Backend {
@@ -76,10 +77,25 @@ private:
     // y (n, w.n_out) = W x (+ bias) on the backend's stream.
     void project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y);
     void observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width);
-    void forward_on_device(const ForwardBatch& batch);
+    // The forward's launches. With `step` (device memory: the token, then its position) the kernels read
+    // the token and position there, as a captured graph must.
+    void forward_on_device(const ForwardBatch& batch, const int32_t* step = nullptr);
+    // One decode step through the captured graph, capturing it first when the step's launches differ
+    // from the captured ones (another split of the attention, buffers moved by a larger batch).
+    void forward_graph(const ForwardBatch& batch);
+    bool graph_fits(const ForwardBatch& batch) const;
+    std::vector<int64_t> graph_key(int32_t pos0);
+    void reset_graph();
+    void reserve_buffers(int64_t n, int64_t logit_rows);
+    void finish_forward(int32_t n_past, int64_t rows);
 
     int device_ = 0;
+    bool graphs_ = true;
     cudaStream_t stream_ = nullptr;
+    // The decode step's graph, what it was captured for, and its per-step values on the device.
+    cudaGraphExec_t graph_exec_ = nullptr;
+    std::vector<int64_t> graph_key_;
+    DeviceBuffer step_;   // int32 token, int32 position
     ModelConfig config_;
     bool loaded_ = false;
     ForwardObserver* observer_ = nullptr;

@@ -48,6 +48,7 @@ public:
     float* floats(size_t n, const char* what) { return static_cast<float*>(reserve(n * sizeof(float), what)); }
     void* reserve(size_t bytes, const char* what);
     size_t size() const { return buffer_.size(); }
+    void* data() const { return buffer_.get(); }
 
 private:
     DeviceBuffer buffer_;

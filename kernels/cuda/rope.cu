@@ -38,6 +38,7 @@ struct RopeArgs {
     float base, freq_scale;
     const float* freq_factors;
     int pos0;
+    const int32_t* pos0_device;   // when set, the position of token 0 is read here (a replayed CUDA graph)
 };
 
 // Dynamic shared memory: cos[n_rot/2], sin[n_rot/2], then head_dim floats per warp.
@@ -48,7 +49,7 @@ __global__ void qk_norm_rope_kernel(RopeArgs a) {
     float* sin_t = cos_t + half;
 
     // rope_theta (kernels/cpu/ops.cpp), operation for operation.
-    const double pos = static_cast<double>(a.pos0 + token);
+    const double pos = static_cast<double>((a.pos0_device ? *a.pos0_device : a.pos0) + token);
     for (int i = static_cast<int>(threadIdx.x); i < half; i += static_cast<int>(blockDim.x)) {
         double theta = pos * static_cast<double>(a.freq_scale) *
                        pow(static_cast<double>(a.base), -2.0 * static_cast<double>(i) / static_cast<double>(a.n_rot));
@@ -105,7 +106,7 @@ void require(bool ok, const std::string& what) {
 
 void qk_norm_rope(float* q, float* k, int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                   const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const int32_t* pos0_device) {
     require(n >= 0 && n < (int64_t{1} << 31), "token count out of range");
     require(n_heads >= 0 && n_kv_heads >= 0 && head_dim > 0, "bad head shape");
     require(rope.n_rot >= 0 && rope.n_rot % 2 == 0 && rope.n_rot <= head_dim,
@@ -118,7 +119,7 @@ void qk_norm_rope(float* q, float* k, int64_t n, int32_t n_heads, int32_t n_kv_h
     require(shared <= 48 * 1024, "head_dim too large for the shared-memory staging");
     const RopeArgs args{q,        k,         n_heads,   n_kv_heads,      head_dim,          q_norm,
                         k_norm,   eps,       rope.neox, rope.n_rot,      rope.base,         rope.freq_scale,
-                        rope.freq_factors, pos0};
+                        rope.freq_factors, pos0,   pos0_device};
     const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
     launch(qk_norm_rope_kernel, grid, dim3(32 * warps), shared, stream, args);
 }

@@ -19,10 +19,12 @@ struct RopeParams {
 
 // For token i at position pos0 + i: each of q's n_heads heads (rows of n_heads * head_dim) and k's
 // n_kv_heads heads (rows of n_kv_heads * head_dim) gets an RMSNorm by q_norm / k_norm (head_dim each)
-// when those are not null, then RoPE. In place.
+// when those are not null, then RoPE. In place. With pos0_device set, the kernel reads the position of
+// token 0 from there instead of pos0 (device memory: a decode step captured once as a CUDA graph and
+// replayed at later positions).
 void qk_norm_rope(float* q, float* k, int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                   const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const int32_t* pos0_device = nullptr);
 
 } // namespace TERN_CUDA_ABI
 } // namespace tern::cuda
