@@ -2,7 +2,8 @@
 //   kv_write  bit for bit with kv_store_row (kernels/cpu/attention.h) for every format, ties and edge
 //             values included, and nothing outside the written rows touched;
 //   attention against a double-precision reference over the kv_load_row'd cache and against the CPU's
-//             attend_tokens, by normalised error, for every format, GQA groups 1..8, head dims 32..256,
+//             attend_tokens, by normalised error, for every format, GQA groups 1..8, head dims 32..256
+//             (and, for the float formats, the small head dims 4..40 of small models, groups up to 64),
 //             decode / drafts / prefill, sliding windows, softcap, ragged sizes and positions up to n_ctx;
 //             The split-KV path (partial states merged by the last block) and the single pass both run,
 //             and the launchers allocate no device memory;
@@ -29,6 +30,12 @@ namespace tern {
 namespace {
 
 constexpr KvType kFormats[] = {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3};
+// The formats that take any head dim that is a multiple of 4 (the block formats need multiples of 32).
+constexpr KvType kFloatFormats[] = {KvType::f32, KvType::f16, KvType::bf16};
+
+bool is_float_format(KvType t) {
+    return !kv_format_info(t).quantized;
+}
 
 // Device memory freed on scope exit.
 struct DeviceBuffer {
@@ -143,8 +150,16 @@ TEST_CASE("kv_write stores rows bit for bit as kv_store_row, and only those rows
     struct Dims {
         int32_t head_dim, head_dim_v;
     };
+    // Multiples of 32 for every format; for the float formats also the element-wise path's head dims:
+    // small ones (8 and 16 as small models have), ones past 32, mixed with multiples of 32, and a K/V
+    // token wider than one block of the launch (3 heads * (256 + 4) elements).
+    const std::vector<Dims> block_dims = {{32, 32}, {96, 64}, {128, 128}, {256, 160}};
+    const std::vector<Dims> float_dims = {{8, 8},   {16, 16}, {16, 8}, {8, 16}, {24, 24}, {40, 40},
+                                          {40, 24}, {4, 12},  {12, 4}, {64, 8}, {8, 96},  {256, 4}};
     for (KvType type : kFormats) {
-        for (Dims d : {Dims{32, 32}, Dims{96, 64}, Dims{128, 128}, Dims{256, 160}}) {
+        std::vector<Dims> dims = block_dims;
+        if (is_float_format(type)) dims.insert(dims.end(), float_dims.begin(), float_dims.end());
+        for (Dims d : dims) {
             CAPTURE(kv_type_name(type));
             CAPTURE(d.head_dim);
             CAPTURE(d.head_dim_v);
@@ -445,6 +460,91 @@ TEST_CASE("attention: a sweep of shapes, groups, positions, windows and split co
     CHECK(splits_seen >= 4);
 }
 
+// Runs every case against both references and checks which of the kernel's paths they reached.
+struct Coverage {
+    bool split = false, single = false, many_tokens = false;
+    int32_t max_splits = 0;
+};
+
+Coverage check_attention_cases(const std::vector<AttnCase>& cases, uint32_t seed) {
+    Coverage cov;
+    for (const AttnCase& c : cases) {
+        CAPTURE(describe(c));
+        const AttnResult r = run_attention_case(c, seed += 7);
+        CAPTURE(r.plan.splits);
+        CAPTURE(r.plan.tokens_per_block);
+        CHECK(r.err_ref < kAttnTolerance);
+        CHECK(r.err_cpu < kAttnTolerance);
+        cov.split |= r.plan.splits > 1;
+        cov.single |= r.plan.splits == 1;
+        cov.many_tokens |= r.plan.tokens_per_block > 1 && r.plan.query_tiles > 1;
+        cov.max_splits = std::max(cov.max_splits, r.plan.splits);
+    }
+    return cov;
+}
+
+TEST_CASE("attention at the small head dims of small models, float formats") {
+    // Head dims 8 and 16 (stories260K and llama2xs; aidreams260K and babyllama), others that are not
+    // multiples of 32 (24, 40; 4, 12 and 20, whose K/V tile rows are an even number of float4s), K and V
+    // dims apart both ways, over decode, drafts, prefill from empty and chunked, windows, softcap, and GQA
+    // groups up to the 64 rows a block holds at these head dims (64 / group tokens a block). Decode at
+    // these sizes splits the key range; a block of one query row shares the head dim out over the 4
+    // warps, one of 2 or 3 rows over 2, so uneven shares, shares of one float4 and empty ones occur.
+    std::vector<AttnCase> cases;
+    for (KvType t : kFloatFormats) {
+        cases.push_back({t, 8, 8, 2, 1, 512, 300, 1, 0, 0.0f});     // decode, 301 keys, one row a block
+        cases.push_back({t, 16, 16, 2, 4, 512, 200, 5, 0, 0.0f});   // draft verification
+        cases.push_back({t, 16, 8, 2, 1, 256, 0, 150, 0, 0.0f});    // prefill from empty, 64-token tiles
+        cases.push_back({t, 8, 16, 3, 2, 160, 123, 37, 100, 0.0f}); // chunked prefill, window < n_past
+        cases.push_back({t, 24, 24, 1, 8, 96, 93, 3, 0, 30.0f});    // ends at n_ctx, softcap, group 8
+        cases.push_back({t, 40, 40, 2, 3, 300, 250, 1, 64, 0.0f});  // decode in a window
+        cases.push_back({t, 40, 24, 1, 7, 300, 0, 41, 0, 0.0f});
+        cases.push_back({t, 8, 8, 1, 64, 128, 50, 3, 0, 0.0f});     // group 64: one token a block
+        cases.push_back({t, 16, 16, 2, 16, 200, 20, 30, 33, 0.0f}); // group 16: 4 tokens a block
+        cases.push_back({t, 4, 4, 2, 2, 64, 0, 64, 0, 50.0f});      // head dim 4, the whole cache at once
+        cases.push_back({t, 12, 20, 1, 5, 400, 333, 1, 1, 0.0f});   // window 1: only itself
+        cases.push_back({t, 8, 64, 1, 3, 100, 60, 2, 0, 0.0f});     // a small K dim with a V dim of 64
+        cases.push_back({t, 20, 12, 2, 3, 200, 150, 1, 0, 0.0f});   // 3 rows: 5 float4s as 3 + 2
+        cases.push_back({t, 4, 8, 1, 1, 100, 90, 1, 0, 0.0f});      // 1 row: 1 float4 as 1 + 0 + 0 + 0
+    }
+    const size_t device_bytes = cuda_emu::device_bytes_in_use();
+    const Coverage cov = check_attention_cases(cases, 300);
+    CHECK(cuda_emu::device_bytes_in_use() == device_bytes);
+    CHECK(cov.split);
+    CHECK(cov.single);
+    CHECK(cov.many_tokens);
+}
+
+TEST_CASE("attention: a sweep of small and mixed head dims, float formats") {
+    // Deterministic random cases as in the sweep above, with the float formats' head dims: multiples of 4
+    // and 8 below and between multiples of 32, mixed with multiples of 32 (K and V dims apart in a
+    // third), and groups up to the block's row budget, 64 at head dims up to 64.
+    std::mt19937 rng(78);
+    const int32_t dims[] = {4, 8, 8, 12, 16, 16, 20, 24, 40, 48, 72, 80, 112, 32, 64, 128};
+    const int32_t groups[] = {1, 1, 2, 3, 4, 5, 8, 16, 64};
+    const int32_t ns[] = {1, 1, 1, 2, 3, 4, 7, 8, 9, 16, 33, 70, 150};
+    const int32_t windows[] = {0, 0, 0, 1, 2, 31, 32, 33, 64, 100, 1000};
+    std::vector<AttnCase> cases;
+    for (int i = 0; i < 60; ++i) {
+        AttnCase c{};
+        c.type = kFloatFormats[i % 3];
+        c.head_dim = dims[rng() % std::size(dims)];
+        c.head_dim_v = rng() % 3 == 0 ? dims[rng() % std::size(dims)] : c.head_dim;
+        c.n_kv_heads = 1 + static_cast<int32_t>(rng() % 3);
+        c.group = std::min<int32_t>(groups[rng() % std::size(groups)],
+                                    std::min(64, 4096 / std::max(c.head_dim, c.head_dim_v)));
+        c.n = ns[rng() % std::size(ns)];
+        c.pos0 = static_cast<int32_t>(rng() % 400);
+        c.n_ctx = c.pos0 + c.n + (rng() % 3 == 0 ? 0 : static_cast<int32_t>(rng() % 50));
+        c.window = windows[rng() % std::size(windows)];
+        c.softcap = rng() % 4 == 0 ? 20.0f : 0.0f;
+        cases.push_back(c);
+    }
+    const Coverage cov = check_attention_cases(cases, 7000);
+    CHECK(cov.max_splits >= 4);
+    CHECK(cov.many_tokens);
+}
+
 TEST_CASE("attention and kv_write refuse shapes they do not support") {
     DeviceCache cache(KvType::f16, 2, 128, 128, 16);
     DeviceBuffer buf(sizeof(float) * 16 * 8 * 128);
@@ -452,10 +552,43 @@ TEST_CASE("attention and kv_write refuse shapes they do not support") {
     CHECK_THROWS_AS(cuda::attention(cache.layer, x, 1, 3, 0, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
     CHECK_THROWS_AS(cuda::attention(cache.layer, x, 4, 2, 13, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
     CHECK_THROWS_AS(cuda::kv_write(cache.layer, x, x, 2, 15, nullptr), std::invalid_argument);
-    cuda::KvLayer odd = cache.layer;
-    odd.head_dim = 80;
-    CHECK_THROWS_AS(cuda::kv_write(odd, x, x, 1, 0, nullptr), std::invalid_argument);
-    CHECK_THROWS_AS(cuda::attention(odd, x, 1, 2, 0, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
+    // Float formats: multiples of 4 from 4 to 256 (80 and 8 are fine, 82, 6, 0 and 260 are not).
+    for (int32_t bad : {82, 6, 0, 260}) {
+        CAPTURE(bad);
+        cuda::KvLayer odd = cache.layer;
+        odd.head_dim = bad;
+        CHECK_THROWS_AS(cuda::kv_write(odd, x, x, 1, 0, nullptr), std::invalid_argument);
+        CHECK_THROWS_AS(cuda::attention(odd, x, 1, 2, 0, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
+        odd = cache.layer;
+        odd.head_dim_v = bad;
+        CHECK_THROWS_AS(cuda::kv_write(odd, x, x, 1, 0, nullptr), std::invalid_argument);
+        CHECK_THROWS_AS(cuda::kv_erase(odd, 0, 1, 2, cuda::RopeParams{}, nullptr), std::invalid_argument);
+    }
+    cuda::KvLayer f16_80 = cache.layer;
+    f16_80.head_dim = 80;
+    f16_80.head_dim_v = 8;
+    CHECK_NOTHROW(cuda::kv_write(f16_80, x, x, 1, 0, nullptr));
+    CHECK_NOTHROW(cuda::attention(f16_80, x, 1, 2, 0, 0, 1.0f, 0.0f, x + 8192, nullptr));
+    // The block formats: multiples of 32 only.
+    for (KvType type : {KvType::q8_0, KvType::f8_e4m3}) {
+        CAPTURE(kv_type_name(type));
+        DeviceCache blocks(type, 2, 128, 128, 16);
+        for (auto [d, dv] : {std::pair{80, 128}, std::pair{128, 16}, std::pair{8, 8}}) {
+            cuda::KvLayer l = blocks.layer;
+            l.head_dim = d;
+            l.head_dim_v = dv;
+            CHECK_THROWS_WITH_AS(cuda::kv_write(l, x, x, 1, 0, nullptr), doctest::Contains("multiples of 32"),
+                                 std::invalid_argument);
+            CHECK_THROWS_AS(cuda::attention(l, x, 1, 2, 0, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
+            CHECK_THROWS_AS(cuda::kv_erase(l, 0, 1, 2, cuda::RopeParams{}, nullptr), std::invalid_argument);
+        }
+    }
+    // The group limit, min(64, 4096 / widest head dim): 64 at head dim 8, one more is refused.
+    cuda::KvLayer small = cache.layer;
+    small.head_dim = small.head_dim_v = 8;
+    small.n_kv_heads = 1;
+    CHECK_NOTHROW(cuda::attention(small, x, 1, 64, 0, 0, 1.0f, 0.0f, x + 8192, nullptr));
+    CHECK_THROWS_AS(cuda::attention(small, x, 1, 65, 0, 0, 1.0f, 0.0f, x, nullptr), std::invalid_argument);
     cuda::KvLayer wide = cache.layer;
     wide.head_dim = wide.head_dim_v = 256;
     wide.n_kv_heads = 1;
@@ -489,6 +622,16 @@ TEST_CASE("kv_erase moves and turns the cache bit for bit as the CPU's KvCache::
     cases.push_back({KvType::f16, 256, 256, 1, 300, 280, 30, 31, false, 256, true});
     cases.push_back({KvType::q8_0, 128, 128, 2, 64, 50, 20, 50, true, 128, false}); // nothing after the gap
     cases.push_back({KvType::bf16, 128, 128, 2, 64, 50, 20, 20, true, 128, false}); // nothing removed
+    // The float formats at head dims that are not multiples of 32: rows of 8..160 bytes moved in 16- or
+    // 4-byte units, K rows rotated element by element; full and partial rope, both styles, factors.
+    for (KvType t : kFloatFormats) {
+        cases.push_back({t, 8, 8, 2, 64, 50, 10, 20, true, 8, false});    // 30 rows move, 3 waves
+        cases.push_back({t, 16, 8, 3, 40, 40, 0, 1, false, 16, true});    // one position, 39 rows move
+        cases.push_back({t, 40, 24, 1, 90, 90, 50, 89, true, 32, false}); // partial rope, one row moves
+        cases.push_back({t, 24, 40, 2, 64, 64, 3, 40, false, 0, false});  // no rope: K bytes move too
+        cases.push_back({t, 12, 4, 2, 64, 60, 5, 9, true, 12, true});     // head dims 12 and 4
+        cases.push_back({t, 8, 16, 2, 300, 280, 30, 31, false, 6, true}); // 249 rows walked in order
+    }
 
     for (const EraseCase& c : cases) {
         CAPTURE(kv_type_name(c.type));

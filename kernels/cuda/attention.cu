@@ -66,9 +66,12 @@ __host__ __device__ constexpr int row_slices(int rows) {
     return rows >= 4 ? 4 : (rows >= 2 ? 2 : 1);
 }
 
-// Shared memory in floats: the K/V tile (rows padded by 4 floats so lanes reading different keys at the
-// same column hit different banks), the scaled queries, the scores (one slice per head-dim share; slice 0
-// then holds the probabilities), each row's rescale factor and final (m, l).
+// Shared memory in floats: the K/V tile (rows padded by 4 floats so that the lanes of a quarter warp,
+// reading different keys at the same column, hit different banks: an odd number of float4s a row at head
+// dims that are multiples of 8; at the other multiples of 4, which no model has, they conflict 2- to 4-way,
+// accepted because a padding chosen at run time made ptxas schedule the common head dims' P V loop worse),
+// the scaled queries, the scores (one slice per head-dim share; slice 0 then holds the probabilities), each
+// row's rescale factor and final (m, l).
 struct Layout {
     int kv_stride, qs, sp, alpha, ml, floats;
 };
@@ -104,7 +107,7 @@ __device__ __forceinline__ float4 load_other4(const float* p) {
 template <KvType F>
 __device__ __forceinline__ void stage_tile(const uint8_t* first_row, int row_bytes, int count, int dim, float* dst,
                                            int stride) {
-    const int quads = dim / 4; // 8 .. 64
+    const int quads = dim / 4; // 1 .. 64
     const int step_r = kThreads / quads, step_c = kThreads - step_r * quads;
     int r = static_cast<int>(threadIdx.x) / quads, c = static_cast<int>(threadIdx.x) - r * quads;
     while (r < count) {
@@ -175,11 +178,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
         *reinterpret_cast<float4*>(qs + r * D + 4 * c) = scale4(x, a.q_scale);
     }
 
-    // Score step: this warp's rows rslice, rslice + rs, ... over head dims [d_begin, d_begin + d_len).
+    // Score step: this warp's rows rslice, rslice + rs, ... over head dims [d_begin, d_begin + d_len): the
+    // head dim's float4s shared out over the kWarps / rs slices, evenly at multiples of 32; at small head
+    // dims the last slices get fewer or none (an empty share scores 0).
     const int rs = row_slices(rows);
     const int rslice = warp % rs, dslice = warp / rs;
     const int warp_rows = (rows - rslice + rs - 1) / rs;
-    const int d_len = D / (kWarps / rs), d_begin = dslice * d_len;
+    const int dslices = kWarps / rs, d_share = 4 * ((D / 4 + dslices - 1) / dslices);
+    const int d_begin = min(D, dslice * d_share), d_len = min(D - d_begin, d_share);
 
     // Softmax step: pass p's row of this thread, its visible positions [lo, hi] (empty past n), its state.
     int row_lo[kMaxPasses], row_hi[kMaxPasses];
@@ -390,7 +396,7 @@ int multiprocessors() {
 }
 
 Plan make_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, int32_t window) {
-    kv_codec::check_kv_shape(layer.head_dim, layer.head_dim_v, layer.n_kv_heads, layer.n_ctx, "attention");
+    kv_codec::check_kv_shape(layer.type, layer.head_dim, layer.head_dim_v, layer.n_kv_heads, layer.n_ctx, "attention");
     if (n_heads < layer.n_kv_heads || n_heads % layer.n_kv_heads != 0)
         throw std::invalid_argument("attention: " + std::to_string(n_heads) + " query heads over " +
                                     std::to_string(layer.n_kv_heads) + " KV heads");
@@ -400,7 +406,7 @@ Plan make_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, i
     Plan plan;
     plan.group = n_heads / layer.n_kv_heads;
     const int32_t widest = std::max(layer.head_dim, layer.head_dim_v);
-    const int32_t rows_cap = std::min(kMaxRows, kMaxRowElems / widest); // 16 .. 64
+    const int32_t rows_cap = std::min(kMaxRows, kMaxRowElems / widest); // 16 .. 64 (64 up to head dim 64)
     if (plan.group > rows_cap)
         throw std::invalid_argument("attention: " + std::to_string(plan.group) + " query heads per KV head; at most " +
                                     std::to_string(rows_cap) + " at head dim " + std::to_string(widest));

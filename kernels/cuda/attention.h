@@ -13,8 +13,10 @@ inline namespace TERN_CUDA_ABI {
 // One layer's cache, laid out as the CPU's (engine/cpu/kv_cache.h): K is n_kv_heads blocks of n_ctx
 // rows of kv_row_bytes(type, head_dim) bytes, V likewise with head_dim_v; row `pos` of head h starts at
 // (h * n_ctx + pos) * row_bytes. Rows hold the formats of kernels/kv_format.h. k and v are 16-byte
-// aligned (cudaMalloc's are). head_dim and head_dim_v must be multiples of 32 from 32 to 256 for every
-// format (the launchers throw std::invalid_argument otherwise).
+// aligned (cudaMalloc's are). head_dim and head_dim_v (independently) must be at most 256 and multiples of
+// 4 from 4 for f32 / f16 / bf16 (8 and 16 as small models have, 40, 80, ...; where one is not a multiple
+// of 32, kv_write stores the rows element by element), of 32 from 32 for q8_0 / f8_e4m3 (whole blocks);
+// the launchers throw std::invalid_argument otherwise.
 struct KvLayer {
     KvType type = KvType::f16;
     void* k = nullptr;
@@ -31,7 +33,8 @@ void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, i
 // sliding_window > 0, else 0. Query head h reads KV head h / (n_heads / n_kv_heads). Scores are
 // (q . k) * scale, then softcap * tanh(score / softcap) when softcap > 0. q and att are 16-byte aligned.
 // f32 throughout with an online softmax: close to the CPU's attend_tokens, not bit-identical. The group
-// n_heads / n_kv_heads may be up to min(64, 4096 / max(head_dim, head_dim_v)): 16 at head dim 256.
+// n_heads / n_kv_heads may be up to min(64, 4096 / max(head_dim, head_dim_v)): 16 at head dim 256, 32 at
+// 128, 64 at head dims up to 64 (the small ones included: the cap of 64 rows a block binds there).
 // A split KV range keeps its partial states in one device buffer of this module: attention() launches
 // must not overlap each other (issue them on one stream, or order the streams).
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,

@@ -19,7 +19,7 @@ constexpr int kWriteThreads = 128;
 constexpr int kWriteWarps = kWriteThreads / 32;
 
 // One block per (token, KV head): its K and V rows are split into 32-element segments (the blocks of
-// the block formats), one warp per segment.
+// the block formats), one warp per segment. Every format at head dims that are multiples of 32.
 template <KvType F>
 __global__ void __launch_bounds__(kWriteThreads)
     kv_write_kernel(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, int32_t n_kv_heads,
@@ -39,6 +39,28 @@ __global__ void __launch_bounds__(kWriteThreads)
         kv_codec::store_segment<F>((is_k ? k_src : v_src) + seg * 32,
                                    (is_k ? k_dst : v_dst) + seg * kv_codec::segment_bytes<F>(), lane, scratch[warp]);
     }
+}
+
+// Float formats at head dims that are not multiples of 32 (small models: 8, 16, 40, ...): element by
+// element, block (token, y) taking elements [y * kWriteThreads, ...) of the token's K rows followed by its
+// V rows (n_kv_heads * (head_dim + head_dim_v) elements: consecutive threads read consecutive floats and
+// write consecutive elements of a row).
+template <KvType F>
+__global__ void __launch_bounds__(kWriteThreads)
+    kv_write_elements_kernel(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, int32_t n_kv_heads,
+                             int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int32_t pos0) {
+    const int token = static_cast<int>(blockIdx.x);
+    const int k_elems = n_kv_heads * head_dim;
+    int e = static_cast<int>(blockIdx.y * kWriteThreads + threadIdx.x);
+    if (e >= k_elems + n_kv_heads * head_dim_v) return;
+    const bool is_k = e < k_elems;
+    if (!is_k) e -= k_elems;
+    const int dim = is_k ? head_dim : head_dim_v;
+    const int head = e / dim, i = e - head * dim;
+    const float x = is_k ? k[static_cast<int64_t>(token) * k_elems + e]
+                         : v[static_cast<int64_t>(token) * n_kv_heads * head_dim_v + e];
+    const int64_t row = static_cast<int64_t>(head) * n_ctx + pos0 + token;
+    kv_codec::store_float<F>(x, (is_k ? k_cache : v_cache) + row * dim * kv_codec::float_bytes<F>(), i);
 }
 
 // ---- kv_erase -------------------------------------------------------------------------------------------
@@ -188,6 +210,16 @@ void move_rows(uint8_t* heads, int32_t n_heads, int32_t n_ctx, int64_t row_bytes
 
 template <KvType F>
 void launch_write(const KvLayer& l, const float* k, const float* v, int64_t n, int32_t pos0, cudaStream_t stream) {
+    if constexpr (kv_codec::is_float_format(F)) {
+        if (l.head_dim % 32 != 0 || l.head_dim_v % 32 != 0) {
+            const int64_t elems = int64_t{l.n_kv_heads} * (l.head_dim + l.head_dim_v);
+            launch(kv_write_elements_kernel<F>,
+                   dim3(static_cast<unsigned>(n), static_cast<unsigned>((elems + kWriteThreads - 1) / kWriteThreads)),
+                   dim3(kWriteThreads), 0, stream, static_cast<uint8_t*>(l.k), static_cast<uint8_t*>(l.v), k, v,
+                   l.n_kv_heads, l.head_dim, l.head_dim_v, l.n_ctx, pos0);
+            return;
+        }
+    }
     launch(kv_write_kernel<F>, dim3(static_cast<unsigned>(n), static_cast<unsigned>(l.n_kv_heads)), dim3(kWriteThreads),
            0, stream, static_cast<uint8_t*>(l.k), static_cast<uint8_t*>(l.v), k, v, l.n_kv_heads, l.head_dim,
            l.head_dim_v, l.n_ctx, pos0);
@@ -204,7 +236,7 @@ void launch_rotate(const KvLayer& l, int32_t begin, int32_t end, int32_t moved, 
 }
 
 void check_layer(const KvLayer& l, const char* what) {
-    kv_codec::check_kv_shape(l.head_dim, l.head_dim_v, l.n_kv_heads, l.n_ctx, what);
+    kv_codec::check_kv_shape(l.type, l.head_dim, l.head_dim_v, l.n_kv_heads, l.n_ctx, what);
     if (!l.k || !l.v) throw std::invalid_argument(std::string(what) + ": the layer has no K or V buffer");
 }
 

@@ -36,15 +36,27 @@ namespace kv_codec {
 inline constexpr int kBlockElems = 32; // q8_0 and f8_e4m3: 32 elements after an f16 scale
 inline constexpr int kBlockBytes = 34;
 
-// Host: the head dims and cache shape every kernel of the KV cache takes: head dims multiples of 32 from
-// 32 to 256 (the block formats need multiples of 32 anyway; the attention kernel sizes its shared tiles
-// and register tiles for at most 256), at least one head and one position. Throws std::invalid_argument.
-inline void check_kv_shape(int64_t head_dim, int64_t head_dim_v, int64_t n_kv_heads, int64_t n_ctx, const char* what) {
-    auto dim_ok = [](int64_t d) { return d >= 32 && d <= 256 && d % 32 == 0; };
+// The float formats (one element per 4 or 2 bytes), which take any head dim the kernels' 4-element
+// steps divide; the block formats (q8_0, f8_e4m3) take whole 32-element blocks only.
+constexpr bool is_float_format(KvType t) {
+    return t == KvType::f32 || t == KvType::f16 || t == KvType::bf16;
+}
+
+// Host: the head dims and cache shape every kernel of the KV cache takes, at least one head and one
+// position, and head dims up to 256 (the attention kernel sizes its shared tiles and register tiles for
+// at most 256): multiples of 4 from 4 for the float formats (the kernels move rows 4 elements at a time:
+// 16 bytes of f32, 8 of f16 / bf16, which keeps every row start aligned for those loads), multiples of
+// 32 from 32 for the block formats (whole blocks per row). Throws std::invalid_argument.
+inline void check_kv_shape(KvType type, int64_t head_dim, int64_t head_dim_v, int64_t n_kv_heads, int64_t n_ctx,
+                           const char* what) {
+    const int64_t step = is_float_format(type) ? 4 : kBlockElems;
+    auto dim_ok = [step](int64_t d) { return d >= step && d <= 256 && d % step == 0; };
     if (!dim_ok(head_dim) || !dim_ok(head_dim_v) || n_kv_heads < 1 || n_ctx < 1)
         throw std::invalid_argument(std::string(what) + ": head dims " + std::to_string(head_dim) + " / " +
-                                    std::to_string(head_dim_v) + " (multiples of 32 from 32 to 256 are supported), " +
-                                    std::to_string(n_kv_heads) + " KV heads, " + std::to_string(n_ctx) + " positions");
+                                    std::to_string(head_dim_v) + " (" + std::string(kv_format_info(type).name) +
+                                    " takes multiples of " + std::to_string(step) + " from " + std::to_string(step) +
+                                    " to 256), " + std::to_string(n_kv_heads) + " KV heads, " + std::to_string(n_ctx) +
+                                    " positions");
 }
 
 __device__ __forceinline__ uint16_t load_u16(const uint8_t* p) {
@@ -62,7 +74,7 @@ __device__ __forceinline__ float e4m3_value(uint32_t q) {
 
 // Elements c .. c + 3 of a row (c a multiple of 4), decoded as kv_load_row does. Float rows need 8-byte
 // (f16, bf16) or 16-byte (f32) aligned row starts, which the cache layout gives (head dims are multiples
-// of 32); block rows are read in 2-byte units (a 34-byte block starts at any even offset).
+// of 4); block rows are read in 2-byte units (a 34-byte block starts at any even offset).
 template <KvType F> __device__ __forceinline__ float4 load4(const uint8_t* row, int c) {
     if constexpr (F == KvType::f32) {
         return *reinterpret_cast<const float4*>(row + 4 * c);
@@ -178,7 +190,25 @@ __device__ __forceinline__ void store_f8_block(float x, int lane, uint8_t* block
     if (lane == 0) *reinterpret_cast<uint16_t*>(block) = dh;
 }
 
-// Bytes of 32 consecutive elements of a row: rows are whole segments (head dims are multiples of 32).
+// Bytes of one element of a float format.
+template <KvType F> constexpr int float_bytes() {
+    static_assert(is_float_format(F));
+    return F == KvType::f32 ? 4 : 2;
+}
+
+// Element i of a float-format row stored as kv_store_row(F) stores it.
+template <KvType F> __device__ __forceinline__ void store_float(float x, uint8_t* row, int i) {
+    static_assert(is_float_format(F));
+    if constexpr (F == KvType::f32)
+        reinterpret_cast<float*>(row)[i] = x;
+    else if constexpr (F == KvType::f16)
+        reinterpret_cast<uint16_t*>(row)[i] = f32_to_f16(x);
+    else
+        reinterpret_cast<uint16_t*>(row)[i] = f32_to_bf16(x);
+}
+
+// Bytes of 32 consecutive elements of a row: the block formats' rows are whole segments (their head
+// dims are multiples of 32), and so are the float formats' rows at those head dims.
 template <KvType F> constexpr int segment_bytes() {
     return F == KvType::f32 ? 128 : (F == KvType::f16 || F == KvType::bf16) ? 64 : kBlockBytes;
 }
@@ -189,25 +219,28 @@ template <KvType F> constexpr int segment_bytes() {
 template <KvType F>
 __device__ __forceinline__ void store_segment(const float* src, uint8_t* dst, int lane, float* scratch) {
     const float x = src[lane];
-    if constexpr (F == KvType::f32)
-        reinterpret_cast<float*>(dst)[lane] = x;
-    else if constexpr (F == KvType::f16)
-        reinterpret_cast<uint16_t*>(dst)[lane] = f32_to_f16(x);
-    else if constexpr (F == KvType::bf16)
-        reinterpret_cast<uint16_t*>(dst)[lane] = f32_to_bf16(x);
+    if constexpr (is_float_format(F))
+        store_float<F>(x, dst, lane);
     else if constexpr (F == KvType::q8_0)
         store_q8_0_block(x, lane, dst);
     else
         store_f8_block(x, lane, dst, scratch);
 }
 
-// A row of n elements (a multiple of 32) stored by one warp.
+// A row of n elements stored by one warp: block formats by whole 32-element segments (n a multiple of
+// 32), float formats element by element (lane j: elements j, j + 32, ...), which takes any n.
 template <KvType F> __device__ void store_row_warp(const float* src, uint8_t* dst, int n, int lane, float* scratch) {
-    for (int s = 0; s < n / kBlockElems; ++s)
-        store_segment<F>(src + s * kBlockElems, dst + s * segment_bytes<F>(), lane, scratch);
+    if constexpr (is_float_format(F)) {
+        for (int i = lane; i < n; i += 32)
+            store_float<F>(src[i], dst, i);
+    } else {
+        for (int s = 0; s < n / kBlockElems; ++s)
+            store_segment<F>(src + s * kBlockElems, dst + s * segment_bytes<F>(), lane, scratch);
+    }
 }
 
-// One row decoded as kv_load_row(F) does, by one warp (dst global or shared; n a multiple of 32).
+// One row decoded as kv_load_row(F) does, by one warp (dst global or shared; n a multiple of 32 for the
+// block formats, any n for the float formats).
 template <KvType F> __device__ void load_row_warp(const uint8_t* src, float* dst, int n, int lane) {
     if constexpr (F == KvType::f32) {
         const float* s = reinterpret_cast<const float*>(src);
