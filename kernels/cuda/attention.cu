@@ -56,6 +56,7 @@ struct AttnArgs {
     int64_t k_head_bytes, v_head_bytes;
     int32_t k_row_bytes, v_row_bytes;
     int32_t n, n_heads, group, head_dim, head_dim_v, pos0, window;
+    const int32_t* pos0_device;   // when set, pos0 is read there (a replayed CUDA graph)
     int32_t tokens_per_block, rows, splits;
     float q_scale; // scale * log2(e), or scale alone when softcap > 0 (the cap applies before log2(e))
     float softcap;
@@ -145,6 +146,7 @@ __device__ __forceinline__ float4 scale4(float4 v, float s) {
 template <KvType F, int kMaxWarpRows, int kMaxQuads, int kMaxPasses>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
     __shared__ int last_block;
+    if (a.pos0_device) a.pos0 = *a.pos0_device;
     const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
     const int D = a.head_dim, Dv = a.head_dim_v, rows = a.rows, group = a.group;
     const Layout L = layout_for(rows, D, Dv);
@@ -461,7 +463,7 @@ AttentionPlan attention_plan(const KvLayer& layer, int64_t n, int32_t n_heads, i
 }
 
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
-               float scale, float softcap, float* att, cudaStream_t stream) {
+               float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device) {
     const Plan plan = make_plan(layer, n, n_heads, pos0, sliding_window);
     if (n == 0) return;
     if (!layer.k || !layer.v) throw std::invalid_argument("attention: the layer has no K or V buffer");
@@ -480,6 +482,7 @@ void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads,
     a.head_dim = layer.head_dim;
     a.head_dim_v = layer.head_dim_v;
     a.pos0 = pos0;
+    a.pos0_device = pos0_device;
     a.window = sliding_window > 0 ? sliding_window : 0;
     a.tokens_per_block = plan.pub.tokens_per_block;
     a.rows = plan.rows;

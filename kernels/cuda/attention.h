@@ -26,7 +26,11 @@ struct KvLayer {
 
 // Stores k (n, n_kv_heads, head_dim) and v (n, n_kv_heads, head_dim_v), f32, at positions pos0 ..
 // pos0 + n - 1, encoded bit for bit as the CPU's kv_store_row (kernels/cpu/attention.h).
-void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, int32_t pos0, cudaStream_t stream);
+// With pos0_device set, the kernels read pos0 there instead (device memory: a decode step captured once
+// as a CUDA graph and replayed at later positions); pos0 must still be the value it will hold, or one
+// with the same attention_plan(), since the launch's shape is chosen from it.
+void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, int32_t pos0, cudaStream_t stream,
+              const int32_t* pos0_device = nullptr);
 
 // att (n, n_heads, head_dim_v) for q (n, n_heads, head_dim): token i, at position pos0 + i, attends to
 // the cached positions [lo, pos0 + i], lo = pos0 + i - sliding_window + 1 (at least 0) when
@@ -38,7 +42,7 @@ void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, i
 // A split KV range keeps its partial states in one device buffer of this module: attention() launches
 // must not overlap each other (issue them on one stream, or order the streams).
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
-               float scale, float softcap, float* att, cudaStream_t stream);
+               float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device = nullptr);
 
 // How attention() shares out the work for these arguments (for tests and tuning): blocks of
 // tokens_per_block query tokens (each with all query heads of one KV head), query_tiles of them per KV

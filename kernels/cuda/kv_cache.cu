@@ -23,7 +23,8 @@ constexpr int kWriteWarps = kWriteThreads / 32;
 template <KvType F>
 __global__ void __launch_bounds__(kWriteThreads)
     kv_write_kernel(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, int32_t n_kv_heads,
-                    int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int32_t pos0) {
+                    int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int32_t pos0, const int32_t* pos0_device) {
+    if (pos0_device) pos0 = *pos0_device;
     __shared__ float scratch[kWriteWarps][kv_codec::kF8ScratchFloats];
     const int token = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y);
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -48,7 +49,9 @@ __global__ void __launch_bounds__(kWriteThreads)
 template <KvType F>
 __global__ void __launch_bounds__(kWriteThreads)
     kv_write_elements_kernel(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, int32_t n_kv_heads,
-                             int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int32_t pos0) {
+                             int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int32_t pos0,
+                             const int32_t* pos0_device) {
+    if (pos0_device) pos0 = *pos0_device;
     const int token = static_cast<int>(blockIdx.x);
     const int k_elems = n_kv_heads * head_dim;
     int e = static_cast<int>(blockIdx.y * kWriteThreads + threadIdx.x);
@@ -209,20 +212,21 @@ void move_rows(uint8_t* heads, int32_t n_heads, int32_t n_ctx, int64_t row_bytes
 }
 
 template <KvType F>
-void launch_write(const KvLayer& l, const float* k, const float* v, int64_t n, int32_t pos0, cudaStream_t stream) {
+void launch_write(const KvLayer& l, const float* k, const float* v, int64_t n, int32_t pos0, cudaStream_t stream,
+                  const int32_t* pos0_device) {
     if constexpr (kv_codec::is_float_format(F)) {
         if (l.head_dim % 32 != 0 || l.head_dim_v % 32 != 0) {
             const int64_t elems = int64_t{l.n_kv_heads} * (l.head_dim + l.head_dim_v);
             launch(kv_write_elements_kernel<F>,
                    dim3(static_cast<unsigned>(n), static_cast<unsigned>((elems + kWriteThreads - 1) / kWriteThreads)),
                    dim3(kWriteThreads), 0, stream, static_cast<uint8_t*>(l.k), static_cast<uint8_t*>(l.v), k, v,
-                   l.n_kv_heads, l.head_dim, l.head_dim_v, l.n_ctx, pos0);
+                   l.n_kv_heads, l.head_dim, l.head_dim_v, l.n_ctx, pos0, pos0_device);
             return;
         }
     }
     launch(kv_write_kernel<F>, dim3(static_cast<unsigned>(n), static_cast<unsigned>(l.n_kv_heads)), dim3(kWriteThreads),
            0, stream, static_cast<uint8_t*>(l.k), static_cast<uint8_t*>(l.v), k, v, l.n_kv_heads, l.head_dim,
-           l.head_dim_v, l.n_ctx, pos0);
+           l.head_dim_v, l.n_ctx, pos0, pos0_device);
 }
 
 template <KvType F>
@@ -242,7 +246,8 @@ void check_layer(const KvLayer& l, const char* what) {
 
 } // namespace
 
-void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, int32_t pos0, cudaStream_t stream) {
+void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, int32_t pos0, cudaStream_t stream,
+              const int32_t* pos0_device) {
     check_layer(layer, "kv_write");
     if (n < 0 || pos0 < 0 || pos0 + n > layer.n_ctx)
         throw std::invalid_argument("kv_write: positions " + std::to_string(pos0) + " + " + std::to_string(n) +
@@ -250,19 +255,19 @@ void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, i
     if (n == 0) return;
     switch (layer.type) {
     case KvType::f32:
-        launch_write<KvType::f32>(layer, k, v, n, pos0, stream);
+        launch_write<KvType::f32>(layer, k, v, n, pos0, stream, pos0_device);
         return;
     case KvType::f16:
-        launch_write<KvType::f16>(layer, k, v, n, pos0, stream);
+        launch_write<KvType::f16>(layer, k, v, n, pos0, stream, pos0_device);
         return;
     case KvType::bf16:
-        launch_write<KvType::bf16>(layer, k, v, n, pos0, stream);
+        launch_write<KvType::bf16>(layer, k, v, n, pos0, stream, pos0_device);
         return;
     case KvType::q8_0:
-        launch_write<KvType::q8_0>(layer, k, v, n, pos0, stream);
+        launch_write<KvType::q8_0>(layer, k, v, n, pos0, stream, pos0_device);
         return;
     case KvType::f8_e4m3:
-        launch_write<KvType::f8_e4m3>(layer, k, v, n, pos0, stream);
+        launch_write<KvType::f8_e4m3>(layer, k, v, n, pos0, stream, pos0_device);
         return;
     }
     throw std::invalid_argument("kv_write: unknown KV type");
