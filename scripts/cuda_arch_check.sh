@@ -3,8 +3,9 @@
 # default: Turing, Ampere, Ada, Hopper, Blackwell) and prints, per architecture, each kernel's registers,
 # stack frame and spill bytes from ptxas (-Xptxas -v). Needs the CUDA toolkit, not a GPU.
 #
-# Usage: scripts/cuda_arch_check.sh [--arch "75 86 89 90 120"] [-j N] [--keep DIR] [FILE.cu ...]
+# Usage: scripts/cuda_arch_check.sh [--arch "75 86 89 90 120"] [-j N] [--brief] [--keep DIR] [FILE.cu ...]
 #   --arch LIST  the architectures (compute capability without the dot; spaces or ';' between them)
+#   --brief      list only the functions that spill or have a stack frame (and each table's kernel count)
 #   -j N         compiles at a time (default: the CPUs online); one nvcc per (file, architecture)
 #   --keep DIR   also keep each compile's full nvcc/ptxas output in DIR/sm_<arch>/<file>.log
 #   FILE.cu      the sources to check (default: every kernels/cuda/*.cu)
@@ -22,6 +23,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 archs="75 86 89 90 120"
 jobs=$(nproc 2>/dev/null || echo 2)
 keep=""
+brief=0
 files=()
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     -j) jobs=$2; shift ;;
     -j*) jobs=${1#-j} ;;
     --keep) keep=$2; shift ;;
+    --brief) brief=1 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "cuda_arch_check.sh: unknown option '$1' (see --help)" >&2; exit 1 ;;
     *) files+=("$(realpath "$1")") ;;
@@ -147,7 +150,7 @@ for arch in $archs; do
         echo "(no kernels)"
         continue
     fi
-    awk -F'\t' '
+    awk -F'\t' -v brief="$brief" '
         { r[NR] = $0; if (length($1) > w) w = length($1); if (length($2) > fw) fw = length($2) }
         END {
             if (w < 6) w = 6; if (fw < 4) fw = 4
@@ -155,7 +158,9 @@ for arch in $archs; do
                    "kernel", "file", "regs", "stack", "spill store", "spill load"
             for (i = 1; i <= NR; ++i) { split(r[i], c, "\t")
                 flag = (c[5] > 0 || c[6] > 0) ? "  SPILLS" : (c[4] > 0 ? "  (stack)" : "")
+                if (brief && flag == "") continue
                 printf "%-" w "s  %-" fw "s  %5s  %6d  %11d  %10d%s\n", c[1], c[2], c[3], c[4], c[5], c[6], flag }
+            if (brief) printf "(%d functions; the others have no stack frame and no spills)\n", NR
         }' "$rows"
     spilled=$((spilled + $(awk -F'\t' '$5 > 0 || $6 > 0' "$rows" | wc -l)))
     stacked=$((stacked + $(awk -F'\t' '$4 > 0 && $5 == 0 && $6 == 0' "$rows" | wc -l)))
