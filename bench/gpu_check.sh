@@ -315,6 +315,9 @@ if bw:
                  % (bw["repetitions"], bw["buffer_bytes"] / 2**30, copy_bw, read_bw))
 lines.append("- tern bench: `tern bench -m %s-<format>.gguf --device cuda -p P -n N -d D -r R --json` for P:N:D in %s"
              % (shape, " ".join(runs)))
+peaks = sorted({(round(v["peak_gbps"]), v.get("peak_method") or "?") for v in bench.values() if v.get("peak_gbps")})
+if peaks:
+    lines.append("- tern bench's own peak: " + "; ".join("%d GB/s (%s)" % p for p in peaks))
 if llama:
     lines.append("- llama.cpp: %s (build %s), `llama-bench -ngl 99 -p 512,4096 -n 128 -d 0,4096`"
                  % (llama.get("source"), llama.get("build_commit")))
@@ -491,10 +494,10 @@ bandwidth() {
 bench_one() {   # format prefill decode depth
     local f=$models/$shape-$1.gguf name=bench-$1-p$2-n$3-d$4
     [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
-    local peak=()
-    [ -n "${read_gbps:-}" ] && peak=(--peak-gbps "$read_gbps")
-    tmo 150 "$tern" bench -m "$f" --device cuda -p "$2" -n "$3" -d "$4" -r "$reps" --json "${peak[@]}" \
-        > "$logs/$name.json" || return
+    # No --peak-gbps: tern bench measures the device's copy bandwidth itself (its JSON's peak_gbps); the table
+    # puts decode GB/s against bench/cuda_copy_bandwidth.cu's copy and read figures as well.
+    tmo 150 "$tern" bench -m "$f" --device cuda -p "$2" -n "$3" -d "$4" -r "$reps" --json > "$logs/$name.json" ||
+        return
     STEP_NOTE=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); parts = []
 if int(sys.argv[2]) > 0: parts.append("prefill %.1f tok/s" % d["prefill_tps"])
 if int(sys.argv[3]) > 0: parts.append("decode %.1f tok/s, %.0f GB/s" % (d["decode_tps"], d["decode_gbps"]))
