@@ -1,0 +1,563 @@
+#!/usr/bin/env bash
+# The one command for a machine with an NVIDIA GPU (run from the repository root there): builds tern for the
+# GPU's architecture with the CUDA test suites linked against the real build (TERN_CUDA_TESTS=device), runs
+# every CUDA test on the GPU, compute-sanitizer memcheck on the kernel suites, the whole-model CUDA-vs-CPU
+# suite, the GPU's copy and read bandwidth (bench/cuda_copy_bandwidth.cu), and `tern bench --device cuda`
+# on random-weight llama-8b files in q4_k_m, q8_0, f16 and f8_e4m3 (prefill 512 and 4096, decode 128 at
+# depth 0 and 4096); with --with-llamacpp also llama.cpp's CUDA llama-bench on the same files
+# (bench/llamacpp_cuda.sh). A failing step is recorded and the next one runs; each step runs under
+# `timeout` inside a total budget (--budget, default 540 s: room to spare under a 10-minute limit), and the
+# steps that no longer fit are listed as skipped. Prints the summary last. The GPU machine needs the CUDA
+# toolkit (nvcc, compute-sanitizer), cmake, a C++ compiler and python3, but no network: --prepare gathers
+# the rest beforehand.
+#
+# Usage: bench/gpu_check.sh [--with-llamacpp] [--only STEPS] [--skip STEPS] [--budget S] [--arch SM]
+#                           [--shape S] [--formats "q4_k_m q8_0 f16 f8_e4m3"] [-r N] [-j N] [--quick]
+#        bench/gpu_check.sh --prepare [--with-llamacpp]     (with network, beforehand: see "Preparing" below)
+#        bench/gpu_check.sh --synth-only [--shape S] [--formats ...]   (only write the model files)
+#   --with-llamacpp  also build llama.cpp's CUDA backend (in the background, paused while tern is timed)
+#                    and run llama-bench on the same files after tern's benchmarks
+#   --only/--skip    comma-separated steps, in the order they run: configure build tests memcheck backend
+#                    synth bandwidth bench llamacpp-build llamacpp (the GPU description and the build
+#                    packages, gpu and deps, always run; a second run on the same machine with
+#                    `--only synth,bandwidth,bench,llamacpp` reuses the build, the models and llama.cpp's build)
+#   --budget S       seconds for the whole run (default 540); -r N: tern bench repetitions (default 3)
+#   --arch SM        CUDA architecture (default: nvidia-smi's compute capability, e.g. 90 on H100/H200)
+#   --quick          q4_k_m only, one repetition, prefill 512 + decode 128 at depth 0: the plumbing, not numbers
+#   -j N             build jobs (default: the CPUs online)
+#
+# Output, under $OUT (default ./gpu_check_out), five files at most, so that they are quick to fetch:
+#   summary.md      step results, the GPU and its bandwidth, and the table: tern tok/s, decode GB/s, share of
+#                   the copy and read bandwidth (and llama.cpp tok/s and tern/llama with --with-llamacpp)
+#   results.json    the same as data: steps, bandwidth, every `tern bench --json` object
+#   logs.tar.gz     every step's log (rewritten after each step, so a cut-off run still returns its logs)
+#   llamacpp.md, llamacpp.json   llama-bench's numbers (--with-llamacpp)
+# Work files go to $TERN_GPU_WORK (default build-gpu/, git-ignored, reused by a later run on the same machine):
+# tern/ (the build), models/ (the synthetic GGUF files, ~38 GB for llama-8b: written once, reused; MODELS
+# puts them elsewhere, e.g. /dev/shm when the disk is short), llama.cpp/ (its build), deps/, logs/.
+# Exit status: 0 when no step failed or timed out, else 1.
+#
+# Preparing (on a machine with network, when the GPU machine has none): `bench/gpu_check.sh --prepare
+# [--with-llamacpp]` fills the git-ignored .peer/ with what the GPU machine cannot download:
+#   .peer/debs       the Debian packages tern builds with (CLI11, doctest, nlohmann-json, xxHash, PCRE2, libedit,
+#                    pkgconf), unpacked into build-gpu/deps and used only when the machine lacks them
+#   .peer/shared     a subset of ../shared for the whole-model suite ($TERN_SHARED_SUBSET, default models/gguf);
+#                    TERN_SHARED points there unless already set
+#   .peer/llama.cpp  llama.cpp's source (bench/llamacpp_cuda.sh --prepare), with --with-llamacpp
+# and prints the size of the working tree with .peer. Copy both to the GPU machine and run there, from the
+# repository root: bash bench/gpu_check.sh --with-llamacpp
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+mode=check
+with_llamacpp=0
+only=""
+skip=""
+budget=540
+arch=${TERN_CUDA_ARCH:-}
+shape=llama-8b
+formats="q4_k_m q8_0 f16 f8_e4m3"
+reps=3
+jobs=$(nproc 2>/dev/null || echo 2)
+bench_runs=${TERN_BENCH_RUNS:-"512:128:0 4096:0:0 0:128:4096"}   # prefill:decode:depth per tern bench call
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --prepare) mode=prepare ;;
+    --synth-only) mode=synth ;;
+    --with-llamacpp) with_llamacpp=1 ;;
+    --only) only=",$2," ; shift ;;
+    --skip) skip=",$2,"; shift ;;
+    --budget) budget=$2; shift ;;
+    --arch) arch=$2; shift ;;
+    --shape) shape=$2; shift ;;
+    --formats) formats=$2; shift ;;
+    -r) reps=$2; shift ;;
+    -j) jobs=$2; shift ;;
+    --quick) formats=q4_k_m; reps=1; bench_runs="512:128:0" ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
+    esac
+    shift
+done
+[[ "$budget" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget needs seconds" >&2; exit 1; }
+
+work=${TERN_GPU_WORK:-$root/build-gpu}
+build=$work/tern
+models=${MODELS:-$work/models}
+out=$(realpath -m "${OUT:-$root/gpu_check_out}")
+tern=$build/bin/tern
+export TERN_GPU_WORK=$work MODELS=$models
+
+# The Debian packages tern builds with, and the libraries they need at run time.
+deb_packages=(libcli11-dev doctest-dev nlohmann-json3-dev libxxhash-dev libxxhash0 libpcre2-dev libpcre2-8-0
+              libedit-dev libedit2 libbsd0 libmd0 pkgconf-bin libpkgconf3)
+
+# ---- --prepare ------------------------------------------------------------------------------------------
+prepare() {
+    echo "gpu_check.sh: downloading ${#deb_packages[@]} Debian packages into .peer/debs" >&2
+    rm -rf .peer/debs && mkdir -p .peer/debs
+    ( cd .peer/debs && apt-get download "${deb_packages[@]}" >&2 ) ||
+        { echo "gpu_check.sh: apt-get download failed (try apt-get update first)" >&2; return 1; }
+    local shared=${TERN_SHARED:-$root/../shared} p
+    rm -rf .peer/shared
+    if [ -d "$shared/models" ]; then
+        for p in ${TERN_SHARED_SUBSET:-models/gguf}; do
+            mkdir -p ".peer/shared/$(dirname "$p")"
+            cp -r "$shared/$p" ".peer/shared/$p"
+        done
+        echo "gpu_check.sh: copied ${TERN_SHARED_SUBSET:-models/gguf} of $shared into .peer/shared" >&2
+    else
+        echo "gpu_check.sh: no $shared/models: the whole-model suite will find no models there" >&2
+    fi
+    if [ "$with_llamacpp" = 1 ]; then
+        bash bench/llamacpp_cuda.sh --prepare
+    fi
+    local tree peer
+    tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+    peer=$(du -sb .peer | cut -f1)
+    echo "gpu_check.sh: to copy to the GPU machine: working tree $((tree / 1048576)) MiB + .peer" \
+         "$((peer / 1048576)) MiB = $(((tree + peer) / 1048576)) MiB (TERN_SHARED_SUBSET trims the ../shared part)" >&2
+    local flag=""
+    [ "$with_llamacpp" = 1 ] && flag=" --with-llamacpp"
+    echo "gpu_check.sh: then run there: bash bench/gpu_check.sh$flag" >&2
+}
+
+# ---- the model files (also --synth-only) ----------------------------------------------------------------
+synth_models() {
+    [ -x "$tern" ] || { echo "gpu_check.sh: no tern binary at $tern (build first)" >&2; return 1; }
+    mkdir -p "$models"
+    local fmt f status=0
+    for fmt in $formats; do
+        f=$models/$shape-$fmt.gguf
+        if [ -s "$f" ]; then
+            echo "$f: present ($(du -h "$f" | cut -f1))"
+            continue
+        fi
+        echo "$f: tern synth --shape $shape --type $fmt"
+        # Written to a temporary file and renamed: an interrupted write leaves no partial model behind.
+        "$tern" synth "$f" --shape "$shape" --type "$fmt" || status=1
+    done
+    return "$status"
+}
+
+case "$mode" in
+prepare) prepare; exit ;;
+synth) synth_models; exit ;;
+esac
+
+# ---- the run's bookkeeping ------------------------------------------------------------------------------
+start=$SECONDS
+deadline=$((start + budget))
+reserve=20   # kept for the summary and the log archive
+mkdir -p "$out" "$work"
+logs=$work/logs/$(date -u +%Y%m%d-%H%M%S)
+mkdir -p "$logs"
+steps=$logs/steps.tsv
+: > "$steps"
+rm -f "$out/summary.md" "$out/results.json" "$out/logs.tar.gz" "$out/llamacpp.md" "$out/llamacpp.json"
+
+# Seconds a command may still run: the lesser of `cap` and what the budget leaves (0: none left).
+allow() {
+    local cap=$1 left=$((deadline - SECONDS - reserve))
+    [ "$left" -lt "$cap" ] && cap=$left
+    [ "$cap" -ge 5 ] || cap=0
+    echo "$cap"
+}
+# A command under timeout within the budget; exit 124 (as timeout's) when no time is left to start it.
+tmo() {
+    local t
+    t=$(allow "$1")
+    shift
+    [ "$t" -gt 0 ] || { echo "gpu_check.sh: no time left in the budget for: $*"; return 124; }
+    timeout -k 10 "$t" "$@"
+}
+wanted() {   # the GPU description and the build packages are always needed
+    local name=${1%%:*}
+    [ "$name" = gpu ] || [ "$name" = deps ] && return 0
+    { [ -z "$only" ] || [[ "$only" == *",$name,"* ]]; } && [[ "$skip" != *",$name,"* ]]
+}
+STEP_NOTE=""
+record() {   # name status seconds note
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$steps"
+    printf '[%4ds] %-34s %-8s %4ss  %s\n' $((SECONDS - start)) "$1" "$2" "$3" "$4"
+    write_summary > /dev/null 2>&1 || true
+    tar -czf "$out/logs.tar.gz.tmp" -C "$logs" . 2>/dev/null && mv "$out/logs.tar.gz.tmp" "$out/logs.tar.gz"
+}
+# run_step NAME COMMAND...: the command (a function of this script) with its output in NAME's log. Exit 77
+# means "nothing to do here" (skipped), 124/137 a timeout.
+run_step() {
+    local name=$1 rc=0 began=$SECONDS status
+    shift
+    if ! wanted "$name"; then
+        record "$name" skipped 0 "not selected (--only/--skip)"
+        return 0
+    fi
+    if [ "$(allow 1000000)" -lt 15 ]; then
+        record "$name" skipped 0 "the time budget is spent"
+        return 0
+    fi
+    STEP_NOTE=""
+    "$@" > "$logs/${name//:/-}.log" 2>&1 || rc=$?
+    local own_note=$STEP_NOTE
+    case "$rc" in
+    0) status=ok ;;
+    77) status=skipped ;;
+    124|137) status=TIMEOUT ;;
+    *) status=FAILED; STEP_NOTE="exit $rc${STEP_NOTE:+; $STEP_NOTE}" ;;
+    esac
+    if [ -z "$own_note" ] && { [ "$status" = FAILED ] || [ "$status" = TIMEOUT ]; }; then
+        local last   # the log's last line says why, usually
+        last=$(grep -v '^[[:space:]]*$' "$logs/${name//:/-}.log" | tail -n 1 | cut -c1-160 || true)
+        [ -n "$last" ] && STEP_NOTE="$STEP_NOTE${STEP_NOTE:+; }$last"
+    fi
+    record "$name" "$status" $((SECONDS - began)) "$STEP_NOTE"
+    return 0
+}
+
+# Background jobs (the llama.cpp build, the model files) run in their own process group, so that they can be
+# paused while tern is timed and ended with everything they started.
+declare -A bg_pid=() bg_began=()
+bg_start() {   # name cap command...
+    local name=$1 t
+    t=$(allow "$2")
+    shift 2
+    [ "$t" -gt 0 ] || return 0
+    setsid timeout -k 10 "$t" "$@" > "$logs/$name.log" 2>&1 < /dev/null &
+    bg_pid[$name]=$!
+    bg_began[$name]=$SECONDS
+    printf '[%4ds] %-34s started in the background\n' $((SECONDS - start)) "$name"
+}
+bg_signal() {   # name signal
+    if [ -n "${bg_pid[$1]:-}" ]; then kill "-$2" -- "-${bg_pid[$1]}" 2>/dev/null || true; fi
+}
+# Waits for a background job while the budget allows (keeping `keep` seconds), then records it.
+bg_finish() {   # name keep
+    local name=$1 keep=$2 rc=0 status
+    [ -n "${bg_pid[$name]:-}" ] || return 0
+    bg_signal "$name" CONT
+    while kill -0 "${bg_pid[$name]}" 2>/dev/null && [ "$(allow 1000000)" -gt "$keep" ]; do sleep 1; done
+    if kill -0 "${bg_pid[$name]}" 2>/dev/null; then
+        bg_signal "$name" TERM
+        sleep 2
+        bg_signal "$name" KILL
+    fi
+    wait "${bg_pid[$name]}" 2>/dev/null || rc=$?
+    case "$rc" in 0) status=ok ;; 124|137|143) status=TIMEOUT ;; *) status=FAILED ;; esac
+    local note="in the background"
+    [ "$status" = FAILED ] && note="exit $rc; $note"
+    record "$name" "$status" $((SECONDS - bg_began[$name])) "$note"
+    unset "bg_pid[$name]"
+    return 0
+}
+cleanup() {
+    local name
+    for name in "${!bg_pid[@]}"; do
+        bg_signal "$name" CONT
+        bg_signal "$name" TERM
+    done
+    write_summary || true
+    tar -czf "$out/logs.tar.gz" -C "$logs" . 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---- the summary ----------------------------------------------------------------------------------------
+write_summary() {
+    python3 - "$logs" "$out" "$shape" "$formats" "$bench_runs" "$budget" <<'PY'
+import json, os, statistics, sys
+logs, out, shape, budget = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[6]
+formats, runs = sys.argv[4].split(), sys.argv[5].split()
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+steps = [l.rstrip("\n").split("\t") for l in open(os.path.join(logs, "steps.tsv")) if l.strip()]
+env = load(os.path.join(logs, "env.json")) or {}
+bw = load(os.path.join(logs, "bandwidth.json")) or {}
+llama = load(os.path.join(out, "llamacpp.json")) or {}
+bench = {}
+for fmt in formats:
+    for r in runs:
+        p, n, d = r.split(":")
+        data = load(os.path.join(logs, "bench-%s-p%s-n%s-d%s.json" % (fmt, p, n, d)))
+        if data: bench[(fmt, r)] = data
+copy_bw, read_bw = bw.get("copy_gbps_best"), bw.get("read_gbps_best")
+def llama_ts(fmt, n_prompt, n_gen, depth):
+    for e in (llama.get("formats", {}).get(fmt, {}).get("entries") or []):
+        if e["n_prompt"] == n_prompt and e["n_gen"] == n_gen and e.get("n_depth", 0) == depth:
+            return statistics.median(e.get("samples_ts") or [e["avg_ts"]])
+    return None
+rows = []
+for fmt in formats:
+    for r in runs:
+        p, n, d = (int(x) for x in r.split(":"))
+        data = bench.get((fmt, r))
+        if p > 0:
+            rows.append((fmt, "pp%d" % p, d, data and data["prefill_tps"], None, llama_ts(fmt, p, 0, d)))
+        if n > 0:
+            rows.append((fmt, "tg%d" % n, d, data and data["decode_tps"], data and data["decode_gbps"],
+                         llama_ts(fmt, 0, n, d)))
+def f(v, spec="%.2f"): return "-" if v is None else spec % v
+def share(gbps, peak): return "-" if not gbps or not peak else "%.0f%%" % (100 * gbps / peak)
+lines = ["# bench/gpu_check.sh", ""]
+def e(key): return env.get(key) or "?"
+lines.append("- date: %s; tern %s" % (e("date"), e("commit")))
+lines.append("- GPU: %s (sm_%s), driver %s, %s; CUDA %s; %s CPUs"
+             % (e("gpu"), e("arch"), e("driver"), e("memory"), e("nvcc"), e("cpus")))
+if bw:
+    lines.append("- bandwidth (best of %d, %.1f GiB buffers): copy %.0f GB/s (cudaMemcpy D2D, bytes read + written), "
+                 "read %.0f GB/s (read-only kernel, bytes read)"
+                 % (bw["repetitions"], bw["buffer_bytes"] / 2**30, copy_bw, read_bw))
+lines.append("- tern bench: `tern bench -m %s-<format>.gguf --device cuda -p P -n N -d D -r R --json` for P:N:D in %s"
+             % (shape, " ".join(runs)))
+peaks = sorted({(round(v["peak_gbps"]), v.get("peak_method") or "?") for v in bench.values() if v.get("peak_gbps")})
+if peaks:
+    lines.append("- tern bench's own peak: " + "; ".join("%d GB/s (%s)" % p for p in peaks))
+if llama:
+    lines.append("- llama.cpp: %s (build %s), `llama-bench -ngl 99 -p 512,4096 -n 128 -d 0,4096`"
+                 % (llama.get("source"), llama.get("build_commit")))
+lines += ["", "## Steps", "", "| step | status | seconds | note |", "|---|---|---:|---|"]
+for s in steps:
+    s += [""] * (4 - len(s))
+    lines.append("| %s | %s | %s | %s |" % (s[0], s[1], s[2], s[3].replace("|", "/")))
+lines += ["", "## Speed (%s, random weights)" % shape, ""]
+head = "| format | test | depth | tern tok/s | decode GB/s | share of copy bw | share of read bw |"
+rule = "|---|---|---:|---:|---:|---:|---:|"
+if llama:
+    head += " llama.cpp tok/s | tern / llama |"
+    rule += "---:|---:|"
+lines += [head, rule]
+for fmt, test, depth, ts, gbps, lts in rows:
+    line = "| %s | %s | %d | %s | %s | %s | %s |" % (fmt, test, depth, f(ts), f(gbps, "%.0f"), share(gbps, copy_bw),
+                                                    share(gbps, read_bw))
+    if llama:
+        line += " %s | %s |" % (f(lts), "-" if not ts or not lts else "%.2f" % (ts / lts))
+    lines.append(line)
+lines += ["", "decode GB/s: weight + KV bytes one decoded token reads x decode tok/s (tern bench's bytes_per_token)."]
+md = "\n".join(lines) + "\n"
+open(os.path.join(out, "summary.md"), "w").write(md)
+json.dump({"env": env, "budget_s": int(budget),
+           "steps": [dict(zip(("step", "status", "seconds", "note"), s)) for s in steps],
+           "bandwidth": bw, "tern_bench": [{"format": k[0], "run": k[1], "data": v} for k, v in bench.items()],
+           "llamacpp": llama}, open(os.path.join(out, "results.json"), "w"), indent=1)
+print(md)
+PY
+}
+
+# ---- the steps ------------------------------------------------------------------------------------------
+describe_gpu() {
+    local gpu="" driver="" memory="" nvcc_version=""
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi || true
+        nvidia-smi --format=csv \
+            --query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm,clocks.max.mem || true
+        gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+        driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
+        memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader | head -n 1)
+        [ -n "$arch" ] || arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
+    fi
+    nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    nvcc_version=$("$nvcc_bin" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+    "$nvcc_bin" --version || true
+    cmake --version | head -n 1 || true
+    c++ --version | head -n 1 || true
+    command -v ninja >/dev/null && echo "ninja $(ninja --version)"
+    nproc; free -g || true; df -h "$work" || true
+    local commit
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
+    python3 -c 'import json, sys; json.dump(dict(zip(sys.argv[2::2], sys.argv[3::2])), open(sys.argv[1], "w"))' \
+        "$logs/env.json" date "$(date -u '+%Y-%m-%d %H:%M UTC')" commit "$commit" gpu "$gpu" driver "$driver" \
+        memory "$memory" arch "$arch" nvcc "$nvcc_version" cpus "$(nproc)"
+    STEP_NOTE="${gpu:-no GPU found}, sm_${arch:-?}"
+    [[ "$arch" =~ ^[0-9]+[af]?$ ]] || { STEP_NOTE="no compute capability (no nvidia-smi?): give --arch"; return 1; }
+}
+
+have_header() { [ -f "/usr/include/$1" ] || [ -f "/usr/local/include/$1" ]; }
+system_has_deps() {
+    command -v pkg-config >/dev/null && pkg-config --exists libedit libpcre2-8 libxxhash 2>/dev/null &&
+        have_header CLI/CLI.hpp && have_header nlohmann/json.hpp && have_header doctest/doctest.h &&
+        have_header xxhash.h
+}
+deps() {   # TERN_GPU_DEPS=carried uses .peer/debs even where the system has the packages
+    if [ "${TERN_GPU_DEPS:-auto}" != carried ] && system_has_deps; then
+        STEP_NOTE="the system's packages"
+        return 0
+    fi
+    shopt -s nullglob
+    local debs=("$root"/.peer/debs/*.deb) d prefix=$work/deps
+    shopt -u nullglob
+    if [ ${#debs[@]} -eq 0 ]; then
+        STEP_NOTE="build packages missing and no .peer/debs (run bench/gpu_check.sh --prepare and copy .peer)"
+        return 1
+    fi
+    rm -rf "$prefix" && mkdir -p "$prefix"
+    for d in "${debs[@]}"; do dpkg-deb -x "$d" "$prefix" || return 1; done
+    # The .pc files name /usr: point them at the unpacked tree.
+    find "$prefix" -name '*.pc' -exec sed -i "s|^prefix=/usr\$|prefix=$prefix/usr|" {} +
+    local lib=$prefix/usr/lib/x86_64-linux-gnu
+    export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+    export PKG_CONFIG_PATH=$lib/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+    export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if ! command -v pkg-config >/dev/null; then export PKG_CONFIG=$prefix/usr/bin/pkgconf; fi
+    STEP_NOTE="${#debs[@]} packages from .peer/debs unpacked in $prefix"
+}
+
+configure() {
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    local generator=${gen[1]:-Unix Makefiles}   # a build dir made with another generator is started afresh
+    if [ -f "$build/CMakeCache.txt" ] && ! grep -q "CMAKE_GENERATOR:INTERNAL=$generator\$" "$build/CMakeCache.txt"; then
+        rm -rf "$build"
+    fi
+    tmo 120 cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTERN_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="$arch" -DTERN_CUDA_TESTS=device ${PKG_CONFIG:+-DPKG_CONFIG_EXECUTABLE="$PKG_CONFIG"}
+}
+
+# The test_cuda_* suites that run on the device (the emulator's own stay on the CPU).
+cuda_suites() {
+    local f name
+    for f in "$root"/tests/test_cuda_*.cpp; do
+        [ -e "$f" ] || continue
+        name=$(basename "$f" .cpp)
+        [[ "$name" == test_cuda_emulator* ]] || echo "$name"
+    done
+}
+
+build_tern() {
+    local targets
+    mapfile -t targets < <(cuda_suites)
+    STEP_NOTE="tern + ${#targets[@]} CUDA suite(s), -j$jobs"
+    tmo 420 cmake --build "$build" -j "$jobs" --target tern "${targets[@]}"
+}
+
+ctest_summary() {   # the log's "N% tests passed, ..." line and the skipped ones
+    local line skipped
+    line=$(grep -E 'tests passed|No tests were found' "$1" | tail -n 1)
+    skipped=$(grep -c '(Skipped)' "$1" || true)
+    echo "${line:-no ctest summary}${skipped:+, $skipped skipped}"
+}
+tests() {
+    local suites
+    suites=$(cuda_suites | grep -vx test_cuda_backend || true)
+    [ -n "$suites" ] || { STEP_NOTE="no test_cuda_* suites yet"; return 77; }
+    local rc=0
+    tmo 180 ctest --test-dir "$build" -R '^test_cuda_' -E 'emulator|^test_cuda_backend$' --output-on-failure \
+        --timeout 150 || rc=$?
+    STEP_NOTE=$(ctest_summary "$logs/tests.log")
+    return "$rc"
+}
+
+sanitizer_bin() {
+    local c
+    for c in "$(command -v compute-sanitizer || true)" /usr/local/cuda/bin/compute-sanitizer \
+             /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+        [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
+    done
+    return 1
+}
+memcheck_one() {   # suite
+    local cs bin=$build/bin/$1
+    cs=$(sanitizer_bin) || { STEP_NOTE="compute-sanitizer not found"; return 1; }
+    [ -x "$bin" ] || { STEP_NOTE="$1 was not built"; return 1; }
+    local rc=0
+    tmo 90 "$cs" --tool memcheck --leak-check full --error-exitcode 86 --print-limit 30 "$bin" || rc=$?
+    STEP_NOTE=$(grep -E 'ERROR SUMMARY|Status:' "$logs/memcheck-$1.log" | tr '\n' ' ')
+    [ "$rc" = 86 ] && STEP_NOTE="memory errors: $STEP_NOTE"
+    return "$rc"
+}
+
+backend() {
+    cuda_suites | grep -qx test_cuda_backend || { STEP_NOTE="no tests/test_cuda_backend.cpp yet"; return 77; }
+    local rc=0
+    tmo 300 ctest --test-dir "$build" -R '^test_cuda_backend$' --output-on-failure --timeout 290 || rc=$?
+    STEP_NOTE="$(ctest_summary "$logs/backend.log"); TERN_SHARED=${TERN_SHARED:-(the configured ../shared)}"
+    return "$rc"
+}
+
+bandwidth() {
+    tmo 90 "$nvcc_bin" -O3 -std=c++17 -arch="sm_$arch" -o "$work/cuda_copy_bandwidth" \
+        "$root/bench/cuda_copy_bandwidth.cu" || return
+    tmo 60 "$work/cuda_copy_bandwidth" 2 10 > "$logs/bandwidth.txt" || return
+    cat "$logs/bandwidth.txt"
+    tail -n 1 "$logs/bandwidth.txt" > "$logs/bandwidth.json"
+    copy_gbps=$(sed -n 's/.*"copy_gbps_best": \([0-9.]*\).*/\1/p' "$logs/bandwidth.json")
+    read_gbps=$(sed -n 's/.*"read_gbps_best": \([0-9.]*\).*/\1/p' "$logs/bandwidth.json")
+    STEP_NOTE="copy $copy_gbps GB/s, read $read_gbps GB/s"
+}
+
+bench_one() {   # format prefill decode depth
+    local f=$models/$shape-$1.gguf name=bench-$1-p$2-n$3-d$4
+    [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
+    # No --peak-gbps: tern bench measures the device's copy bandwidth itself (its JSON's peak_gbps); the table
+    # puts decode GB/s against bench/cuda_copy_bandwidth.cu's copy and read figures as well.
+    tmo 150 "$tern" bench -m "$f" --device cuda -p "$2" -n "$3" -d "$4" -r "$reps" --json > "$logs/$name.json" ||
+        return
+    STEP_NOTE=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); parts = []
+if int(sys.argv[2]) > 0: parts.append("prefill %.1f tok/s" % d["prefill_tps"])
+if int(sys.argv[3]) > 0: parts.append("decode %.1f tok/s, %.0f GB/s" % (d["decode_tps"], d["decode_gbps"]))
+print(", ".join(parts))' "$logs/$name.json" "$2" "$3")
+}
+
+llamacpp_bench() {
+    local rc=0
+    LOG_DIR=$logs OUT=$out LLAMA_BENCH_TIMEOUT=$(allow 150) tmo 600 bash "$root/bench/llamacpp_cuda.sh" --bench \
+        --arch "$arch" --shape "$shape" --formats "$formats" -r "$reps" || rc=$?
+    STEP_NOTE=$(python3 -c 'import json, sys
+formats = json.load(open(sys.argv[1]))["formats"]
+print(", ".join("%s %s" % (k, v["status"]) for k, v in formats.items()))' "$out/llamacpp.json")
+    return "$rc"
+}
+
+# ---- the run --------------------------------------------------------------------------------------------
+copy_gbps="" read_gbps="" nvcc_bin=""
+[ -z "${TERN_SHARED:-}" ] && [ -d "$root/.peer/shared/models" ] && export TERN_SHARED=$root/.peer/shared
+echo "gpu_check.sh: budget ${budget} s; logs in $logs; results in $out"
+run_step gpu describe_gpu
+[[ "$arch" =~ ^[0-9]+[af]?$ ]] || { echo "gpu_check.sh: no CUDA architecture: give --arch" >&2; exit 1; }
+
+run_step deps deps
+if [ "$with_llamacpp" = 1 ] && { wanted llamacpp-build || wanted llamacpp; }; then
+    # Compiles while tern builds and tests (nice: tern's build comes first); paused while anything is timed.
+    # A later run on the same machine finds it built.
+    LLAMA_BUILD_TIMEOUT=$(allow 600) bg_start llamacpp-build 600 \
+        nice -n 10 bash "$root/bench/llamacpp_cuda.sh" --build \
+        --arch "$arch" -j "$jobs"
+fi
+run_step configure configure
+run_step build build_tern
+if wanted synth && [ -x "$tern" ]; then
+    bg_start synth 400 bash "$root/bench/gpu_check.sh" --synth-only --shape "$shape" --formats "$formats"
+fi
+run_step tests tests
+for suite in test_cuda_matmul test_cuda_attention test_cuda_elementwise test_cuda_rope; do
+    [ -f "$root/tests/$suite.cpp" ] && run_step "memcheck:$suite" memcheck_one "$suite"
+done
+run_step backend backend
+
+bg_signal llamacpp-build STOP   # nothing compiles while the GPU is timed
+bg_finish synth 60
+run_step bandwidth bandwidth
+for fmt in $formats; do
+    for r in $bench_runs; do
+        IFS=: read -r p n d <<< "$r"
+        run_step "bench:$fmt:p$p:n$n:d$d" bench_one "$fmt" "$p" "$n" "$d"
+    done
+done
+if [ "$with_llamacpp" = 1 ] && wanted llamacpp; then
+    bg_finish llamacpp-build 120   # llama-bench needs about two minutes for three llama-8b files
+    run_step llamacpp llamacpp_bench
+else
+    bg_finish llamacpp-build 0     # the rest of the budget: a later run on this machine finds it built
+fi
+
+trap - EXIT
+cleanup > /dev/null
+echo
+write_summary
+awk -F'\t' '$2 == "FAILED" || $2 == "TIMEOUT" { bad = 1 } END { exit bad }' "$steps"
