@@ -38,7 +38,6 @@ OpenedModel open_model(const OpenRequest& r) {
     OpenedModel opened;
     std::string note;
     opened.backend = make_backend(r.device, r.cpu, r.on_device_note ? &note : nullptr, r.gpu_layers);
-    if (!note.empty()) r.on_device_note(note);
 
     opened.model = std::make_shared<Model>(r.open_file ? r.open_file() : load_model(r.path));
     const Model& m = *opened.model;
@@ -55,9 +54,8 @@ OpenedModel open_model(const OpenRequest& r) {
         request.n_ctx = r.n_ctx > 0 ? r.n_ctx : 256;
         if (const std::optional<MemoryShortfall> shortfall = find_memory_shortfall(
                 opened.backend->plan_memory(m.config, m.weights, request), opened.backend->memory_limits(), request)) {
-            if (r.on_device_note)
-                r.on_device_note("device auto: " + describe_memory_shortfall(*shortfall) + " on " +
-                                 opened.backend->device_name() + "; running on the cpu");
+            note = "device auto: " + describe_memory_shortfall(*shortfall) + " on " + opened.backend->device_name() +
+                   "; running on the cpu";
             opened.backend = make_backend("cpu", r.cpu);
         }
     }
@@ -75,6 +73,8 @@ OpenedModel open_model(const OpenRequest& r) {
         throw MemoryShortfallError(*shortfall);
 
     opened.backend->load(m.config, m.weights, RunOptions{opened.context.n_ctx, r.kv_type});
+    // Said once the model is loaded: an error on the way stays the one line on stderr.
+    if (!note.empty() && r.on_device_note) r.on_device_note(note);
     return opened;
 }
 

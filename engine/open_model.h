@@ -45,7 +45,7 @@ struct OpenRequest {
     MemoryRequest shape;            // n_batch and n_logit_rows of the forwards to come (n_ctx, kv_type set here)
 
     // Called in this order while the model opens, each when set:
-    std::function<void(const std::string&)> on_device_note;     // an automatic device choice explained
+    std::function<void(const std::string&)> on_device_note;     // an automatic device choice explained (once loaded)
     std::function<void(const Model&)> on_file_opened;           // mapped, nothing large allocated yet
     std::function<void(const ContextChoice&)> on_context;       // chosen, before the memory check
 };

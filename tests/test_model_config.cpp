@@ -12,6 +12,7 @@
 #include "engine/backend_factory.h"
 #include "engine/load_errors.h"
 #include "engine/model.h"
+#include "kernels/gpu_info.h"
 #include "base/error.h"
 #include "formats/gguf_writer.h"
 #include "tests/test_support.h"
@@ -303,13 +304,24 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
 
 TEST_CASE("backend factory, KV type names, block KV types need head dims of 32") {
     std::string note;
+    std::string why_no_gpu;
+    const bool gpu = !list_cuda_devices(&why_no_gpu).empty();
     auto be = make_backend("auto", CpuOptions{}, &note);
-    CHECK(be->device_kind() == DeviceKind::cpu);   // a note only when a GPU is present but unusable
+    CHECK(be->device_kind() == (gpu ? DeviceKind::cuda : DeviceKind::cpu));
+    // Why no GPU was taken, in a build that could have taken one.
+    if (cuda_compiled() && !gpu) CHECK(note == "device auto: " + why_no_gpu + "; running on the cpu");
+    if (!cuda_compiled()) CHECK(note.empty());
     CHECK(make_backend("cpu", CpuOptions{}, &note)->device_kind() == DeviceKind::cpu);
     CHECK(note.empty());
-    CHECK(error_of([] { make_backend("cuda"); }).find("without a CUDA backend") != std::string::npos);
     CHECK(error_of([] { make_backend("tpu"); }).find("auto, cpu, cuda") != std::string::npos);
-    CHECK_THROWS_AS(make_backend("cuda"), UsageError);
+    if (!cuda_compiled()) {
+        CHECK(error_of([] { make_backend("cuda"); }).find("built without CUDA") != std::string::npos);
+        CHECK_THROWS_AS(make_backend("cuda"), DeviceUnavailable);
+    } else if (!gpu) {
+        CHECK(error_of([] { make_backend("cuda:1"); }) == "device cuda:1: " + why_no_gpu);
+        CHECK_THROWS_AS(make_backend("cuda"), GpuUnavailable);
+    }
+    CHECK_THROWS_AS(make_backend("cuda:x"), DeviceUnavailable);
 
     for (KvType t : {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3})
         CHECK(kv_type_from_name(kv_type_name(t)) == t);
