@@ -69,7 +69,7 @@ __device__ __forceinline__ void reduce_and_store(const float (&acc)[NC], int lan
 // y (NC columns of n_out) = x (NC columns of n_in) W^T, a row's slices spread over a warp; blockIdx.y is the
 // pass (columns kMaxColumns * blockIdx.y ..). Rows are warp-uniform, so a warp past n_out leaves whole.
 template <GgmlType T, int NC>
-__global__ void __launch_bounds__(kRowsPerBlock * 32)
+__global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
     matmul_slices(const uint8_t* __restrict__ w, int64_t row_bytes, int n_out, int n_in, const float* __restrict__ x,
                   const float* __restrict__ bias, float* __restrict__ y) {
     using D = dequant::Dequant<T>;
