@@ -1,6 +1,7 @@
 // The CUDA emulator's execution model (tests/cuda_emu/cuda_emu.h): indices, static and dynamic shared
 // memory, __syncthreads, every warp shuffle and vote with widths and partial masks, divergent warps,
-// atomics from blocks on several OS threads, and the undefined behaviour it must stop with a message.
+// atomics from blocks on several OS threads, worker counts changing between launches, and the undefined
+// behaviour it must stop with a message.
 // Numeric types and intrinsics: test_cuda_emulator_numeric.cpp; host API: test_cuda_emulator_host.cpp.
 #include <doctest/doctest.h>
 
@@ -187,6 +188,22 @@ __global__ void atomics(int* i_sum, unsigned* u_sum, unsigned long long* ull_sum
         std::lock_guard<std::mutex> lock(g_ids_mutex);
         g_ids.insert(std::this_thread::get_id());
     }
+}
+
+// `depth` frames, each with a local array ASan instruments (red zones around it), then a barrier; with
+// `fault`, thread 5 of each block traps there instead, abandoning the others' frames where they wait.
+// kLocal sets the frame size, so kernels with different kLocal lay their frames out differently.
+template <int kLocal> __device__ __noinline__ int deep_frames(int depth, bool fault) {
+    volatile int local[kLocal];
+    for (int i = 0; i < kLocal; ++i) local[i] = depth + i;
+    if (depth > 0) return deep_frames<kLocal>(depth - 1, fault) + local[depth % kLocal];
+    if (fault && threadIdx.x == 5) __trap();
+    __syncthreads();
+    return local[threadIdx.x % kLocal];
+}
+
+template <int kLocal> __global__ void deep_stack(int* out, int depth, int fault) {
+    out[blockIdx.x * blockDim.x + threadIdx.x] = deep_frames<kLocal>(depth, fault != 0);
 }
 
 __global__ void dynamic_shared_fill(unsigned* out) {
@@ -472,6 +489,33 @@ TEST_CASE("atomics from many blocks on several OS threads give exact results") {
     for (int v : x) ++want[v];
     launch(samples::histogram, dim3(40), dim3(256), 0, nullptr, x.data(), static_cast<int>(x.size()), counts.data());
     CHECK(counts == want);
+    cuda_emu::set_worker_threads(0);
+}
+
+TEST_CASE("the worker count lowered and raised between launches, after faults that abandoned deep frames") {
+    // OpenMP ends the threads a smaller team leaves out, and their workers unmap their fiber stacks; the
+    // threads a larger team then starts map new stacks, often at the same addresses. Stacks abandoned by
+    // a fault hold ASan poison deep down (the waiting threads' frames): unless it is cleared before the
+    // unmapping, the next kernel's frames, laid out differently, meet it and ASan reports a false
+    // stack-buffer-overflow (the asan preset; other builds check the results only).
+    const int blocks = 32, threads = 64, depth = 150;
+    std::vector<int> out(blocks * threads);
+    int want_sum = 0; // deep_frames<37>(depth) less the last frame's local[tid % 37]
+    for (int d = 1; d <= depth; ++d) want_sum += d + d % 37;
+    for (int round = 0; round < 3; ++round) {
+        CAPTURE(round);
+        cuda_emu::set_worker_threads(8);
+        const std::string msg = fault_text(
+            [&] { launch(deep_stack<64>, dim3(blocks), dim3(threads), 0, nullptr, out.data(), 100, 1); });
+        CHECK(msg.find("__trap() called") != std::string::npos);
+        cuda_emu::set_worker_threads(2); // a team of 2: the other threads exit
+        check_still_works();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20)); // their exit runs after the launch returns
+        cuda_emu::set_worker_threads(8);
+        std::fill(out.begin(), out.end(), -1);
+        launch(deep_stack<37>, dim3(blocks), dim3(threads), 0, nullptr, out.data(), depth, 0);
+        for (int i = 0; i < blocks * threads; ++i) REQUIRE(out[i] == want_sum + i % threads % 37);
+    }
     cuda_emu::set_worker_threads(0);
 }
 

@@ -138,8 +138,18 @@ struct Worker {
     std::deque<Stack> stacks;   // a deque: fibers keep pointers to their stacks while more are added
     Block block;
 
+    // Runs when the OS thread exits (OpenMP ends threads when a launch asks for fewer than the last one).
+    // The stacks still hold ASan poison of frames that never returned (every fiber's first frames, whole
+    // call chains abandoned by a fault): cleared before unmapping, or the next mapping at these addresses
+    // (another worker's fiber stacks, laid out differently) inherits it and ASan reports the accesses of
+    // its frames, whose prologues poison only their red zones.
     ~Worker() {
-        for (Stack& s : stacks) munmap(s.base, kStackBytes + kGuardBytes);
+        for (Stack& s : stacks) {
+#if TERN_EMU_ASAN
+            ASAN_UNPOISON_MEMORY_REGION(s.base + kGuardBytes, kStackBytes);
+#endif
+            munmap(s.base, kStackBytes + kGuardBytes);
+        }
     }
     Stack& stack(size_t i) {
         while (stacks.size() <= i) {
