@@ -1,4 +1,6 @@
 #include "app/common_options.h"
+
+#include "app/console.h"
 #include "app/engine_wording.h"
 
 #include <unistd.h>
@@ -296,6 +298,13 @@ OpenRequest open_request(const ModelOptions& o) {
     r.gpu_layers = o.gpu_layers;
     r.cpu.n_threads = o.threads;
     r.on_device_note = [](const std::string& note) { std::cerr << "tern: " << note << "\n"; };
+    // The weights' copy to a GPU: a bar on a terminal (a large model takes seconds).
+    auto bar = std::make_shared<std::unique_ptr<ProgressBar>>();
+    r.on_upload = [bar](uint64_t done, uint64_t total) {
+        if (!*bar) *bar = std::make_unique<ProgressBar>("upload", total);
+        (*bar)->update(done);
+        if (done >= total) (*bar)->finish();
+    };
     r.on_context = [](const ContextChoice& c) {
         if (c.origin != ContextOrigin::memory_cap) return;
         std::cerr << "tern: -c: using a context of " << c.n_ctx << " tokens: the model's " << c.n_ctx_train

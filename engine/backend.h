@@ -3,6 +3,7 @@
 // straight-line function (embed -> layers -> norm -> lm_head); architecture differences are
 // flags in ModelConfig, not copies of the forward.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,6 +29,9 @@ struct RunOptions {
     // offload, engine/split_backend.h) loads each backend with a slice of its layers. Observers see
     // layers by the model's numbering.
     int32_t first_layer = 0;
+    // Called as weights are copied to a device (bytes done, bytes in all), for a progress bar; a backend
+    // that reads the weights in place never calls it.
+    std::function<void(uint64_t done, uint64_t total)> on_upload;
 };
 
 // Which logit rows a forward keeps: the last token's only (decode, prefill), or every token's

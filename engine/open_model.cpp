@@ -72,7 +72,11 @@ OpenedModel open_model(const OpenRequest& r) {
             find_memory_shortfall(backend.plan_memory(m.config, m.weights, request), backend.memory_limits(), request))
         throw MemoryShortfallError(*shortfall);
 
-    opened.backend->load(m.config, m.weights, RunOptions{opened.context.n_ctx, r.kv_type});
+    RunOptions options;
+    options.n_ctx = opened.context.n_ctx;
+    options.kv_type = r.kv_type;
+    options.on_upload = r.on_upload;
+    opened.backend->load(m.config, m.weights, options);
     // Said once the model is loaded: an error on the way stays the one line on stderr.
     if (!note.empty() && r.on_device_note) r.on_device_note(note);
     return opened;

@@ -48,6 +48,7 @@ struct OpenRequest {
     std::function<void(const std::string&)> on_device_note;     // an automatic device choice explained (once loaded)
     std::function<void(const Model&)> on_file_opened;           // mapped, nothing large allocated yet
     std::function<void(const ContextChoice&)> on_context;       // chosen, before the memory check
+    std::function<void(uint64_t done, uint64_t total)> on_upload; // weights copied to a GPU (RunOptions)
 };
 
 struct OpenedModel {

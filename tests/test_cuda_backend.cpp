@@ -386,6 +386,19 @@ TEST_CASE("cuda backend: partial offload (-ngl) runs the last layers on the GPU 
     }
 }
 
+TEST_CASE("cuda backend: the weights' upload reports its progress, ending at the total") {
+    if (!test::shared_available()) return;
+    const Model model = load_model(model_path("babyllama-tok105-q4_0"));
+    std::vector<std::pair<uint64_t, uint64_t>> calls;
+    RunOptions options{16, KvType::f16};
+    options.on_upload = [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); };
+    CudaBackend cuda;
+    cuda.load(model.config, model.weights, options);
+    REQUIRE(calls.size() > 2);   // one call a tensor
+    for (size_t i = 1; i < calls.size(); ++i) CHECK(calls[i].first > calls[i - 1].first);
+    CHECK(calls.back().first == calls.back().second);
+}
+
 TEST_CASE("cuda backend: bad batches are refused as on the CPU") {
     if (!test::shared_available()) return;
     Opened o = open_both(model_path("stories260K-f32"), 8);

@@ -109,7 +109,8 @@ std::vector<MemoryLimit> CudaBackend::memory_limits() const {
     return {limit};
 }
 
-void CudaBackend::upload_weights(const ModelWeights& w) {
+void CudaBackend::upload_weights(const ModelWeights& w,
+                                 const std::function<void(uint64_t done, uint64_t total)>& on_upload) {
     // Every distinct matrix once (a tied output is token_embd itself), at 256-byte offsets.
     std::map<const uint8_t*, uint64_t> offsets;
     uint64_t total = 0;
@@ -122,6 +123,13 @@ void CudaBackend::upload_weights(const ModelWeights& w) {
         total += (tensor_bytes(*m) + 255) / 256 * 256;
     }
     weights_buffer_ = DeviceBuffer(total, "the model's weights");
+    uint64_t done = 0, upload_total = 0;
+    for (const auto& [host, offset] : offsets)
+        for (const WeightRef* m : matrices(w))
+            if (m->data == host) {
+                upload_total += tensor_bytes(*m);
+                break;
+            }
     for (const auto& [host, offset] : offsets) {
         // The tensor's bytes: found again from any WeightRef with this data pointer.
         for (const WeightRef* m : matrices(w))
@@ -129,6 +137,11 @@ void CudaBackend::upload_weights(const ModelWeights& w) {
                 cuda_call(cudaMemcpyAsync(weights_buffer_.bytes() + offset, host, tensor_bytes(*m),
                                           cudaMemcpyHostToDevice, stream_),
                           "uploading the weights");
+                done += tensor_bytes(*m);
+                if (on_upload) {   // a pageable copy returns once staged: the bar follows the copies
+                    cuda_call(cudaStreamSynchronize(stream_), "uploading the weights");
+                    on_upload(done, upload_total);
+                }
                 break;
             }
     }
@@ -211,7 +224,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     first_layer_ = options.first_layer;
     weights_buffer_.reset();
     vectors_buffer_.reset();
-    upload_weights(weights);
+    upload_weights(weights, options.on_upload);
     std::vector<int32_t> n_kv_heads;
     for (const LayerConfig& lc : config.layers)
         n_kv_heads.push_back(lc.n_kv_heads);

@@ -9,6 +9,7 @@
 // and against the CUDA emulator for the tests, where it runs on the CPU and is compared with the CPU
 // backend (tests/test_cuda_backend.cpp).
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -73,7 +74,8 @@ private:
                     *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr, *post_ffn_norm = nullptr;
     };
 
-    void upload_weights(const ModelWeights& weights);
+    void upload_weights(const ModelWeights& weights,
+                        const std::function<void(uint64_t done, uint64_t total)>& on_upload);
     // y (n, w.n_out) = W x (+ bias) on the backend's stream.
     void project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y);
     void observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width);
