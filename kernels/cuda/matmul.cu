@@ -6,9 +6,9 @@
 // words of its codes), so each warp instruction reads one contiguous stretch of the row and every weight
 // byte is read once per pass. The 8 values meet up to 8 columns of x (two 16-byte loads per column, again
 // consecutive between lanes) in f32 accumulators held in registers; a shuffle reduction that halves the
-// column set at each step (transposing as it reduces: 9 shuffles for 8 columns instead of 40) leaves each
-// column's sum in its own lanes, which write y in parallel. More than 8 columns take one pass per 8 (grid
-// dimension y), the last n_cols % 8 a pass of their own with that many accumulators.
+// column set at each step (transposing as it reduces: 9 shuffles for 8 columns instead of 40; in
+// column_reduce.cuh) leaves each column's sum in its own lanes, which write y in parallel. More than 8 columns
+// take one pass per 8 (grid dimension y), the last n_cols % 8 a pass of their own with that many accumulators.
 //
 // Plain float rows whose length is not a multiple of 8 (only those formats allow it) take a scalar
 // element-per-lane path, still one coalesced pass.
@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/column_reduce.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
@@ -34,37 +35,6 @@ namespace {
 constexpr int kRowsPerBlock = 4;   // warps per block of the matmul
 constexpr int kMaxColumns = 8;     // columns sharing one pass over the weights
 constexpr int kEmbedThreads = 128;
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
-
-// Sums acc[c] over the warp and writes column c's sum (+ bias[row]) to y[c * n_out + row]. The columns are
-// padded to P (a power of two); at each of the log2(P) first steps a lane keeps half of its columns (the
-// upper half when its bit `offset` is set), adds its partner's partial sums of that half and sends the
-// other half, so after them lane l holds one column, l >> (5 - log2 P), summed over 2^log2(P) lanes; the
-// remaining 5 - log2(P) steps are a plain butterfly.
-template <int NC>
-__device__ __forceinline__ void reduce_and_store(const float (&acc)[NC], int lane, int row, int n_out,
-                                                 const float* __restrict__ bias, float* __restrict__ y) {
-    constexpr int kLog2P = NC == 1 ? 0 : NC == 2 ? 1 : NC <= 4 ? 2 : 3;
-    constexpr int P = 1 << kLog2P;
-    float v[P];
-    TERN_UNROLL
-    for (int i = 0; i < P; ++i) v[i] = i < NC ? acc[i] : 0.0f;
-    TERN_UNROLL
-    for (int s = 0; s < kLog2P; ++s) {
-        const int half = P >> (s + 1), offset = 16 >> s;
-        const bool upper = (lane & offset) != 0;
-        TERN_UNROLL
-        for (int i = 0; i < half; ++i) {
-            const float send = upper ? v[i] : v[i + half];
-            const float keep = upper ? v[i + half] : v[i];
-            v[i] = keep + __shfl_xor_sync(kFullMask, send, offset);
-        }
-    }
-    TERN_UNROLL
-    for (int offset = 16 >> kLog2P; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(kFullMask, v[0], offset);
-    const int col = lane >> (5 - kLog2P);
-    if ((lane & ((32 >> kLog2P) - 1)) == 0 && col < NC) y[col * n_out + row] = bias ? v[0] + bias[row] : v[0];
-}
 
 // y (NC columns of n_out) = x (NC columns of n_in) W^T, a row's slices spread over a warp; blockIdx.y is the
 // pass (columns kMaxColumns * blockIdx.y ..). Rows are warp-uniform, so a warp past n_out leaves whole.
@@ -106,7 +76,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
             acc[c] = s;
         }
     }
-    reduce_and_store<NC>(acc, lane, row, n_out, bias, y);
+    reduce_columns_and_store<NC>(acc, lane, row, n_out, bias, y);
 }
 
 // The same for plain float rows of any length: lane l takes elements l, l + 32, ...
@@ -128,7 +98,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
         TERN_UNROLL
         for (int c = 0; c < NC; ++c) acc[c] += wv * x[c * n_in + i];
     }
-    reduce_and_store<NC>(acc, lane, row, n_out, bias, y);
+    reduce_columns_and_store<NC>(acc, lane, row, n_out, bias, y);
 }
 
 // x row blockIdx.x = table row tokens[blockIdx.x], one slice per thread; scale 1 multiplies nothing, as

@@ -1,0 +1,54 @@
+#pragma once
+// The end of a warp-per-row matmul (kernels/cuda/matmul.cu, matmul_q8.cu): every lane holds partial sums of
+// up to 8 columns for the warp's output row; they are summed over the warp and each column's total (plus
+// the row's bias) written to y.
+#include "kernels/cuda/runtime.h"
+
+// Loop unrolling for both compilers, as in dequant.cuh (whichever is included first defines it).
+#ifndef TERN_UNROLL
+#if defined(__CUDACC__)
+#define TERN_UNROLL _Pragma("unroll")
+#define TERN_NO_UNROLL _Pragma("unroll 1")
+#else
+#define TERN_UNROLL _Pragma("GCC unroll 16")
+#define TERN_NO_UNROLL _Pragma("GCC unroll 1")
+#endif
+#endif
+
+namespace tern::cuda {
+inline namespace TERN_CUDA_ABI {
+
+// Sums acc[c] over the warp and writes column c's sum (+ bias[row]) to y[c * n_out + row]. The columns are
+// padded to P (a power of two); at each of the log2(P) first steps a lane keeps half of its columns (the
+// upper half when its bit `offset` is set), adds its partner's partial sums of that half and sends the
+// other half, so after them lane l holds one column, l >> (5 - log2 P), summed over 2^log2(P) lanes; the
+// remaining 5 - log2(P) steps are a plain butterfly (9 shuffles for 8 columns instead of 40).
+template <int NC>
+__device__ __forceinline__ void reduce_columns_and_store(const float (&acc)[NC], int lane, int row, int n_out,
+                                                         const float* __restrict__ bias, float* __restrict__ y) {
+    constexpr unsigned kFullMask = 0xFFFFFFFFu;
+    constexpr int kLog2P = NC == 1 ? 0 : NC == 2 ? 1 : NC <= 4 ? 2 : 3;
+    constexpr int P = 1 << kLog2P;
+    static_assert(NC >= 1 && NC <= 8, "one to eight columns");
+    float v[P];
+    TERN_UNROLL
+    for (int i = 0; i < P; ++i) v[i] = i < NC ? acc[i] : 0.0f;
+    TERN_UNROLL
+    for (int s = 0; s < kLog2P; ++s) {
+        const int half = P >> (s + 1), offset = 16 >> s;
+        const bool upper = (lane & offset) != 0;
+        TERN_UNROLL
+        for (int i = 0; i < half; ++i) {
+            const float send = upper ? v[i] : v[i + half];
+            const float keep = upper ? v[i + half] : v[i];
+            v[i] = keep + __shfl_xor_sync(kFullMask, send, offset);
+        }
+    }
+    TERN_UNROLL
+    for (int offset = 16 >> kLog2P; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(kFullMask, v[0], offset);
+    const int col = lane >> (5 - kLog2P);
+    if ((lane & ((32 >> kLog2P) - 1)) == 0 && col < NC) y[col * n_out + row] = bias ? v[0] + bias[row] : v[0];
+}
+
+} // namespace TERN_CUDA_ABI
+} // namespace tern::cuda

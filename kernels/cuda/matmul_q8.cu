@@ -1,0 +1,237 @@
+// Activation quantization to q8 units and the integer-dot decode matmul (kernels/cuda/matmul_q8.h), the
+// per-format unit decoding in kernels/cuda/q8_dot.cuh.
+//
+// quantize_activations: 8 threads per 32-element block, 4 elements each (one 16-byte load; a warp reads 512
+// consecutive bytes); the block's max |x| and the 8-element sums meet through shuffles inside the 8 lanes,
+// and each thread writes its 4 codes as one word at its place in unit order.
+//
+// matmul_q8: one warp per output row, kRowsPerBlock rows per block, as matmul.cu. Lane l takes units l,
+// l + 32, ... of the row: one unit is 8 consecutive bytes of codes per field, so the lanes of a warp read
+// consecutive stretches of the row and every weight byte is read once per pass. The unit's codes are decoded
+// once (q8_dot.cuh) and meet up to 8 columns of activations: per column one 16-byte load of codes and one
+// 8-byte load of scale and sums (both consecutive between lanes), 4 dp4a (and a dp2a for the offset
+// formats), an exact int -> float conversion and two or three f32 operations into a register accumulator.
+// The warp's column sums are reduced and stored by reduce_columns_and_store (column_reduce.cuh).
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/column_reduce.cuh"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/matmul_q8.h"
+#include "kernels/cuda/q8_dot.cuh"
+
+namespace tern::cuda {
+inline namespace TERN_CUDA_ABI {
+
+#define TERN_MATMUL_Q8_FORMATS(X)                                                                                      \
+    X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_NL) X(IQ4_XS)
+
+namespace {
+
+constexpr int kRowsPerBlock = 4;       // warps per block of the matmul
+constexpr int kMaxColumns = 8;         // columns sharing one pass over the weights
+constexpr int kQuantizeThreads = 256;  // 32 activation blocks per thread block
+constexpr int kThreadsPerActBlock = 8;
+
+// ---- quantize_activations -----------------------------------------------------------------------
+
+// Thread t (0..7) of activation block g (of all columns, in order) quantizes elements 4t .. 4t + 3: piece
+// p = t / 2 (elements 8p .. 8p + 7) is the first (p < 2) or last half of unit p % 2.
+__global__ void __launch_bounds__(kQuantizeThreads)
+    quantize_q8_units(const float* __restrict__ x, int64_t n_blocks, int blocks_per_column, int column_bytes,
+                      uint8_t* __restrict__ out) {
+    const int64_t g = static_cast<int64_t>(blockIdx.x) * (kQuantizeThreads / kThreadsPerActBlock) +
+                      threadIdx.x / kThreadsPerActBlock;
+    if (g >= n_blocks) return;   // the 8 threads of a block leave together
+    const int t = static_cast<int>(threadIdx.x % kThreadsPerActBlock);
+    const unsigned group = 0xFFu << (threadIdx.x % 32 & 24u);
+    const float4 v = reinterpret_cast<const float4*>(x)[g * kThreadsPerActBlock + t];
+    // amax = max |x| of the block, in any order (max is exact); fmaxf ignores NaN as the CPU's fmax does.
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    TERN_UNROLL
+    for (int offset = 1; offset < kThreadsPerActBlock; offset *= 2)
+        amax = fmaxf(amax, __shfl_xor_sync(group, amax, offset));
+    // As quantize_act_q8_0_scalar: d = amax / 127 kept as an f16, codes from id = 127 / amax (not 1 / d),
+    // rounded half to even, clamped as the CPU's packs would (never reached: |x * id| <= 127 + 2 ulp).
+    const float d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    const float xs[4] = {v.x, v.y, v.z, v.w};
+    uint32_t word = 0;
+    int sum = 0;
+    TERN_UNROLL
+    for (int i = 0; i < 4; ++i) {
+        const int q = min(127, max(-128, __float2int_rn(__fmul_rn(xs[i], id))));
+        word |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * i);
+        sum += q;
+    }
+    sum += __shfl_xor_sync(group, sum, 1);                       // piece t / 2
+    const int last_half_sum = __shfl_xor_sync(group, sum, 4);    // piece t / 2 + 2, the same unit's last half
+    const int b = static_cast<int>(g % blocks_per_column);
+    uint8_t* col = out + (g / blocks_per_column) * column_bytes;
+    const int p = t / 2;
+    *reinterpret_cast<uint32_t*>(col + 32 * b + 16 * (p % 2) + 8 * (p / 2) + 4 * (t % 2)) = word;
+    if (t == 0 || t == 2) {   // the first half of unit t / 2: write the unit's scale and sums
+        const uint32_t sums = (static_cast<uint32_t>(sum) & 0xFFFFu) | (static_cast<uint32_t>(last_half_sum) << 16);
+        const int n_in = blocks_per_column * 32;
+        *reinterpret_cast<uint2*>(col + n_in + 8 * (2 * b + t / 2)) = make_uint2(__float_as_uint(d), sums);
+    }
+}
+
+// ---- matmul_q8 -----------------------------------------------------------------------------------
+
+// y (NC columns of n_out) = x (NC columns of quantized activations) W^T, a row's units spread over a warp;
+// blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..). Rows are warp-uniform, so a warp past n_out
+// leaves whole.
+template <GgmlType T, int NC>
+__global__ void __launch_bounds__(kRowsPerBlock * 32)
+    matmul_q8_units(const uint8_t* __restrict__ w, int64_t row_bytes, int n_out, int n_in,
+                    const uint8_t* __restrict__ xq, const float* __restrict__ bias, float* __restrict__ y) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int row = static_cast<int>(blockIdx.x * kRowsPerBlock + threadIdx.x / 32);
+    if (row >= n_out) return;
+    const int column_bytes = n_in + n_in / 2;
+    xq += static_cast<int64_t>(blockIdx.y) * kMaxColumns * column_bytes;
+    y += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_out;
+    const uint8_t* wr = w + row * row_bytes;
+    const uint8_t* meta = xq + n_in;
+    const int n_units = n_in / 16;
+    float acc[NC];
+    TERN_UNROLL
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+    TERN_NO_UNROLL
+    for (int u = lane; u < n_units; u += 32) {
+        q8dot::WeightUnit wu;
+        q8dot::Q8Unit<T>::load(wr, u, wu);
+        TERN_UNROLL
+        for (int c = 0; c < NC; ++c) {
+            const int4 a = *reinterpret_cast<const int4*>(xq + c * column_bytes + 16 * u);
+            const uint2 m = *reinterpret_cast<const uint2*>(meta + c * column_bytes + 8 * u);
+            acc[c] = q8dot::accumulate<T>(wu, a, m, acc[c]);
+        }
+    }
+    reduce_columns_and_store<NC>(acc, lane, row, n_out, bias, y);
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+
+template <GgmlType T> using FormatTag = std::integral_constant<GgmlType, T>;
+
+// Calls f(FormatTag<type>{}) for a supported format; false for the others.
+template <class F> bool visit_format(GgmlType type, F&& f) {
+    switch (type) {
+#define TERN_VISIT(name)                                                                                               \
+    case GgmlType::name:                                                                                               \
+        f(FormatTag<GgmlType::name>{});                                                                                \
+        return true;
+        TERN_MATMUL_Q8_FORMATS(TERN_VISIT)
+#undef TERN_VISIT
+    default:
+        return false;
+    }
+}
+
+struct Q8Shape {
+    const uint8_t* w;
+    int64_t row_bytes;
+    int n_in, n_out;
+    const float* bias;
+    cudaStream_t stream;
+};
+
+// `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / y on.
+template <GgmlType T, int NC> void launch_passes(const Q8Shape& s, const uint8_t* x, float* y, unsigned passes) {
+    const dim3 grid(static_cast<unsigned>((s.n_out + kRowsPerBlock - 1) / kRowsPerBlock), passes);
+    launch(matmul_q8_units<T, NC>, grid, dim3(kRowsPerBlock * 32), 0, s.stream, s.w, s.row_bytes, s.n_out, s.n_in, x,
+           s.bias, y);
+}
+
+template <GgmlType T> void launch_remainder(const Q8Shape& s, int nc, const uint8_t* x, float* y) {
+    switch (nc) {
+    case 1: return launch_passes<T, 1>(s, x, y, 1);
+    case 2: return launch_passes<T, 2>(s, x, y, 1);
+    case 3: return launch_passes<T, 3>(s, x, y, 1);
+    case 4: return launch_passes<T, 4>(s, x, y, 1);
+    case 5: return launch_passes<T, 5>(s, x, y, 1);
+    case 6: return launch_passes<T, 6>(s, x, y, 1);
+    case 7: return launch_passes<T, 7>(s, x, y, 1);
+    default: return;
+    }
+}
+
+constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kIntMax = 2147483647;
+
+[[noreturn]] void refuse(const std::string& what) { throw std::invalid_argument("tern::cuda::" + what); }
+
+void check_aligned(const char* fn, const void* p, const char* name) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) refuse(std::string(fn) + ": " + name + " is not 16-byte aligned");
+}
+
+// n_in a multiple of `block` and small enough that the kernels' 32-bit offsets hold: one pass's 8 columns
+// of quantized activations (12 n_in bytes) stay below 2^31.
+void check_n_in(const char* fn, int64_t n_in, int64_t block, const std::string& block_name) {
+    if (n_in < 0 || n_in % block != 0)
+        refuse(std::string(fn) + ": n_in = " + std::to_string(n_in) + " is not a multiple of " + block_name + " (" +
+               std::to_string(block) + ")");
+    if (q8_column_bytes(n_in) * kMaxColumns > kIntMax)
+        refuse(std::string(fn) + ": n_in = " + std::to_string(n_in) + " out of range");
+}
+
+} // namespace
+
+size_t quantized_activation_bytes(int64_t n_cols, int64_t n_in) {
+    return static_cast<size_t>(n_cols) * static_cast<size_t>(q8_column_bytes(n_in));
+}
+
+void quantize_activations(const float* x, int64_t n_cols, int64_t n_in, void* out, cudaStream_t stream) {
+    check_n_in("quantize_activations", n_in, kQ8ActBlock, "the activation block");
+    const int64_t n_blocks = n_cols * (n_in / kQ8ActBlock);
+    constexpr int64_t kBlocksPerLaunchBlock = kQuantizeThreads / kThreadsPerActBlock;
+    if (n_cols < 0 || (n_blocks + kBlocksPerLaunchBlock - 1) / kBlocksPerLaunchBlock > kIntMax)
+        refuse("quantize_activations: n_cols = " + std::to_string(n_cols) + " out of range");
+    if (n_blocks == 0) return;
+    check_aligned("quantize_activations", x, "x");
+    check_aligned("quantize_activations", out, "out");
+    const dim3 grid(static_cast<unsigned>((n_blocks + kBlocksPerLaunchBlock - 1) / kBlocksPerLaunchBlock));
+    launch(quantize_q8_units, grid, dim3(kQuantizeThreads), 0, stream, x, n_blocks,
+           static_cast<int>(n_in / kQ8ActBlock), static_cast<int>(q8_column_bytes(n_in)), static_cast<uint8_t*>(out));
+}
+
+bool matmul_q8_supports(GgmlType type) {
+    return visit_format(type, [](auto) {});
+}
+
+void matmul_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const void* x_q, int64_t n_cols,
+               const float* bias, float* y, cudaStream_t stream) {
+    if (!matmul_q8_supports(type)) refuse("matmul_q8: format " + std::string(type_name(type)) + " is not read");
+    check_n_in("matmul_q8", n_in, block_elems(type), std::string(type_name(type)) + "'s block");
+    if (n_out < 0 || n_cols < 0 || n_out * kMaxColumns > kIntMax)
+        refuse("matmul_q8: n_out = " + std::to_string(n_out) + ", n_cols = " + std::to_string(n_cols) +
+               " out of range");
+    if (n_out == 0 || n_cols == 0) return;
+    check_aligned("matmul_q8", w, "w");
+    check_aligned("matmul_q8", x_q, "x_q");
+    const Q8Shape shape{static_cast<const uint8_t*>(w), static_cast<int64_t>(row_bytes(type, n_in)),
+                        static_cast<int>(n_in), static_cast<int>(n_out), bias, stream};
+    const auto* x = static_cast<const uint8_t*>(x_q);
+    const int64_t column_bytes = q8_column_bytes(n_in);
+    visit_format(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        const int64_t full = n_cols / kMaxColumns;
+        for (int64_t done = 0; done < full;) {
+            const int64_t passes = full - done < kMaxGridY ? full - done : kMaxGridY;
+            launch_passes<T, kMaxColumns>(shape, x + done * kMaxColumns * column_bytes, y + done * kMaxColumns * n_out,
+                                          static_cast<unsigned>(passes));
+            done += passes;
+        }
+        launch_remainder<T>(shape, static_cast<int>(n_cols % kMaxColumns), x + full * kMaxColumns * column_bytes,
+                            y + full * kMaxColumns * n_out);
+    });
+}
+
+#undef TERN_MATMUL_Q8_FORMATS
+
+} // namespace TERN_CUDA_ABI
+} // namespace tern::cuda
