@@ -149,13 +149,20 @@ void check_greedy(const std::vector<int32_t>& cuda, const std::vector<int32_t>& 
     }
 }
 
+// The CUDA backend with the CPU reference's arithmetic (no int8 activations).
+CudaOptions exact() {
+    CudaOptions o;
+    o.exact_matmul = true;
+    return o;
+}
+
 struct Opened {
     Model model;
     std::unique_ptr<Backend> cpu, cuda;
 };
 
 Opened open_both(const std::string& path, int32_t n_ctx, KvType kv = KvType::f32) {
-    Opened o{load_model(path), std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>()};
+    Opened o{load_model(path), std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>(exact())};
     o.cpu->load(o.model.config, o.model.weights, RunOptions{n_ctx, kv});
     o.cuda->load(o.model.config, o.model.weights, RunOptions{n_ctx, kv});
     return o;
@@ -204,6 +211,35 @@ TEST_CASE("cuda backend: teacher-forced logits and greedy ids equal the CPU back
         check_greedy(greedy(*o.cuda, prompt), cpu_ids, ties);
     }
     MESSAGE("largest normalised logit error " << worst << " (" << worst_case << ")");
+}
+
+TEST_CASE("cuda backend: decode with int8 activations (the default) stays within their rounding of the exact product") {
+    if (!test::shared_available()) return;
+    for (const char* stem : {"llama2xs-tok512-q4_0", "babyllama-tok105-q8_0", "stories260K-q4_k_m", "synth-k256-q2_k",
+                             "synth-k256-q3_k_m", "synth-k256-q4_k_m", "synth-k256-q5_k_m", "synth-k256-q6_k",
+                             "synth-k256-q4_1", "synth-k256-q5_1"}) {
+        CAPTURE(stem);
+        const Model model = load_model(model_path(stem));
+        CpuBackend exact_cpu(CpuOptions{2, true}), ggml_cpu(CpuOptions{2, false});
+        CudaBackend cuda;
+        for (Backend* b : std::initializer_list<Backend*>{&exact_cpu, &ggml_cpu, &cuda})
+            b->load(model.config, model.weights, RunOptions{64, KvType::f32});
+        const std::vector<int32_t> tokens = ramp_tokens(12, model.config.vocab);
+        // One token a forward: the decode path (a batch of 16 or more takes the f32 GEMM).
+        double vs_exact = 0.0, vs_ggml = 0.0, ggml_vs_exact = 0.0;
+        for (int32_t i = 0; i < 12; ++i) {
+            const std::vector<int32_t> one = {tokens[static_cast<size_t>(i)]};
+            for (Backend* b : std::initializer_list<Backend*>{&exact_cpu, &ggml_cpu, &cuda})
+                b->forward({one, i, LogitsWanted::last});
+            vs_exact = std::max(vs_exact, row_error(cuda.logits(0), exact_cpu.logits(0)));
+            vs_ggml = std::max(vs_ggml, row_error(cuda.logits(0), ggml_cpu.logits(0)));
+            ggml_vs_exact = std::max(ggml_vs_exact, row_error(ggml_cpu.logits(0), exact_cpu.logits(0)));
+        }
+        MESSAGE(stem << ": int8 cuda vs exact " << vs_exact << ", vs the CPU's int8 " << vs_ggml
+                     << "; the CPU's int8 vs exact " << ggml_vs_exact);
+        // The CPU's own int8 path is as far from the exact product; CUDA's rounding may fall either way.
+        CHECK(vs_exact < std::max(3.0 * ggml_vs_exact, 1e-3));
+    }
 }
 
 TEST_CASE("cuda backend: qwen3 and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding scale)") {
@@ -356,7 +392,7 @@ TEST_CASE("cuda backend: partial offload (-ngl) runs the last layers on the GPU 
         CAPTURE(ngl);
         cpu.kv_truncate(0);
         batch_logits(cpu, tokens);   // the CPU's cache of the 20 tokens, for the snapshots below
-        SplitBackend split(std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>(), ngl);
+        SplitBackend split(std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>(exact()), ngl);
         split.load(model.config, model.weights, RunOptions{40, KvType::f16});
         CHECK(split.cpu_layers() == std::max(0, 5 - ngl));
         CHECK(split.device_name() == (ngl == 0 ? "cpu" : ngl < 5 ? "cuda:0+cpu" : "cuda:0"));

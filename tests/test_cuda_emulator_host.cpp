@@ -99,6 +99,32 @@ TEST_CASE("streams run in order; events time them") {
     check(cudaStreamDestroy(s), "destroy");
 }
 
+TEST_CASE("a global-mode capture refuses cudaMalloc and cudaFree, as the runtime does; relaxed mode allows them") {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreate(&s), "stream");
+    int* kept = nullptr;
+    check(cudaMalloc(&kept, 64), "malloc");
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+    int* during = nullptr;
+    CHECK(cudaMalloc(&during, 64) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaFree(kept) == cudaErrorStreamCaptureUnsupported);   // captured launches may still point into it
+    cudaGetLastError();
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamEndCapture(s, &graph), "end capture");
+    check(cudaGraphDestroy(graph), "destroy graph");
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "begin relaxed capture");
+    check(cudaMalloc(&during, 64), "malloc while capturing relaxed");
+    check(cudaFree(during), "free while capturing relaxed");
+    check(cudaStreamEndCapture(s, &graph), "end capture");
+    check(cudaGraphDestroy(graph), "destroy graph");
+    check(cudaFree(kept), "free after the capture");
+    // A stream destroyed while capturing ends its capture.
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+    check(cudaStreamDestroy(s), "destroy stream");
+    check(cudaMalloc(&during, 64), "malloc after the capturing stream is gone");
+    check(cudaFree(during), "free");
+}
+
 TEST_CASE("graph capture records launches and copies, and every replay runs them again") {
     cudaStream_t s = nullptr;
     check(cudaStreamCreate(&s), "stream");

@@ -12,6 +12,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_q8.h"
 #include "kernels/cuda/rope.h"
 #include "quant/reference.h"
 
@@ -67,7 +68,8 @@ ActivationWidths activation_widths(const ModelConfig& c) {
 
 } // namespace
 
-CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), graphs_(options.graphs) {
+CudaBackend::CudaBackend(const CudaOptions& options)
+    : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
     cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
     step_ = DeviceBuffer(2 * sizeof(int32_t), "the decode step's values");
@@ -233,8 +235,21 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     loaded_ = true;
 }
 
-void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y) {
+void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y,
+                          bool new_input) {
+    if (new_input) q8_of_ = nullptr;
     if (n < kGemmMinColumns) {   // decode, draft verification: one pass over the weights per 8 columns
+        if (!exact_ && cuda::matmul_q8_supports(w.type) && w.n_in % cuda::kQ8ActBlock == 0) {
+            // Integer dot products: the input quantized to int8 once for every projection that reads it.
+            if (q8_of_ != x || q8_n_ != n) {
+                void* acts = q8_acts_.reserve(cuda::quantized_activation_bytes(n, w.n_in), "quantized activations");
+                cuda::quantize_activations(x, n, w.n_in, acts, stream_);
+                q8_of_ = x;
+                q8_n_ = n;
+            }
+            cuda::matmul_q8(w.type, w.data, w.n_in, w.n_out, q8_acts_.data(), n, bias, y, stream_);
+            return;
+        }
         cuda::matmul(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, stream_);
         return;
     }
@@ -302,7 +317,7 @@ std::vector<int64_t> CudaBackend::graph_key(int32_t pos0) {
         const LayerConfig& lc = config_.layers[static_cast<size_t>(l)];
         key.push_back(cuda::attention_plan(kv_.layer(l), 1, lc.n_heads, pos0, lc.sliding_window).splits);
     }
-    for (const DeviceScratch* b : {&tokens_, &x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &out_, &logits_})
+    for (const DeviceScratch* b : {&tokens_, &x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &out_, &logits_, &q8_acts_})
         key.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(b->data())));
     return key;
 }
@@ -315,7 +330,9 @@ void CudaBackend::forward_graph(const ForwardBatch& batch) {
     std::vector<int64_t> key = graph_key(batch.pos0);
     if (!graph_exec_ || key != graph_key_) {
         reset_graph();
-        cuda_call(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "capturing the decode step");
+        // Global mode: an allocation or a free while capturing fails instead of leaving captured launches
+        // pointing at memory that is gone at replay (every buffer the step uses is reserved above).
+        cuda_call(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), "capturing the decode step");
         cudaGraph_t graph = nullptr;
         try {
             forward_on_device(batch, step_.as<int32_t>());
@@ -350,6 +367,11 @@ void CudaBackend::reserve_buffers(int64_t n, int64_t logit_rows) {
     gate_.floats(un * static_cast<size_t>(aw.ffn), "activations");
     up_.floats(un * static_cast<size_t>(aw.ffn), "activations");
     logits_.floats(static_cast<size_t>(logit_rows) * static_cast<size_t>(c.vocab), "logits");
+    // Every projection's int8 input fits from the start: a buffer replaced in the middle of a captured
+    // step would leave the step's earlier launches pointing at freed memory.
+    if (n < kGemmMinColumns)
+        q8_acts_.reserve(cuda::quantized_activation_bytes(n, std::max<int64_t>({c.dim, aw.att, aw.ffn})),
+                         "quantized activations");
 }
 
 // The host's view after a forward: positions, and logit rows not yet copied back.
@@ -401,8 +423,8 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         cuda::rmsnorm_rows(x, d.attn_norm, xn, n, dim, c.rms_eps, stream_);
         observe(first_layer_ + l, ProjectionInput::attn_qkv, xn, n, dim);
         project(d.wq, xn, n, d.bq, q);
-        project(d.wk, xn, n, d.bk, k);
-        project(d.wv, xn, n, d.bv, v);
+        project(d.wk, xn, n, d.bk, k, false);   // q, k and v read one input
+        project(d.wv, xn, n, d.bv, v, false);
         cuda::RopeParams rope;
         rope.neox = c.rope_style == RopeStyle::neox;
         rope.n_rot = c.n_rot;
@@ -424,7 +446,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
         observe(first_layer_ + l, ProjectionInput::ffn_gate_up, xn, n, dim);
         project(d.w_gate, xn, n, d.b_gate, gate);
-        project(d.w_up, xn, n, d.b_up, up);
+        project(d.w_up, xn, n, d.b_up, up, false);   // gate and up read one input
         const int64_t ffn = static_cast<int64_t>(n) * lc.ffn_dim;
         if (c.ffn_act == FfnActivation::silu)
             cuda::swiglu(gate, up, gate, ffn, stream_);

@@ -27,6 +27,10 @@ inline namespace TERN_CUDA_ABI {
 struct CudaOptions {
     int device = 0;       // CUDA device index (--device cuda:N)
     bool graphs = true;   // decode steps replay a captured CUDA graph (TERN_CUDA_GRAPHS=0 turns it off)
+    // Decode's projections multiply dequantized weights by f32 activations (the CPU's exact_matmul
+    // arithmetic) instead of quantizing the activations to int8 for integer dot products (the default,
+    // as ggml and the CPU backend do): the tests' tight comparison with the CPU.
+    bool exact_matmul = false;
 };
 
 class CudaBackend final : public Backend {
@@ -76,8 +80,10 @@ private:
 
     void upload_weights(const ModelWeights& weights,
                         const std::function<void(uint64_t done, uint64_t total)>& on_upload);
-    // y (n, w.n_out) = W x (+ bias) on the backend's stream.
-    void project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y);
+    // y (n, w.n_out) = W x (+ bias) on the backend's stream. new_input false: x is the input of the
+    // previous call (q/k/v, gate/up), whose int8 form is reused.
+    void project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y,
+                 bool new_input = true);
     void observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width);
     // The forward's launches. With `step` (device memory: the token, then its position) the kernels read
     // the token and position there, as a captured graph must.
@@ -93,6 +99,7 @@ private:
 
     int device_ = 0;
     bool graphs_ = true;
+    bool exact_ = false;
     cudaStream_t stream_ = nullptr;
     // The decode step's graph, what it was captured for, and its per-step values on the device.
     cudaGraphExec_t graph_exec_ = nullptr;
@@ -115,6 +122,9 @@ private:
     // One forward's activations, grown to the largest batch seen.
     DeviceScratch tokens_, x_, xn_, q_, k_, v_, att_, gate_, up_, out_, logits_, ids_;
     DeviceScratch gemm_scratch_;   // a block of dequantized weight rows (the prefill path)
+    DeviceScratch q8_acts_;        // a projection input as int8 (kernels/cuda/matmul_q8.h) ...
+    const float* q8_of_ = nullptr; // ... of this f32 input
+    int64_t q8_n_ = 0;
     DeviceBuffer row_ids_;         // 0, 1, 2, ... for the prefill path's dequantizer
     int n_logit_rows_ = 0;
     // Host copies of logit rows, fetched on first request after each forward.

@@ -1,4 +1,5 @@
 // The emulated CUDA runtime host API (cuda_emu_host.h).
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -19,7 +20,15 @@ struct CUevent_st {
 };
 struct CUgraph_st {
     std::vector<std::function<void()>> nodes;
+    bool global_mode = false;   // captured in cudaStreamCaptureModeGlobal
 };
+
+namespace {
+// Captures in cudaStreamCaptureModeGlobal now under way: while there is one, the runtime refuses the
+// "potentially unsafe" calls, cudaMalloc and cudaFree among them. That is what catches a buffer freed (or
+// moved) in the middle of a capture while captured launches still point into it: they would run at replay.
+std::atomic<int> g_global_captures{0};
+} // namespace
 struct CUgraphExec_st {
     std::vector<std::function<void()>> nodes;
 };
@@ -227,8 +236,14 @@ cudaError_t cudaDriverGetVersion(int* version) {
 }
 cudaError_t cudaRuntimeGetVersion(int* version) { return cudaDriverGetVersion(version); }
 
-cudaError_t cudaMalloc(void** ptr, size_t bytes) { return cuda_emu::allocate(ptr, bytes, cuda_emu::Space::device); }
-cudaError_t cudaFree(void* ptr) { return cuda_emu::release(ptr, cuda_emu::Space::device); }
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+    if (g_global_captures.load() > 0) return emu_set_last_error(cudaErrorStreamCaptureUnsupported);
+    return cuda_emu::allocate(ptr, bytes, cuda_emu::Space::device);
+}
+cudaError_t cudaFree(void* ptr) {
+    if (g_global_captures.load() > 0) return emu_set_last_error(cudaErrorStreamCaptureUnsupported);
+    return cuda_emu::release(ptr, cuda_emu::Space::device);
+}
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cuda_emu::allocate(ptr, bytes, cuda_emu::Space::pinned); }
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) { return cudaMallocHost(ptr, bytes); }
 cudaError_t cudaFreeHost(void* ptr) { return cuda_emu::release(ptr, cuda_emu::Space::pinned); }
@@ -260,6 +275,7 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     if (!stream) return emu_set_last_error(cudaErrorInvalidResourceHandle);
+    if (stream->capturing && stream->capturing->global_mode) --g_global_captures;
     delete stream->capturing;
     delete stream;
     return cudaSuccess;
@@ -306,16 +322,19 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
     // The legacy default stream cannot be captured, as on the device.
     if (!stream || stream->capturing) return emu_set_last_error(cudaErrorStreamCaptureUnsupported);
     stream->capturing = new CUgraph_st();
+    stream->capturing->global_mode = mode == cudaStreamCaptureModeGlobal;
+    if (stream->capturing->global_mode) ++g_global_captures;
     return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
     if (!stream || !graph) return emu_set_last_error(cudaErrorInvalidValue);
     if (!stream->capturing) return emu_set_last_error(cudaErrorStreamCaptureInvalidated);
     *graph = stream->capturing;
+    if (stream->capturing->global_mode) --g_global_captures;
     stream->capturing = nullptr;
     return cudaSuccess;
 }
