@@ -19,6 +19,7 @@
 
 // The app is an executable, not a library: its option helpers are compiled into this test too.
 #include "app/common_options.cpp"
+#include "app/console.cpp"
 #include "app/engine_wording.cpp"
 
 using namespace tern::test;
