@@ -84,6 +84,9 @@ void rethrow_with_flags() {
         if (e.reason == DeviceUnavailable::Reason::not_built)
             throw UsageError("--device " + e.device + ": tern was built without CUDA; use --device cpu");
         throw;
+    } catch (const DeviceCannotRun& e) {
+        throw InputError("--device " + e.device + ": " + std::string(e.what()).substr(e.device.size() + 1) +
+                         "; use --device cpu");
     } catch (const GpuUnavailable& e) {
         throw RuntimeFailure("--device " + e.device + ": " + e.why + "; use --device cpu or auto");
     } catch (const MemoryShortfallError& e) {

@@ -29,6 +29,9 @@ KvHeadDimsUnfit::KvHeadDimsUnfit(KvType type_, int64_t block_, int64_t head_dim_
     : UsageError(head_dims_message(type_, block_, head_dim_, head_dim_v_)),
       type(type_), block(block_), head_dim(head_dim_), head_dim_v(head_dim_v_) {}
 
+DeviceCannotRun::DeviceCannotRun(std::string device_, std::string reason_)
+    : InputError(device_ + " cannot run this model: " + reason_), device(std::move(device_)), reason(std::move(reason_)) {}
+
 KvAllocationFailed::KvAllocationFailed(int32_t n_ctx_)
     : RuntimeFailure("out of memory allocating the KV cache for " + std::to_string(n_ctx_) + " positions"),
       n_ctx(n_ctx_) {}

@@ -29,4 +29,11 @@ struct KvAllocationFailed : RuntimeFailure {
     int32_t n_ctx;
 };
 
+// A model the chosen device's kernels cannot run: a weight format or a shape they lack (the CPU runs it).
+// `--device auto` then runs on the CPU; an explicit device is an input error the app words with its flag.
+struct DeviceCannotRun : InputError {
+    DeviceCannotRun(std::string device, std::string reason);
+    std::string device, reason;
+};
+
 } // namespace tern

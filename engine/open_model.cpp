@@ -76,7 +76,19 @@ OpenedModel open_model(const OpenRequest& r) {
     options.n_ctx = opened.context.n_ctx;
     options.kv_type = r.kv_type;
     options.on_upload = r.on_upload;
-    opened.backend->load(m.config, m.weights, options);
+    try {
+        opened.backend->load(m.config, m.weights, options);
+    } catch (const DeviceCannotRun& e) {
+        // A GPU chosen automatically whose kernels lack one of the model's formats or shapes: the CPU
+        // runs it, at the context already chosen (checked against the host's memory first).
+        if (!parse_device(r.device) || !parse_device(r.device)->automatic) throw;
+        note = "device auto: " + std::string(e.what()) + "; running on the cpu";
+        opened.backend = make_backend("cpu", r.cpu);
+        if (const std::optional<MemoryShortfall> shortfall = find_memory_shortfall(
+                opened.backend->plan_memory(m.config, m.weights, request), opened.backend->memory_limits(), request))
+            throw MemoryShortfallError(*shortfall);
+        opened.backend->load(m.config, m.weights, options);
+    }
     // Said once the model is loaded: an error on the way stays the one line on stderr.
     if (!note.empty() && r.on_device_note) r.on_device_note(note);
     return opened;

@@ -59,6 +59,9 @@ TEST_CASE("with_flag_words: device, KV and draft-model errors name their flags; 
           "--device cuda:1: tern was built without CUDA; use --device cpu");
     CHECK(worded(GpuUnavailable("cuda", "no CUDA device found")).first ==
           "--device cuda: no CUDA device found; use --device cpu or auto");
+    const auto [cannot, cannot_code] = worded(DeviceCannotRun("cuda:0", "tensor blk.0.attn_q.weight is iq2_xxs"));
+    CHECK(cannot == "--device cuda:0: cannot run this model: tensor blk.0.attn_q.weight is iq2_xxs; use --device cpu");
+    CHECK(cannot_code == ExitCode::bad_input);
     CHECK(worded(DeviceUnavailable("tpu", DeviceUnavailable::Reason::unknown)).first ==
           "unknown device 'tpu' (choices: auto, cpu, cuda, cuda:N)");
     const auto [kv, kv_code] = worded(KvHeadDimsUnfit(KvType::q8_0, 32, 8, 8));

@@ -4,9 +4,11 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "base/error.h"
+#include "engine/load_errors.h"
 #include "engine/memory_budget.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
@@ -119,8 +121,8 @@ void CudaBackend::upload_weights(const ModelWeights& w,
     for (const WeightRef* m : matrices(w)) {
         if (!m->present() || offsets.count(m->data)) continue;
         if (!cuda::matmul_supports(m->type))
-            throw InputError("tensor " + m->name + ": the CUDA backend cannot compute with " +
-                             std::string(type_name(m->type)) + " weights (use --device cpu)");
+            throw DeviceCannotRun(device_name(), "tensor " + m->name + " is " + std::string(type_name(m->type)) +
+                                                     ", a format its kernels do not read");
         offsets[m->data] = total;
         total += (tensor_bytes(*m) + 255) / 256 * 256;
     }
@@ -222,6 +224,24 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     loaded_ = false;
     reset_graph();
+    // Shapes the kernels cannot run are refused before anything is uploaded: the block KV formats' head
+    // dims (worded with the flag by the app), then what the attention kernel takes (head dims, group size).
+    const int64_t kv_block = kv_block_elems(options.kv_type);
+    if (config.head_dim % kv_block != 0 || config.head_dim_v % kv_block != 0)
+        throw KvHeadDimsUnfit(options.kv_type, kv_block, config.head_dim, config.head_dim_v);
+    for (const LayerConfig& lc : config.layers) {
+        cuda::KvLayer shape;
+        shape.type = options.kv_type;
+        shape.n_kv_heads = lc.n_kv_heads;
+        shape.head_dim = config.head_dim;
+        shape.head_dim_v = config.head_dim_v;
+        shape.n_ctx = options.n_ctx;
+        try {
+            cuda::attention_plan(shape, 1, lc.n_heads, 0, lc.sliding_window);
+        } catch (const std::invalid_argument& e) {
+            throw DeviceCannotRun(device_name(), e.what());
+        }
+    }
     config_ = config;
     first_layer_ = options.first_layer;
     weights_buffer_.reset();
@@ -292,11 +312,11 @@ void CudaBackend::forward(const ForwardBatch& batch) {
             forward_on_device(batch);
     } catch (const cuda::Error& e) {
         throw RuntimeFailure(std::string("cuda: ") + e.what());
+    } catch (const std::invalid_argument& e) {   // a launcher's refusal: load() lets no known shape through
+        throw RuntimeFailure(std::string("cuda: ") + e.what());
     }
 }
 
-// The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line, as the CPU backend's:
-// embed -> per layer {norm, q/k/v, q/k norm + rope, KV write, attention, output, FFN} -> norm -> lm_head.
 bool CudaBackend::graph_fits(const ForwardBatch& batch) const {
     // One token, its logits kept, nothing copied back in the middle (observer), a whole model.
     return graphs_ && batch.tokens.size() == 1 && batch.wanted == LogitsWanted::last && !observer_ &&
@@ -382,6 +402,8 @@ void CudaBackend::finish_forward(int32_t n_past, int64_t rows) {
     host_row_ready_.assign(static_cast<size_t>(rows), false);
 }
 
+// The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line, as the CPU backend's:
+// embed -> per layer {norm, q/k/v, q/k norm + rope, KV write, attention, output, FFN} -> norm -> lm_head.
 void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* step) {
     const ModelConfig& c = config_;
     const int64_t n = static_cast<int64_t>(batch.tokens.size());
