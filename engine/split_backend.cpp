@@ -50,7 +50,6 @@ void SplitBackend::load(const ModelConfig& config, const ModelWeights& weights, 
     ModelWeights w;
     slice(config, weights, 0, cpu_layers_, c, w);
     RunOptions o = options;
-    o.first_layer = options.first_layer;
     cpu_->load(c, w, o);
     cpu_shape_ = {options.kv_type, {}, config.head_dim, config.head_dim_v, options.n_ctx};
     for (const LayerConfig& lc : c.layers) cpu_shape_.n_kv_heads.push_back(lc.n_kv_heads);
