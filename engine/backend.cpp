@@ -6,6 +6,22 @@
 
 namespace tern {
 
+void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ctx, int32_t vocab) {
+    const int64_t n = static_cast<int64_t>(batch.tokens.size());
+    const int32_t pos0 = batch.pos0;
+    if (n == 0) throw UsageError("forward: empty batch");
+    if (pos0 != n_past)
+        throw UsageError("forward: batch starts at position " + std::to_string(pos0) + " but the KV cache holds " +
+                         std::to_string(n_past) + " positions");
+    if (pos0 + n > n_ctx)
+        throw UsageError("forward: positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
+                         " do not fit the context of " + std::to_string(n_ctx) + " positions");
+    for (int32_t t : batch.tokens)
+        if (t < 0 || t >= vocab)
+            throw UsageError("forward: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                             std::to_string(vocab - 1) + ")");
+}
+
 void Backend::kv_erase(int32_t begin, int32_t end) {
     throw RuntimeFailure(device_name() + ": this backend cannot shift its KV cache (erase of positions " +
                          std::to_string(begin) + ".." + std::to_string(end) + ")");

@@ -69,6 +69,10 @@ struct KvSnapshot {
     std::vector<uint8_t> bytes;   // backend-defined layout, versioned by the backend
 };
 
+// Throws UsageError for a batch no backend can run: empty, not starting at n_past, past n_ctx, or
+// holding a token id outside [0, vocab).
+void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ctx, int32_t vocab);
+
 class Backend {
 public:
     virtual ~Backend() = default;

@@ -80,11 +80,18 @@ bool same_shape(const KvSnapshotShape& s, const int32_t* header) {
 
 } // namespace
 
-KvSnapshot kv_snapshot_whole(const KvSnapshotShape& shape, int32_t n, const KvRowsOut& out) {
+KvSnapshot kv_snapshot_whole(const KvSnapshotShape& shape, int32_t n_past, int32_t n, const KvRowsOut& out) {
+    if (n < 0 || n > n_past)
+        throw UsageError("kv_save: " + std::to_string(n) + " positions requested but the cache holds " +
+                         std::to_string(n_past));
     return pack(shape, kSnapshotMagic, shape.n_ctx, 0, n, out);
 }
 
-KvSnapshot kv_snapshot_range(const KvSnapshotShape& shape, int32_t begin, int32_t end, const KvRowsOut& out) {
+KvSnapshot kv_snapshot_range(const KvSnapshotShape& shape, int32_t n_past, int32_t begin, int32_t end,
+                             const KvRowsOut& out) {
+    if (begin < 0 || end < begin || end > n_past)
+        throw UsageError("kv_save_range: positions " + std::to_string(begin) + ".." + std::to_string(end) +
+                         " requested but the cache holds " + std::to_string(n_past));
     return pack(shape, kRangeMagic, begin, begin, end - begin, out);
 }
 

@@ -27,10 +27,11 @@ using KvRowsOut = std::function<void(size_t layer, int32_t head, bool value, int
 using KvRowsIn =
     std::function<void(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes)>;
 
-// The first n positions ("TKV2"); the caller has checked 0 <= n <= n_past.
-KvSnapshot kv_snapshot_whole(const KvSnapshotShape& shape, int32_t n, const KvRowsOut& out);
-// Positions [begin, end) ("TKR1"); the caller has checked the range.
-KvSnapshot kv_snapshot_range(const KvSnapshotShape& shape, int32_t begin, int32_t end, const KvRowsOut& out);
+// The first n positions ("TKV2") of a cache holding n_past. Throws UsageError unless 0 <= n <= n_past.
+KvSnapshot kv_snapshot_whole(const KvSnapshotShape& shape, int32_t n_past, int32_t n, const KvRowsOut& out);
+// Positions [begin, end) ("TKR1"). Throws UsageError unless 0 <= begin <= end <= n_past.
+KvSnapshot kv_snapshot_range(const KvSnapshotShape& shape, int32_t n_past, int32_t begin, int32_t end,
+                             const KvRowsOut& out);
 
 // Restores a whole snapshot (kv_load; "TKV1" too for the float formats) and returns its positions.
 // Throws UsageError naming what differs when it was taken from another shape or type, or does not fit.

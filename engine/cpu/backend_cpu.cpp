@@ -92,17 +92,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     const ModelConfig& c = config_;
     const int64_t n = static_cast<int64_t>(batch.tokens.size());
     const int32_t pos0 = batch.pos0;
-    if (n == 0) throw UsageError("forward: empty batch");
-    if (pos0 != kv_.n_past())
-        throw UsageError("forward: batch starts at position " + std::to_string(pos0) + " but the KV cache holds " +
-                         std::to_string(kv_.n_past()) + " positions");
-    if (pos0 + n > kv_.n_ctx())
-        throw UsageError("forward: positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
-                         " do not fit the context of " + std::to_string(kv_.n_ctx()) + " positions");
-    for (int32_t t : batch.tokens)
-        if (t < 0 || t >= c.vocab)
-            throw UsageError("forward: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
-                             std::to_string(c.vocab - 1) + ")");
+    check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), c.vocab);
 
     const int nt = n_threads_;
     const int64_t dim = c.dim;

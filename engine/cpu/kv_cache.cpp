@@ -96,12 +96,10 @@ void KvCache::copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, 
 }
 
 KvSnapshot KvCache::save(int32_t n) const {
-    if (n < 0 || n > n_past_)
-        throw UsageError("kv_save: " + std::to_string(n) + " positions requested but the cache holds " +
-                         std::to_string(n_past_));
-    return kv_snapshot_whole(shape(), n, [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
-        copy_rows_out(l, h, v, pos, k, b);
-    });
+    return kv_snapshot_whole(shape(), n_past_, n,
+                                     [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
+                                         copy_rows_out(l, h, v, pos, k, b);
+                                     });
 }
 
 void KvCache::load(const KvSnapshot& s) {
@@ -111,10 +109,7 @@ void KvCache::load(const KvSnapshot& s) {
 }
 
 KvSnapshot KvCache::save_range(int32_t begin, int32_t end) const {
-    if (begin < 0 || end < begin || end > n_past_)
-        throw UsageError("kv_save_range: positions " + std::to_string(begin) + ".." + std::to_string(end) +
-                         " requested but the cache holds " + std::to_string(n_past_));
-    return kv_snapshot_range(shape(), begin, end,
+    return kv_snapshot_range(shape(), n_past_, begin, end,
                              [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
                                  copy_rows_out(l, h, v, pos, k, b);
                              });

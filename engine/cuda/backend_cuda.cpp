@@ -115,39 +115,36 @@ std::vector<MemoryLimit> CudaBackend::memory_limits() const {
 
 void CudaBackend::upload_weights(const ModelWeights& w,
                                  const std::function<void(uint64_t done, uint64_t total)>& on_upload) {
-    // Every distinct matrix once (a tied output is token_embd itself), at 256-byte offsets.
+    // Every distinct matrix once (a tied output is token_embd itself), at 256-byte offsets, in the order
+    // the model lists them.
+    struct Placed {
+        const WeightRef* ref;
+        uint64_t offset;
+    };
+    std::vector<Placed> placed;
     std::map<const uint8_t*, uint64_t> offsets;
-    uint64_t total = 0;
+    uint64_t total = 0, bytes = 0;
     for (const WeightRef* m : matrices(w)) {
         if (!m->present() || offsets.count(m->data)) continue;
         if (!cuda::matmul_supports(m->type))
             throw DeviceCannotRun(device_name(), "tensor " + m->name + " is " + std::string(type_name(m->type)) +
                                                      ", a format its kernels do not read");
         offsets[m->data] = total;
+        placed.push_back({m, total});
         total += (tensor_bytes(*m) + 255) / 256 * 256;
+        bytes += tensor_bytes(*m);
     }
     weights_buffer_ = DeviceBuffer(total, "the model's weights");
-    uint64_t done = 0, upload_total = 0;
-    for (const auto& [host, offset] : offsets)
-        for (const WeightRef* m : matrices(w))
-            if (m->data == host) {
-                upload_total += tensor_bytes(*m);
-                break;
-            }
-    for (const auto& [host, offset] : offsets) {
-        // The tensor's bytes: found again from any WeightRef with this data pointer.
-        for (const WeightRef* m : matrices(w))
-            if (m->data == host) {
-                cuda_call(cudaMemcpyAsync(weights_buffer_.bytes() + offset, host, tensor_bytes(*m),
-                                          cudaMemcpyHostToDevice, stream_),
-                          "uploading the weights");
-                done += tensor_bytes(*m);
-                if (on_upload) {   // a pageable copy returns once staged: the bar follows the copies
-                    cuda_call(cudaStreamSynchronize(stream_), "uploading the weights");
-                    on_upload(done, upload_total);
-                }
-                break;
-            }
+    uint64_t done = 0;
+    for (const Placed& p : placed) {
+        cuda_call(cudaMemcpyAsync(weights_buffer_.bytes() + p.offset, p.ref->data, tensor_bytes(*p.ref),
+                                  cudaMemcpyHostToDevice, stream_),
+                  "uploading the weights");
+        done += tensor_bytes(*p.ref);
+        if (on_upload) {   // a pageable copy returns once staged: the bar follows the copies
+            cuda_call(cudaStreamSynchronize(stream_), "uploading the weights");
+            on_upload(done, bytes);
+        }
     }
     auto device_weight = [&](const WeightRef& m) {
         DeviceWeight d;
@@ -291,20 +288,7 @@ void CudaBackend::observe(int32_t layer, ProjectionInput which, const float* x_d
 
 void CudaBackend::forward(const ForwardBatch& batch) {
     if (!loaded_) throw UsageError("forward: the backend has no model loaded");
-    const ModelConfig& c = config_;
-    const int64_t n = static_cast<int64_t>(batch.tokens.size());
-    const int32_t pos0 = batch.pos0;
-    if (n == 0) throw UsageError("forward: empty batch");
-    if (pos0 != kv_.n_past())
-        throw UsageError("forward: batch starts at position " + std::to_string(pos0) + " but the KV cache holds " +
-                         std::to_string(kv_.n_past()) + " positions");
-    if (pos0 + n > kv_.n_ctx())
-        throw UsageError("forward: positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
-                         " do not fit the context of " + std::to_string(kv_.n_ctx()) + " positions");
-    for (int32_t t : batch.tokens)
-        if (t < 0 || t >= c.vocab)
-            throw UsageError("forward: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
-                             std::to_string(c.vocab - 1) + ")");
+    check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), config_.vocab);
     try {
         if (graph_fits(batch))
             forward_graph(batch);
