@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/column_passes.h"
 #include "kernels/cuda/column_reduce.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/launch.h"
@@ -173,33 +174,15 @@ void launch_passes(const MatmulShape& s, const float* x, float* y, unsigned pass
         launch(matmul_plain_ragged<T, NC>, grid, block, 0, s.stream, s.w, s.row_bytes, s.n_out, s.n_in, x, s.bias, y);
 }
 
-template <GgmlType T> void launch_remainder(const MatmulShape& s, int nc, const float* x, float* y) {
-    switch (nc) {
-    case 1: return launch_passes<T, 1>(s, x, y, 1);
-    case 2: return launch_passes<T, 2>(s, x, y, 1);
-    case 3: return launch_passes<T, 3>(s, x, y, 1);
-    case 4: return launch_passes<T, 4>(s, x, y, 1);
-    case 5: return launch_passes<T, 5>(s, x, y, 1);
-    case 6: return launch_passes<T, 6>(s, x, y, 1);
-    case 7: return launch_passes<T, 7>(s, x, y, 1);
-    default: return;
-    }
-}
-
-constexpr int64_t kMaxGridY = 65535;
-constexpr int64_t kIntMax = 2147483647;
-
-[[noreturn]] void refuse(const std::string& what) { throw std::invalid_argument("tern::cuda::" + what); }
+using column_passes::check_aligned;
+using column_passes::kIntMax;
+using column_passes::refuse;
 
 void check_format(const char* fn, GgmlType type, int64_t n, const char* n_name) {
     if (!matmul_supports(type)) refuse(std::string(fn) + ": format " + std::string(type_name(type)) + " is not read");
     if (n < 0 || n % block_elems(type) != 0)
         refuse(std::string(fn) + ": " + n_name + " = " + std::to_string(n) + " is not a multiple of " +
                std::string(type_name(type)) + "'s block of " + std::to_string(block_elems(type)));
-}
-
-void check_aligned(const char* fn, const void* p, const char* name) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) refuse(std::string(fn) + ": " + name + " is not 16-byte aligned");
 }
 
 } // namespace
@@ -222,15 +205,9 @@ void matmul(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const flo
                             static_cast<int>(n_in), static_cast<int>(n_out), bias, stream};
     visit_format(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        const int64_t full = n_cols / kMaxColumns;
-        for (int64_t done = 0; done < full;) {
-            const int64_t passes = full - done < kMaxGridY ? full - done : kMaxGridY;
-            launch_passes<T, kMaxColumns>(shape, x + done * kMaxColumns * n_in, y + done * kMaxColumns * n_out,
-                                          static_cast<unsigned>(passes));
-            done += passes;
-        }
-        launch_remainder<T>(shape, static_cast<int>(n_cols % kMaxColumns), x + full * kMaxColumns * n_in,
-                            y + full * kMaxColumns * n_out);
+        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
+            launch_passes<T, decltype(nc)::value>(shape, x + first * n_in, y + first * n_out, passes);
+        });
     });
 }
 

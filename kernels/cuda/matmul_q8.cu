@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/column_passes.h"
 #include "kernels/cuda/column_reduce.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul_q8.h"
@@ -147,27 +148,9 @@ template <GgmlType T, int NC> void launch_passes(const Q8Shape& s, const uint8_t
            s.bias, y);
 }
 
-template <GgmlType T> void launch_remainder(const Q8Shape& s, int nc, const uint8_t* x, float* y) {
-    switch (nc) {
-    case 1: return launch_passes<T, 1>(s, x, y, 1);
-    case 2: return launch_passes<T, 2>(s, x, y, 1);
-    case 3: return launch_passes<T, 3>(s, x, y, 1);
-    case 4: return launch_passes<T, 4>(s, x, y, 1);
-    case 5: return launch_passes<T, 5>(s, x, y, 1);
-    case 6: return launch_passes<T, 6>(s, x, y, 1);
-    case 7: return launch_passes<T, 7>(s, x, y, 1);
-    default: return;
-    }
-}
-
-constexpr int64_t kMaxGridY = 65535;
-constexpr int64_t kIntMax = 2147483647;
-
-[[noreturn]] void refuse(const std::string& what) { throw std::invalid_argument("tern::cuda::" + what); }
-
-void check_aligned(const char* fn, const void* p, const char* name) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) refuse(std::string(fn) + ": " + name + " is not 16-byte aligned");
-}
+using column_passes::check_aligned;
+using column_passes::kIntMax;
+using column_passes::refuse;
 
 // n_in a multiple of `block` and small enough that the kernels' 32-bit offsets hold: one pass's 8 columns
 // of quantized activations (12 n_in bytes) stay below 2^31.
@@ -219,15 +202,9 @@ void matmul_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const 
     const int64_t column_bytes = q8_column_bytes(n_in);
     visit_format(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        const int64_t full = n_cols / kMaxColumns;
-        for (int64_t done = 0; done < full;) {
-            const int64_t passes = full - done < kMaxGridY ? full - done : kMaxGridY;
-            launch_passes<T, kMaxColumns>(shape, x + done * kMaxColumns * column_bytes, y + done * kMaxColumns * n_out,
-                                          static_cast<unsigned>(passes));
-            done += passes;
-        }
-        launch_remainder<T>(shape, static_cast<int>(n_cols % kMaxColumns), x + full * kMaxColumns * column_bytes,
-                            y + full * kMaxColumns * n_out);
+        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
+            launch_passes<T, decltype(nc)::value>(shape, x + first * column_bytes, y + first * n_out, passes);
+        });
     });
 }
 
