@@ -106,7 +106,8 @@ uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type) {
 }
 
 uint64_t kv_cache_bytes(const ModelConfig& config, KvType type, int32_t n_ctx) {
-    return kv_bytes_per_position(config, type) * static_cast<uint64_t>(std::max(n_ctx, 0));
+    const auto pages = static_cast<uint64_t>((std::max(n_ctx, 0) + kKvPagePositions - 1) / kKvPagePositions);
+    return kv_bytes_per_position(config, type) * pages * static_cast<uint64_t>(kKvPagePositions);
 }
 
 std::optional<MemoryLimit> cgroup_limit(std::string_view proc_self_cgroup, const fs::path& root) {

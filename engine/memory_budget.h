@@ -18,7 +18,8 @@
 namespace tern {
 
 // KV bytes one position of this model takes (all layers, K and V; kernels/kv_format.h), and a
-// whole cache of n_ctx positions.
+// whole cache of n_ctx positions, rounded up to whole pages of kKvPagePositions as the CPU cache allocates
+// them.
 uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type);
 uint64_t kv_cache_bytes(const ModelConfig& config, KvType type, int32_t n_ctx);
 

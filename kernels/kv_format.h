@@ -27,6 +27,10 @@ struct KvFormatInfo {
     bool quantized;           // a block format with a scale (about half of f16's bytes)
 };
 
+// Positions per page of the CPU's paged KV cache (engine/cpu/kv_cache.h), which is also the CPU attention's
+// chunk (kernels/cpu/attention.h kAttnChunk): a chunk's rows are then one run inside one page.
+inline constexpr int32_t kKvPagePositions = 128;
+
 inline constexpr std::array<KvFormatInfo, 5> kKvFormats = {{
     {KvType::f32, "f32", 1, 4, false},
     {KvType::f16, "f16", 1, 2, false},

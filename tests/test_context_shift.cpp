@@ -132,7 +132,7 @@ namespace {
 struct RandomCache {
     KvCache cache;
     std::vector<int32_t> heads = {2, 1, 2};
-    int32_t head_dim = 64, head_dim_v = 96, n_ctx = 80, n = 70;
+    int32_t head_dim = 64, head_dim_v = 96, n_ctx = 300, n = 290;   // three pages
     // The stored bytes of every row before the erase, per layer: (head, pos) rows.
     std::vector<std::vector<uint8_t>> k_bytes, v_bytes;
 
@@ -147,11 +147,16 @@ struct RandomCache {
         }
         cache.set_n_past(n);
         const size_t kr = kv_row_bytes(cache.format(), head_dim), vr = kv_row_bytes(cache.format(), head_dim_v);
-        for (size_t l = 0; l < heads.size(); ++l) {
-            k_bytes.emplace_back(static_cast<const uint8_t*>(cache.k_head(int32_t(l), 0)),
-                                 static_cast<const uint8_t*>(cache.k_head(int32_t(l), 0)) + size_t(heads[l]) * size_t(n_ctx) * kr);
-            v_bytes.emplace_back(static_cast<const uint8_t*>(cache.v_head(int32_t(l), 0)),
-                                 static_cast<const uint8_t*>(cache.v_head(int32_t(l), 0)) + size_t(heads[l]) * size_t(n_ctx) * vr);
+        for (size_t l = 0; l < heads.size(); ++l) {   // (head, pos) rows, gathered from the cache's pages
+            k_bytes.emplace_back(size_t(heads[l]) * size_t(n_ctx) * kr);
+            v_bytes.emplace_back(size_t(heads[l]) * size_t(n_ctx) * vr);
+            for (int32_t h = 0; h < heads[l]; ++h)
+                for (int32_t p = 0; p < n; ++p) {
+                    std::memcpy(k_bytes[l].data() + (size_t(h) * size_t(n_ctx) + size_t(p)) * kr,
+                                cache.k_row(int32_t(l), h, p), kr);
+                    std::memcpy(v_bytes[l].data() + (size_t(h) * size_t(n_ctx) + size_t(p)) * vr,
+                                cache.v_row(int32_t(l), h, p), vr);
+                }
         }
     }
     const uint8_t* old_k(size_t l, int32_t h, int32_t p) const {
@@ -167,7 +172,8 @@ struct RandomCache {
 TEST_CASE("KvCache::erase moves the later rows down, turning K by the given rotation, for every KV type") {
     for (KvType type : kAllTypes) {
         CAPTURE(std::string(kv_type_name(type)));
-        for (const auto& [begin, end] : {std::pair{13, 31}, std::pair{0, 9}, std::pair{40, 70}, std::pair{5, 69}}) {
+        for (const auto& [begin, end] : {std::pair{13, 31}, std::pair{0, 9}, std::pair{40, 70}, std::pair{5, 69},
+                                          std::pair{120, 135}, std::pair{100, 290}, std::pair{3, 260}}) {
             CAPTURE(begin);
             CAPTURE(end);
             for (const bool rotate : {false, true}) {
@@ -212,7 +218,8 @@ TEST_CASE("KvCache::erase: an empty range changes nothing, a range past n_past t
     RandomCache rc(KvType::f16);
     rc.cache.erase(20, 20, {}, 1);
     CHECK(rc.cache.n_past() == rc.n);
-    CHECK(std::memcmp(rc.cache.k_head(0, 1), rc.old_k(0, 1, 0), size_t(rc.n) * kv_row_bytes(KvType::f16, 64)) == 0);
+    for (int32_t p = 0; p < rc.n; ++p)
+        CHECK(std::memcmp(rc.cache.k_row(0, 1, p), rc.old_k(0, 1, p), kv_row_bytes(KvType::f16, 64)) == 0);
     CHECK_THROWS_AS(rc.cache.erase(10, rc.n + 1, {}, 1), UsageError);
     CHECK_THROWS_AS(rc.cache.erase(-1, 3, {}, 1), UsageError);
     CHECK_THROWS_AS(rc.cache.erase(9, 8, {}, 1), UsageError);

@@ -193,6 +193,68 @@ TEST_CASE("flash attention: a token's output is the same bits alone, in any batc
     }
 }
 
+TEST_CASE("flash attention over pages in any order is bit for bit the contiguous attention") {
+    for (KvType f : {KvType::f32, KvType::f16, KvType::q8_0}) {
+        for (int64_t n_kv_heads : {1, 3}) {
+            CAPTURE(format_name(f));
+            CAPTURE(n_kv_heads);
+            const int64_t head_dim = 64, head_dim_v = 32, group = 2, n_ctx = 5 * kAttnChunk - 17;
+            const int64_t n_pages = (n_ctx + kAttnChunk - 1) / kAttnChunk;
+            AttnParams p;
+            p.format = f;
+            p.head_dim = head_dim;
+            p.head_dim_v = head_dim_v;
+            p.group = group;
+            p.scale = 0.125f;
+            const StoredRows k = store_rows(f, n_kv_heads * n_ctx, head_dim, 41, 1.0f);
+            const StoredRows v = store_rows(f, n_kv_heads * n_ctx, head_dim_v, 42, 1.0f);
+            const size_t kr = kv_row_bytes(f, head_dim), vr = kv_row_bytes(f, head_dim_v);
+            std::vector<const void*> kh, vh;
+            for (int64_t g = 0; g < n_kv_heads; ++g) {
+                kh.push_back(k.bytes.data() + size_t(g * n_ctx) * kr);
+                vh.push_back(v.bytes.data() + size_t(g * n_ctx) * vr);
+            }
+            // The same rows in pages: chunk c in slot pages[c] (reversed, one spare slot first), every head
+            // of a slot together, as engine/cpu/kv_cache.h lays them out.
+            std::vector<int32_t> pages;
+            for (int64_t c = 0; c < n_pages; ++c) pages.push_back(int32_t(n_pages - c));
+            const size_t k_page = size_t(n_kv_heads * kAttnChunk) * kr, v_page = size_t(n_kv_heads * kAttnChunk) * vr;
+            std::vector<uint8_t> kp(size_t(n_pages + 1) * k_page, 0xEE), vp(size_t(n_pages + 1) * v_page, 0xEE);
+            for (int64_t g = 0; g < n_kv_heads; ++g)
+                for (int64_t pos = 0; pos < n_ctx; ++pos) {
+                    const size_t slot = size_t(pages[size_t(pos / kAttnChunk)]), row = size_t(g * kAttnChunk + pos % kAttnChunk);
+                    std::memcpy(kp.data() + slot * k_page + row * kr, k.bytes.data() + size_t(g * n_ctx + pos) * kr, kr);
+                    std::memcpy(vp.data() + slot * v_page + row * vr, v.bytes.data() + size_t(g * n_ctx + pos) * vr, vr);
+                }
+            KvPagesView view;
+            view.k = kp.data();
+            view.v = vp.data();
+            view.pages = pages.data();
+            view.k_page_stride = k_page;
+            view.v_page_stride = v_page;
+            view.k_head_stride = size_t(kAttnChunk) * kr;
+            view.v_head_stride = size_t(kAttnChunk) * vr;
+            const int64_t q_stride = n_kv_heads * group * head_dim, out_stride = n_kv_heads * group * head_dim_v;
+            const auto q = test::random_normal(size_t(n_ctx * q_stride), 43, 3.0f);
+            const AttnChunkFn kernel = attn_chunk_kernel(p);
+            for (int32_t window : {0, 200}) {
+                for (const auto& [pos0, n] : {std::pair<int32_t, int64_t>{0, n_ctx}, {n_ctx - 1, 1}, {300, 9}}) {
+                    CAPTURE(window);
+                    CAPTURE(pos0);
+                    for (int threads : {1, 2}) {
+                        std::vector<float> a(size_t(n * out_stride)), b(a.size());
+                        attend_tokens(p, kernel, n_kv_heads, kh.data(), vh.data(), pos0, n, window,
+                                      q.data() + pos0 * q_stride, q_stride, a.data(), out_stride, threads);
+                        attend_tokens(p, kernel, n_kv_heads, view, pos0, n, window, q.data() + pos0 * q_stride,
+                                      q_stride, b.data(), out_stride, threads);
+                        CHECK(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 namespace {
 double thread_cpu_seconds() {
     timespec t{};

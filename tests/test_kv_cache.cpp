@@ -58,7 +58,9 @@ TEST_CASE("KvCache stores rows in the --kv-type format and returns them at k_row
         Filled f;
         fill(f, type, head_dim, head_dim_v, 16, n);
         const KvType fmt = f.cache.format();
-        CHECK(f.cache.total_bytes() == 5 * 16 * (kv_row_bytes(fmt, head_dim) + kv_row_bytes(fmt, head_dim_v)));
+        // One page of kKvPagePositions rows per head (the 16 positions round up to a page).
+        CHECK(f.cache.total_bytes() ==
+              5 * size_t(kKvPagePositions) * (kv_row_bytes(fmt, head_dim) + kv_row_bytes(fmt, head_dim_v)));
         std::vector<float> back(head_dim_v), expect(head_dim_v);
         for (int32_t l = 0; l < 3; ++l) {
             const int32_t heads = l == 1 ? 1 : 2;
@@ -77,12 +79,40 @@ TEST_CASE("KvCache stores rows in the --kv-type format and returns them at k_row
                     std::vector<uint8_t> krow(kv_row_bytes(fmt, head_dim));
                     kv_store_row(fmt, ksrc, krow.data(), head_dim);
                     CHECK(std::memcmp(krow.data(), f.cache.k_row(l, h, pos), krow.size()) == 0);
+                    // The rows of a page are consecutive (the attention reads a chunk as one run).
                     CHECK(static_cast<const uint8_t*>(f.cache.k_row(l, h, pos)) ==
-                          static_cast<const uint8_t*>(f.cache.k_head(l, h)) + size_t(pos) * krow.size());
+                          static_cast<const uint8_t*>(f.cache.k_row(l, h, 0)) + size_t(pos) * krow.size());
                 }
             }
         }
     }
+}
+
+TEST_CASE("KvCache pages: positions map pages as they are reserved, forgotten ones go back to the pool") {
+    Filled f;
+    fill(f, KvType::f16, 64, 32, 3 * kKvPagePositions + 5, 2 * kKvPagePositions + 3);   // 3 pages of 4
+    CHECK(f.cache.pages_in_use() == 3);
+    f.cache.set_n_past(kKvPagePositions + 1);   // a truncation keeps the page of the last position kept
+    CHECK(f.cache.pages_in_use() == 2);
+    // Pages taken again hold the new rows, the kept ones their old rows.
+    const std::vector<float> k = random_vec(2 * 64, 7), v = random_vec(2 * 32, 8);
+    for (int32_t pos = kKvPagePositions + 1; pos < 3 * kKvPagePositions + 5; ++pos) f.cache.write(0, pos, k.data(), v.data());
+    CHECK(f.cache.pages_in_use() == 4);
+    CHECK_THROWS_AS(f.cache.reserve(3 * kKvPagePositions + 6), UsageError);   // past n_ctx
+    std::vector<uint8_t> row(kv_row_bytes(KvType::f16, 64));
+    kv_store_row(KvType::f16, f.k[0].data() + size_t(kKvPagePositions * 2 * 64), row.data(), 64);
+    CHECK(std::memcmp(row.data(), f.cache.k_row(0, 0, kKvPagePositions), row.size()) == 0);
+    kv_store_row(KvType::f16, k.data() + 64, row.data(), 64);
+    CHECK(std::memcmp(row.data(), f.cache.k_row(0, 1, 3 * kKvPagePositions + 4), row.size()) == 0);
+    // A snapshot over several pages restores into a fresh cache with the same bytes.
+    f.cache.set_n_past(3 * kKvPagePositions + 5);
+    const KvSnapshot snap = f.cache.save(3 * kKvPagePositions);
+    KvCache other;
+    other.init(KvType::f16, {2, 1, 2}, 64, 32, 3 * kKvPagePositions + 5);   // the header names n_ctx
+    other.load(snap);
+    CHECK(other.pages_in_use() == 3);
+    CHECK(other.save(3 * kKvPagePositions).bytes == snap.bytes);
+    CHECK(other.save_range(100, 300).bytes == f.cache.save_range(100, 300).bytes);
 }
 
 TEST_CASE("q8_0 and f8_e4m3 KV caches need head dims that are multiples of 32") {
@@ -121,8 +151,8 @@ TEST_CASE("KvCache snapshots round-trip for every type and refuse a different ty
         const size_t rb = kv_row_bytes(other.format(), 64);
         for (int32_t l = 0; l < 3; ++l)
             for (int32_t h = 0; h < (l == 1 ? 1 : 2); ++h) {
-                CHECK(std::memcmp(other.k_head(l, h), f.cache.k_head(l, h), 12 * rb) == 0);
-                CHECK(std::memcmp(other.v_head(l, h), f.cache.v_head(l, h), 12 * rb) == 0);
+                CHECK(std::memcmp(other.k_row(l, h, 0), f.cache.k_row(l, h, 0), 12 * rb) == 0);   // one page
+                CHECK(std::memcmp(other.v_row(l, h, 0), f.cache.v_row(l, h, 0), 12 * rb) == 0);
             }
         // Same bytes again from the restored cache.
         CHECK(other.save(12).bytes == snap.bytes);

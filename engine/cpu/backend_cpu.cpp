@@ -93,6 +93,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     const int64_t n = static_cast<int64_t>(batch.tokens.size());
     const int32_t pos0 = batch.pos0;
     check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), c.vocab);
+    kv_.reserve(pos0 + static_cast<int32_t>(n));   // the pages the batch writes, before the threads write them
 
     const int nt = n_threads_;
     const int64_t dim = c.dim;

@@ -34,26 +34,25 @@ void CpuBackend::attend(int32_t l, int32_t pos0, int64_t n, const float* q, floa
     p.group = lc.n_heads / lc.n_kv_heads;
     p.scale = c.attn_scale;
     p.softcap = c.attn_softcap;
-    std::vector<const void*> k_heads(static_cast<size_t>(lc.n_kv_heads)), v_heads(k_heads.size());
-    for (int32_t g = 0; g < lc.n_kv_heads; ++g) {
-        k_heads[static_cast<size_t>(g)] = kv_.k_head(l, g);
-        v_heads[static_cast<size_t>(g)] = kv_.v_head(l, g);
-    }
+    const KvPagesView kv = kv_.pages_view(l);
     // Decode reads a few KiB of each head's K and V, which the weight stream has pushed out of the caches: asked
     // for all at once, they arrive at the memory's bandwidth instead of one latency per head's stream (llama-1b
     // Q4_0 at up to 64 positions, 2 threads: attention 416-461 -> 356-378 us per token, interleaved runs).
     if (n <= 4) {
         const int32_t lo = lc.sliding_window > 0 ? std::max(0, pos0 - lc.sliding_window + 1) : 0;
-        const size_t rows = static_cast<size_t>(pos0 + n - lo);
+        const int32_t hi = pos0 + static_cast<int32_t>(n);   // one past the last visible position
         const size_t k_row = kv_row_bytes(p.format, p.head_dim), v_row = kv_row_bytes(p.format, p.head_dim_v);
-        if (rows * (k_row + v_row) * static_cast<size_t>(lc.n_kv_heads) <= kMaxKvPrefetchBytes)
-            for (int32_t g = 0; g < lc.n_kv_heads; ++g) {
-                prefetch_lines(static_cast<const uint8_t*>(k_heads[static_cast<size_t>(g)]) + lo * k_row, rows * k_row);
-                prefetch_lines(static_cast<const uint8_t*>(v_heads[static_cast<size_t>(g)]) + lo * v_row, rows * v_row);
-            }
+        if (static_cast<size_t>(hi - lo) * (k_row + v_row) * static_cast<size_t>(lc.n_kv_heads) <= kMaxKvPrefetchBytes)
+            for (int32_t g = 0; g < lc.n_kv_heads; ++g)
+                for (int32_t pos = lo; pos < hi;) {   // the rows of each page are one run
+                    const int32_t run = std::min(hi - pos, kKvPagePositions - pos % kKvPagePositions);
+                    prefetch_lines(kv_.k_row(l, g, pos), static_cast<size_t>(run) * k_row);
+                    prefetch_lines(kv_.v_row(l, g, pos), static_cast<size_t>(run) * v_row);
+                    pos += run;
+                }
     }
-    attend_tokens(p, attn_chunk_kernel(p), lc.n_kv_heads, k_heads.data(), v_heads.data(), pos0, n, lc.sliding_window,
-                  q, lc.n_heads * c.head_dim, att, lc.n_heads * c.head_dim_v, n_threads_);
+    attend_tokens(p, attn_chunk_kernel(p), lc.n_kv_heads, kv, pos0, n, lc.sliding_window, q, lc.n_heads * c.head_dim,
+                  att, lc.n_heads * c.head_dim_v, n_threads_);
 }
 
 } // namespace tern

@@ -6,6 +6,7 @@
 // is computed alone, so the result is the same for any batch and any thread count.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "base/parallel_for.h"
@@ -21,14 +22,25 @@ void CpuBackend::attend_plain(int32_t l, int32_t pos0, int64_t n, const float* q
     const int64_t q_dim = lc.n_heads * c.head_dim, att_dim = lc.n_heads * c.head_dim_v;
     parallel_for(n, threads_for_work(n * (pos0 + n) * lc.n_heads * c.head_dim, n_threads_), 8, [&](int64_t i0, int64_t i1) {
         std::vector<float> scores(static_cast<size_t>(pos0 + i1));
+        std::vector<float> k, v;   // one KV head's visible rows, gathered from their pages
         for (int64_t i = i0; i < i1; ++i) {
-            const int64_t pos = pos0 + i;
-            const int64_t lo = lc.sliding_window > 0 ? std::max<int64_t>(0, pos - lc.sliding_window + 1) : 0;
+            const auto pos = static_cast<int32_t>(pos0 + i);
+            const int32_t lo = lc.sliding_window > 0 ? std::max(0, pos - lc.sliding_window + 1) : 0;
+            const auto rows = static_cast<size_t>(pos - lo + 1);
             for (int64_t h = 0; h < lc.n_heads; ++h) {
                 const auto g = static_cast<int32_t>(h / group);
-                const auto* k = static_cast<const float*>(kv_.k_head(l, g)) + lo * c.head_dim;
-                const auto* v = static_cast<const float*>(kv_.v_head(l, g)) + lo * c.head_dim_v;
-                attention_head(q + i * q_dim + h * c.head_dim, k, v, KvElem::f32, pos - lo + 1, c.head_dim,
+                if (h % group == 0) {
+                    k.resize(rows * static_cast<size_t>(c.head_dim));
+                    v.resize(rows * static_cast<size_t>(c.head_dim_v));
+                    for (size_t r = 0; r < rows; ++r) {
+                        const int32_t at = lo + static_cast<int32_t>(r);
+                        std::memcpy(k.data() + r * static_cast<size_t>(c.head_dim), kv_.k_row(l, g, at),
+                                    sizeof(float) * static_cast<size_t>(c.head_dim));
+                        std::memcpy(v.data() + r * static_cast<size_t>(c.head_dim_v), kv_.v_row(l, g, at),
+                                    sizeof(float) * static_cast<size_t>(c.head_dim_v));
+                    }
+                }
+                attention_head(q + i * q_dim + h * c.head_dim, k.data(), v.data(), KvElem::f32, pos - lo + 1, c.head_dim,
                                c.head_dim_v, c.attn_scale, c.attn_softcap, scores.data(), att + i * att_dim + h * c.head_dim_v);
             }
         }

@@ -1,5 +1,6 @@
 #include "engine/cpu/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -21,15 +22,23 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
     n_ctx_ = n_ctx;
     n_past_ = 0;
     n_kv_heads_ = n_kv_heads_per_layer;
+    const int32_t n_slots = (n_ctx + kKvPagePositions - 1) / kKvPagePositions;
+    page_table_.clear();
+    free_slots_.clear();
+    for (int32_t s = n_slots - 1; s >= 0; --s) free_slots_.push_back(s);
     k_.clear();
     v_.clear();
     k_.resize(n_kv_heads_.size());
     v_.resize(n_kv_heads_.size());
+    k_page_bytes_.assign(n_kv_heads_.size(), 0);
+    v_page_bytes_.assign(n_kv_heads_.size(), 0);
     try {
         for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
-            const size_t rows = static_cast<size_t>(n_kv_heads_[l]) * static_cast<size_t>(n_ctx);
-            k_[l].allocate(rows * k_row_bytes_);
-            v_[l].allocate(rows * v_row_bytes_);
+            const size_t rows = static_cast<size_t>(n_kv_heads_[l]) * static_cast<size_t>(kKvPagePositions);
+            k_page_bytes_[l] = rows * k_row_bytes_;
+            v_page_bytes_[l] = rows * v_row_bytes_;
+            k_[l].allocate(static_cast<size_t>(n_slots) * k_page_bytes_[l]);
+            v_[l].allocate(static_cast<size_t>(n_slots) * v_page_bytes_[l]);
         }
     } catch (const std::bad_alloc&) {
         throw KvAllocationFailed(n_ctx);
@@ -43,56 +52,108 @@ size_t KvCache::total_bytes() const {
     return n;
 }
 
-void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v) {
-    const size_t l = static_cast<size_t>(layer);
-    for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
-        kv_store_row(type_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(h, pos), head_dim_);
-        kv_store_row(type_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(h, pos), head_dim_v_);
+void KvCache::reserve(int32_t n) {
+    if (n < 0 || n > n_ctx_)
+        throw UsageError("KvCache: " + std::to_string(n) + " positions requested, the context holds " +
+                         std::to_string(n_ctx_));
+    const auto pages = static_cast<size_t>((n + kKvPagePositions - 1) / kKvPagePositions);
+    while (page_table_.size() < pages) {
+        page_table_.push_back(free_slots_.back());   // never empty: the pool has a slot per page of n_ctx
+        free_slots_.pop_back();
     }
 }
 
-const void* KvCache::k_head(int32_t layer, int32_t head) const {
-    return k_row(layer, head, 0);
-}
-const void* KvCache::v_head(int32_t layer, int32_t head) const {
-    return v_row(layer, head, 0);
-}
-
-size_t KvCache::k_offset(int32_t head, int32_t pos) const {
-    const size_t row = static_cast<size_t>(head) * static_cast<size_t>(n_ctx_) + static_cast<size_t>(pos);
-    return row * k_row_bytes_;
+void KvCache::release_after(int32_t n) {
+    const auto keep = static_cast<size_t>((n + kKvPagePositions - 1) / kKvPagePositions);
+    while (page_table_.size() > keep) {
+        free_slots_.push_back(page_table_.back());
+        page_table_.pop_back();
+    }
 }
 
-size_t KvCache::v_offset(int32_t head, int32_t pos) const {
-    const size_t row = static_cast<size_t>(head) * static_cast<size_t>(n_ctx_) + static_cast<size_t>(pos);
-    return row * v_row_bytes_;
+void KvCache::set_n_past(int32_t n) {
+    if (n < 0 || static_cast<size_t>(n) > page_table_.size() * kKvPagePositions)
+        throw UsageError("KvCache: n_past " + std::to_string(n) + " is past the positions reserved");
+    n_past_ = n;
+    release_after(n);
+}
+
+void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v) {
+    if (static_cast<size_t>(pos) >= page_table_.size() * kKvPagePositions) reserve(pos + 1);
+    const size_t l = static_cast<size_t>(layer);
+    for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
+        kv_store_row(type_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(l, h, pos), head_dim_);
+        kv_store_row(type_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(l, h, pos), head_dim_v_);
+    }
+}
+
+// Row `pos` of head h of a layer: its page's slot, the head's run inside the slot, the row inside the run.
+size_t KvCache::k_offset(size_t layer, int32_t head, int32_t pos) const {
+    const auto slot = static_cast<size_t>(page_table_[static_cast<size_t>(pos / kKvPagePositions)]);
+    const size_t row = static_cast<size_t>(head) * kKvPagePositions + static_cast<size_t>(pos % kKvPagePositions);
+    return slot * k_page_bytes_[layer] + row * k_row_bytes_;
+}
+
+size_t KvCache::v_offset(size_t layer, int32_t head, int32_t pos) const {
+    const auto slot = static_cast<size_t>(page_table_[static_cast<size_t>(pos / kKvPagePositions)]);
+    const size_t row = static_cast<size_t>(head) * kKvPagePositions + static_cast<size_t>(pos % kKvPagePositions);
+    return slot * v_page_bytes_[layer] + row * v_row_bytes_;
 }
 
 const void* KvCache::k_row(int32_t layer, int32_t head, int32_t pos) const {
-    return k_[static_cast<size_t>(layer)].data() + k_offset(head, pos);
+    const auto l = static_cast<size_t>(layer);
+    return k_[l].data() + k_offset(l, head, pos);
 }
 
 const void* KvCache::v_row(int32_t layer, int32_t head, int32_t pos) const {
-    return v_[static_cast<size_t>(layer)].data() + v_offset(head, pos);
+    const auto l = static_cast<size_t>(layer);
+    return v_[l].data() + v_offset(l, head, pos);
+}
+
+KvPagesView KvCache::pages_view(int32_t layer) const {
+    const auto l = static_cast<size_t>(layer);
+    KvPagesView view;
+    view.k = k_[l].data();
+    view.v = v_[l].data();
+    view.pages = page_table_.data();
+    view.k_page_stride = k_page_bytes_[l];
+    view.v_page_stride = v_page_bytes_[l];
+    view.k_head_stride = static_cast<size_t>(kKvPagePositions) * k_row_bytes_;
+    view.v_head_stride = static_cast<size_t>(kKvPagePositions) * v_row_bytes_;
+    return view;
 }
 
 KvSnapshotShape KvCache::shape() const {
     return {type_, n_kv_heads_, head_dim_, head_dim_v_, n_ctx_};
 }
 
-// The snapshot format's row copies (engine/kv_snapshot.h) for this cache's host buffers.
+// The snapshot format's row copies (engine/kv_snapshot.h) for this cache's host buffers: n rows from
+// position pos, one memcpy per page they touch.
 void KvCache::copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes) const {
-    if (value)
-        std::memcpy(bytes, v_[layer].data() + v_offset(head, pos), static_cast<size_t>(n) * v_row_bytes_);
-    else
-        std::memcpy(bytes, k_[layer].data() + k_offset(head, pos), static_cast<size_t>(n) * k_row_bytes_);
+    const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
+    const uint8_t* base = value ? v_[layer].data() : k_[layer].data();
+    while (n > 0) {
+        const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
+        const size_t offset = value ? v_offset(layer, head, pos) : k_offset(layer, head, pos);
+        std::memcpy(bytes, base + offset, static_cast<size_t>(run) * row_bytes);
+        bytes += static_cast<size_t>(run) * row_bytes;
+        pos += run;
+        n -= run;
+    }
 }
 
 void KvCache::copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes) {
-    if (value)
-        std::memcpy(v_[layer].data() + v_offset(head, pos), bytes, static_cast<size_t>(n) * v_row_bytes_);
-    else
-        std::memcpy(k_[layer].data() + k_offset(head, pos), bytes, static_cast<size_t>(n) * k_row_bytes_);
+    reserve(pos + n);   // a restore maps its pages as it fills them (after the snapshot was checked)
+    const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
+    uint8_t* base = value ? v_[layer].data() : k_[layer].data();
+    while (n > 0) {
+        const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
+        const size_t offset = value ? v_offset(layer, head, pos) : k_offset(layer, head, pos);
+        std::memcpy(base + offset, bytes, static_cast<size_t>(run) * row_bytes);
+        bytes += static_cast<size_t>(run) * row_bytes;
+        pos += run;
+        n -= run;
+    }
 }
 
 KvSnapshot KvCache::save(int32_t n) const {
@@ -103,9 +164,9 @@ KvSnapshot KvCache::save(int32_t n) const {
 }
 
 void KvCache::load(const KvSnapshot& s) {
-    n_past_ = kv_restore_whole(shape(), s, [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, const uint8_t* b) {
+    set_n_past(kv_restore_whole(shape(), s, [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, const uint8_t* b) {
         copy_rows_in(l, h, v, pos, k, b);
-    });
+    }));
 }
 
 KvSnapshot KvCache::save_range(int32_t begin, int32_t end) const {
@@ -116,10 +177,9 @@ KvSnapshot KvCache::save_range(int32_t begin, int32_t end) const {
 }
 
 void KvCache::append(const KvSnapshot& s) {
-    n_past_ += kv_restore_range(shape(), n_past_, s,
-                                [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, const uint8_t* b) {
-                                    copy_rows_in(l, h, v, pos, k, b);
-                                });
+    set_n_past(n_past_ + kv_restore_range(shape(), n_past_, s,
+                                          [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k,
+                                                 const uint8_t* b) { copy_rows_in(l, h, v, pos, k, b); }));
 }
 
 } // namespace tern

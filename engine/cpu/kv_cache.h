@@ -1,8 +1,14 @@
 #pragma once
 // The CPU KV cache: per layer, K and V of every position, stored as f32, f16, bf16, q8_0 or f8_e4m3 rows
 // (kernels/kv_format.h KvType; the block formats halve f16's bytes, models.md "KV cache formats").
-// Layout per layer: K (n_kv_heads, n_ctx, head_dim), V (n_kv_heads, n_ctx, head_dim_v), so one head's
-// keys are contiguous rows for the attention kernel.
+//
+// Paged: positions live in pages of kKvPagePositions (= the attention's chunk, kernels/cpu/attention.h, so
+// a chunk is one run of rows and the attention's bits do not depend on where the pages are). A page slot
+// holds, in every layer, K (n_kv_heads, kKvPagePositions, head_dim) then, in the layer's V buffer, V
+// (n_kv_heads, kKvPagePositions, head_dim_v). The sequence's page table maps chunk c (positions
+// [c * kKvPagePositions, (c + 1) * kKvPagePositions)) to a slot; slots are taken from a free list as
+// positions are reserved and go back when positions are forgotten, so the many sequences of a batching
+// engine can later share one pool.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -25,18 +31,23 @@ public:
     KvType format() const { return type_; }   // the stored row format (kernels/kv_format.h)
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_past() const { return n_past_; }
-    void set_n_past(int32_t n) { n_past_ = n; }
+    // The first n positions are valid (n <= the positions reserved); the pages past them go back to the pool.
+    void set_n_past(int32_t n);
     size_t total_bytes() const;
 
+    // Maps pages for positions [0, n) (n <= n_ctx). write() maps a missing page itself, so writers on
+    // several threads reserve their positions first (the forward reserves its batch's).
+    void reserve(int32_t n);
     // Stores one position of a layer: k (n_kv_heads, head_dim) f32, v (n_kv_heads, head_dim_v) f32.
     void write(int32_t layer, int32_t pos, const float* k, const float* v);
-    // One head's rows: (n_ctx, head_dim) / (n_ctx, head_dim_v) elements in format(); row `pos` is
-    // at byte offset pos * kv_row_bytes(format(), head_dim).
-    const void* k_head(int32_t layer, int32_t head) const;
-    const void* v_head(int32_t layer, int32_t head) const;
-    // The address of row `pos` inside a head block returned above.
+    // The address of row `pos` (reserved) of a head, kv_row_bytes(format(), head_dim) bytes; the rows of
+    // one page are consecutive.
     const void* k_row(int32_t layer, int32_t head, int32_t pos) const;
     const void* v_row(int32_t layer, int32_t head, int32_t pos) const;
+    // A layer's rows for the attention kernels (valid until the next reserve or set_n_past).
+    KvPagesView pages_view(int32_t layer) const;
+    // Page slots mapped now (the positions reserved, rounded up to pages).
+    int32_t pages_in_use() const { return static_cast<int32_t>(page_table_.size()); }
 
     // The first n positions as bytes (engine/kv_snapshot.h: header + per layer, per head: K rows then V rows).
     KvSnapshot save(int32_t n) const;
@@ -63,13 +74,18 @@ private:
     KvSnapshotShape shape() const;
     void copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes) const;
     void copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes);
-    size_t k_offset(int32_t head, int32_t pos) const; // bytes into a layer's K buffer
-    size_t v_offset(int32_t head, int32_t pos) const;
+    size_t k_offset(size_t layer, int32_t head, int32_t pos) const; // bytes into a layer's K buffer (pos reserved)
+    size_t v_offset(size_t layer, int32_t head, int32_t pos) const;
+    // Returns the slots of pages wholly past position n to the free list.
+    void release_after(int32_t n);
 
     KvType type_ = KvType::f16;
     size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
     int32_t head_dim_ = 0, head_dim_v_ = 0, n_ctx_ = 0, n_past_ = 0;
     std::vector<int32_t> n_kv_heads_; // per layer
+    std::vector<size_t> k_page_bytes_, v_page_bytes_;   // per layer: one slot's K / V bytes
+    std::vector<int32_t> page_table_;   // chunk -> slot, for the positions reserved
+    std::vector<int32_t> free_slots_;   // a stack; the lowest slot on top, so one sequence fills 0, 1, 2 ...
     // Uninitialised storage: a default-sized context of a small model is hundreds of MB (Gemma 3 270M
     // at 32768 positions: 604 MB in f16) and only positions < n_past are ever read, so the pages are
     // left for the OS to commit as the cache fills instead of being zeroed up front.
@@ -83,7 +99,7 @@ private:
         uint8_t* data() const { return bytes.get(); }
         size_t size() const { return n; }
     };
-    std::vector<Buffer> k_, v_; // per layer: (n_kv_heads, n_ctx) rows
+    std::vector<Buffer> k_, v_; // per layer: the slots' pages
 };
 
 } // namespace tern

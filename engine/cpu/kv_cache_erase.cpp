@@ -44,37 +44,36 @@ void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>&
         for (size_t i = static_cast<size_t>(i0); i < static_cast<size_t>(i1); ++i) {
             const auto [l, h] = heads[i];
             const size_t lu = static_cast<size_t>(l);
-            // V rows only move (the rope does not touch values): one memmove per head.
-            uint8_t* v = v_[lu].data() + v_offset(h, 0);
-            std::memmove(v + static_cast<size_t>(begin) * v_row_bytes_, v + static_cast<size_t>(end) * v_row_bytes_,
-                         static_cast<size_t>(moved) * v_row_bytes_);
-
-            uint8_t* k = k_[lu].data() + k_offset(h, 0);
+            // Going up from the lowest row, a row is only overwritten after it was read (its destination is
+            // removed - 1 or more positions below it). Rows are copied one by one: the pages of the two
+            // ranges need not line up.
+            auto k_at = [&](int32_t pos) { return k_[lu].data() + k_offset(lu, h, pos); };
+            // V rows only move (the rope does not touch values).
+            for (int32_t r = 0; r < moved; ++r)
+                std::memcpy(v_[lu].data() + v_offset(lu, h, begin + r), v_[lu].data() + v_offset(lu, h, end + r),
+                            v_row_bytes_);
             const RopeRotation* rotation = k_rotation.empty() || k_rotation[lu].n_rot == 0 ? nullptr : &k_rotation[lu];
-            if (!rotation || type_ == KvType::f32) {
-                std::memmove(k + static_cast<size_t>(begin) * k_row_bytes_,
-                             k + static_cast<size_t>(end) * k_row_bytes_, static_cast<size_t>(moved) * k_row_bytes_);
-                if (rotation)
-                    rope_rotate_rows(*rotation, reinterpret_cast<float*>(k + static_cast<size_t>(begin) * k_row_bytes_),
-                                     moved, head_dim_);
+            if (!rotation) {
+                for (int32_t r = 0; r < moved; ++r)
+                    std::memcpy(k_at(begin + r), k_at(end + r), k_row_bytes_);
                 continue;
             }
-            // Stored formats: decode a pass of rows, rotate, encode them at their new positions.
-            // Going up from the lowest row, a pass only overwrites rows that were read already.
+            // K rows: decode a pass of rows to f32, rotate, encode them at their new positions (f32 rows
+            // decode and encode as copies, so they are rotated exactly as in place).
             rows.resize(static_cast<size_t>(kRowsPerPass) * static_cast<size_t>(head_dim_));
             for (int32_t p = 0; p < moved; p += kRowsPerPass) {
                 const int32_t n = std::min(kRowsPerPass, moved - p);
                 for (int32_t r = 0; r < n; ++r)
-                    kv_load_row(type_, k + static_cast<size_t>(end + p + r) * k_row_bytes_,
-                                rows.data() + static_cast<size_t>(r) * static_cast<size_t>(head_dim_), head_dim_);
+                    kv_load_row(type_, k_at(end + p + r), rows.data() + static_cast<size_t>(r) * static_cast<size_t>(head_dim_),
+                                head_dim_);
                 rope_rotate_rows(*rotation, rows.data(), n, head_dim_);
                 for (int32_t r = 0; r < n; ++r)
                     kv_store_row(type_, rows.data() + static_cast<size_t>(r) * static_cast<size_t>(head_dim_),
-                                 k + static_cast<size_t>(begin + p + r) * k_row_bytes_, head_dim_);
+                                 k_at(begin + p + r), head_dim_);
             }
         }
     });
-    n_past_ -= removed;
+    set_n_past(n_past_ - removed);
 }
 
 } // namespace tern

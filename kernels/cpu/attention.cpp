@@ -131,11 +131,43 @@ ChunkRange chunk_range(int32_t lo, int32_t hi, int64_t c) {
 
 int64_t n_chunks(int32_t lo, int32_t hi) { return hi / kAttnChunk - lo / kAttnChunk + 1; }
 
-void run_chunk(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, const void* k_head,
-               const void* v_head, ChunkRange r, float* scores, float* state) {
-    const auto* k = static_cast<const uint8_t*>(k_head) + static_cast<size_t>(r.begin) * kv_row_bytes(p.format, p.head_dim);
-    const auto* v =
-        static_cast<const uint8_t*>(v_head) + static_cast<size_t>(r.begin) * kv_row_bytes(p.format, p.head_dim_v);
+// The first row of a chunk of one KV head, K and V.
+struct ChunkRows {
+    const uint8_t* k;
+    const uint8_t* v;
+};
+
+// Rows stored as one run per head from position 0 (k_heads[g], v_heads[g]).
+struct HeadRuns {
+    const void* const* k_heads;
+    const void* const* v_heads;
+    size_t k_chunk_bytes, v_chunk_bytes;   // kAttnChunk rows
+    ChunkRows operator()(int64_t g, int64_t c) const {
+        return {static_cast<const uint8_t*>(k_heads[g]) + static_cast<size_t>(c) * k_chunk_bytes,
+                static_cast<const uint8_t*>(v_heads[g]) + static_cast<size_t>(c) * v_chunk_bytes};
+    }
+};
+HeadRuns head_runs(const AttnParams& p, const void* const* k_heads, const void* const* v_heads) {
+    return {k_heads, v_heads, kAttnChunk * kv_row_bytes(p.format, p.head_dim),
+            kAttnChunk * kv_row_bytes(p.format, p.head_dim_v)};
+}
+
+// Rows in pages of kAttnChunk positions (KvPagesView).
+struct PagedRows {
+    const KvPagesView* kv;
+    ChunkRows operator()(int64_t g, int64_t c) const {
+        const auto page = static_cast<size_t>(kv->pages[c]);
+        return {kv->k + page * kv->k_page_stride + static_cast<size_t>(g) * kv->k_head_stride,
+                kv->v + page * kv->v_page_stride + static_cast<size_t>(g) * kv->v_head_stride};
+    }
+};
+
+// One chunk's state from the rows of chunk r.begin / kAttnChunk (a chunk range never crosses a chunk boundary).
+void run_chunk(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, ChunkRows chunk,
+               ChunkRange r, float* scores, float* state) {
+    const auto skip = static_cast<size_t>(r.begin % kAttnChunk);
+    const uint8_t* k = chunk.k + skip * kv_row_bytes(p.format, p.head_dim);
+    const uint8_t* v = chunk.v + skip * kv_row_bytes(p.format, p.head_dim_v);
     kernel(p, q, q_stride, k, v, r.end - r.begin, scores, state, state + p.group, state + 2 * p.group);
 }
 
@@ -162,23 +194,29 @@ size_t attn_scratch_floats(const AttnParams& p) {
     return static_cast<size_t>(p.group * kAttnChunk) + 2 * state_floats(p);
 }
 
-void attend_group(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, const void* k_head,
-                  const void* v_head, int32_t lo, int32_t hi, float* scratch, float* out, int64_t out_stride) {
+namespace {
+
+// attend_group over any row addressing: chunks of [lo, hi] in order, each merged into the running state.
+template <class Rows>
+void attend_group_rows(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, const Rows& rows,
+                       int64_t g, int32_t lo, int32_t hi, float* scratch, float* out, int64_t out_stride) {
     float* scores = scratch;
     float* running = scores + p.group * kAttnChunk;
     float* chunk = running + state_floats(p);
     const int64_t nc = n_chunks(lo, hi);
-    run_chunk(p, kernel, q, q_stride, k_head, v_head, chunk_range(lo, hi, 0), scores, running);
+    const int64_t c0 = lo / kAttnChunk;
+    run_chunk(p, kernel, q, q_stride, rows(g, c0), chunk_range(lo, hi, 0), scores, running);
     for (int64_t c = 1; c < nc; ++c) {
-        run_chunk(p, kernel, q, q_stride, k_head, v_head, chunk_range(lo, hi, c), scores, chunk);
+        run_chunk(p, kernel, q, q_stride, rows(g, c0 + c), chunk_range(lo, hi, c), scores, chunk);
         merge_state(p, running, chunk);
     }
     finish(p, running, out, out_stride);
 }
 
-void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const void* const* k_heads,
-                   const void* const* v_heads, int32_t pos0, int64_t n, int32_t window, const float* q,
-                   int64_t q_token_stride, float* out, int64_t out_token_stride, int n_threads) {
+template <class Rows>
+void attend_tokens_rows(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const Rows& rows, int32_t pos0,
+                        int64_t n, int32_t window, const float* q, int64_t q_token_stride, float* out,
+                        int64_t out_token_stride, int n_threads) {
     const int32_t last = pos0 + static_cast<int32_t>(n) - 1;
     const int64_t visible = window > 0 ? std::min<int64_t>(window, last + 1) : last + 1;
     const int64_t work = n * n_kv_heads * p.group * visible * (p.head_dim + p.head_dim_v);
@@ -195,9 +233,9 @@ void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, 
             for (int64_t t = t0; t < t1; ++t) {
                 const int64_t i = t / n_kv_heads, g = t % n_kv_heads;
                 const int32_t pos = pos0 + static_cast<int32_t>(i);
-                attend_group(p, kernel, q + i * q_token_stride + g * p.group * p.head_dim, p.head_dim, k_heads[g],
-                             v_heads[g], window_lo(pos, window), pos, scratch.data(),
-                             out + i * out_token_stride + g * p.group * p.head_dim_v, p.head_dim_v);
+                attend_group_rows(p, kernel, q + i * q_token_stride + g * p.group * p.head_dim, p.head_dim, rows, g,
+                                  window_lo(pos, window), pos, scratch.data(),
+                                  out + i * out_token_stride + g * p.group * p.head_dim_v, p.head_dim_v);
             }
         });
         return;
@@ -219,8 +257,10 @@ void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, 
             const int64_t t = std::upper_bound(first.begin(), first.end(), c) - first.begin() - 1;
             const int64_t i = t / n_kv_heads, g = t % n_kv_heads;
             const int32_t pos = pos0 + static_cast<int32_t>(i);
-            run_chunk(p, kernel, q + i * q_token_stride + g * p.group * p.head_dim, p.head_dim, k_heads[g], v_heads[g],
-                      chunk_range(window_lo(pos, window), pos, c - first[static_cast<size_t>(t)]), scores.data(),
+            const int32_t lo = window_lo(pos, window);
+            const int64_t local = c - first[static_cast<size_t>(t)];
+            run_chunk(p, kernel, q + i * q_token_stride + g * p.group * p.head_dim, p.head_dim,
+                      rows(g, lo / kAttnChunk + local), chunk_range(lo, pos, local), scores.data(),
                       states.data() + static_cast<size_t>(c) * sf);
         }
     });
@@ -231,6 +271,27 @@ void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, 
             merge_state(p, running, states.data() + static_cast<size_t>(c) * sf);
         finish(p, running, out + i * out_token_stride + g * p.group * p.head_dim_v, p.head_dim_v);
     }
+}
+
+} // namespace
+
+void attend_group(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, const void* k_head,
+                  const void* v_head, int32_t lo, int32_t hi, float* scratch, float* out, int64_t out_stride) {
+    attend_group_rows(p, kernel, q, q_stride, head_runs(p, &k_head, &v_head), 0, lo, hi, scratch, out, out_stride);
+}
+
+void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const void* const* k_heads,
+                   const void* const* v_heads, int32_t pos0, int64_t n, int32_t window, const float* q,
+                   int64_t q_token_stride, float* out, int64_t out_token_stride, int n_threads) {
+    attend_tokens_rows(p, kernel, n_kv_heads, head_runs(p, k_heads, v_heads), pos0, n, window, q, q_token_stride, out,
+                       out_token_stride, n_threads);
+}
+
+void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const KvPagesView& kv, int32_t pos0,
+                   int64_t n, int32_t window, const float* q, int64_t q_token_stride, float* out,
+                   int64_t out_token_stride, int n_threads) {
+    attend_tokens_rows(p, kernel, n_kv_heads, PagedRows{&kv}, pos0, n, window, q, q_token_stride, out,
+                       out_token_stride, n_threads);
 }
 
 } // namespace tern

@@ -27,7 +27,7 @@ namespace tern {
 void kv_store_row(KvType f, const float* src, void* dst, int64_t n);
 void kv_load_row(KvType f, const void* src, float* dst, int64_t n);
 
-inline constexpr int64_t kAttnChunk = 128; // positions per chunk state (and per decode work item)
+inline constexpr int64_t kAttnChunk = kKvPagePositions; // positions per chunk state (and per decode work item)
 
 struct AttnParams {
     KvType format = KvType::f16;
@@ -63,6 +63,19 @@ size_t attn_scratch_floats(const AttnParams& p);
 void attend_group(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t q_stride, const void* k_head,
                   const void* v_head, int32_t lo, int32_t hi, float* scratch, float* out, int64_t out_stride);
 
+// Where one layer's cached rows are when they are not one run per head: the rows of KV head g in chunk c
+// (positions [c * kAttnChunk, (c + 1) * kAttnChunk)) are contiguous from
+//   k + page(c) * k_page_stride + g * k_head_stride   (likewise v), page(c) = pages[c],
+// so a chunk never straddles two pages and the chunk states, hence the bits, are those of a contiguous cache.
+// The paged CPU cache (engine/cpu/kv_cache.h) keeps every head of a page together.
+struct KvPagesView {
+    const uint8_t* k = nullptr;
+    const uint8_t* v = nullptr;
+    const int32_t* pages = nullptr;   // page of chunk c; chunks up to the last visible position are mapped
+    size_t k_page_stride = 0, v_page_stride = 0;   // bytes between pages
+    size_t k_head_stride = 0, v_head_stride = 0;   // bytes between KV heads inside a page
+};
+
 // Attention for n query tokens at positions pos0 .. pos0 + n - 1 over a cache of n_kv_heads heads
 // (row 0 of head g at k_heads[g] / v_heads[g]). Token i, query head h = g * group + r is at
 // q + i * q_token_stride + h * head_dim; its output at out + i * out_token_stride + h * head_dim_v.
@@ -71,5 +84,9 @@ void attend_group(const AttnParams& p, AttnChunkFn kernel, const float* q, int64
 void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const void* const* k_heads,
                    const void* const* v_heads, int32_t pos0, int64_t n, int32_t window, const float* q,
                    int64_t q_token_stride, float* out, int64_t out_token_stride, int n_threads);
+// The same over a paged cache: bit for bit what the call above gives for the same rows stored contiguously.
+void attend_tokens(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_heads, const KvPagesView& kv, int32_t pos0,
+                   int64_t n, int32_t window, const float* q, int64_t q_token_stride, float* out,
+                   int64_t out_token_stride, int n_threads);
 
 } // namespace tern
