@@ -36,4 +36,9 @@ KvAllocationFailed::KvAllocationFailed(int32_t n_ctx_)
     : RuntimeFailure("out of memory allocating the KV cache for " + std::to_string(n_ctx_) + " positions"),
       n_ctx(n_ctx_) {}
 
+KvPoolExhausted::KvPoolExhausted(int32_t needed_, int32_t free_)
+    : RuntimeFailure("the KV cache has " + std::to_string(free_) + " free pages, " + std::to_string(needed_) +
+                     " needed"),
+      needed(needed_), free(free_) {}
+
 } // namespace tern

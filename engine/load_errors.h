@@ -29,6 +29,13 @@ struct KvAllocationFailed : RuntimeFailure {
     int32_t n_ctx;
 };
 
+// Every page slot of a paged KV cache is taken (engine/kv_pages.h): a batching engine preempts a sequence,
+// a single sequence has reached the context it was given. Runtime failure, exit 3 if it ever escapes.
+struct KvPoolExhausted : RuntimeFailure {
+    KvPoolExhausted(int32_t needed, int32_t free);
+    int32_t needed, free;
+};
+
 // A model the chosen device's kernels cannot run: a weight format or a shape they lack (the CPU runs it).
 // `--device auto` then runs on the CPU; an explicit device is an input error the app words with its flag.
 struct DeviceCannotRun : InputError {

@@ -9,7 +9,7 @@
 
 namespace tern {
 void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
-                   int32_t n_ctx) {
+                   int32_t n_ctx, int32_t n_slots) {
     const int64_t block = kv_block_elems(type);
     if (head_dim % block != 0 || head_dim_v % block != 0)
         throw KvHeadDimsUnfit(type, block, head_dim, head_dim_v);
@@ -20,12 +20,9 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
     head_dim_ = head_dim;
     head_dim_v_ = head_dim_v;
     n_ctx_ = n_ctx;
-    n_past_ = 0;
     n_kv_heads_ = n_kv_heads_per_layer;
-    const int32_t n_slots = (n_ctx + kKvPagePositions - 1) / kKvPagePositions;
-    page_table_.clear();
-    free_slots_.clear();
-    for (int32_t s = n_slots - 1; s >= 0; --s) free_slots_.push_back(s);
+    if (n_slots <= 0) n_slots = (n_ctx + kKvPagePositions - 1) / kKvPagePositions;
+    table_ = KvPageTable(n_slots);
     k_.clear();
     v_.clear();
     k_.resize(n_kv_heads_.size());
@@ -52,70 +49,62 @@ size_t KvCache::total_bytes() const {
     return n;
 }
 
-void KvCache::reserve(int32_t n) {
-    if (n < 0 || n > n_ctx_)
-        throw UsageError("KvCache: " + std::to_string(n) + " positions requested, the context holds " +
+void KvCache::make_writable(int32_t seq, int32_t begin, int32_t end) {
+    if (end > n_ctx_)
+        throw UsageError("KvCache: " + std::to_string(end) + " positions requested, a sequence holds at most " +
                          std::to_string(n_ctx_));
-    const auto pages = static_cast<size_t>((n + kKvPagePositions - 1) / kKvPagePositions);
-    while (page_table_.size() < pages) {
-        page_table_.push_back(free_slots_.back());   // never empty: the pool has a slot per page of n_ctx
-        free_slots_.pop_back();
-    }
+    for (const KvSlotCopy& c : table_.prepare_write(seq, begin, end))
+        for (size_t l = 0; l < k_.size(); ++l) {
+            std::memcpy(k_[l].data() + static_cast<size_t>(c.to) * k_page_bytes_[l],
+                        k_[l].data() + static_cast<size_t>(c.from) * k_page_bytes_[l], k_page_bytes_[l]);
+            std::memcpy(v_[l].data() + static_cast<size_t>(c.to) * v_page_bytes_[l],
+                        v_[l].data() + static_cast<size_t>(c.from) * v_page_bytes_[l], v_page_bytes_[l]);
+        }
 }
 
-void KvCache::release_after(int32_t n) {
-    const auto keep = static_cast<size_t>((n + kKvPagePositions - 1) / kKvPagePositions);
-    while (page_table_.size() > keep) {
-        free_slots_.push_back(page_table_.back());
-        page_table_.pop_back();
-    }
+void KvCache::reserve(int32_t n, int32_t seq) {
+    make_writable(seq, std::min(table_.n_past(seq), n), n);
 }
 
-void KvCache::set_n_past(int32_t n) {
-    if (n < 0 || static_cast<size_t>(n) > page_table_.size() * kKvPagePositions)
-        throw UsageError("KvCache: n_past " + std::to_string(n) + " is past the positions reserved");
-    n_past_ = n;
-    release_after(n);
-}
-
-void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v) {
-    if (static_cast<size_t>(pos) >= page_table_.size() * kKvPagePositions) reserve(pos + 1);
+void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v, int32_t seq) {
+    if (pos >= table_.mapped(seq)) make_writable(seq, pos, pos + 1);
     const size_t l = static_cast<size_t>(layer);
     for (int32_t h = 0; h < n_kv_heads_[l]; ++h) {
-        kv_store_row(type_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(l, h, pos), head_dim_);
-        kv_store_row(type_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(l, h, pos), head_dim_v_);
+        kv_store_row(type_, k + static_cast<size_t>(h) * head_dim_, k_[l].data() + k_offset(seq, l, h, pos), head_dim_);
+        kv_store_row(type_, v + static_cast<size_t>(h) * head_dim_v_, v_[l].data() + v_offset(seq, l, h, pos),
+                     head_dim_v_);
     }
 }
 
 // Row `pos` of head h of a layer: its page's slot, the head's run inside the slot, the row inside the run.
-size_t KvCache::k_offset(size_t layer, int32_t head, int32_t pos) const {
-    const auto slot = static_cast<size_t>(page_table_[static_cast<size_t>(pos / kKvPagePositions)]);
+size_t KvCache::k_offset(int32_t seq, size_t layer, int32_t head, int32_t pos) const {
+    const auto slot = static_cast<size_t>(table_.slot(seq, pos));
     const size_t row = static_cast<size_t>(head) * kKvPagePositions + static_cast<size_t>(pos % kKvPagePositions);
     return slot * k_page_bytes_[layer] + row * k_row_bytes_;
 }
 
-size_t KvCache::v_offset(size_t layer, int32_t head, int32_t pos) const {
-    const auto slot = static_cast<size_t>(page_table_[static_cast<size_t>(pos / kKvPagePositions)]);
+size_t KvCache::v_offset(int32_t seq, size_t layer, int32_t head, int32_t pos) const {
+    const auto slot = static_cast<size_t>(table_.slot(seq, pos));
     const size_t row = static_cast<size_t>(head) * kKvPagePositions + static_cast<size_t>(pos % kKvPagePositions);
     return slot * v_page_bytes_[layer] + row * v_row_bytes_;
 }
 
-const void* KvCache::k_row(int32_t layer, int32_t head, int32_t pos) const {
+const void* KvCache::k_row(int32_t layer, int32_t head, int32_t pos, int32_t seq) const {
     const auto l = static_cast<size_t>(layer);
-    return k_[l].data() + k_offset(l, head, pos);
+    return k_[l].data() + k_offset(seq, l, head, pos);
 }
 
-const void* KvCache::v_row(int32_t layer, int32_t head, int32_t pos) const {
+const void* KvCache::v_row(int32_t layer, int32_t head, int32_t pos, int32_t seq) const {
     const auto l = static_cast<size_t>(layer);
-    return v_[l].data() + v_offset(l, head, pos);
+    return v_[l].data() + v_offset(seq, l, head, pos);
 }
 
-KvPagesView KvCache::pages_view(int32_t layer) const {
+KvPagesView KvCache::pages_view(int32_t layer, int32_t seq) const {
     const auto l = static_cast<size_t>(layer);
     KvPagesView view;
     view.k = k_[l].data();
     view.v = v_[l].data();
-    view.pages = page_table_.data();
+    view.pages = table_.pages(seq).data();
     view.k_page_stride = k_page_bytes_[l];
     view.v_page_stride = v_page_bytes_[l];
     view.k_head_stride = static_cast<size_t>(kKvPagePositions) * k_row_bytes_;
@@ -129,12 +118,13 @@ KvSnapshotShape KvCache::shape() const {
 
 // The snapshot format's row copies (engine/kv_snapshot.h) for this cache's host buffers: n rows from
 // position pos, one memcpy per page they touch.
-void KvCache::copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes) const {
+void KvCache::copy_rows_out(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n,
+                            uint8_t* bytes) const {
     const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
     const uint8_t* base = value ? v_[layer].data() : k_[layer].data();
     while (n > 0) {
         const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
-        const size_t offset = value ? v_offset(layer, head, pos) : k_offset(layer, head, pos);
+        const size_t offset = value ? v_offset(seq, layer, head, pos) : k_offset(seq, layer, head, pos);
         std::memcpy(bytes, base + offset, static_cast<size_t>(run) * row_bytes);
         bytes += static_cast<size_t>(run) * row_bytes;
         pos += run;
@@ -142,13 +132,15 @@ void KvCache::copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos,
     }
 }
 
-void KvCache::copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes) {
-    reserve(pos + n);   // a restore maps its pages as it fills them (after the snapshot was checked)
+void KvCache::copy_rows_in(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n,
+                           const uint8_t* bytes) {
+    // A restore makes its positions writable as it fills them (after the snapshot was checked).
+    if (pos + n > table_.mapped(seq) || (layer == 0 && head == 0 && !value)) make_writable(seq, pos, pos + n);
     const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
     uint8_t* base = value ? v_[layer].data() : k_[layer].data();
     while (n > 0) {
         const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
-        const size_t offset = value ? v_offset(layer, head, pos) : k_offset(layer, head, pos);
+        const size_t offset = value ? v_offset(seq, layer, head, pos) : k_offset(seq, layer, head, pos);
         std::memcpy(base + offset, bytes, static_cast<size_t>(run) * row_bytes);
         bytes += static_cast<size_t>(run) * row_bytes;
         pos += run;
@@ -156,30 +148,33 @@ void KvCache::copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, 
     }
 }
 
-KvSnapshot KvCache::save(int32_t n) const {
-    return kv_snapshot_whole(shape(), n_past_, n,
-                                     [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
-                                         copy_rows_out(l, h, v, pos, k, b);
-                                     });
-}
-
-void KvCache::load(const KvSnapshot& s) {
-    set_n_past(kv_restore_whole(shape(), s, [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, const uint8_t* b) {
-        copy_rows_in(l, h, v, pos, k, b);
-    }));
-}
-
-KvSnapshot KvCache::save_range(int32_t begin, int32_t end) const {
-    return kv_snapshot_range(shape(), n_past_, begin, end,
-                             [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
-                                 copy_rows_out(l, h, v, pos, k, b);
+KvSnapshot KvCache::save(int32_t n, int32_t seq) const {
+    return kv_snapshot_whole(shape(), table_.n_past(seq), n,
+                             [this, seq](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
+                                 copy_rows_out(seq, l, h, v, pos, k, b);
                              });
 }
 
-void KvCache::append(const KvSnapshot& s) {
-    set_n_past(n_past_ + kv_restore_range(shape(), n_past_, s,
-                                          [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k,
-                                                 const uint8_t* b) { copy_rows_in(l, h, v, pos, k, b); }));
+void KvCache::load(const KvSnapshot& s, int32_t seq) {
+    const int32_t n = kv_restore_whole(shape(), s, [this, seq](size_t l, int32_t h, bool v, int32_t pos, int32_t k,
+                                                               const uint8_t* b) {
+        copy_rows_in(seq, l, h, v, pos, k, b);
+    });
+    table_.set_n_past(seq, n);
+}
+
+KvSnapshot KvCache::save_range(int32_t begin, int32_t end, int32_t seq) const {
+    return kv_snapshot_range(shape(), table_.n_past(seq), begin, end,
+                             [this, seq](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
+                                 copy_rows_out(seq, l, h, v, pos, k, b);
+                             });
+}
+
+void KvCache::append(const KvSnapshot& s, int32_t seq) {
+    const int32_t n = kv_restore_range(shape(), table_.n_past(seq), s,
+                                       [this, seq](size_t l, int32_t h, bool v, int32_t pos, int32_t k,
+                                                   const uint8_t* b) { copy_rows_in(seq, l, h, v, pos, k, b); });
+    table_.set_n_past(seq, table_.n_past(seq) + n);
 }
 
 } // namespace tern

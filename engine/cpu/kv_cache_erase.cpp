@@ -22,15 +22,18 @@ constexpr int32_t kRowsPerPass = 64;
 
 } // namespace
 
-void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>& k_rotation, int n_threads) {
-    if (begin < 0 || end < begin || end > n_past_)
+void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>& k_rotation, int n_threads,
+                    int32_t seq) {
+    const int32_t n_past = table_.n_past(seq);
+    if (begin < 0 || end < begin || end > n_past)
         throw UsageError("kv_erase: positions " + std::to_string(begin) + ".." + std::to_string(end) +
-                         " requested but the cache holds " + std::to_string(n_past_));
+                         " requested but the cache holds " + std::to_string(n_past));
     if (!k_rotation.empty() && k_rotation.size() != n_kv_heads_.size())
         throw std::invalid_argument("KvCache::erase: one K rotation per layer expected");
     const int32_t removed = end - begin;
-    const int32_t moved = n_past_ - end;
+    const int32_t moved = n_past - end;
     if (removed == 0) return;
+    make_writable(seq, begin, n_past);   // the rows from begin on are rewritten: shared pages are copied first
 
     std::vector<std::pair<int32_t, int32_t>> heads; // (layer, head) work items
     for (size_t l = 0; l < n_kv_heads_.size(); ++l)
@@ -47,10 +50,10 @@ void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>&
             // Going up from the lowest row, a row is only overwritten after it was read (its destination is
             // removed - 1 or more positions below it). Rows are copied one by one: the pages of the two
             // ranges need not line up.
-            auto k_at = [&](int32_t pos) { return k_[lu].data() + k_offset(lu, h, pos); };
+            auto k_at = [&](int32_t pos) { return k_[lu].data() + k_offset(seq, lu, h, pos); };
             // V rows only move (the rope does not touch values).
             for (int32_t r = 0; r < moved; ++r)
-                std::memcpy(v_[lu].data() + v_offset(lu, h, begin + r), v_[lu].data() + v_offset(lu, h, end + r),
+                std::memcpy(v_[lu].data() + v_offset(seq, lu, h, begin + r), v_[lu].data() + v_offset(seq, lu, h, end + r),
                             v_row_bytes_);
             const RopeRotation* rotation = k_rotation.empty() || k_rotation[lu].n_rot == 0 ? nullptr : &k_rotation[lu];
             if (!rotation) {
@@ -73,7 +76,7 @@ void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>&
             }
         }
     });
-    set_n_past(n_past_ - removed);
+    table_.set_n_past(seq, n_past - removed);
 }
 
 } // namespace tern
