@@ -22,6 +22,10 @@ void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ct
                              std::to_string(vocab - 1) + ")");
 }
 
+size_t Backend::top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) {
+    return select_top_logits(logits(row), penalties, out);
+}
+
 void Backend::kv_erase(int32_t begin, int32_t end) {
     throw RuntimeFailure(device_name() + ": this backend cannot shift its KV cache (erase of positions " +
                          std::to_string(begin) + ".." + std::to_string(end) + ")");

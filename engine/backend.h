@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/logit_candidates.h"
 #include "engine/memory_need.h"
 #include "kernels/kv_format.h"
 
@@ -89,6 +90,12 @@ public:
     // Row r of the last forward's kept logits (r = 0 for LogitsWanted::last), vocab floats.
     virtual std::span<const float> logits(int row) = 0;
     virtual void argmax(std::span<int32_t> per_row) = 0;   // lowest id wins exact ties
+    // The min(out.size(), vocab) best candidates of row r after `penalties`, in the order of
+    // engine/logit_candidates.h, written to `out`; returns how many. The kept logits are not changed (a
+    // later logits(row) returns them unpenalised). out.size() <= kMaxTopCandidates. The default selects
+    // on the host from logits(row) (select_top_logits); a GPU backend selects where the row is and copies
+    // back only the candidates.
+    virtual size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out);
     virtual int32_t n_past() const = 0;
     virtual void kv_truncate(int32_t n_past) = 0;          // forget positions >= n_past
     virtual KvSnapshot kv_save(int32_t n) const = 0;

@@ -29,6 +29,9 @@ public:
     void forward(const ForwardBatch& batch) override;
     std::span<const float> logits(int row) override { return last().logits(row); }
     void argmax(std::span<int32_t> per_row) override { last().argmax(per_row); }
+    size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) override {
+        return last().top_logits(row, penalties, out);
+    }
     int32_t n_past() const override { return last().n_past(); }
     void kv_truncate(int32_t n_past) override;
     KvSnapshot kv_save(int32_t n) const override;

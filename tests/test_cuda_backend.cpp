@@ -9,7 +9,9 @@
 //   - greedy ids over 32 decoded tokens (prompt in one batch, then one token a forward, argmax on the
 //     device), equal until the CPU's top-two margin is a near-tie;
 //   - the KV formats, the prefix cache's range save / append across backends, the context shift, a
-//     draft-verification batch and the forward observer once each.
+//     draft-verification batch and the forward observer once each;
+//   - top_logits (the candidates selected on the GPU) bit for bit against the host's selection from the
+//     same backend's copied-back logits.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -20,11 +22,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
 #include "engine/cpu/backend_cpu.h"
 #include "engine/cuda/backend_cuda.h"
+#include "engine/logit_candidates.h"
 #include "engine/model.h"
 #include "engine/split_backend.h"
 #include "engine/tools/synth.h"
@@ -420,6 +424,70 @@ TEST_CASE("cuda backend: partial offload (-ngl) runs the last layers on the GPU 
         cpu.forward({std::vector<int32_t>{9}, 15, LogitsWanted::last});
         CHECK(row_error(split.logits(0), cpu.logits(0)) < kLogitTolerance);
     }
+}
+
+TEST_CASE("cuda backend: top_logits selects on the GPU what the host selects from the same logits") {
+    if (!test::shared_available()) return;
+    // gpt-2's 50257-token vocabulary: 13 blocks of 4096 logits (the last one ragged), then a second pass.
+    test::TempDir dir;
+    const std::string path = (dir / "tiny-gpt2-vocab.gguf").string();
+    SynthOptions so;
+    so.shape = "tiny";
+    so.type = "q8_0";
+    so.vocab_from = test::shared_path("models/vocab/ggml-vocab-gpt-2.gguf").string();
+    so.n_threads = 1;
+    so.on_warning = [](const std::string&) {};
+    write_synth_model(so, path);
+    const Model model = load_model(path);
+    REQUIRE(model.config.vocab == 50257);
+    CudaBackend cuda;
+    cuda.load(model.config, model.weights, RunOptions{16, KvType::f16});
+    const std::vector<int32_t> tokens = ramp_tokens(3, model.config.vocab);
+    cuda.forward({tokens, 0, LogitsWanted::all});
+
+    auto select = [](Backend& b, int row, const LogitPenalties& p, int k) {
+        std::vector<LogitCandidate> out(static_cast<size_t>(k));
+        out.resize(b.top_logits(row, p, out));
+        return out;
+    };
+    auto bits_of = [](const std::vector<LogitCandidate>& c) {
+        std::vector<std::pair<int32_t, uint32_t>> b;
+        for (const LogitCandidate& x : c) b.emplace_back(x.id, __builtin_bit_cast(uint32_t, x.logit));
+        return b;
+    };
+    for (int row = 0; row < 3; ++row) {
+        CAPTURE(row);
+        // The penalties hit the row's best logits (taken from the GPU, so the host copy is not fetched
+        // yet: a kernel that penalised the kept row in place would show in the copy fetched below).
+        LogitPenalties p;
+        p.repeat = 1.3f;
+        p.frequency = 0.25f;
+        p.presence = 0.4f;
+        int32_t count = 1;
+        for (const LogitCandidate& c : select(cuda, row, {}, 64))
+            if (c.id % 3 != 0) p.seen.push_back({c.id, count++ % 4 + 1});
+        p.seen.push_back({model.config.vocab + 3, 2});   // outside the vocabulary: ignored
+        std::vector<std::vector<LogitCandidate>> device;
+        for (int k : {1, 40, kMaxTopCandidates}) device.push_back(select(cuda, row, p, k));
+        const std::span<const float> copied = cuda.logits(row);
+        const std::vector<float> kept(copied.begin(), copied.end());
+        size_t i = 0;
+        for (int k : {1, 40, kMaxTopCandidates}) {
+            CAPTURE(k);
+            std::vector<LogitCandidate> want(static_cast<size_t>(k));
+            want.resize(select_top_logits(kept, p, want));
+            REQUIRE(device[i].size() == static_cast<size_t>(k));
+            CHECK(bits_of(device[i++]) == bits_of(want));
+            std::vector<LogitCandidate> plain(static_cast<size_t>(k));
+            plain.resize(select_top_logits(kept, {}, plain));
+            CHECK(bits_of(select(cuda, row, {}, k)) == bits_of(plain));
+            if (k > 1) CHECK(bits_of(plain) != bits_of(want));   // the penalties changed the selection
+        }
+    }
+    std::vector<LogitCandidate> too_many(static_cast<size_t>(kMaxTopCandidates) + 1);
+    CHECK_THROWS_AS(cuda.top_logits(0, {}, too_many), UsageError);
+    std::vector<LogitCandidate> one(1);
+    CHECK_THROWS_AS(cuda.top_logits(3, {}, one), UsageError);
 }
 
 TEST_CASE("cuda backend: the weights' upload reports its progress, ending at the total") {

@@ -1,16 +1,19 @@
 // What the commands do on a GPU, through the Session (engine/generation) over the CUDA backend, under the
 // CUDA emulator: greedy generation equal to the CPU's, prompt-lookup speculation equal to plain decoding,
 // the on-disk prefix cache storing from one session and restoring into another (and across devices), the
-// context shift of a long conversation, and /save then /load.
+// context shift of a long conversation, and /save then /load; sampled generation drawing from the
+// candidates selected on the GPU, equal to the host's selection from the same logits.
 #include <doctest/doctest.h>
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/cpu/backend_cpu.h"
 #include "engine/cuda/backend_cuda.h"
 #include "engine/generation/session.h"
+#include "engine/logit_candidates.h"
 #include "engine/model.h"
 #include "engine/model_identity.h"
 #include "engine/prefix_cache/prefix_cache.h"
@@ -56,6 +59,41 @@ GenerateOptions greedy(int32_t n) {
 
 std::vector<int32_t> prompt_of(const Session& s, const std::string& text) { return s.tokenizer().encode(text, {true, true}); }
 
+// A backend that passes every call to `inner` but selects sampling candidates as told: on the host from
+// the copied-back row (the base class's Backend::top_logits), or by `inner` (the GPU's kernels). Counts
+// the rows copied back and the selections.
+class SelectingBackend : public Backend {
+public:
+    SelectingBackend(std::unique_ptr<Backend> inner, bool on_host) : inner_(std::move(inner)), on_host_(on_host) {}
+    int logits_calls = 0, top_logits_calls = 0;
+
+    MemoryNeed plan_memory(const ModelConfig& c, const ModelWeights& w, const MemoryRequest& r) const override {
+        return inner_->plan_memory(c, w, r);
+    }
+    std::vector<MemoryLimit> memory_limits() const override { return inner_->memory_limits(); }
+    void load(const ModelConfig& c, const ModelWeights& w, const RunOptions& o) override { inner_->load(c, w, o); }
+    void forward(const ForwardBatch& batch) override { inner_->forward(batch); }
+    std::span<const float> logits(int row) override {
+        ++logits_calls;
+        return inner_->logits(row);
+    }
+    void argmax(std::span<int32_t> per_row) override { inner_->argmax(per_row); }
+    size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) override {
+        ++top_logits_calls;
+        return on_host_ ? Backend::top_logits(row, penalties, out) : inner_->top_logits(row, penalties, out);
+    }
+    int32_t n_past() const override { return inner_->n_past(); }
+    void kv_truncate(int32_t n) override { inner_->kv_truncate(n); }
+    KvSnapshot kv_save(int32_t n) const override { return inner_->kv_save(n); }
+    void kv_load(const KvSnapshot& s) override { inner_->kv_load(s); }
+    DeviceKind device_kind() const override { return inner_->device_kind(); }
+    std::string device_name() const override { return inner_->device_name(); }
+
+private:
+    std::unique_ptr<Backend> inner_;
+    bool on_host_;
+};
+
 const std::string kStory = "Once upon a time there was a little girl named Lily. She loved to play in the park with her "
                            "dog Max. One day Lily found a big red ball. Lily found a big red ball. Lily found a";
 
@@ -80,6 +118,50 @@ TEST_CASE("cuda session: greedy text equals the CPU's, and prompt lookup leaves 
         CHECK(drafted.tokens == plain.tokens);
         CHECK(drafted.text == plain.text);
         CHECK(drafted.n_drafted > 0);
+    }
+}
+
+TEST_CASE("cuda session: sampling draws from candidates selected on the GPU, as from the host's selection") {
+    if (!test::shared_available()) return;
+    for (const char* file : {"models/gguf/stories260K-f32.gguf"}) {
+        CAPTURE(file);
+        const auto model = std::make_shared<Model>(load_model(test::shared_path(file).string()));
+        SelectingBackend* selecting[2] = {};
+        std::unique_ptr<Session> sessions[2];
+        for (int host = 0; host < 2; ++host) {
+            auto inner = std::make_unique<CudaBackend>();
+            inner->load(model->config, model->weights, RunOptions{256, KvType::f16});
+            auto b = std::make_unique<SelectingBackend>(std::move(inner), host == 1);
+            selecting[host] = b.get();
+            sessions[host] = std::make_unique<Session>(std::move(b), Tokenizer::from_gguf(model->file), 256, model);
+        }
+        const std::vector<int32_t> prompt = prompt_of(*sessions[0], kStory);
+        GenerateOptions o;
+        o.n_predict = 32;
+        o.sampling.temp = 1.1f;
+        o.sampling.top_k = 40;
+        o.sampling.repeat_penalty = 1.3f;
+        o.sampling.frequency_penalty = 0.2f;
+        o.sampling.presence_penalty = 0.1f;
+        o.sampling.seed = 5;
+        const GenerateResult gpu = sessions[0]->generate(prompt, o), host = sessions[1]->generate(prompt, o);
+        CHECK(gpu.tokens == host.tokens);
+        CHECK(gpu.text == host.text);
+        CHECK(selecting[0]->top_logits_calls == gpu.n_gen());
+        CHECK(selecting[0]->logits_calls == 0);   // no logit row copied back
+        CHECK(selecting[1]->logits_calls == host.n_gen());
+        // Greedy with penalties (one candidate), and sampling with prompt-lookup drafts (several rows).
+        PromptLookupDrafter lookup(6, 3);
+        for (bool greedy_penalised : {true, false}) {
+            GenerateOptions q = o;
+            if (greedy_penalised) q.sampling.temp = 0.0f;
+            else q.drafter = &lookup;
+            CAPTURE(greedy_penalised);
+            for (auto& s : sessions) s->reset();
+            const GenerateResult a = sessions[0]->generate(prompt, q), b = sessions[1]->generate(prompt, q);
+            CHECK(a.tokens == b.tokens);
+            if (!greedy_penalised) CHECK(a.n_drafted > 0);
+        }
     }
 }
 

@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/generation/sampler.h"
+#include "engine/logit_candidates.h"
 
 using namespace tern;
 
@@ -368,4 +371,97 @@ TEST_CASE("the whole chain equals a literal sort-everything implementation on ra
             CHECK(t.p == doctest::Approx(want.at(t.id)).epsilon(1e-5));
         }
     }
+}
+
+TEST_CASE("candidates_needed: 1 when greedy, top_k up to the limit, 0 (the whole row) otherwise") {
+    SamplingParams p = plain(0.0f);
+    CHECK(Sampler(p).candidates_needed() == 1);
+    p.top_k = 5000;   // greedy ignores top-k
+    CHECK(Sampler(p).candidates_needed() == 1);
+    p.temp = 0.8f;
+    CHECK(Sampler(p).candidates_needed() == 0);
+    p.top_k = 0;
+    CHECK(Sampler(p).candidates_needed() == 0);
+    p.top_k = kMaxTopCandidates;
+    CHECK(Sampler(p).candidates_needed() == kMaxTopCandidates);
+    p.top_k = kMaxTopCandidates + 1;
+    CHECK(Sampler(p).candidates_needed() == 0);
+    p.top_k = 40;
+    CHECK(Sampler(p).candidates_needed() == 40);
+}
+
+TEST_CASE("penalties_of lists each distinct id of the window once, in id order, with its count") {
+    SamplingParams p = plain(1.0f);
+    p.repeat_last_n = 5;
+    p.frequency_penalty = 0.5f;
+    const std::vector<int32_t> hist = {9, 9, 4, 7, 4, 9, 2};   // the window: 4 7 4 9 2
+    const LogitPenalties got = penalties_of(hist, p);
+    REQUIRE(got.seen.size() == 4);
+    const std::vector<std::pair<int32_t, int32_t>> want = {{2, 1}, {4, 2}, {7, 1}, {9, 1}};
+    for (size_t i = 0; i < want.size(); ++i) {
+        CHECK(got.seen[i].id == want[i].first);
+        CHECK(got.seen[i].count == want[i].second);
+    }
+    CHECK(got.repeat == 1.0f);
+    CHECK(got.frequency == 0.5f);
+    p.frequency_penalty = 0.0f;   // every penalty off: nothing to apply
+    CHECK(penalties_of(hist, p).seen.empty());
+}
+
+TEST_CASE("sampling from the best candidates equals sampling from the whole row: tokens, probabilities, RNG") {
+    // The backend's path (Backend::top_logits, then sample_top) against sample() on the row, over random
+    // rows and parameters; the candidates come shuffled, since their order must not matter.
+    std::mt19937_64 rng(99);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    int compared = 0, drawn_differently = 0;
+    for (int round = 0; round < 400; ++round) {
+        CAPTURE(round);
+        const size_t n = 1 + static_cast<size_t>(u(rng) * (u(rng) < 0.2 ? 60 : 3000));
+        SamplingParams p;
+        p.temp = u(rng) < 0.2 ? 0.0f : static_cast<float>(0.2 + u(rng) * 1.8);
+        p.top_k = 1 + static_cast<int32_t>(u(rng) * kMaxTopCandidates);
+        p.top_p = u(rng) < 0.3 ? 1.0f : static_cast<float>(0.3 + u(rng) * 0.7);
+        p.min_p = u(rng) < 0.3 ? 0.0f : static_cast<float>(u(rng) * 0.2);
+        p.repeat_penalty = u(rng) < 0.4 ? 1.0f : static_cast<float>(0.8 + u(rng));
+        p.frequency_penalty = u(rng) < 0.5 ? 0.0f : static_cast<float>(u(rng) - 0.3);
+        p.presence_penalty = u(rng) < 0.5 ? 0.0f : static_cast<float>(u(rng) - 0.3);
+        p.repeat_last_n = u(rng) < 0.2 ? -1 : static_cast<int32_t>(u(rng) * 100);
+        p.seed = rng();
+        CAPTURE(n);
+        CAPTURE(p.temp);
+        CAPTURE(p.top_k);
+        Sampler whole(p), top(p);
+        REQUIRE(top.candidates_needed() == (p.temp <= 0.0f ? 1 : p.top_k));
+        std::vector<float> row(n);
+        const bool coarse = u(rng) < 0.5;   // exact ties everywhere
+        std::vector<int32_t> history;
+        for (int i = 0; i < 10; ++i) history.push_back(static_cast<int32_t>(u(rng) * static_cast<double>(n)));
+        for (int step = 0; step < 8; ++step) {
+            for (float& v : row) {
+                v = coarse ? static_cast<float>(std::floor(u(rng) * 24.0) / 4.0 - 3.0)
+                           : static_cast<float>((u(rng) - 0.5) * 12.0);
+                const double special = u(rng);
+                if (special < 0.01) v = NAN;
+                else if (special < 0.02) v = -INFINITY;
+                else if (special < 0.025) v = -0.0f;
+            }
+            std::vector<LogitCandidate> cand(static_cast<size_t>(top.candidates_needed()));
+            cand.resize(select_top_logits(row, penalties_of(history, p), cand));
+            std::shuffle(cand.begin(), cand.end(), rng);
+            const std::vector<TokenProb> want = whole.distribution(row, history), got = top.distribution_top(cand);
+            REQUIRE(got.size() == want.size());
+            for (size_t i = 0; i < got.size(); ++i) {
+                CHECK(got[i].id == want[i].id);
+                CHECK(__builtin_bit_cast(uint32_t, got[i].p) == __builtin_bit_cast(uint32_t, want[i].p));
+            }
+            const int32_t a = whole.sample(row, history), b = top.sample_top(cand);
+            REQUIRE(a == b);
+            drawn_differently += want.size() > 1 && a != want[0].id;
+            ++compared;
+            history.push_back(a);
+        }
+        CHECK(whole.uniform() == top.uniform());   // the same number of draws on both sides
+    }
+    CHECK(compared == 3200);
+    CHECK(drawn_differently > 100);   // the draws were real draws, not forced
 }

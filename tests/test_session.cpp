@@ -13,7 +13,9 @@
 
 #include "engine/backend_factory.h"
 #include "engine/model.h"
+#include "engine/generation/sampler.h"
 #include "engine/generation/session.h"
+#include "engine/logit_candidates.h"
 #include "base/error.h"
 #include "tests/fake_tokenizer.h"
 #include "tests/test_support.h"
@@ -21,6 +23,16 @@
 using namespace tern;
 
 namespace {
+
+// A flat, tie-rich row that depends on the last token and the position, with EOS (2) impossible: sampling
+// from it is a real draw.
+std::vector<float> spread_logits(int32_t last, int32_t n_past, int32_t vocab) {
+    std::vector<float> l(static_cast<size_t>(vocab));
+    for (int32_t i = 0; i < vocab; ++i)
+        l[static_cast<size_t>(i)] = static_cast<float>((last * 7 + i * 5 + n_past * 3) % 6) * 0.5f;
+    l[2] = -INFINITY;
+    return l;
+}
 
 // Next token = (last token + 1) mod vocab, except that `jumps` can redirect a token.
 // Records every forward so tests can see what was prefilled.
@@ -34,6 +46,8 @@ public:
     std::map<int32_t, int32_t> jumps;
     std::vector<Call> calls;
     int32_t n_ctx = 64;
+    bool spread = false;   // logits from spread_logits() instead of one peak
+    int logits_calls = 0, top_logits_calls = 0;
 
     void load(const ModelConfig&, const ModelWeights&, const RunOptions&) override {}
     void forward(const ForwardBatch& b) override {
@@ -46,8 +60,16 @@ public:
         const int32_t next = it != jumps.end() ? it->second : (last + 1) % vocab;
         logits_.assign(static_cast<size_t>(vocab), 0.0f);
         logits_[static_cast<size_t>(next)] = 10.0f;
+        if (spread) logits_ = spread_logits(last, n_past_, vocab);
     }
-    std::span<const float> logits(int) override { return logits_; }
+    std::span<const float> logits(int) override {
+        ++logits_calls;
+        return logits_;
+    }
+    size_t top_logits(int, const LogitPenalties& penalties, std::span<LogitCandidate> out) override {
+        ++top_logits_calls;
+        return select_top_logits(logits_, penalties, out);
+    }
     void argmax(std::span<int32_t> per_row) override {
         int32_t best = 0;
         for (int32_t i = 1; i < vocab; ++i)
@@ -264,6 +286,47 @@ TEST_CASE("sampling with a seed is reproducible and differs from greedy only thr
     CHECK(run(1) == run(1));
     // The fake model is so peaked (logit 10 vs 0, min-p 0.05) that sampling is forced.
     CHECK(run(1) == std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+}
+
+TEST_CASE("sampling takes the backend's top candidates when top-k allows, and the tokens of the whole row") {
+    const std::vector<int32_t> prompt = {1, 3};
+    auto replay = [&](const SamplingParams& p, int n) {   // the sampler on each whole row, by hand
+        Sampler s(p);
+        std::vector<int32_t> history = prompt, out;
+        for (int i = 0; i < n; ++i) {
+            const auto n_past = static_cast<int32_t>(history.size());
+            const int32_t t = s.sample(spread_logits(history.back(), n_past, 16), history);
+            history.push_back(t);
+            out.push_back(t);
+        }
+        return out;
+    };
+    struct Case {
+        float temp;
+        int32_t top_k;
+        float repeat_penalty;
+        bool candidates;   // whether the session should ask for candidates
+    };
+    // top-k 100 is more than the vocabulary: the candidates are all of it.
+    for (const Case c : {Case{1.0f, 5, 1.0f, true}, Case{1.5f, 16, 1.3f, true}, Case{0.7f, 100, 1.3f, true},
+                         Case{1.0f, 0, 1.3f, false}, Case{1.0f, kMaxTopCandidates + 1, 1.0f, false},
+                         Case{0.0f, 0, 1.5f, true}}) {
+        CAPTURE(c.temp);
+        CAPTURE(c.top_k);
+        Fixture fx;
+        fx.backend->spread = true;
+        GenerateOptions o;
+        o.n_predict = 20;
+        o.sampling.temp = c.temp;
+        o.sampling.top_k = c.top_k;
+        o.sampling.min_p = 0.0f;
+        o.sampling.repeat_penalty = c.repeat_penalty;
+        o.sampling.seed = 5;
+        const GenerateResult r = fx.session->generate(prompt, o);
+        CHECK(r.tokens == replay(o.sampling, 20));
+        CHECK(fx.backend->top_logits_calls == (c.candidates ? 20 : 0));
+        CHECK(fx.backend->logits_calls == (c.candidates ? 0 : 20));   // no row copied when candidates do
+    }
 }
 
 TEST_CASE("split UTF-8 characters are held until complete") {

@@ -1,6 +1,7 @@
 #include "engine/cuda/backend_cuda.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <set>
@@ -16,6 +17,7 @@
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matmul_q8.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/sampling.h"
 #include "quant/reference.h"
 
 namespace tern {
@@ -519,6 +521,58 @@ void CudaBackend::argmax(std::span<int32_t> per_row) {
     cuda_call(cudaMemcpyAsync(per_row.data(), ids, per_row.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
               "copying token ids to the host");
     cuda_call(cudaStreamSynchronize(stream_), "copying token ids to the host");
+}
+
+// The engine's candidate and penalty types are the kernels' (kernels/cuda/sampling.h) byte for byte: they
+// are copied to and from the device as they are.
+static_assert(kMaxTopCandidates == cuda::kTopLogitsMax);
+static_assert(sizeof(LogitCandidate) == sizeof(cuda::TopLogit) &&
+              offsetof(LogitCandidate, id) == offsetof(cuda::TopLogit, id) &&
+              offsetof(LogitCandidate, logit) == offsetof(cuda::TopLogit, logit));
+static_assert(sizeof(PenaltyCount) == sizeof(cuda::PenaltyPair) &&
+              offsetof(PenaltyCount, id) == offsetof(cuda::PenaltyPair, id) &&
+              offsetof(PenaltyCount, count) == offsetof(cuda::PenaltyPair, count));
+
+size_t CudaBackend::top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) {
+    if (row < 0 || row >= n_logit_rows_)
+        throw UsageError("top_logits: row " + std::to_string(row) + " requested but the last forward kept " +
+                         std::to_string(n_logit_rows_));
+    if (out.size() > static_cast<size_t>(kMaxTopCandidates))
+        throw UsageError("top_logits: " + std::to_string(out.size()) + " candidates asked for, at most " +
+                         std::to_string(kMaxTopCandidates));
+    const int64_t vocab = config_.vocab;
+    const size_t n = std::min(out.size(), static_cast<size_t>(vocab));
+    if (n == 0) return 0;
+    const int k = static_cast<int>(out.size());
+    // One allocation: the k candidates, the penalty pairs, the selection's scratch (each 16-byte aligned).
+    auto round16 = [](size_t b) { return (b + 15) / 16 * 16; };
+    const size_t out_bytes = round16(out.size() * sizeof(cuda::TopLogit));
+    const size_t pair_bytes = round16(penalties.seen.size() * sizeof(cuda::PenaltyPair));
+    const auto scratch_bytes = static_cast<size_t>(cuda::top_logits_scratch_bytes(vocab, k));
+    auto* base = static_cast<uint8_t*>(top_logits_.reserve(out_bytes + pair_bytes + scratch_bytes, "top logits"));
+    auto* device_out = reinterpret_cast<cuda::TopLogit*>(base);
+    auto* pairs = reinterpret_cast<cuda::PenaltyPair*>(base + out_bytes);
+    // A few hundred bytes from pageable memory: the stream waits for them to be staged.
+    if (!penalties.seen.empty())
+        cuda_call(cudaMemcpyAsync(pairs, penalties.seen.data(), penalties.seen.size() * sizeof(cuda::PenaltyPair),
+                                  cudaMemcpyHostToDevice, stream_),
+                  "copying the penalty window to the device");
+    cuda::TopLogitsPenalties device_penalties;
+    device_penalties.pairs = pairs;
+    device_penalties.n_pairs = static_cast<int32_t>(penalties.seen.size());
+    device_penalties.repeat = penalties.repeat;
+    device_penalties.frequency = penalties.frequency;
+    device_penalties.presence = penalties.presence;
+    try {
+        cuda::top_logits(logits_.floats(0, "logits") + static_cast<size_t>(row) * static_cast<size_t>(vocab), vocab,
+                         device_penalties, k, device_out, base + out_bytes + pair_bytes, stream_);
+    } catch (const cuda::Error& e) {
+        throw RuntimeFailure(std::string("cuda: ") + e.what());
+    }
+    cuda_call(cudaMemcpyAsync(out.data(), device_out, n * sizeof(cuda::TopLogit), cudaMemcpyDeviceToHost, stream_),
+              "copying the top logits to the host");
+    cuda_call(cudaStreamSynchronize(stream_), "copying the top logits to the host");
+    return n;
 }
 
 void CudaBackend::kv_truncate(int32_t n_past) {

@@ -2,8 +2,9 @@
 // The CUDA backend: the same straight-line forward as the CPU backend (engine/cpu/backend_cpu.cpp, its
 // reference), on kernels of kernels/cuda. Weights are uploaded once in their GGUF formats; norms and
 // biases as f32. Activations are f32 in device memory; the KV cache lives on the GPU in any KvType
-// (engine/cuda/kv_cache_cuda.h). A decode step copies back one token id (argmax on the device) or, when
-// the caller asks for logits, only the rows it asks for.
+// (engine/cuda/kv_cache_cuda.h). A decode step copies back one token id (argmax on the device), the k
+// sampling candidates of a row (top_logits, selected on the device) or, when the caller asks for logits,
+// only the rows it asks for.
 //
 // The same source builds two ways (kernels/cuda/runtime.h): against the CUDA runtime for the binary,
 // and against the CUDA emulator for the tests, where it runs on the CPU and is compared with the CPU
@@ -49,6 +50,8 @@ public:
     void forward(const ForwardBatch& batch) override;
     std::span<const float> logits(int row) override;
     void argmax(std::span<int32_t> per_row) override;
+    // The candidates selected on the GPU (kernels/cuda/sampling.h): k pairs are copied back, not the row.
+    size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) override;
     int32_t n_past() const override { return kv_.n_past(); }
     void kv_truncate(int32_t n_past) override;
     KvSnapshot kv_save(int32_t n) const override;
@@ -126,6 +129,7 @@ private:
     const float* q8_of_ = nullptr; // ... of this f32 input
     int64_t q8_n_ = 0;
     DeviceBuffer row_ids_;         // 0, 1, 2, ... for the prefill path's dequantizer
+    DeviceScratch top_logits_;     // top_logits: its candidates, penalty pairs and selection scratch
     int n_logit_rows_ = 0;
     // Host copies of logit rows, fetched on first request after each forward.
     std::vector<float> host_logits_;

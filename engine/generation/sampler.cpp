@@ -33,6 +33,91 @@ std::span<const int32_t> penalty_window(std::span<const int32_t> history, int32_
 
 float clean(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
 
+// The chain after top-k: min-p, top-p, temperature, normalisation, on the top-k set `cand` (the whole
+// vocabulary when top-k is off; id_order: `cand` is in id order). Every step depends on the set only,
+// not on the order it comes in: the selections below use the total order `better`, the sums run in id
+// order. So a backend's candidates (Backend::top_logits) give what the whole row gives.
+std::vector<TokenProb> after_top_k(const SamplingParams& params, std::vector<Candidate> cand, bool id_order) {
+    float max_logit = -std::numeric_limits<float>::infinity();
+    for (const Candidate& c : cand) max_logit = std::max(max_logit, c.logit);
+    if (!std::isfinite(max_logit)) {
+        // Every logit is -inf (or +inf appears): no meaningful softmax; fall back to the argmax.
+        return {{std::min_element(cand.begin(), cand.end(), better)->id, 1.0f}};
+    }
+
+    const bool top_p_on = params.top_p < 1.0f && cand.size() > 1;
+
+    // top-p works with the top-k set's probabilities: its total mass is taken before min-p.
+    // Masses are exp(l - max) in 2^-40 fixed point: integer sums are exact and independent of
+    // the order the selection below leaves elements in, which differs between standard
+    // libraries; so the kept set is the same everywhere.
+    uint64_t total = 0;
+    if (top_p_on) {
+        for (Candidate& c : cand) {
+            c.mass = static_cast<uint64_t>(std::llround(std::exp(static_cast<double>(c.logit) - max_logit) * 0x1.0p40));
+            total += c.mass;
+        }
+    }
+
+    // --- min-p, before top-p even though the chain lists it after: both keep a prefix of the
+    // candidates in logit order, so the result is the shorter prefix either way, and dropping
+    // the long tail first leaves top-p little to select from. It compares logits: p >= min_p *
+    // p_max needs no softmax.
+    if (params.min_p > 0.0f) {
+        const double min_logit = max_logit + std::log(static_cast<double>(params.min_p));
+        std::erase_if(cand, [&](const Candidate& c) { return static_cast<double>(c.logit) < min_logit; });
+    }
+
+    // --- top-p: the smallest logit-ordered prefix whose mass reaches top_p of the total.
+    if (top_p_on && cand.size() > 1) {
+        const double target = static_cast<double>(params.top_p) * static_cast<double>(total);
+        // Quickselect on mass: [0, lo) is kept for sure with mass `above` < target, the crossing
+        // token is in [lo, hi), and [hi, n) is dropped. Expected O(n) instead of a full sort.
+        size_t lo = 0, hi = cand.size();
+        uint64_t above = 0;
+        auto at = [&](size_t i) { return cand.begin() + static_cast<std::ptrdiff_t>(i); };
+        while (hi - lo > 32) {
+            const size_t mid = lo + (hi - lo) / 2;
+            std::nth_element(at(lo), at(mid), at(hi), better);
+            uint64_t m = 0;
+            for (size_t i = lo; i <= mid; ++i) m += cand[i].mass;
+            if (static_cast<double>(above + m) >= target) {
+                hi = mid + 1;
+            } else {
+                above += m;
+                lo = mid + 1;
+            }
+        }
+        std::sort(at(lo), at(hi), better);
+        size_t kept = hi;
+        for (size_t i = lo; i < hi; ++i) {
+            above += cand[i].mass;
+            if (static_cast<double>(above) >= target) {
+                kept = i + 1;   // the token that crosses the threshold is kept
+                break;
+            }
+        }
+        cand.resize(std::max<size_t>(kept, 1));
+        id_order = false;
+    }
+    std::span<Candidate> live(cand);
+
+    // --- temperature, then normalise. Id order: canonical (the sums below do not depend on
+    // how the steps above permuted the candidates), and lets callers find p(t) by binary search.
+    if (!id_order)
+        std::sort(live.begin(), live.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+    const double inv_t = 1.0 / static_cast<double>(params.temp);
+    std::vector<double> w(live.size());
+    double sum = 0.0;
+    for (size_t i = 0; i < live.size(); ++i) {
+        w[i] = std::exp((static_cast<double>(live[i].logit) - max_logit) * inv_t);
+        sum += w[i];
+    }
+    std::vector<TokenProb> out(live.size());
+    for (size_t i = 0; i < live.size(); ++i) out[i] = {live[i].id, static_cast<float>(w[i] / sum)};
+    return out;
+}
+
 } // namespace
 
 int32_t argmax_lowest(std::span<const float> logits) {
@@ -48,8 +133,12 @@ int32_t argmax_lowest(std::span<const float> logits) {
     return best;
 }
 
-void apply_penalties(std::span<float> logits, std::span<const int32_t> history, const SamplingParams& params) {
-    if (!penalties_active(params)) return;
+LogitPenalties penalties_of(std::span<const int32_t> history, const SamplingParams& params) {
+    LogitPenalties out;
+    if (!penalties_active(params)) return out;
+    out.repeat = params.repeat_penalty;
+    out.frequency = params.frequency_penalty;
+    out.presence = params.presence_penalty;
     std::span<const int32_t> window = penalty_window(history, params.repeat_last_n);
     // The window is small (64 by default): sorting a copy counts occurrences without a hash map.
     std::vector<int32_t> seen(window.begin(), window.end());
@@ -57,15 +146,14 @@ void apply_penalties(std::span<float> logits, std::span<const int32_t> history, 
     for (size_t i = 0; i < seen.size();) {
         size_t j = i;
         while (j < seen.size() && seen[j] == seen[i]) ++j;
-        const int32_t id = seen[i];
-        const auto count = static_cast<float>(j - i);
+        out.seen.push_back({seen[i], static_cast<int32_t>(j - i)});
         i = j;
-        if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;
-        float& l = logits[static_cast<size_t>(id)];
-        // Dividing a negative logit would raise it, so negative ones are multiplied instead.
-        l = l > 0.0f ? l / params.repeat_penalty : l * params.repeat_penalty;
-        l -= count * params.frequency_penalty + params.presence_penalty;
     }
+    return out;
+}
+
+void apply_penalties(std::span<float> logits, std::span<const int32_t> history, const SamplingParams& params) {
+    apply_logit_penalties(logits, penalties_of(history, params));
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
@@ -116,85 +204,27 @@ std::vector<TokenProb> Sampler::distribution(std::span<const float> logits, std:
         for (size_t i = 0; i < n_vocab; ++i) cand[i] = {static_cast<int32_t>(i), clean(logits[i]), 0};
     }
 
-    float max_logit = -std::numeric_limits<float>::infinity();
-    for (const Candidate& c : cand) max_logit = std::max(max_logit, c.logit);
-    if (!std::isfinite(max_logit)) {
-        // Every logit is -inf (or +inf appears): no meaningful softmax; fall back to the argmax.
-        return {{std::min_element(cand.begin(), cand.end(), better)->id, 1.0f}};
-    }
+    // The heap permutes; the whole vocabulary is in id order.
+    const bool id_order = !(params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n_vocab);
+    return after_top_k(params_, std::move(cand), id_order);
+}
 
-    const bool top_p_on = params_.top_p < 1.0f && cand.size() > 1;
-    bool id_order = !(params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n_vocab);   // the heap permutes
+int32_t Sampler::candidates_needed() const {
+    if (greedy()) return 1;
+    return params_.top_k > 0 && params_.top_k <= kMaxTopCandidates ? params_.top_k : 0;
+}
 
-    // top-p works with the top-k set's probabilities: its total mass is taken before min-p.
-    // Masses are exp(l - max) in 2^-40 fixed point: integer sums are exact and independent of
-    // the order the selection below leaves elements in, which differs between standard
-    // libraries; so the kept set is the same everywhere.
-    uint64_t total = 0;
-    if (top_p_on) {
-        for (Candidate& c : cand) {
-            c.mass = static_cast<uint64_t>(std::llround(std::exp(static_cast<double>(c.logit) - max_logit) * 0x1.0p40));
-            total += c.mass;
-        }
-    }
+std::vector<TokenProb> Sampler::distribution_top(std::span<const LogitCandidate> top) const {
+    if (top.empty()) return {};
+    std::vector<Candidate> cand(top.size());
+    for (size_t i = 0; i < top.size(); ++i) cand[i] = {top[i].id, clean(top[i].logit), 0};
+    // Greedy: the penalised argmax is the best candidate (argmax_lowest's rule in the total order).
+    if (greedy()) return {{std::min_element(cand.begin(), cand.end(), better)->id, 1.0f}};
+    return after_top_k(params_, std::move(cand), false);
+}
 
-    // --- min-p, before top-p even though the chain lists it after: both keep a prefix of the
-    // candidates in logit order, so the result is the shorter prefix either way, and dropping
-    // the long tail first leaves top-p little to select from. It compares logits: p >= min_p *
-    // p_max needs no softmax.
-    if (params_.min_p > 0.0f) {
-        const double min_logit = max_logit + std::log(static_cast<double>(params_.min_p));
-        std::erase_if(cand, [&](const Candidate& c) { return static_cast<double>(c.logit) < min_logit; });
-    }
-
-    // --- top-p: the smallest logit-ordered prefix whose mass reaches top_p of the total.
-    if (top_p_on && cand.size() > 1) {
-        const double target = static_cast<double>(params_.top_p) * static_cast<double>(total);
-        // Quickselect on mass: [0, lo) is kept for sure with mass `above` < target, the crossing
-        // token is in [lo, hi), and [hi, n) is dropped. Expected O(n) instead of a full sort.
-        size_t lo = 0, hi = cand.size();
-        uint64_t above = 0;
-        auto at = [&](size_t i) { return cand.begin() + static_cast<std::ptrdiff_t>(i); };
-        while (hi - lo > 32) {
-            const size_t mid = lo + (hi - lo) / 2;
-            std::nth_element(at(lo), at(mid), at(hi), better);
-            uint64_t m = 0;
-            for (size_t i = lo; i <= mid; ++i) m += cand[i].mass;
-            if (static_cast<double>(above + m) >= target) {
-                hi = mid + 1;
-            } else {
-                above += m;
-                lo = mid + 1;
-            }
-        }
-        std::sort(at(lo), at(hi), better);
-        size_t kept = hi;
-        for (size_t i = lo; i < hi; ++i) {
-            above += cand[i].mass;
-            if (static_cast<double>(above) >= target) {
-                kept = i + 1;   // the token that crosses the threshold is kept
-                break;
-            }
-        }
-        cand.resize(std::max<size_t>(kept, 1));
-        id_order = false;
-    }
-    std::span<Candidate> live(cand);
-
-    // --- temperature, then normalise. Id order: canonical (the sums below do not depend on
-    // how the steps above permuted the candidates), and lets callers find p(t) by binary search.
-    if (!id_order)
-        std::sort(live.begin(), live.end(), [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
-    const double inv_t = 1.0 / static_cast<double>(params_.temp);
-    std::vector<double> w(live.size());
-    double sum = 0.0;
-    for (size_t i = 0; i < live.size(); ++i) {
-        w[i] = std::exp((static_cast<double>(live[i].logit) - max_logit) * inv_t);
-        sum += w[i];
-    }
-    std::vector<TokenProb> out(live.size());
-    for (size_t i = 0; i < live.size(); ++i) out[i] = {live[i].id, static_cast<float>(w[i] / sum)};
-    return out;
+int32_t Sampler::sample_top(std::span<const LogitCandidate> top) {
+    return draw(distribution_top(top));
 }
 
 float probability_of(std::span<const TokenProb> dist, int32_t id) {

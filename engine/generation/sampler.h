@@ -11,6 +11,8 @@
 #include <span>
 #include <vector>
 
+#include "engine/logit_candidates.h"
+
 namespace tern {
 
 struct SamplingParams {
@@ -47,6 +49,17 @@ public:
     // Speculative decoding needs p(t) of a drafted token and a draw from p without t.
     std::vector<TokenProb> distribution(std::span<const float> logits, std::span<const int32_t> history) const;
 
+    // How many of a row's best candidates after the penalties the chain depends on: 1 when greedy, top_k
+    // when 0 < top_k <= kMaxTopCandidates; 0 when it needs the whole row (top-k off or above the limit).
+    // min-p, top-p, temperature and the draw only see the top-k set.
+    int32_t candidates_needed() const;
+
+    // sample() and distribution() from the row's min(candidates_needed(), vocab) best candidates after
+    // the penalties (Backend::top_logits with penalties_of(history)), in any order: the same token, the
+    // same use of the RNG and the same probabilities as from the whole row. Needs candidates_needed() > 0.
+    int32_t sample_top(std::span<const LogitCandidate> top);
+    std::vector<TokenProb> distribution_top(std::span<const LogitCandidate> top) const;
+
     // A draw from `dist` (as distribution() returns it) with the sampler's RNG.
     int32_t draw(std::span<const TokenProb> dist);
 
@@ -69,6 +82,10 @@ float probability_of(std::span<const TokenProb> dist, int32_t id);
 // llama.cpp semantics: a seen token's positive logit is divided by repeat_penalty and a negative
 // one multiplied; then count * frequency_penalty + (count > 0) * presence_penalty is subtracted.
 void apply_penalties(std::span<float> logits, std::span<const int32_t> history, const SamplingParams& params);
+
+// The same penalties as a backend applies them (engine/logit_candidates.h): each distinct id of the last
+// repeat_last_n tokens once, in id order, with its count; nothing when the penalties are off.
+LogitPenalties penalties_of(std::span<const int32_t> history, const SamplingParams& params);
 
 // Index of the largest value, lowest index on exact ties (NaN never wins).
 int32_t argmax_lowest(std::span<const float> logits);

@@ -33,11 +33,14 @@ bool length_reached(const GenerateOptions& o, const CompletionStream& stream) {
 }
 
 // The target's token for each logit row of the last forward: the backend's argmax when sampling is
-// greedy without penalties (the logits then stay on the device), else the sampler over the row.
+// greedy without penalties; the row's best candidates after the penalties (Backend::top_logits, a few
+// hundred bytes from a GPU) when the chain depends on no more of them (Sampler::candidates_needed); else
+// the sampler over the whole row.
 class TargetTokens {
 public:
     TargetTokens(Backend& backend, const SamplingParams& params)
-        : backend_(backend), sampler_(params), device_argmax_(sampler_.greedy() && penalties_off(params)) {}
+        : backend_(backend), sampler_(params), device_argmax_(sampler_.greedy() && penalties_off(params)),
+          top_(static_cast<size_t>(device_argmax_ ? 0 : sampler_.candidates_needed())) {}
 
     // A forward left `rows` rows of logits.
     void forwarded(size_t rows) {
@@ -47,7 +50,10 @@ public:
     }
     // `history`: what the penalties look at.
     int32_t at(size_t row, std::span<const int32_t> history) {
-        return device_argmax_ ? row_argmax_[row] : sampler_.sample(backend_.logits(static_cast<int>(row)), history);
+        if (device_argmax_) return row_argmax_[row];
+        if (top_.empty()) return sampler_.sample(backend_.logits(static_cast<int>(row)), history);
+        const size_t n = backend_.top_logits(static_cast<int>(row), penalties_of(history, sampler_.params()), top_);
+        return sampler_.sample_top(std::span<const LogitCandidate>(top_).first(n));
     }
 
 private:
@@ -55,6 +61,7 @@ private:
     Sampler sampler_;
     bool device_argmax_;
     std::vector<int32_t> row_argmax_;   // device_argmax_: the argmax of each row
+    std::vector<LogitCandidate> top_;   // the candidates the sampler needs; empty: it needs the row
 };
 
 // One token from logit row `row`, through every stop rule in the order plain decoding applies them.
