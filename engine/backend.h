@@ -24,8 +24,10 @@ enum class DeviceKind { cpu, cuda };
 // What every backend takes at load. Options of one backend only (the CPU's threads and exact
 // matmul: engine/cpu_options.h) are given to it at construction (engine/backend_factory.h).
 struct RunOptions {
-    int32_t n_ctx = 0;            // KV cache positions to allocate (> 0)
+    int32_t n_ctx = 0;            // KV cache positions to allocate (> 0): the most one sequence holds
     KvType kv_type = KvType::f16;
+    // Positions of the paged KV pool all sequences share (a backend with supports_sequences); 0: n_ctx.
+    int32_t kv_pool_positions = 0;
     // The model's index of the first layer given to load(): a model split across devices (partial
     // offload, engine/split_backend.h) loads each backend with a slice of its layers. Observers see
     // layers by the model's numbering.
@@ -39,10 +41,23 @@ struct RunOptions {
 // (draft verification, perplexity, reference tests).
 enum class LogitsWanted { last, all };
 
+// One sequence's part of a multi-sequence batch (a batching engine's step): n_tokens consecutive tokens of
+// ForwardBatch::tokens at that sequence's next positions, n_past(seq) on.
+struct SequenceSpan {
+    int32_t seq = 0;
+    int32_t n_tokens = 0;
+    LogitsWanted wanted = LogitsWanted::last;
+};
+
 struct ForwardBatch {
     std::span<const int32_t> tokens;   // N tokens at positions pos0 .. pos0+N-1
     int32_t pos0 = 0;                  // must equal the number of positions already in the KV cache
     LogitsWanted wanted = LogitsWanted::last;
+    // Several sequences in one forward (Backend::supports_sequences): the tokens split into these spans in
+    // order, each token attending to its own sequence's cache only; the kept logit rows follow the spans in
+    // order (one per span, or each of its tokens'). pos0 and wanted are then unused. Empty: one sequence,
+    // 0, as pos0 and wanted say.
+    std::span<const SequenceSpan> spans;
     // A backend loaded with a slice of the layers (engine/split_backend.h): without token_embd it reads
     // the residual stream entering its first layer from hidden_in, without an output matrix it writes
     // the stream leaving its last layer to hidden_out (and keeps no logits). Host memory, (N, dim) f32.
@@ -71,8 +86,17 @@ struct KvSnapshot {
 };
 
 // Throws UsageError for a batch no backend can run: empty, not starting at n_past, past n_ctx, or
-// holding a token id outside [0, vocab).
-void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ctx, int32_t vocab);
+// holding a token id outside [0, vocab). A batch with spans is checked span by span, with
+// n_past_of(seq) the positions of each sequence (which throws for one that does not exist), and its
+// spans must cover the tokens exactly, each with at least one token, no sequence twice.
+void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ctx, int32_t vocab,
+                         const std::function<int32_t(int32_t seq)>& n_past_of = {});
+
+// How full a paged KV cache is (Backend::kv_pool).
+struct KvPoolUse {
+    int32_t pages = 0, pages_in_use = 0;
+    int32_t positions_per_page = 0;
+};
 
 class Backend {
 public:
@@ -110,6 +134,18 @@ public:
     // conversation can drop old turns without recomputing the rest. Backends that cannot shift
     // throw RuntimeFailure (the default); callers then fall back to truncate + prefill.
     virtual void kv_erase(int32_t begin, int32_t end);
+    // Sequences (a batching engine's requests) over one paged KV cache, sequence 0 being the one the
+    // methods above act on. A backend that runs one sequence only says false and throws RuntimeFailure
+    // from the others (the defaults). seq_fork: dst (created, or emptied) shares src's first n positions
+    // without copying them (copy on write); seq_truncate forgets positions >= n of seq; seq_free drops a
+    // sequence and returns its pages.
+    virtual bool supports_sequences() const { return false; }
+    virtual void seq_create(int32_t seq);
+    virtual void seq_free(int32_t seq);
+    virtual void seq_fork(int32_t src, int32_t dst, int32_t n);
+    virtual int32_t seq_n_past(int32_t seq) const;
+    virtual void seq_truncate(int32_t seq, int32_t n);
+    virtual KvPoolUse kv_pool() const;
     virtual DeviceKind device_kind() const = 0;
     virtual std::string device_name() const = 0;           // "cpu", "cuda:0"
     // Every later forward reports its projection inputs to `observer` (null, the default: none; the

@@ -77,7 +77,9 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     std::vector<int32_t> n_kv_heads;
     for (const LayerConfig& lc : config.layers)
         n_kv_heads.push_back(lc.n_kv_heads);
-    kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx);
+    const int32_t pool = std::max(options.kv_pool_positions, options.n_ctx);
+    kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx,
+             (pool + kKvPagePositions - 1) / kKvPagePositions);
     logits_.clear();
     n_logit_rows_ = 0;
     prepared_ = {};   // the previous model's copies go before the new ones are made
@@ -91,9 +93,21 @@ void CpuBackend::forward(const ForwardBatch& batch) {
     if (!loaded_) throw UsageError("forward: the backend has no model loaded");
     const ModelConfig& c = config_;
     const int64_t n = static_cast<int64_t>(batch.tokens.size());
-    const int32_t pos0 = batch.pos0;
-    check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), c.vocab);
-    kv_.reserve(pos0 + static_cast<int32_t>(n));   // the pages the batch writes, before the threads write them
+    check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), c.vocab, [this](int32_t seq) { return kv_.n_past(seq); });
+    // The batch as sequence spans (one, sequence 0, for a plain batch), each token's sequence and position,
+    // and the pages every span writes, mapped before the threads write them.
+    const SequenceSpan single{0, static_cast<int32_t>(n), batch.wanted};
+    const std::span<const SequenceSpan> spans = batch.spans.empty() ? std::span(&single, 1) : batch.spans;
+    std::vector<int32_t> span_pos0, token_seq, token_pos;
+    for (const SequenceSpan& s : spans) {
+        const int32_t past = kv_.n_past(s.seq);
+        kv_.reserve(past + s.n_tokens, s.seq);
+        span_pos0.push_back(past);
+        for (int32_t i = 0; i < s.n_tokens; ++i) {
+            token_seq.push_back(s.seq);
+            token_pos.push_back(past + i);
+        }
+    }
 
     const int nt = n_threads_;
     const int64_t dim = c.dim;
@@ -143,7 +157,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         const int rope_threads = threads_for_work(n * (n_heads + n_kv_heads) * head_dim * 16, nt);
         parallel_for(n, rope_threads, 16, [&](int64_t i0, int64_t i1) {
           for (int64_t i = i0; i < i1; ++i) {
-            const int32_t pos = pos0 + static_cast<int32_t>(i);
+            const int32_t pos = token_pos[static_cast<size_t>(i)];
             for (int64_t h = 0; h < n_heads; ++h) {
                 float* qh = q.data() + i * q_dim + h * head_dim;
                 if (c.qk_norm) rmsnorm_f32(qh, lv.q_norm.data(), qh, head_dim, c.rms_eps);
@@ -154,16 +168,20 @@ void CpuBackend::forward(const ForwardBatch& batch) {
                 if (c.qk_norm) rmsnorm_f32(kh, lv.k_norm.data(), kh, head_dim, c.rms_eps);
                 rope.apply(kh, pos);
             }
-            kv_.write(l, pos, k.data() + i * k_dim, v.data() + i * v_dim);
+            kv_.write(l, pos, k.data() + i * k_dim, v.data() + i * v_dim, token_seq[static_cast<size_t>(i)]);
           }
         });
 
         // Attention over the cache (backend_cpu_attention.cpp).
         att.resize(static_cast<size_t>(n * att_dim)); // (n, n_heads, head_dim_v)
-        if (exact_matmul_ && kv_.format() == KvType::f32)
-            attend_plain(l, pos0, n, q.data(), att.data());
-        else
-            attend(l, pos0, n, q.data(), att.data());
+        for (size_t s = 0, first = 0; s < spans.size(); first += static_cast<size_t>(spans[s].n_tokens), ++s) {
+            const float* qs = q.data() + first * static_cast<size_t>(q_dim);
+            float* as = att.data() + first * static_cast<size_t>(att_dim);
+            if (exact_matmul_ && kv_.format() == KvType::f32)
+                attend_plain(l, spans[s].seq, span_pos0[s], spans[s].n_tokens, qs, as);
+            else
+                attend(l, spans[s].seq, span_pos0[s], spans[s].n_tokens, qs, as);
+        }
 
         // Output projection (+ bias), gemma's post-attention norm, residual.
         if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::attn_output, att.data(), n, att_dim);
@@ -191,7 +209,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         for (int64_t e = 0; e < n * dim; ++e)
             x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
     }
-    kv_.set_n_past(pos0 + static_cast<int32_t>(n));
+    for (size_t s = 0; s < spans.size(); ++s) kv_.set_n_past(span_pos0[s] + spans[s].n_tokens, spans[s].seq);
     if (!weights_.output.present()) {   // a slice before the last: the stream goes on to the next device
         if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");
         std::copy(x.begin(), x.end(), batch.hidden_out);
@@ -199,11 +217,21 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         return;
     }
 
-    // Final norm and lm_head on the rows whose logits are wanted.
-    const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
-    const int64_t rows = n - first;
+    // Final norm and lm_head on the rows whose logits are wanted: per span its last token's or all of them,
+    // gathered in span order (a plain batch's rows are already one run at the end).
+    std::vector<int64_t> kept;
+    for (size_t s = 0, first = 0; s < spans.size(); first += static_cast<size_t>(spans[s].n_tokens), ++s)
+        for (int32_t i = spans[s].wanted == LogitsWanted::all ? 0 : spans[s].n_tokens - 1; i < spans[s].n_tokens; ++i)
+            kept.push_back(static_cast<int64_t>(first) + i);
+    const auto rows = static_cast<int64_t>(kept.size());
+    const float* xl = x.data() + kept.front() * dim;
+    if (kept.back() - kept.front() + 1 != rows) {   // not one run: gather them into `out`, free by now
+        for (int64_t r = 0; r < rows; ++r)
+            std::copy_n(x.data() + kept[static_cast<size_t>(r)] * dim, dim, out.data() + r * dim);
+        xl = out.data();
+    }
     logits_.resize(static_cast<size_t>(rows * c.vocab)); // (rows, vocab)
-    norm_input(x.data() + first * dim, output_norm_, rows, dim, xn.data(), prepared_.output);
+    norm_input(xl, output_norm_, rows, dim, xn.data(), prepared_.output);
     if (observer_) observer_->matmul_input(-1, ProjectionInput::lm_head, xn.data(), rows, dim);
     project(prepared_.output, {}, input_, logits_.data());
     if (c.final_softcap > 0.0f) softcap_f32(logits_.data(), rows * c.vocab, c.final_softcap);
@@ -229,6 +257,22 @@ void CpuBackend::argmax(std::span<int32_t> per_row) {
             if (row[static_cast<size_t>(t)] > row[static_cast<size_t>(best)]) best = t; // lowest id wins ties
         per_row[r] = best;
     }
+}
+
+void CpuBackend::seq_free(int32_t seq) {
+    if (seq == 0) throw UsageError("seq_free: sequence 0 is the backend's own; truncate it instead");
+    kv_.free(seq);
+}
+
+void CpuBackend::seq_truncate(int32_t seq, int32_t n) {
+    if (n < 0 || n > kv_.n_past(seq))
+        throw UsageError("seq_truncate: cannot keep " + std::to_string(n) + " positions of sequence " +
+                         std::to_string(seq) + ", it holds " + std::to_string(kv_.n_past(seq)));
+    kv_.set_n_past(n, seq);
+}
+
+KvPoolUse CpuBackend::kv_pool() const {
+    return {kv_.pages().n_slots(), kv_.pages_in_use(), kKvPagePositions};
 }
 
 void CpuBackend::kv_truncate(int32_t n_past) {

@@ -42,6 +42,14 @@ public:
     void kv_append(const KvSnapshot& range) override;
     // Context shift: moves the later rows down and turns their K back (backend_cpu_shift.cpp).
     void kv_erase(int32_t begin, int32_t end) override;
+    // Sequences over one pool of KV pages (engine/kv_pages.h); forward takes batches of several.
+    bool supports_sequences() const override { return true; }
+    void seq_create(int32_t seq) override { kv_.create(seq); }
+    void seq_free(int32_t seq) override;
+    void seq_fork(int32_t src, int32_t dst, int32_t n) override { kv_.fork(src, dst, n); }
+    int32_t seq_n_past(int32_t seq) const override { return kv_.n_past(seq); }
+    void seq_truncate(int32_t seq, int32_t n) override;
+    KvPoolUse kv_pool() const override;
     DeviceKind device_kind() const override { return DeviceKind::cpu; }
     std::string device_name() const override { return "cpu"; }
     void set_observer(ForwardObserver* observer) override { observer_ = observer; }
@@ -95,11 +103,11 @@ private:
                         std::initializer_list<const std::vector<float>*> biases, MatmulInput& in,
                         std::initializer_list<float*> ys);
     // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
-    // l's cache, which already holds those positions. Defined in backend_cpu_attention.cpp.
-    void attend(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);
+    // l's cache of sequence seq, which already holds those positions. Defined in backend_cpu_attention.cpp.
+    void attend(int32_t l, int32_t seq, int32_t pos0, int64_t n, const float* q, float* att);
     // The same by the plain softmax of kernels/cpu/ops.h, for exact_matmul_ over an f32 cache (the reference
     // arithmetic quantize --calibrate measures with). Defined in backend_cpu_attention_plain.cpp.
-    void attend_plain(int32_t l, int32_t pos0, int64_t n, const float* q, float* att);
+    void attend_plain(int32_t l, int32_t seq, int32_t pos0, int64_t n, const float* q, float* att);
 
     MatmulInput input_;
 

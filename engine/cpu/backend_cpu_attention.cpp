@@ -24,7 +24,7 @@ void prefetch_lines(const void* p, size_t bytes) {
 
 // Token i (position pos0 + i) sees positions [lo, pos0 + i]: causal, and a sliding window keeps only
 // q - k < window. Query head h reads KV head h / (n_heads / n_kv_heads).
-void CpuBackend::attend(int32_t l, int32_t pos0, int64_t n, const float* q, float* att) {
+void CpuBackend::attend(int32_t l, int32_t seq, int32_t pos0, int64_t n, const float* q, float* att) {
     const ModelConfig& c = config_;
     const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
     AttnParams p;
@@ -34,7 +34,7 @@ void CpuBackend::attend(int32_t l, int32_t pos0, int64_t n, const float* q, floa
     p.group = lc.n_heads / lc.n_kv_heads;
     p.scale = c.attn_scale;
     p.softcap = c.attn_softcap;
-    const KvPagesView kv = kv_.pages_view(l);
+    const KvPagesView kv = kv_.pages_view(l, seq);
     // Decode reads a few KiB of each head's K and V, which the weight stream has pushed out of the caches: asked
     // for all at once, they arrive at the memory's bandwidth instead of one latency per head's stream (llama-1b
     // Q4_0 at up to 64 positions, 2 threads: attention 416-461 -> 356-378 us per token, interleaved runs).
@@ -46,8 +46,8 @@ void CpuBackend::attend(int32_t l, int32_t pos0, int64_t n, const float* q, floa
             for (int32_t g = 0; g < lc.n_kv_heads; ++g)
                 for (int32_t pos = lo; pos < hi;) {   // the rows of each page are one run
                     const int32_t run = std::min(hi - pos, kKvPagePositions - pos % kKvPagePositions);
-                    prefetch_lines(kv_.k_row(l, g, pos), static_cast<size_t>(run) * k_row);
-                    prefetch_lines(kv_.v_row(l, g, pos), static_cast<size_t>(run) * v_row);
+                    prefetch_lines(kv_.k_row(l, g, pos, seq), static_cast<size_t>(run) * k_row);
+                    prefetch_lines(kv_.v_row(l, g, pos, seq), static_cast<size_t>(run) * v_row);
                     pos += run;
                 }
     }

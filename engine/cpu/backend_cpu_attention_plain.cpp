@@ -15,7 +15,7 @@
 
 namespace tern {
 
-void CpuBackend::attend_plain(int32_t l, int32_t pos0, int64_t n, const float* q, float* att) {
+void CpuBackend::attend_plain(int32_t l, int32_t seq, int32_t pos0, int64_t n, const float* q, float* att) {
     const ModelConfig& c = config_;
     const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
     const int64_t group = lc.n_heads / lc.n_kv_heads;
@@ -34,9 +34,9 @@ void CpuBackend::attend_plain(int32_t l, int32_t pos0, int64_t n, const float* q
                     v.resize(rows * static_cast<size_t>(c.head_dim_v));
                     for (size_t r = 0; r < rows; ++r) {
                         const int32_t at = lo + static_cast<int32_t>(r);
-                        std::memcpy(k.data() + r * static_cast<size_t>(c.head_dim), kv_.k_row(l, g, at),
+                        std::memcpy(k.data() + r * static_cast<size_t>(c.head_dim), kv_.k_row(l, g, at, seq),
                                     sizeof(float) * static_cast<size_t>(c.head_dim));
-                        std::memcpy(v.data() + r * static_cast<size_t>(c.head_dim_v), kv_.v_row(l, g, at),
+                        std::memcpy(v.data() + r * static_cast<size_t>(c.head_dim_v), kv_.v_row(l, g, at, seq),
                                     sizeof(float) * static_cast<size_t>(c.head_dim_v));
                     }
                 }
