@@ -7,9 +7,8 @@
 // copies the activation tile beside it; every weight byte then meets all 64 columns, every activation
 // byte all 128 rows, through ldmatrix and mma.sync. 128 x 64 keeps the grid of a 512-token prefill of a
 // 4096-row matrix at 256 blocks (an H100 has 132 SMs) and decodes each weight block once per 64 tokens.
-// Three blocks share an SM (35 KiB of shared memory each; the formats take 122 to 158 registers a thread
-// unconstrained, and a cap of 128 for four blocks spilled Q2_K on sm_80), so one block's loads and
-// decoding overlap the others' mma work (there is no software pipelining inside a block).
+// Several blocks share an SM (TERN_GEMM_Q8_MIN_BLOCKS below), so one block's loads and decoding overlap
+// the others' mma work (there is no software pipelining inside a block).
 //
 // The k order in shared memory is each block's natural element order (codes of elements 0 .. 31 in 32
 // bytes), into which the activations' unit order (matmul_q8.h) is permuted on the way in: a 32-block is
@@ -52,6 +51,17 @@ constexpr int kNTiles = kTileCols / kWarpsN / 8;        // n8 tiles a warp (4)
 // Bytes of a row of codes in shared memory: 16 more than a step's 128 shift consecutive rows by 4 banks,
 // so ldmatrix's eight 16-byte rows fall in distinct banks.
 constexpr int kRowStride = 32 * kStepBlocks + 16;
+
+// Blocks an SM keeps resident, which sets the register budget: three on sm_80, sm_87 and sm_90, whose 164
+// / 228 KiB of shared memory hold three blocks of 35 KiB (the formats take 122 to 158 registers a thread
+// there; a cap of 128 for four blocks spilled Q2_K on sm_80); two elsewhere: the SMs of sm_86, sm_89 and
+// sm_120 hold two blocks' shared memory, and the sm_100 / sm_120 code takes up to 255 registers (it spilled
+// Q3_K and Q5_K at the 168 of three blocks). scripts/cuda_arch_check.sh shows them.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 900)
+#define TERN_GEMM_Q8_MIN_BLOCKS 3
+#else
+#define TERN_GEMM_Q8_MIN_BLOCKS 2
+#endif
 
 constexpr int kMagic = 0x4B400000;           // the bits of 1.5 * 2^23
 constexpr float kMagicValue = 12582912.0f;   // 1.5 * 2^23
@@ -148,7 +158,7 @@ __device__ __forceinline__ void load_activations(const uint8_t* __restrict__ xq,
 }
 
 template <GgmlType T>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, TERN_GEMM_Q8_MIN_BLOCKS)
     gemm_q8_tiles(const uint8_t* __restrict__ w, int64_t row_bytes, int n_out, int n_in,
                   const uint8_t* __restrict__ xq, int n_cols, const float* __restrict__ bias, float* __restrict__ y) {
     using Tr = BlockTraits<T>;
@@ -365,6 +375,8 @@ void gemm_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const vo
         refuse("gemm_q8: format " + std::string(type_name(type)) + " is not read");
     }
 }
+
+#undef TERN_GEMM_Q8_MIN_BLOCKS
 
 } // namespace TERN_CUDA_ABI
 } // namespace tern::cuda
