@@ -28,6 +28,7 @@
 #include "engine/model.h"
 #include "engine/split_backend.h"
 #include "engine/tools/synth.h"
+#include "kernels/cuda/gemm_q8.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -242,7 +243,7 @@ TEST_CASE("cuda backend: decode with int8 activations (the default) stays within
     }
 }
 
-TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the tensor-core GEMM, within their rounding") {
+TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the tensor-core GEMM, within its rounding") {
     // A batch of 16 or more tokens is a prefill: on a device of compute capability 8.0 or more (the emulator
     // reports 8.9) its projections quantize their inputs to int8 and multiply them on tensor cores (gemm_q8).
     // Its logits are then further from the exact product than the f32 paths ever are (the first test case
@@ -250,12 +251,12 @@ TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the t
     // the CPU's own int8 path is as far away. (Against int8 decode, one token a forward, the prefill agrees to
     // 2e-7 on most files, but the f32 rounding order may flip an int8 code, which in these small models moves
     // a logit by up to half the int8 error: no bound to check.)
-    if (!test::shared_available()) return;
+    if (!test::shared_available() || !cuda::gemm_q8_device_supported(0)) return;
     std::vector<const char*> stems = {"llama2xs-tok512-q4_0", "babyllama-tok105-q8_0", "llama2xs-tok512-q6_k",
                                       "synth-k256-q2_k",      "synth-k256-q3_k_m",     "synth-k256-q4_k_m",
                                       "synth-k256-q5_k_m",    "synth-k256-q4_1",       "synth-k256-q5_1"};
     if (quick_mode()) stems = {"llama2xs-tok512-q6_k", "synth-k256-q3_k_m", "synth-k256-q4_k_m"};
-    for (const char* stem : stems) {
+    for (const std::string stem : stems) {
         CAPTURE(stem);
         const Model model = load_model(model_path(stem));
         CpuBackend exact_cpu(CpuOptions{2, true}), ggml_cpu(CpuOptions{2, false});
@@ -266,8 +267,7 @@ TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the t
         const std::vector<std::vector<float>> exact_rows = batch_logits(exact_cpu, tokens);
         const double vs_exact = max_row_error(batch_logits(cuda, tokens), exact_rows);
         const double ggml_vs_exact = max_row_error(batch_logits(ggml_cpu, tokens), exact_rows);
-        MESSAGE(std::string(stem) << ": int8 prefill vs exact " << vs_exact << "; the CPU's int8 vs exact "
-                                  << ggml_vs_exact);
+        MESSAGE(stem << ": int8 prefill vs exact " << vs_exact << "; the CPU's int8 vs exact " << ggml_vs_exact);
         CHECK(vs_exact > kLogitTolerance);
         CHECK(vs_exact < 3.0 * ggml_vs_exact);
     }

@@ -37,6 +37,14 @@ constexpr GgmlType kFormats[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
 
 constexpr double kU = 0x1p-24;   // f32 unit roundoff
 
+// Whether the device runs gemm_q8 (compute capability 8.0+; the emulator reports 8.9). On an older GPU the
+// product tests have nothing to run and the launcher must refuse.
+bool device_runs_gemm_q8() {
+    int device = 0;
+    REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+    return tern::cuda::gemm_q8_device_supported(device);
+}
+
 // TERN_TEST_QUICK=1: fewer shapes (the emulator's mma costs 16 shuffles a warp).
 bool quick_mode() {
     const char* e = std::getenv("TERN_TEST_QUICK");
@@ -299,8 +307,9 @@ double check_gemm_q8(GgmlType type, int64_t n_in, const Weights& w, const std::v
 
 // Row lengths per format: a ragged last k step (the kernel takes 4 blocks of 32 a step) and several steps.
 std::vector<int64_t> row_lengths(GgmlType type) {
-    if (tern::block_elems(type) == 256) return quick_mode() ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 768};
-    return quick_mode() ? std::vector<int64_t>{96} : std::vector<int64_t>{96, 288};
+    const bool k_quant = tern::block_elems(type) == 256;
+    if (quick_mode()) return {k_quant ? 256 : 96};
+    return k_quant ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{96, 288};
 }
 
 } // namespace
@@ -313,6 +322,7 @@ TEST_CASE("gemm_q8 runs on the emulator, which reports compute capability 8.9") 
 }
 
 TEST_CASE("gemm_q8 equals matmul_q8 up to f32 rounding order, at ragged shapes") {
+    if (!device_runs_gemm_q8()) return;
     // n_out: one row, a partial m16 tile, past one 128-row block tile; n_cols: one column, whole and partial
     // n8 tiles, one 64-column block tile, past three of them.
     const std::vector<int64_t> outs = quick_mode() ? std::vector<int64_t>{7, 130} : std::vector<int64_t>{1, 7, 130};
@@ -333,6 +343,7 @@ TEST_CASE("gemm_q8 equals matmul_q8 up to f32 rounding order, at ragged shapes")
 }
 
 TEST_CASE("gemm_q8 reads every code and scale bit: random block contents") {
+    if (!device_runs_gemm_q8()) return;
     uint32_t seed = 900;
     for (GgmlType type : kFormats) {
         CAPTURE(tern::type_name(type));
@@ -343,6 +354,7 @@ TEST_CASE("gemm_q8 reads every code and scale bit: random block contents") {
 }
 
 TEST_CASE("gemm_q8 keeps the largest integer dot products exact") {
+    if (!device_runs_gemm_q8()) return;
     // Activations of equal magnitude quantize to codes +-127 throughout; with every weight byte at an end of
     // its range a block's integer sum reaches its bound (2 * q8_dot.cuh's kMaxDot: 2^19 for Q8_0 on the
     // converting accumulator, near 2^24 for Q6_K through I2F). Signs: all +, alternating per element, or per 8
@@ -371,14 +383,18 @@ TEST_CASE("gemm_q8 keeps the largest integer dot products exact") {
     }
 }
 
-TEST_CASE("gemm_q8 refuses what matmul_q8 refuses") {
+TEST_CASE("gemm_q8 refuses what matmul_q8 refuses, and a device below compute capability 8.0") {
     const DeviceArray<uint8_t> w(8192), q(8192);
     const DeviceArray<float> y(1024);
     using tern::cuda::gemm_q8;
+    if (!device_runs_gemm_q8())
+        CHECK_THROWS_AS(gemm_q8(GgmlType::Q4_0, w.get(), 32, 1, q.get(), 1, nullptr, y.get(), nullptr),
+                        std::invalid_argument);
     for (const tern::TypeInfo& ti : tern::all_types()) {
         if (tern::cuda::matmul_q8_supports(ti.type)) continue;
         CAPTURE(ti.name);
-        CHECK_THROWS_AS(gemm_q8(ti.type, w.get(), 256, 1, q.get(), 1, nullptr, y.get(), nullptr), std::invalid_argument);
+        CHECK_THROWS_AS(gemm_q8(ti.type, w.get(), 256, 1, q.get(), 1, nullptr, y.get(), nullptr),
+                        std::invalid_argument);
     }
     CHECK_THROWS_AS(gemm_q8(GgmlType::Q4_K, w.get(), 128, 1, q.get(), 1, nullptr, y.get(), nullptr),
                     std::invalid_argument);

@@ -86,7 +86,8 @@ __device__ __forceinline__ void mma_m16n8k16_f32_f16(float d[4], const uint32_t 
 }
 
 // D = A * B + C for one 16x32 (A) by 32x8 (B) tile of signed bytes with s32 accumulation.
-__device__ __forceinline__ void mma_m16n8k32_s32_s8(int d[4], const uint32_t a[4], const uint32_t b[2], const int c[4]) {
+__device__ __forceinline__ void mma_m16n8k32_s32_s8(int d[4], const uint32_t a[4], const uint32_t b[2],
+                                                    const int c[4]) {
 #if defined(TERN_CUDA_EMULATOR)
     const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int64_t acc[4] = {c[0], c[1], c[2], c[3]};

@@ -105,7 +105,8 @@ __global__ void mma_tile_s8(const int8_t* __restrict__ a, const int8_t* __restri
     ldmatrix_x4(af, &a_tile[(lane % 8 + 8 * (lane / 8 % 2)) * 32 + 16 * (lane / 16)]);
     auto column_word = [&](unsigned k0) {   // B[k0 .. k0+3][g], the lower k in the lower byte
         uint32_t w = 0;
-        for (unsigned i = 0; i < 4; ++i) w |= static_cast<uint32_t>(static_cast<uint8_t>(b[(k0 + i) * 8 + g])) << (8 * i);
+        for (unsigned i = 0; i < 4; ++i)
+            w |= static_cast<uint32_t>(static_cast<uint8_t>(b[(k0 + i) * 8 + g])) << (8 * i);
         return w;
     };
     const uint32_t bf[2] = {column_word(4 * t), column_word(16 + 4 * t)};
