@@ -566,3 +566,37 @@ TEST_CASE("ldmatrix and mma.m16n8k16 wrappers follow the PTX fragment layouts") 
         }
     }
 }
+
+TEST_CASE("ldmatrix and the int8 mma.m16n8k32 / m16n8k16 wrappers follow the PTX fragment layouts") {
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<int> byte(-128, 127), acc(-1 << 20, 1 << 20);
+    for (int trial = 0; trial < 3; ++trial) {
+        CAPTURE(trial);
+        std::vector<int8_t> a(16 * 32), b(32 * 8);
+        std::vector<int> c(16 * 8);
+        for (int8_t& v : a) v = static_cast<int8_t>(byte(rng));
+        for (int8_t& v : b) v = static_cast<int8_t>(byte(rng));
+        for (int& v : c) v = acc(rng);
+        if (trial == 1) {   // the extreme codes: -128 * -128 summed over k is the largest product there is
+            std::fill(a.begin(), a.end(), int8_t{-128});
+            std::fill(b.begin(), b.end(), int8_t{-128});
+        }
+        std::vector<int> d32(16 * 8, -1), d16(16 * 8, -1);
+        launch(samples::mma_tile_s8, dim3(1), dim3(32), 0, nullptr, a.data(), b.data(), c.data(), d32.data(),
+               d16.data());
+        for (int i = 0; i < 16; ++i) {
+            for (int j = 0; j < 8; ++j) {
+                int64_t want32 = c[i * 8 + j], want16 = c[i * 8 + j];
+                for (int k = 0; k < 32; ++k) {
+                    const int64_t p = static_cast<int64_t>(a[i * 32 + k]) * b[k * 8 + j];
+                    want32 += p;
+                    if (k < 16) want16 += p;
+                }
+                CAPTURE(i);
+                CAPTURE(j);
+                REQUIRE(d32[i * 8 + j] == want32);
+                REQUIRE(d16[i * 8 + j] == want16);
+            }
+        }
+    }
+}

@@ -14,6 +14,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_q8.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matmul_q8.h"
 #include "kernels/cuda/rope.h"
@@ -26,8 +27,9 @@ namespace {
 
 // Scratch, the runtime's own context and the allocator's slack on the GPU.
 constexpr uint64_t kFixedOverhead = 64ull << 20;
-// Batches of this many tokens or more take the GEMM path (kernels/cuda/gemm.h), whose dequantized weight
-// blocks take up to kGemmScratchBytes.
+// Batches of this many tokens or more take a GEMM path: the int8 tensor-core one (kernels/cuda/gemm_q8.h)
+// where its formats and the device allow, else dequantized weights and cuBLAS (kernels/cuda/gemm.h), whose
+// weight blocks take up to kGemmScratchBytes.
 constexpr int64_t kGemmMinColumns = 16;
 constexpr int64_t kGemmScratchBytes = 64ll << 20;
 
@@ -75,6 +77,7 @@ ActivationWidths activation_widths(const ModelConfig& c) {
 CudaBackend::CudaBackend(const CudaOptions& options)
     : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
+    int8_gemm_ = cuda::gemm_q8_device_supported(device_);
     cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
     step_ = DeviceBuffer(2 * sizeof(int32_t), "the decode step's values");
 }
@@ -97,7 +100,8 @@ MemoryNeed CudaBackend::plan_memory(const ModelConfig& c, const ModelWeights& w,
     need.copies = need.weights;   // all of it is copied to the GPU
     need.kv = kv_cache_bytes(c, r.kv_type, r.n_ctx);
     const ActivationWidths aw = activation_widths(c);
-    const uint64_t per_token = 4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn) + 4;
+    const uint64_t per_token = 4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn) + 4 +
+                               static_cast<uint64_t>(cuda::q8_column_bytes(std::max<int64_t>({c.dim, aw.att, aw.ffn})));
     const uint64_t batch = static_cast<uint64_t>(std::max(1, std::min(r.n_batch, std::max(r.n_ctx, 1))));
     const uint64_t logit_rows = static_cast<uint64_t>(std::max(1, r.n_logit_rows));
     need.buffers = batch * per_token + logit_rows * 4ull * static_cast<uint64_t>(c.vocab) + kFixedOverhead +
@@ -257,22 +261,31 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
 void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y,
                           bool new_input) {
     if (new_input) q8_of_ = nullptr;
+    const bool int8 = !exact_ && cuda::matmul_q8_supports(w.type) && w.n_in % cuda::kQ8ActBlock == 0;
+    // The input quantized to int8 once for every projection that reads it.
+    auto quantized_input = [&] {
+        if (q8_of_ != x || q8_n_ != n) {
+            void* acts = q8_acts_.reserve(cuda::quantized_activation_bytes(n, w.n_in), "quantized activations");
+            cuda::quantize_activations(x, n, w.n_in, acts, stream_);
+            q8_of_ = x;
+            q8_n_ = n;
+        }
+        return q8_acts_.data();
+    };
     if (n < kGemmMinColumns) {   // decode, draft verification: one pass over the weights per 8 columns
-        if (!exact_ && cuda::matmul_q8_supports(w.type) && w.n_in % cuda::kQ8ActBlock == 0) {
-            // Integer dot products: the input quantized to int8 once for every projection that reads it.
-            if (q8_of_ != x || q8_n_ != n) {
-                void* acts = q8_acts_.reserve(cuda::quantized_activation_bytes(n, w.n_in), "quantized activations");
-                cuda::quantize_activations(x, n, w.n_in, acts, stream_);
-                q8_of_ = x;
-                q8_n_ = n;
-            }
-            cuda::matmul_q8(w.type, w.data, w.n_in, w.n_out, q8_acts_.data(), n, bias, y, stream_);
+        if (int8) {
+            cuda::matmul_q8(w.type, w.data, w.n_in, w.n_out, quantized_input(), n, bias, y, stream_);
             return;
         }
         cuda::matmul(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, stream_);
         return;
     }
-    // Prefill: the weights dequantized block by block into f32 and multiplied by cuBLAS.
+    // Prefill: integer tensor-core tiles that read the weights once per 64 tokens ...
+    if (int8 && int8_gemm_) {
+        cuda::gemm_q8(w.type, w.data, w.n_in, w.n_out, quantized_input(), n, bias, y, stream_);
+        return;
+    }
+    // ... or the weights dequantized block by block into f32 and multiplied by cuBLAS.
     const int64_t floats = std::max<int64_t>(w.n_in, kGemmScratchBytes / 4);
     cuda::matmul_gemm(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, row_ids_.as<int32_t>(),
                       gemm_scratch_.floats(static_cast<size_t>(floats), "dequantized weights"), floats, stream_);
@@ -375,7 +388,7 @@ void CudaBackend::reserve_buffers(int64_t n, int64_t logit_rows) {
     logits_.floats(static_cast<size_t>(logit_rows) * static_cast<size_t>(c.vocab), "logits");
     // Every projection's int8 input fits from the start: a buffer replaced in the middle of a captured
     // step would leave the step's earlier launches pointing at freed memory.
-    if (n < kGemmMinColumns)
+    if (n < kGemmMinColumns || (int8_gemm_ && !exact_))
         q8_acts_.reserve(cuda::quantized_activation_bytes(n, std::max<int64_t>({c.dim, aw.att, aw.ffn})),
                          "quantized activations");
 }

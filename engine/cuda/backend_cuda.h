@@ -28,9 +28,10 @@ inline namespace TERN_CUDA_ABI {
 struct CudaOptions {
     int device = 0;       // CUDA device index (--device cuda:N)
     bool graphs = true;   // decode steps replay a captured CUDA graph (TERN_CUDA_GRAPHS=0 turns it off)
-    // Decode's projections multiply dequantized weights by f32 activations (the CPU's exact_matmul
-    // arithmetic) instead of quantizing the activations to int8 for integer dot products (the default,
-    // as ggml and the CPU backend do): the tests' tight comparison with the CPU.
+    // The projections multiply dequantized weights by f32 activations (the CPU's exact_matmul arithmetic)
+    // instead of quantizing the activations to int8 for integer dot products (the default, as ggml and the
+    // CPU backend do: decode's matmul_q8 and, from compute capability 8.0, prefill's tensor-core gemm_q8):
+    // the tests' tight comparison with the CPU.
     bool exact_matmul = false;
 };
 
@@ -103,6 +104,7 @@ private:
     int device_ = 0;
     bool graphs_ = true;
     bool exact_ = false;
+    bool int8_gemm_ = false;   // the device runs the int8 tensor-core prefill (kernels/cuda/gemm_q8.h)
     cudaStream_t stream_ = nullptr;
     // The decode step's graph, what it was captured for, and its per-step values on the device.
     cudaGraphExec_t graph_exec_ = nullptr;

@@ -1,16 +1,28 @@
 #pragma once
 // Tensor-core fragments through tern wrappers: inline PTX under nvcc (sm_80 and later), and under the
-// emulator the same fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16" and "ldmatrix")
-// rebuilt from warp shuffles, so kernels using them run in the emulator tests unchanged. Every lane of
-// the warp must call them together (they are .sync.aligned on the device).
+// emulator the same fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16", "... for mma.m16n8k32"
+// and "ldmatrix") rebuilt from warp shuffles, so kernels using them run in the emulator tests unchanged.
+// Every lane of the warp must call them together (they are .sync.aligned on the device).
 //
-// mma_m16n8k16_f32_f16 needs sm_80 or later (on sm_75 it traps); ldmatrix_x4 needs sm_75.
+// The mma wrappers need sm_80 or later (on sm_75 they trap); ldmatrix_x4 needs sm_75.
 // Layouts, with g = lane / 4 and t = lane % 4:
-//   A (16x16 f16, row-major), a[4] of two halves each: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1],
+//   mma_m16n8k16_f32_f16:
+//     A (16x16 f16, row-major), a[4] of two halves each: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1],
 //       a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9] (the lower column in the low half);
-//   B (16x8 f16, "col"), b[2]: b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
-//   C, D (16x8 f32), c[4]: c[0], c[1] = C[g][2t, 2t+1]; c[2], c[3] = C[g+8][2t, 2t+1].
-// The device accumulates in f32 in an unspecified order: compare results by tolerance.
+//     B (16x8 f16, "col"), b[2]: b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
+//     C, D (16x8 f32), c[4]: c[0], c[1] = C[g][2t, 2t+1]; c[2], c[3] = C[g+8][2t, 2t+1].
+//     The device accumulates in f32 in an unspecified order: compare results by tolerance.
+//   mma_m16n8k32_s32_s8 (four signed bytes a word, the lower column / row in the lower byte):
+//     A (16x32 s8, row-major), a[4]: a[0] = A[g][4t .. 4t+3], a[1] = A[g+8][4t .. 4t+3],
+//       a[2] = A[g][16+4t .. 16+4t+3], a[3] = A[g+8][16+4t .. 16+4t+3];
+//     B (32x8 s8, "col"), b[2]: b[0] = B[4t .. 4t+3][g], b[1] = B[16+4t .. 16+4t+3][g];
+//     C, D (16x8 s32), c[4]: as the f32 accumulators above.
+//   mma_m16n8k16_s32_s8: the first half of the k32 shape: A (16x16) a[0], a[1]; B (16x8) b = B[4t .. 4t+3][g];
+//     C, D as above. So a k32 fragment is two k16 fragments: {a[0], a[1]} x b[0] covers k 0 .. 15 and
+//     {a[2], a[3]} x b[1] covers k 16 .. 31.
+//   The integer products are exact; sums wrap modulo 2^32 (no .satfinite).
+//   ldmatrix_x4 loads s8 fragments too: 16-byte rows hold 16 codes, and lane (g, t) receives bytes
+//   4t .. 4t+3 of row g of each matrix, the layout of every A and B register above.
 #include <cstdint>
 
 #include "kernels/cuda/runtime.h"
@@ -22,6 +34,15 @@ inline namespace TERN_CUDA_ABI {
 namespace detail {
 inline float half_lo(uint32_t v) { return __half2float(__ushort_as_half(static_cast<unsigned short>(v & 0xFFFFu))); }
 inline float half_hi(uint32_t v) { return __half2float(__ushort_as_half(static_cast<unsigned short>(v >> 16))); }
+// Sum of the four signed-byte products of two words.
+inline int64_t dot_s8x4(uint32_t a, uint32_t b) {
+    int64_t s = 0;
+    for (int i = 0; i < 4; ++i)
+        s += static_cast<int64_t>(static_cast<int8_t>(a >> (8 * i))) * static_cast<int8_t>(b >> (8 * i));
+    return s;
+}
+inline int wrap_s32(int64_t v) { return static_cast<int>(static_cast<uint32_t>(static_cast<uint64_t>(v))); }
+inline uint64_t pack_words(uint32_t lo, uint32_t hi) { return lo | static_cast<uint64_t>(hi) << 32; }
 } // namespace detail
 #endif
 
@@ -61,6 +82,76 @@ __device__ __forceinline__ void mma_m16n8k16_f32_f16(float d[4], const uint32_t 
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
                    "f"(c[3]));
+#endif
+}
+
+// D = A * B + C for one 16x32 (A) by 32x8 (B) tile of signed bytes with s32 accumulation.
+__device__ __forceinline__ void mma_m16n8k32_s32_s8(int d[4], const uint32_t a[4], const uint32_t b[2],
+                                                    const int c[4]) {
+#if defined(TERN_CUDA_EMULATOR)
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int64_t acc[4] = {c[0], c[1], c[2], c[3]};
+    // Two registers a shuffle: 16 shuffles instead of 32.
+    const uint64_t a01 = detail::pack_words(a[0], a[1]), a23 = detail::pack_words(a[2], a[3]);
+    const uint64_t b01 = detail::pack_words(b[0], b[1]);
+    for (unsigned j = 0; j < 4; ++j) {
+        // Lane 4g + j holds A's rows g and g+8 at k 4j .. 4j+3 (a[0], a[1]) and 16+4j .. (a[2], a[3]);
+        // lane 4n + j holds B's column n at k 4j .. 4j+3 (b[0]) and 16+4j .. (b[1]).
+        const uint64_t lo = __shfl_sync(0xFFFFFFFFu, a01, static_cast<int>(4 * g + j));
+        const uint64_t hi = __shfl_sync(0xFFFFFFFFu, a23, static_cast<int>(4 * g + j));
+        const uint64_t n0 = __shfl_sync(0xFFFFFFFFu, b01, static_cast<int>(4 * (2 * t) + j));
+        const uint64_t n1 = __shfl_sync(0xFFFFFFFFu, b01, static_cast<int>(4 * (2 * t + 1) + j));
+        const uint32_t row_g[2] = {static_cast<uint32_t>(lo), static_cast<uint32_t>(hi)};
+        const uint32_t row_g8[2] = {static_cast<uint32_t>(lo >> 32), static_cast<uint32_t>(hi >> 32)};
+        const uint32_t col_0[2] = {static_cast<uint32_t>(n0), static_cast<uint32_t>(n0 >> 32)};
+        const uint32_t col_1[2] = {static_cast<uint32_t>(n1), static_cast<uint32_t>(n1 >> 32)};
+        for (int half = 0; half < 2; ++half) {   // k = 4j + {0..3} and 16 + 4j + {0..3}
+            acc[0] += detail::dot_s8x4(row_g[half], col_0[half]);
+            acc[1] += detail::dot_s8x4(row_g[half], col_1[half]);
+            acc[2] += detail::dot_s8x4(row_g8[half], col_0[half]);
+            acc[3] += detail::dot_s8x4(row_g8[half], col_1[half]);
+        }
+    }
+    for (int i = 0; i < 4; ++i) d[i] = detail::wrap_s32(acc[i]);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // The integer m16n8 shapes need sm_80; sm_75 builds compile but must not take this path.
+    (void)d, (void)a, (void)b, (void)c;
+    __trap();
+#else
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]),
+                   "r"(c[3]));
+#endif
+}
+
+// D = A * B + C for one 16x16 (A) by 16x8 (B) tile of signed bytes with s32 accumulation.
+__device__ __forceinline__ void mma_m16n8k16_s32_s8(int d[4], const uint32_t a[2], uint32_t b, const int c[4]) {
+#if defined(TERN_CUDA_EMULATOR)
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int64_t acc[4] = {c[0], c[1], c[2], c[3]};
+    const uint64_t a01 = detail::pack_words(a[0], a[1]);
+    for (unsigned j = 0; j < 4; ++j) {
+        // Lane 4g + j holds A's rows g and g+8 at k 4j .. 4j+3; lane 4n + j holds B's column n there.
+        const uint64_t rows = __shfl_sync(0xFFFFFFFFu, a01, static_cast<int>(4 * g + j));
+        const uint32_t col_0 = __shfl_sync(0xFFFFFFFFu, b, static_cast<int>(4 * (2 * t) + j));
+        const uint32_t col_1 = __shfl_sync(0xFFFFFFFFu, b, static_cast<int>(4 * (2 * t + 1) + j));
+        const auto row_g = static_cast<uint32_t>(rows), row_g8 = static_cast<uint32_t>(rows >> 32);
+        acc[0] += detail::dot_s8x4(row_g, col_0);
+        acc[1] += detail::dot_s8x4(row_g, col_1);
+        acc[2] += detail::dot_s8x4(row_g8, col_0);
+        acc[3] += detail::dot_s8x4(row_g8, col_1);
+    }
+    for (int i = 0; i < 4; ++i) d[i] = detail::wrap_s32(acc[i]);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    (void)d, (void)a, (void)b, (void)c;
+    __trap();
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%7, %8, %9, %10};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
 #endif
 }
 

@@ -19,8 +19,8 @@
 //   - Atomics as real atomics (blocks run on several OS threads), __dp4a / __dp2a, __half,
 //     __nv_bfloat16 and __nv_fp8_e4m3 with conversions bit-exact with the device (NaN included:
 //     the device writes canonical NaNs), the usual integer and float intrinsics.
-//   - Tensor cores through tern wrappers (kernels/cuda/mma.h: ldmatrix_x4, mma_m16n8k16_f32_f16), the PTX
-//     fragment layouts rebuilt from shuffles.
+//   - Tensor cores through tern wrappers (kernels/cuda/mma.h: ldmatrix_x4, mma_m16n8k16_f32_f16 and the int8
+//     mma_m16n8k32_s32_s8 / mma_m16n8k16_s32_s8), the PTX fragment layouts rebuilt from shuffles.
 //   - The host API as host operations (cuda_emu_host.h): cudaMalloc / cudaMemcpy(Async) / cudaMemset /
 //     streams (in order, run synchronously) / events / cudaGraph capture and replay / last error.
 //

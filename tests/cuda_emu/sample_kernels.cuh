@@ -91,4 +91,37 @@ __global__ void mma_tile(const __half* __restrict__ a, const __half* __restrict_
     d[(g + 8) * 8 + 2 * t + 1] = out[3];
 }
 
+// One warp: d32 (16x8 row-major s32) = a (16x32 row-major s8, staged in shared memory and loaded with
+// ldmatrix) times b (32x8 row-major s8) plus c (16x8 s32) through one int8 mma.m16n8k32, and d16 the same
+// over k 0 .. 15 only through one mma.m16n8k16 (the first halves of the k32 fragments).
+__global__ void mma_tile_s8(const int8_t* __restrict__ a, const int8_t* __restrict__ b, const int* __restrict__ c,
+                            int* __restrict__ d32, int* __restrict__ d16) {
+    __shared__ __align__(16) int8_t a_tile[16 * 32];
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (unsigned i = lane; i < 16 * 32; i += 32) a_tile[i] = a[i];
+    __syncwarp();
+    // Matrix i = lane / 8: rows 8 (i % 2) .. +7, bytes 16 (i / 2) .. +15, giving a[0] .. a[3] in order.
+    uint32_t af[4];
+    ldmatrix_x4(af, &a_tile[(lane % 8 + 8 * (lane / 8 % 2)) * 32 + 16 * (lane / 16)]);
+    auto column_word = [&](unsigned k0) {   // B[k0 .. k0+3][g], the lower k in the lower byte
+        uint32_t w = 0;
+        for (unsigned i = 0; i < 4; ++i)
+            w |= static_cast<uint32_t>(static_cast<uint8_t>(b[(k0 + i) * 8 + g])) << (8 * i);
+        return w;
+    };
+    const uint32_t bf[2] = {column_word(4 * t), column_word(16 + 4 * t)};
+    const int cf[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
+    int out[4];
+    mma_m16n8k32_s32_s8(out, af, bf, cf);
+    d32[g * 8 + 2 * t] = out[0];
+    d32[g * 8 + 2 * t + 1] = out[1];
+    d32[(g + 8) * 8 + 2 * t] = out[2];
+    d32[(g + 8) * 8 + 2 * t + 1] = out[3];
+    mma_m16n8k16_s32_s8(out, af, bf[0], cf);
+    d16[g * 8 + 2 * t] = out[0];
+    d16[g * 8 + 2 * t + 1] = out[1];
+    d16[(g + 8) * 8 + 2 * t] = out[2];
+    d16[(g + 8) * 8 + 2 * t + 1] = out[3];
+}
+
 } // namespace tern::cuda::samples
