@@ -196,7 +196,7 @@ const json* field(const json& body, std::initializer_list<const char*> names, st
 
 } // namespace
 
-nlohmann::json parse_request_json(std::string_view text) {
+nlohmann::json parse_request_json(std::string_view text, const std::string& what) {
     struct TooDeep {};
     json body;
     try {
@@ -207,15 +207,15 @@ nlohmann::json parse_request_json(std::string_view text) {
             return true;
         });
     } catch (const TooDeep&) {
-        throw_invalid("", "the JSON nests deeper than " + std::to_string(kMaxRequestJsonDepth) + " levels",
+        throw_invalid("", what + " nests deeper than " + std::to_string(kMaxRequestJsonDepth) + " levels",
                       "invalid_json");
     } catch (const json::parse_error& e) {
         // nlohmann's message names the byte and what it expected there.
-        std::string what = e.what();
-        if (const size_t colon = what.find("parse error"); colon != std::string::npos) what = what.substr(colon);
-        throw_invalid("", "the body is not valid JSON: " + terminal_safe(what.substr(0, 200)), "invalid_json");
+        std::string why = e.what();
+        if (const size_t at = why.find("parse error"); at != std::string::npos) why = why.substr(at);
+        throw_invalid("", what + " is not valid JSON: " + terminal_safe(why.substr(0, 200)), "invalid_json");
     }
-    if (!body.is_object()) throw_invalid("", "the body must be a JSON object, not " + kind_of(body), "invalid_json");
+    if (!body.is_object()) throw_invalid("", what + " must be a JSON object, not " + kind_of(body), "invalid_json");
     return body;
 }
 

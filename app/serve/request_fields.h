@@ -51,8 +51,8 @@ struct GenerationRequest {
 inline constexpr int kMaxRequestJsonDepth = 32;
 
 // `text` as JSON: 400 (code "invalid_json") when it is not JSON, nests deeper than
-// kMaxRequestJsonDepth, or is not an object.
-nlohmann::json parse_request_json(std::string_view text);
+// kMaxRequestJsonDepth, or is not an object. `what` names it in messages ("the request body").
+nlohmann::json parse_request_json(std::string_view text, const std::string& what = "the request body");
 
 // The request's fields checked and resolved against `defaults`.
 GenerationRequest read_generation_request(const nlohmann::json& body, RequestKind kind,
