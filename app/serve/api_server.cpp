@@ -18,6 +18,16 @@
 
 namespace tern::app {
 
+// httplib's server with a longer queue of connections not yet accepted: the Debian library listens
+// with a backlog of 5, so a burst of clients would see their connection attempts dropped and retried
+// for seconds. listen() again on the bound socket sets the new length (the kernel caps it at somaxconn).
+class HttpServer : public httplib::Server {
+public:
+    void widen_backlog(int n) {
+        if (svr_sock_ != INVALID_SOCKET) ::listen(svr_sock_, n);
+    }
+};
+
 namespace {
 
 using nlohmann::json;
@@ -82,7 +92,7 @@ struct ApiServer::Exchange {
 };
 
 ApiServer::ApiServer(BatchEngine& engine, const PromptMaker& prompts, ServeOptions options)
-    : engine_(engine), prompts_(prompts), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
+    : engine_(engine), prompts_(prompts), options_(std::move(options)), server_(std::make_unique<HttpServer>()) {
     std::random_device rd;
     char tag[16];
     std::snprintf(tag, sizeof tag, "%08x", rd());
@@ -421,6 +431,7 @@ int ApiServer::bind() {
         throw UsageError("--host/--port: cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
                          " (" + why + "; is another server using the port? --port 0 picks a free one)");
     }
+    server_->widen_backlog(4096);
     options_.port = port;
     return port;
 }

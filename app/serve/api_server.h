@@ -87,7 +87,7 @@ private:
     BatchEngine& engine_;
     const PromptMaker& prompts_;
     ServeOptions options_;
-    std::unique_ptr<httplib::Server> server_;
+    std::unique_ptr<class HttpServer> server_;
     std::thread listener_;
     std::atomic<bool> draining_{false};
     std::atomic<int64_t> in_flight_{0};
