@@ -108,6 +108,12 @@ int serve(const ServeFlags& f) {
             std::cerr << "tern: cancelling the requests in progress\n";
         }
         if (draining && engine.idle() && server.in_flight() == 0) break;
+        if (server.failed()) {
+            engine.stop();
+            engine.join();
+            throw RuntimeFailure("--host/--port: the server stopped accepting connections on " + f.host + ":" +
+                                 std::to_string(port));
+        }
     }
     server.stop();
     engine.join();

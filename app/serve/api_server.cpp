@@ -437,14 +437,22 @@ int ApiServer::bind() {
 }
 
 void ApiServer::start() {
-    listener_ = std::thread([this] { server_->listen_after_bind(); });
+    listener_ = std::thread([this] {
+        server_->listen_after_bind();
+        listener_ended_ = true;
+    });
 }
 
 void ApiServer::begin_drain() { draining_ = true; }
 
 void ApiServer::stop() {
-    if (server_) server_->stop();
-    if (listener_.joinable()) listener_.join();
+    stopping_ = true;
+    if (listener_.joinable()) {
+        // httplib's stop() does nothing before the loop has begun: wait for it (or for its end).
+        while (!server_->is_running() && !listener_ended_) std::this_thread::sleep_for(1ms);
+        server_->stop();
+        listener_.join();
+    }
 }
 
 } // namespace tern::app

@@ -71,6 +71,8 @@ public:
     int64_t in_flight() const { return in_flight_.load(); }
     // Closes the listening socket, lets the workers finish their connections, joins them.
     void stop();
+    // The listening loop ended by itself (accept failed): the server no longer answers.
+    bool failed() const { return listener_ended_.load() && !stopping_.load(); }
 
     HttpCounters counters() const;
 
@@ -89,6 +91,8 @@ private:
     ServeOptions options_;
     std::unique_ptr<class HttpServer> server_;
     std::thread listener_;
+    std::atomic<bool> listener_ended_{false};
+    std::atomic<bool> stopping_{false};
     std::atomic<bool> draining_{false};
     std::atomic<int64_t> in_flight_{0};
     std::atomic<uint64_t> next_response_id_{1};
