@@ -290,11 +290,13 @@ void ApiServer::generation(const httplib::Request&, httplib::Response& res, cons
         br.stop = g.stop;
         br.repeat_guard = options_.repeat_guard;
         br.on_text = [ex](std::string_view piece) {
-            if (ex->stream) {
-                std::lock_guard<std::mutex> lock(ex->mutex);
-                ex->pending.append(piece);
+            if (ex->stream) {   // a whole answer is written from the result: nothing to wake it for
+                {
+                    std::lock_guard<std::mutex> lock(ex->mutex);
+                    ex->pending.append(piece);
+                }
+                ex->cv.notify_all();
             }
-            ex->cv.notify_all();
             return !ex->abandoned.load();
         };
         br.on_done = [ex](BatchResult r) {

@@ -21,16 +21,18 @@ ConnectionQueue::~ConnectionQueue() { shutdown(); }
 bool ConnectionQueue::refusing_here() { return t_refusing; }
 
 void ConnectionQueue::enqueue(std::function<void()> fn) {
+    bool overflow = false;
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (jobs_.size() < backlog_) {
+        overflow = jobs_.size() >= backlog_;
+        if (!overflow) {
             jobs_.push_back(std::move(fn));
         } else {
             overflow_.push_back(std::move(fn));
             if (refused_) ++*refused_;
         }
     }
-    ready_.notify_all();
+    (overflow ? overflow_ready_ : job_ready_).notify_one();
 }
 
 void ConnectionQueue::shutdown() {
@@ -39,7 +41,8 @@ void ConnectionQueue::shutdown() {
         if (shutdown_ && threads_.empty()) return;
         shutdown_ = true;
     }
-    ready_.notify_all();
+    job_ready_.notify_all();
+    overflow_ready_.notify_all();
     for (std::thread& t : threads_)
         if (t.joinable()) t.join();
     threads_.clear();
@@ -48,11 +51,12 @@ void ConnectionQueue::shutdown() {
 void ConnectionQueue::work(bool refuser) {
     t_refusing = refuser;
     std::deque<std::function<void()>>& queue = refuser ? overflow_ : jobs_;
+    std::condition_variable& ready = refuser ? overflow_ready_ : job_ready_;
     for (;;) {
         std::function<void()> fn;
         {
             std::unique_lock<std::mutex> lock(mutex_);
-            ready_.wait(lock, [&] { return !queue.empty() || shutdown_; });
+            ready.wait(lock, [&] { return !queue.empty() || shutdown_; });
             if (queue.empty()) return;   // shut down with nothing left
             fn = std::move(queue.front());
             queue.pop_front();

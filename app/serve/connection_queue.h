@@ -34,7 +34,8 @@ private:
     void work(bool refuser);
 
     std::mutex mutex_;
-    std::condition_variable ready_;
+    std::condition_variable job_ready_;        // one worker wakes per connection
+    std::condition_variable overflow_ready_;
     std::deque<std::function<void()>> jobs_;      // served by the workers
     std::deque<std::function<void()>> overflow_;  // answered 503 by the refuser
     size_t backlog_;
