@@ -198,6 +198,26 @@ TEST_CASE("BatchEngine: submit refuses a full queue, an over-long or empty promp
     for (const auto& [id, r] : c.results) CHECK(r.stop_reason != StopReason::cancelled);
 }
 
+TEST_CASE("BatchEngine: max_waiting 0 runs one request at a time and queues none") {
+    if (!test::shared_available()) return;
+    auto session = real_session(64);
+    Collector c;
+    BatchEngine engine(*session, {.parallel = 1, .max_waiting = 0});
+    const std::vector<int32_t> prompt = encode(*session, "Once upon a time");
+    Gate gate;
+    BatchRequest first = c.request(prompt, 8);
+    gate.hold(first);
+    REQUIRE(engine.submit(std::move(first)));   // idle: taken
+    CHECK(engine.submit(c.request(prompt, 4)).refused == BatchError::queue_full);
+    engine.start();
+    gate.entered.get_future().wait();
+    CHECK(engine.submit(c.request(prompt, 4)).refused == BatchError::queue_full);
+    gate.release.set_value();
+    REQUIRE(c.wait_for(1));
+    engine.drain();
+    engine.join();
+}
+
 TEST_CASE("BatchEngine: cancel frees a waiting request at once and stops a running one") {
     if (!test::shared_available()) return;
     auto session = real_session(128);

@@ -85,7 +85,9 @@ Submission BatchEngine::submit(BatchRequest request) {
             s.message = "the server is shutting down and takes no new requests";
             return s;
         }
-        if (static_cast<int64_t>(waiting_.size()) >= stats_.max_waiting) {
+        // An idle engine takes one more: max_waiting counts the requests beyond those running.
+        const int64_t free_slots = running_ ? 0 : 1;
+        if (static_cast<int64_t>(waiting_.size()) >= stats_.max_waiting + free_slots) {
             ++stats_.refused;
             s.refused = BatchError::queue_full;
             s.message = "too many requests are waiting (" + std::to_string(waiting_.size()) +

@@ -109,7 +109,7 @@ struct Submission {
 
 struct BatchEngineOptions {
     int32_t parallel = 1;      // sequences decoded together (the batching scheduler's slots)
-    int32_t max_waiting = 64;  // admitted requests not yet running; beyond it submit() refuses
+    int32_t max_waiting = 64;  // admitted requests waiting while others run; beyond it submit() refuses
 };
 
 struct BatchStats {
