@@ -2,6 +2,7 @@
 // (engine/batch/batch_engine.h). stdout stays empty; the listening line, notes and the drain go to stderr.
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -82,41 +83,58 @@ int serve(const ServeFlags& f) {
     ApiServer server(engine, prompts, so);
     ShutdownSignals signals;   // before any thread starts, so none runs with the old handlers' intent
     const int port = server.bind();
-    engine.start();
     server.start();
     std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://" << terminal_safe(f.host) << ":" << port
               << "/v1 (" << loaded.device << ", context " << loaded.n_ctx << ", parallel " << f.parallel << ", queue "
               << f.max_queue << (f.api_key.empty() ? "" : ", API key required")
               << "); Ctrl-C or SIGTERM finishes the requests in progress and exits\n";
 
-    bool draining = false;
-    bool cancelled = false;
-    for (;;) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        const int n = signals.count();
-        if (n >= 1 && !draining) {
-            draining = true;
-            server.begin_drain();
-            engine.drain();
-            const BatchStats st = engine.stats();
-            std::cerr << "tern: shutting down: finishing " << st.running + st.waiting
-                      << " requests, refusing new ones (Ctrl-C again cancels them)\n";
+    // The engine runs on this thread, the one that loaded the model: a GPU's current device is a
+    // per-thread setting of the CUDA runtime. A supervisor thread watches the signals and the listener.
+    std::atomic<bool> cancelled{false};
+    std::atomic<bool> failed{false};
+    std::atomic<bool> quit{false};
+    std::thread supervisor([&] {
+        bool draining = false;
+        while (!quit) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            const int n = signals.count();
+            if (n >= 1 && !draining) {
+                draining = true;
+                server.begin_drain();
+                engine.drain();
+                const BatchStats st = engine.stats();
+                std::cerr << "tern: shutting down: finishing " << st.running + st.waiting
+                          << " requests, refusing new ones (Ctrl-C again cancels them)\n";
+            }
+            if (n >= 2 && !cancelled) {
+                cancelled = true;
+                engine.stop();
+                std::cerr << "tern: cancelling the requests in progress\n";
+            }
+            if (server.failed() && !failed) {
+                failed = true;
+                engine.stop();
+                return;
+            }
+            // Drained: the engine is idle and every answer written.
+            if (draining && engine.idle() && server.in_flight() == 0) return;
         }
-        if (n >= 2 && !cancelled) {
-            cancelled = true;
-            engine.stop();
-            std::cerr << "tern: cancelling the requests in progress\n";
+    });
+    struct JoinOnThrow {   // run() does not throw, but a thread left joinable would end the process
+        std::atomic<bool>& quit;
+        std::thread& t;
+        ~JoinOnThrow() {
+            quit = true;
+            if (t.joinable()) t.join();
         }
-        if (draining && engine.idle() && server.in_flight() == 0) break;
-        if (server.failed()) {
-            engine.stop();
-            engine.join();
-            throw RuntimeFailure("--host/--port: the server stopped accepting connections on " + f.host + ":" +
-                                 std::to_string(port));
-        }
-    }
+    } join_on_throw{quit, supervisor};
+    engine.run();         // until drained, or stopped by a second signal or a failed listener
+    supervisor.join();    // returns once every answer is written
+    if (failed)
+        throw RuntimeFailure("--host/--port: the server stopped accepting connections on " + f.host + ":" +
+                             std::to_string(port));
     server.stop();
-    engine.join();
     const BatchStats st = engine.stats();
     std::cerr << "tern: served " << st.completed << " requests (" << st.cancelled << " cancelled, " << st.failed
               << " failed, " << st.refused << " refused), generated " << st.generated_tokens << " tokens\n";

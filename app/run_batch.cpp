@@ -5,9 +5,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,9 +33,9 @@ using Clock = std::chrono::steady_clock;
 
 // One non-blank input line, read and checked before anything runs.
 struct BatchLine {
-    int64_t line_no = 0;                       // 1-based, in the file
-    json id;                                   // the line's "id", else its line number
-    std::optional<GenerationRequest> request;  // empty: `error` says why
+    int64_t line_no = 0;                      // 1-based, in the file
+    json id;                                  // the line's "id", else its line number
+    std::optional<GenerationRequest> request; // empty: `error` says why
     ApiError error;
 };
 
@@ -47,7 +49,7 @@ std::vector<BatchLine> read_lines(const std::string& input, const RequestDefault
         const std::string_view text(input.data() + pos, end - pos);
         pos = end + 1;
         ++line_no;
-        if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue;   // blank lines are no requests
+        if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue; // blank lines are no requests
         BatchLine l;
         l.line_no = line_no;
         l.id = line_no;
@@ -66,7 +68,9 @@ std::vector<BatchLine> read_lines(const std::string& input, const RequestDefault
 // Output lines keep their keys in this order ("id" first), unlike nlohmann::json's sorted objects.
 using ordered = nlohmann::ordered_json;
 
-std::string dump_line(const ordered& j) { return j.dump(-1, ' ', false, ordered::error_handler_t::replace) + "\n"; }
+std::string dump_line(const ordered& j) {
+    return j.dump(-1, ' ', false, ordered::error_handler_t::replace) + "\n";
+}
 
 std::string error_line(const BatchLine& l, const ApiError& e) {
     ordered j;
@@ -136,10 +140,12 @@ int run_batch(const std::string& input, LoadedSession& loaded, const BatchRunOpt
     Session& session = *loaded.session;
     const std::vector<BatchLine> lines = read_lines(input, o.defaults);
     bool any_chat = o.chat;
-    for (const BatchLine& l : lines) any_chat = any_chat || (l.request && l.request->chat);
+    for (const BatchLine& l : lines)
+        any_chat = any_chat || (l.request && l.request->chat);
     // The template is resolved (with its note on stderr) only when some line needs it.
     const PromptMaker prompts(session.tokenizer(),
-                              any_chat ? resolve_chat_template(session, o.chat_template) : *ChatTemplate::from_name("chatml"),
+                              any_chat ? resolve_chat_template(session, o.chat_template)
+                                       : *ChatTemplate::from_name("chatml"),
                               loaded.n_ctx, o.chat, o.system);
 
     // At most this many requests handed to the engine at once: enough to keep `parallel` sequences
@@ -168,78 +174,91 @@ int run_batch(const std::string& input, LoadedSession& loaded, const BatchRunOpt
         if (!force && now - last_line < std::chrono::seconds(10)) return;
         last_line = now;
         const double s = std::chrono::duration<double>(now - t0).count();
-        std::cerr << "tern: batch: " << done << " of " << lines.size() << " done (" << refused + failed
-                  << " failed), " << n_gen << " tokens generated" << format_number(" (%.1f tok/s)", s > 0 ? n_gen / s : 0.0)
-                  << "\n";
+        std::cerr << "tern: batch: " << done << " of " << lines.size() << " done (" << refused + failed << " failed), "
+                  << n_gen << " tokens generated" << format_number(" (%.1f tok/s)", s > 0 ? n_gen / s : 0.0) << "\n";
     };
 
-    engine.start();
-    while (done < lines.size() && out.ok()) {
-        if (interrupt.interrupted()) {
-            interrupted = true;
-            break;
-        }
-        // Hand over lines while the window has room; refused lines are answered at once.
-        while (next < lines.size() && outstanding < static_cast<size_t>(window) && out.ok()) {
-            const size_t i = next++;
-            const BatchLine& l = lines[i];
-            std::optional<ApiError> refusal;
-            if (!l.request) refusal = l.error;
-            BatchRequest br;
-            if (!refusal) {
-                try {
-                    br.prompt = prompts.prepare(*l.request).tokens;
-                } catch (const ApiException& e) {
-                    refusal = e.error();
-                }
+    // The engine runs on this thread, the one that loaded the model (a GPU's current device is a
+    // per-thread setting of the CUDA runtime); the driver hands it the lines and writes the answers.
+    std::exception_ptr driver_error;
+    const auto drive = [&] {
+        while (done < lines.size() && out.ok()) {
+            if (interrupt.interrupted()) {
+                interrupted = true;
+                break;
             }
-            if (!refusal) {
-                br.n_predict = l.request->max_tokens;
-                br.sampling = l.request->sampling;
-                br.stop = l.request->stop;
-                br.repeat_guard = o.repeat_guard;
-                br.on_done = [&, i](BatchResult r) {
-                    {
-                        std::lock_guard<std::mutex> lock(mutex);
-                        finished.emplace_back(i, std::move(r));
+            // Hand over lines while the window has room; refused lines are answered at once.
+            while (next < lines.size() && outstanding < static_cast<size_t>(window) && out.ok()) {
+                const size_t i = next++;
+                const BatchLine& l = lines[i];
+                std::optional<ApiError> refusal;
+                if (!l.request) refusal = l.error;
+                BatchRequest br;
+                if (!refusal) {
+                    try {
+                        br.prompt = prompts.prepare(*l.request).tokens;
+                    } catch (const ApiException& e) {
+                        refusal = e.error();
                     }
-                    finished_cv.notify_one();
-                };
-                const Submission s = engine.submit(std::move(br));
-                if (s) {
-                    ++outstanding;
+                }
+                if (!refusal) {
+                    br.n_predict = l.request->max_tokens;
+                    br.sampling = l.request->sampling;
+                    br.stop = l.request->stop;
+                    br.repeat_guard = o.repeat_guard;
+                    br.on_done = [&, i](BatchResult r) {
+                        {
+                            std::lock_guard<std::mutex> lock(mutex);
+                            finished.emplace_back(i, std::move(r));
+                        }
+                        finished_cv.notify_one();
+                    };
+                    const Submission s = engine.submit(std::move(br));
+                    if (s) {
+                        ++outstanding;
+                        continue;
+                    }
+                    refusal =
+                        ApiError{400, s.message, "invalid_request_error", "", std::string(batch_error_name(s.refused))};
+                }
+                ++refused;
+                ++done;
+                out.put(i, error_line(l, *refusal));
+            }
+            std::deque<std::pair<size_t, BatchResult>> ready;
+            {
+                std::unique_lock<std::mutex> lock(mutex);
+                finished_cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return !finished.empty(); });
+                ready.swap(finished);
+            }
+            for (auto& [i, r] : ready) {
+                --outstanding;
+                ++done;
+                if (!r.ok()) {
+                    ++failed;
+                    out.put(i, error_line(lines[i], ApiError{500, r.message, "server_error", "", "engine_failure"}));
                     continue;
                 }
-                refusal = ApiError{400, s.message, "invalid_request_error", "", std::string(batch_error_name(s.refused))};
+                n_prompt += static_cast<uint64_t>(r.n_prompt);
+                n_gen += static_cast<uint64_t>(r.n_gen());
+                out.put(i, result_line(lines[i], r));
             }
-            ++refused;
-            ++done;
-            out.put(i, error_line(l, *refusal));
+            progress(false);
         }
-        std::deque<std::pair<size_t, BatchResult>> ready;
-        {
-            std::unique_lock<std::mutex> lock(mutex);
-            finished_cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return !finished.empty(); });
-            ready.swap(finished);
+    };
+    std::thread driver([&] {
+        try {
+            drive();
+        } catch (...) { // a full disk under stdout, out of memory: rethrown below
+            driver_error = std::current_exception();
         }
-        for (auto& [i, r] : ready) {
-            --outstanding;
-            ++done;
-            if (!r.ok()) {
-                ++failed;
-                out.put(i, error_line(lines[i], ApiError{500, r.message, "server_error", "", "engine_failure"}));
-                continue;
-            }
-            n_prompt += static_cast<uint64_t>(r.n_prompt);
-            n_gen += static_cast<uint64_t>(r.n_gen());
-            out.put(i, result_line(lines[i], r));
-        }
-        progress(false);
-    }
-    engine.stop();   // interrupted or stdout gone: cancel what is left (nothing, when all ran)
-    engine.join();
+        engine.stop(); // interrupted, stdout gone or failed: cancel what is left (nothing, when all ran)
+    });
+    engine.run();
+    driver.join();
     bar.finish();
-    if (!out.ok()) return 0;   // the reader went away: quiet, as `tern run | head` is
+    if (driver_error) std::rethrow_exception(driver_error);
+    if (!out.ok()) return 0; // the reader went away: quiet, as `tern run | head` is
     if (interrupted) out.flush_rest();
 
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();

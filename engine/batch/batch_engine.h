@@ -151,7 +151,9 @@ public:
     // Spawns the engine thread running run().
     void start();
     // The engine loop on the calling thread: steps while there is work, sleeps when there is none,
-    // returns once drain() found it idle or stop() was called.
+    // returns once drain() found it idle or stop() was called. On a GPU backend call it on the thread
+    // that loaded the model (or use start() only for device 0): the CUDA runtime's current device is
+    // a per-thread setting that the backend sets once, when it is built.
     void run();
     // One scheduling step on the calling thread (the engine thread, or a test's): here, one whole
     // request. False when nothing was waiting.
