@@ -265,6 +265,7 @@ int run_batch(const std::string& input, LoadedSession& loaded, const BatchRunOpt
     std::string summary = "tern: batch: " + std::to_string(done) + " of " + std::to_string(lines.size()) + " requests";
     if (refused) summary += ", " + std::to_string(refused) + " refused (their lines hold an \"error\")";
     if (failed) summary += ", " + std::to_string(failed) + " failed";
+    if (interrupted) summary += ", interrupted";
     summary += ", prompt " + std::to_string(n_prompt) + " tokens, generated " + std::to_string(n_gen) + " tokens in " +
                format_duration(s) + format_number(" (%.1f tok/s)", s > 0 ? n_gen / s : 0.0) + ", " + loaded.device;
     std::cerr << summary << "\n";
