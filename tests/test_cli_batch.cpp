@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/spawn_support.h"
 #include "tests/test_support.h"
 
 using namespace tern::test;
@@ -167,4 +168,25 @@ TEST_CASE("run --batch: the input file is checked like every input; flags that c
     r = run({"--batch", (dir / "empty.jsonl").string()});
     CHECK(r.exit_code == 0);
     CHECK(r.out.empty());
+}
+
+TEST_CASE("run --batch: Ctrl-C writes the lines finished so far and exits 130") {
+    if (!shared_available()) return;
+    TempDir dir;
+    std::string in;
+    for (int i = 0; i < 40; ++i)
+        in += "{\"prompt\": \"Once upon a time\", \"max_tokens\": 2000, \"temperature\": 0.8, \"seed\": " +
+              std::to_string(i) + "}\n";
+    write_file(dir / "in.jsonl", in);
+    Spawned p({"run", "-m", model_path(), "--device", "cpu", "-t", "1", "--no-prompt-cache", "-c", "2048",
+               "--no-repeat-guard", "--batch", (dir / "in.jsonl").string()});
+    REQUIRE(p.wait_until([&] { return !p.out().empty(); }, 60));
+    p.signal(SIGINT);
+    REQUIRE(p.wait(30));
+    CHECK(p.exit_code() == 130);
+    const std::vector<json> out = json_lines(p.out());
+    CHECK(out.size() >= 1);
+    CHECK(out.size() < 40);
+    for (const json& j : out) CHECK(j.contains("text"));
+    CHECK(p.err().find("interrupted") != std::string::npos);
 }
