@@ -13,6 +13,7 @@
 #include "app/commands.h"
 #include "app/common_options.h"
 #include "app/console.h"
+#include "app/run_batch.h"
 #include "app/signals.h"
 #include "app/standard_streams.h"
 #include "engine/backend.h"
@@ -47,6 +48,12 @@ struct RunFlags {
     int32_t keep = -1;           // --keep N: positions a context shift keeps (-1: the prompt)
     bool no_context_shift = false;
     DraftOptions draft;
+    std::string batch;           // --batch FILE: JSON lines in, JSON lines out (app/run_batch.h)
+    bool unordered = false;
+    int32_t parallel = 1;
+    CLI::Option* batch_opt = nullptr;
+    CLI::Option* keep_opt = nullptr;
+    CLI::Option* parallel_opt = nullptr;
     CLI::Option* prompt_opt = nullptr;
     CLI::Option* file_opt = nullptr;
     CLI::Option* system_opt = nullptr;
@@ -72,7 +79,49 @@ std::string read_prompt(const RunFlags& f) {
 
 
 
+// --batch: the same model, sampling and chat flags, as defaults for every line.
+int run_batch_file(const RunFlags& f) {
+    resolve_sampling(f.sampling);
+    check_repeat_guard(f.repeat_guard);
+    prompt_cache_size_bytes(f.prompt_cache);
+    const auto refuse = [](const char* flag, const char* why) {
+        throw UsageError(std::string(flag) + ": not with --batch (" + why + ")");
+    };
+    if (f.json) refuse("--json", "its output is one JSON object per request already");
+    if (f.echo) refuse("--echo", "each output line holds the completion only");
+    if (f.no_bos) refuse("--no-bos", "every prompt gets the vocabulary's BOS");
+    if (f.keep_opt->count() > 0 || f.no_context_shift)
+        refuse(f.no_context_shift ? "--no-context-shift" : "--keep",
+               "a batch never shifts its context: a request stops when the context is full (stop_reason context)");
+    if ((f.draft.lookup_opt && f.draft.lookup_opt->count() > 0) || !f.draft.draft_model.empty())
+        refuse(f.draft.draft_model.empty() ? "--lookup" : "--draft-model", "batches decode without drafting");
+    if (f.system_opt->count() > 0 && !f.chat)
+        throw UsageError("--system: only with --chat (the system turn of the chat template)");
+
+    BatchRunOptions o;
+    o.unordered = f.unordered;
+    o.parallel = f.parallel;
+    o.defaults.sampling = f.sampling.params;
+    o.defaults.seed = f.sampling.seed;
+    o.defaults.n_predict = f.n_predict;
+    o.defaults.stop = f.stop;
+    if (!f.no_escape)
+        for (std::string& s : o.defaults.stop) s = process_escapes(s);
+    o.repeat_guard = f.repeat_guard;
+    o.chat = f.chat;
+    o.system = f.system;
+    o.chat_template = f.chat_template;
+
+    const std::string input = read_batch_input(f.batch);   // a missing file fails before the model loads
+    LoadedSession loaded = load_session(f.model);
+    attach_prompt_cache(loaded, f.model, f.prompt_cache);
+    return run_batch(input, loaded, o);
+}
+
 int run(const RunFlags& f) {
+    if (f.batch_opt->count() > 0) return run_batch_file(f);
+    if (f.unordered) throw UsageError("--unordered: only with --batch");
+    if (f.parallel_opt->count() > 0) throw UsageError("--parallel: only with --batch (or tern serve)");
     const SamplingParams sampling = resolve_sampling(f.sampling);
     check_repeat_guard(f.repeat_guard);
     check_draft_options(f.draft);
@@ -221,13 +270,21 @@ Command add_run_command(CLI::App& root) {
                     "chat format for --chat instead of the model's template: " + names)
         ->check(chat_template_check());
     add_draft_options(*cmd, f->draft);
-    cmd->add_option("--keep", f->keep,
+    f->keep_opt = cmd->add_option("--keep", f->keep,
                     "when -n goes past a full context, keep the first N tokens (BOS included) and drop the "
                     "older half of the rest, then go on (default -1: the whole prompt, at most half the context)")
         ->check(integer_in_range(-1, INT32_MAX, "-1 = the whole prompt, at most half the context"));
     cmd->add_flag("--no-context-shift", f->no_context_shift,
                   "stop at a full context (stop_reason context) instead of shifting it");
     cmd->add_flag("--json", f->json, "print one JSON document (text, tokens, timings, ...) instead of the text");
+    f->batch_opt = cmd->add_option("--batch", f->batch,
+                                   "run many requests: FILE (- for stdin) holds one JSON object per line ({\"prompt\": "
+                                   "..} or {\"messages\": [..]}, optional \"id\", max_tokens, temperature, seed, stop, "
+                                   "...); stdout gets one JSON line per request, in input order");
+    f->batch_opt->excludes(f->prompt_opt)->excludes(f->file_opt);
+    cmd->add_flag("--unordered", f->unordered, "--batch: write each output line as its request finishes");
+    f->parallel_opt = cmd->add_option("--parallel", f->parallel, "--batch: sequences decoded together (default 1)")
+                          ->check(integer_in_range(1, 256, "sequences"));
     cmd->add_flag("--no-bos", f->no_bos, "do not add the BOS token (nor EOS) to the prompt");
     cmd->add_flag("--no-escape", f->no_escape,
                   "take -p and --stop literally (default: \\n, \\t, \\xHH... are escapes)");

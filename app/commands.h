@@ -22,5 +22,6 @@ Command add_quantize_command(CLI::App& root);
 Command add_perplexity_command(CLI::App& root);
 Command add_synth_command(CLI::App& root);
 Command add_bench_command(CLI::App& root);
+Command add_serve_command(CLI::App& root);
 
 } // namespace tern::app

@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
         tern::app::add_perplexity_command(app),
         tern::app::add_synth_command(app),
         tern::app::add_bench_command(app),
+        tern::app::add_serve_command(app),
     };
 
     tern::app::rewrite_llama_aliases(argc, argv);   // `-ngl 99` (CLI11 has no multi-letter short options)

@@ -26,6 +26,19 @@ extern "C" void on_sigint(int) {
     }
 }
 
+// ShutdownSignals' count, for the same reason a static.
+std::atomic<int> g_shutdown_signals{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+struct sigaction g_previous_int;
+struct sigaction g_previous_term;
+
+extern "C" void on_shutdown_signal(int) {
+    if (g_shutdown_signals.fetch_add(1) + 1 >= 3) {
+        remove_temporary_files_now();
+        _exit(130);
+    }
+}
+
 } // namespace
 
 InterruptGuard::InterruptGuard() {
@@ -44,5 +57,22 @@ const std::atomic<bool>* InterruptGuard::flag() const { return &g_interrupted; }
 bool InterruptGuard::interrupted() const { return g_interrupted.load(); }
 
 void InterruptGuard::clear() { g_interrupted = false; }
+
+ShutdownSignals::ShutdownSignals() {
+    g_shutdown_signals = 0;
+    struct sigaction sa = {};
+    sa.sa_handler = on_shutdown_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, &g_previous_int);
+    sigaction(SIGTERM, &sa, &g_previous_term);
+}
+
+ShutdownSignals::~ShutdownSignals() {
+    sigaction(SIGINT, &g_previous_int, nullptr);
+    sigaction(SIGTERM, &g_previous_term, nullptr);
+}
+
+int ShutdownSignals::count() const { return g_shutdown_signals.load(); }
 
 } // namespace tern::app

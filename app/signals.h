@@ -22,3 +22,21 @@ public:
 };
 
 } // namespace tern::app
+
+namespace tern::app {
+
+// SIGINT and SIGTERM while `tern serve` runs: the handler only counts them, and the server's main loop
+// reads count(): the first drains (no new requests, the admitted ones finish, exit 0), the second
+// cancels what is left; a third ends the process at once (exit 130), as a second Ctrl-C does elsewhere.
+class ShutdownSignals {
+public:
+    // Installs the handlers (count 0); the destructor restores the previous ones.
+    ShutdownSignals();
+    ~ShutdownSignals();
+    ShutdownSignals(const ShutdownSignals&) = delete;
+    ShutdownSignals& operator=(const ShutdownSignals&) = delete;
+
+    int count() const;
+};
+
+} // namespace tern::app

@@ -6,10 +6,12 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config git python3 unzip
-          libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev)
+          libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev
+          libcpp-httplib-dev)
 case "${1:-}" in
     --build) ;;
     "") packages+=(clang libclang-rt-dev libomp-dev      # scripts/fuzz.sh (libFuzzer)
+                   python3-venv                          # tests/serve (the openai client in a venv)
                    g++-aarch64-linux-gnu qemu-user) ;;  # scripts/test_neon.sh (NEON kernels under qemu)
     *) echo "deps: unknown argument '$1' (none, or --build)" >&2; exit 1 ;;
 esac

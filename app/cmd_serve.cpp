@@ -1,0 +1,180 @@
+// tern serve: an OpenAI-compatible HTTP server for one model (app/serve/api_server.h) on a BatchEngine
+// (engine/batch/batch_engine.h). stdout stays empty; the listening line, notes and the drain go to stderr.
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "app/commands.h"
+#include "app/common_options.h"
+#include "app/serve/api_server.h"
+#include "app/serve/prompt_maker.h"
+#include "app/signals.h"
+#include "base/error.h"
+#include "base/terminal_text.h"
+#include "engine/batch/batch_engine.h"
+#include "engine/model.h"
+#include "engine/prefix_cache/prefix_cache.h"
+
+namespace tern::app {
+
+namespace {
+
+struct ServeFlags {
+    ModelOptions model;
+    SamplingOptions sampling;
+    RepeatGuardParams repeat_guard;
+    int32_t n_predict = -1;
+    std::string chat_template;
+    std::string host = "127.0.0.1";
+    int port = 8080;
+    int32_t parallel = 1;
+    int32_t max_queue = 64;
+    int32_t max_connections = 128;
+    std::string max_body = "8M";
+    std::string api_key;
+    std::string alias;
+};
+
+int64_t file_mtime(const std::string& path) {
+    struct stat st = {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_mtime) : 0;
+}
+
+int serve(const ServeFlags& f) {
+    // Flags first, so a typo does not wait for the model to load.
+    resolve_sampling(f.sampling);
+    check_repeat_guard(f.repeat_guard);
+    const std::optional<uint64_t> max_body = parse_byte_size(f.max_body);
+    if (!max_body || *max_body < 1024 || *max_body > (uint64_t{1} << 30))
+        throw UsageError("--max-body: '" + terminal_safe(f.max_body) + "' is not a size between 1K and 1G (examples: 512K, 8M)");
+    if (f.host.empty()) throw UsageError("--host: empty (give an address such as 127.0.0.1, or 0.0.0.0 for every interface)");
+
+    LoadedSession loaded = load_session(f.model);
+    Session& session = *loaded.session;
+    PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template), loaded.n_ctx);
+
+    ServeOptions so;
+    so.host = f.host;
+    so.port = f.port;
+    so.api_key = f.api_key;
+    so.max_connections = static_cast<size_t>(f.max_connections);
+    so.max_body_bytes = static_cast<size_t>(*max_body);
+    const std::filesystem::path path(f.model.model);
+    const std::string stem = path.stem().string();
+    so.model_name = f.alias.empty() ? stem : f.alias;
+    for (const std::string& name : {stem, path.filename().string(), f.model.model})
+        if (name != so.model_name) so.model_aliases.push_back(name);
+    if (const Model* m = session.model()) {
+        const std::string general = m->file.get_string("general.name", "");
+        if (!general.empty() && general != so.model_name) so.model_aliases.push_back(general);
+    }
+    so.created = file_mtime(f.model.model);
+    so.defaults.sampling = f.sampling.params;
+    so.defaults.seed = f.sampling.seed;
+    so.defaults.n_predict = f.n_predict;
+    so.repeat_guard = f.repeat_guard;
+
+    BatchEngine engine(session, {.parallel = f.parallel, .max_waiting = f.max_queue});
+    ApiServer server(engine, prompts, so);
+    ShutdownSignals signals;   // before any thread starts, so none runs with the old handlers' intent
+    const int port = server.bind();
+    server.start();
+    std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://" << terminal_safe(f.host) << ":" << port
+              << "/v1 (" << loaded.device << ", context " << loaded.n_ctx << ", parallel " << f.parallel << ", queue "
+              << f.max_queue << (f.api_key.empty() ? "" : ", API key required")
+              << "); Ctrl-C or SIGTERM finishes the requests in progress and exits\n";
+
+    // The engine runs on this thread, the one that loaded the model: a GPU's current device is a
+    // per-thread setting of the CUDA runtime. A supervisor thread watches the signals and the listener.
+    std::atomic<bool> cancelled{false};
+    std::atomic<bool> failed{false};
+    std::atomic<bool> quit{false};
+    std::thread supervisor([&] {
+        bool draining = false;
+        while (!quit) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            const int n = signals.count();
+            if (n >= 1 && !draining) {
+                draining = true;
+                server.begin_drain();
+                engine.drain();
+                const BatchStats st = engine.stats();
+                std::cerr << "tern: shutting down: finishing " << st.running + st.waiting
+                          << " requests, refusing new ones (Ctrl-C again cancels them)\n";
+            }
+            if (n >= 2 && !cancelled) {
+                cancelled = true;
+                engine.stop();
+                std::cerr << "tern: cancelling the requests in progress\n";
+            }
+            if (server.failed() && !failed) {
+                failed = true;
+                engine.stop();
+                return;
+            }
+            // Drained: the engine is idle and every answer written.
+            if (draining && engine.idle() && server.in_flight() == 0) return;
+        }
+    });
+    struct JoinOnThrow {   // run() does not throw, but a thread left joinable would end the process
+        std::atomic<bool>& quit;
+        std::thread& t;
+        ~JoinOnThrow() {
+            quit = true;
+            if (t.joinable()) t.join();
+        }
+    } join_on_throw{quit, supervisor};
+    engine.run();         // until drained, or stopped by a second signal or a failed listener
+    supervisor.join();    // returns once every answer is written
+    if (failed)
+        throw RuntimeFailure("--host/--port: the server stopped accepting connections on " + f.host + ":" +
+                             std::to_string(port));
+    server.stop();
+    const BatchStats st = engine.stats();
+    std::cerr << "tern: served " << st.completed << " requests (" << st.cancelled << " cancelled, " << st.failed
+              << " failed, " << st.refused << " refused), generated " << st.generated_tokens << " tokens\n";
+    return cancelled ? static_cast<int>(ExitCode::interrupted) : 0;
+}
+
+} // namespace
+
+Command add_serve_command(CLI::App& root) {
+    auto* cmd = root.add_subcommand("serve", "an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)");
+    auto f = std::make_shared<ServeFlags>();
+    add_model_options(*cmd, f->model);
+    cmd->add_option("--host", f->host, "address to listen on (default 127.0.0.1: this machine only)");
+    cmd->add_option("--port", f->port, "port to listen on; 0 picks a free one (default 8080)")
+        ->check(integer_in_range(0, 65535, "0 = any free port"));
+    cmd->add_option("--api-key", f->api_key,
+                    "require 'Authorization: Bearer KEY' on every request but /health (default: $TERN_API_KEY)")
+        ->envname("TERN_API_KEY");
+    cmd->add_option("--parallel", f->parallel, "sequences decoded together (default 1)")
+        ->check(integer_in_range(1, 256, "sequences"));
+    cmd->add_option("--max-queue", f->max_queue,
+                    "requests that may wait for their turn; more are answered 429 (default 64)")
+        ->check(integer_in_range(0, 100000, "requests"));
+    cmd->add_option("--max-connections", f->max_connections,
+                    "connections served at once, as many more may wait; beyond, 503 at once (default 128)")
+        ->check(integer_in_range(1, 4096, "connections"));
+    cmd->add_option("--max-body", f->max_body, "largest request body, suffixes K, M (default 8M)");
+    cmd->add_option("--alias", f->alias, "the model's name in the API (default: the file name without .gguf)");
+    cmd->add_option("-n,--n-predict", f->n_predict,
+                    "tokens to generate when a request gives no max_tokens; -1 = until EOS or the context is full "
+                    "(default -1)")
+        ->check(n_predict_range());
+    add_sampling_options(*cmd, f->sampling);
+    add_repeat_guard_options(*cmd, f->repeat_guard);
+    std::string names;
+    for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
+    cmd->add_option("--chat-template", f->chat_template,
+                    "chat format for /v1/chat/completions instead of the model's template: " + names)
+        ->check(chat_template_check());
+    return {cmd, [f] { return serve(*f); }};
+}
+
+} // namespace tern::app

@@ -1,0 +1,197 @@
+#pragma once
+// BatchEngine: generation requests from many threads (an HTTP server's, `tern run --batch`'s reader),
+// served by one engine thread. It is the seam between the serving layer and the scheduler:
+//
+//   submit()  thread-safe; queues a request or refuses it at once (a full waiting queue, a prompt the
+//             context cannot hold, an engine that is shutting down), never blocking on the engine;
+//   cancel()  thread-safe; a waiting request leaves the queue (its memory freed) before cancel()
+//             returns, a running one stops at its next decode step;
+//   run()     the engine loop, on one thread (start() spawns it); step() is one turn of it;
+//   drain()   refuse new requests, finish the admitted ones, then run() returns; stop() cancels them;
+//   stats()   counters, gauges and latency histograms for /metrics and progress lines.
+//
+// This first implementation runs the admitted requests one at a time, first come first served,
+// through one Session (engine/generation/session.h): each step is one whole generation, and a later
+// request whose prompt starts like the previous one reuses its KV (the Session's prefix reuse).
+// `parallel` is accepted and reported but one sequence runs at a time.
+//
+// The continuous-batching scheduler replaces these internals without changing this API: many
+// sequences per forward under a per-step token budget with chunked prefill, a paged KV cache with
+// block tables, reference counts and copy-on-write (kv_used/kv_capacity then count blocks), a
+// waiting-queue policy, preemption. The API is already shaped for it:
+//   - every request carries its own sampling parameters and seed, stop strings and limits;
+//   - callbacks name no global state and may interleave across requests: on_text pieces of
+//     different requests alternate in any order (each request's own pieces stay in order, and its
+//     on_done comes after its last piece);
+//   - callbacks run on the engine thread and must return at once (copy the piece into the
+//     caller's own queue and signal it); they must not call submit/cancel of this engine from inside;
+//   - ids identify requests in cancel(); results are delivered through the request's own callback.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "engine/batch/latency_histogram.h"
+#include "engine/generation/generate_options.h"
+#include "engine/generation/repeat_guard.h"
+#include "engine/generation/sampler.h"
+
+namespace tern {
+
+class Session;
+
+using RequestId = uint64_t;   // 1, 2, ... in submission order; 0 is never a request
+
+// Why a request did not run to a completion.
+enum class BatchError {
+    none,
+    queue_full,      // submit: max_waiting requests are already waiting
+    invalid,         // submit: the request cannot run (empty prompt, longer than the context, bad n_predict)
+    shutting_down,   // submit after drain() or stop()
+    runtime,         // the engine failed while running it (device error, out of memory)
+};
+// "queue_full", "invalid", "shutting_down", "runtime" ("" for none).
+std::string_view batch_error_name(BatchError error);
+
+struct BatchTimings {
+    double queue_ms = 0.0;         // submit -> the engine started it
+    double first_token_ms = 0.0;   // submit -> its first text piece (the whole run when it showed none)
+    double prefill_ms = 0.0;
+    double decode_ms = 0.0;
+    double total_ms = 0.0;         // submit -> done
+};
+
+struct BatchResult {
+    RequestId id = 0;
+    BatchError error = BatchError::none;   // runtime: `message` says what failed
+    std::string message;
+    std::string text;                       // the completion, stop string trimmed (what on_text showed)
+    std::vector<int32_t> tokens;            // generated ids, the end-of-generation token excluded
+    int32_t n_prompt = 0;
+    int32_t n_reused = 0;                   // prompt tokens whose KV was already held (a shared prefix)
+    StopReason stop_reason = StopReason::length;   // cancelled: cancel(), stop(), or on_text said stop
+    BatchTimings timings;
+
+    bool ok() const { return error == BatchError::none; }
+    int32_t n_gen() const { return static_cast<int32_t>(tokens.size()); }
+};
+
+struct BatchRequest {
+    std::vector<int32_t> prompt;    // token ids, BOS included: 1..n_ctx of them
+    int32_t n_predict = -1;         // -1: until an end-of-generation token or the end of the context
+    SamplingParams sampling;        // this request's own, seed included
+    std::vector<std::string> stop;  // stop strings
+    RepeatGuardParams repeat_guard;
+    // Each piece of final text, on the engine thread, as soon as it is known. Returns false to stop the
+    // request (stop_reason cancelled). Must not block.
+    std::function<bool(std::string_view piece)> on_text;
+    // Exactly once per admitted request, after its last on_text: on the engine thread, or, for a
+    // request that was still waiting, on the thread that called cancel() or stop(). Must not block
+    // nor throw.
+    std::function<void(BatchResult result)> on_done;
+};
+
+// submit()'s answer: the id, or why the request was refused (then on_done is never called).
+struct Submission {
+    RequestId id = 0;
+    BatchError refused = BatchError::none;
+    std::string message;   // one line: what was refused and why
+    explicit operator bool() const { return refused == BatchError::none; }
+};
+
+struct BatchEngineOptions {
+    int32_t parallel = 1;      // sequences decoded together (the batching scheduler's slots)
+    int32_t max_waiting = 64;  // admitted requests waiting while others run; beyond it submit() refuses
+};
+
+struct BatchStats {
+    int32_t parallel = 1;
+    int32_t max_waiting = 0;
+    int32_t running = 0;
+    int32_t waiting = 0;
+    bool draining = false;
+    uint64_t submitted = 0;      // admitted
+    uint64_t refused = 0;        // refused by submit (queue full, invalid, shutting down)
+    uint64_t completed = 0;      // ran to a stop rule
+    uint64_t cancelled = 0;      // stopped by cancel(), stop() or on_text
+    uint64_t failed = 0;         // runtime errors
+    uint64_t prompt_tokens = 0;  // of finished requests
+    uint64_t reused_tokens = 0;  // of those, taken from KV already held
+    uint64_t generated_tokens = 0;
+    int64_t kv_used = 0;         // KV positions holding tokens (the paged cache: blocks in use)
+    int64_t kv_capacity = 0;     // positions (blocks) there are
+    LatencyHistogram queue_time;
+    LatencyHistogram first_token;      // submit -> first text piece
+    LatencyHistogram time_per_token;   // decode time / generated tokens, one observation per request
+    LatencyHistogram end_to_end;       // submit -> done
+};
+
+class BatchEngine {
+public:
+    // `session` must outlive the engine; the engine thread is its only user once start() ran (its
+    // tokenizer stays usable from any thread: encoding is const).
+    BatchEngine(Session& session, BatchEngineOptions options);
+    // stop(), then waits for the engine thread.
+    ~BatchEngine();
+    BatchEngine(const BatchEngine&) = delete;
+    BatchEngine& operator=(const BatchEngine&) = delete;
+
+    Submission submit(BatchRequest request);
+    // True when the request was waiting or running (it then ends with stop_reason cancelled).
+    bool cancel(RequestId id);
+
+    // Spawns the engine thread running run().
+    void start();
+    // The engine loop on the calling thread: steps while there is work, sleeps when there is none,
+    // returns once drain() found it idle or stop() was called. On a GPU backend call it on the thread
+    // that loaded the model (or use start() only for device 0): the CUDA runtime's current device is
+    // a per-thread setting that the backend sets once, when it is built.
+    void run();
+    // One scheduling step on the calling thread (the engine thread, or a test's): here, one whole
+    // request. False when nothing was waiting.
+    bool step();
+    // Refuses new requests from now on; run() returns once the admitted ones are done.
+    void drain();
+    // Refuses new requests and cancels every admitted one; run() returns after the running step.
+    void stop();
+    // Waits for the thread start() spawned (after drain() or stop()).
+    void join();
+
+    // Nothing waiting nor running.
+    bool idle() const;
+    BatchStats stats() const;
+    int32_t n_ctx() const { return n_ctx_; }
+    const BatchEngineOptions& options() const { return options_; }
+
+private:
+    struct Job;
+    using Clock = std::chrono::steady_clock;
+
+    void run_job(Job& job);
+    void finish(Job& job, BatchResult result);   // stats, then on_done
+    void deliver_cancelled(std::vector<std::shared_ptr<Job>> jobs);
+
+    Session& session_;
+    const BatchEngineOptions options_;
+    const int32_t n_ctx_;
+
+    mutable std::mutex mutex_;   // guards everything below
+    std::condition_variable wake_;
+    std::deque<std::shared_ptr<Job>> waiting_;
+    std::shared_ptr<Job> running_;
+    RequestId next_id_ = 1;
+    bool draining_ = false;
+    bool stopping_ = false;
+    BatchStats stats_;
+    std::thread thread_;
+};
+
+} // namespace tern

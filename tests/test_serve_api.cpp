@@ -1,0 +1,319 @@
+// app/serve/: the request fields of the OpenAI API and of `run --batch` lines (types, ranges,
+// unsupported features, defaults), prompts from messages and their limits, the response, chunk and
+// error shapes the official clients parse, and the Prometheus text. The HTTP server end to end is
+// tests/serve/test_openai_client.py.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/model.h"
+#include "engine/text/tokenizer.h"
+#include "tests/test_support.h"
+
+// The app is an executable, not a library: the code under test is compiled into this test.
+#include "app/serve/api_error.cpp"
+#include "app/serve/api_response.cpp"
+#include "app/serve/metrics_text.cpp"
+#include "app/serve/prompt_maker.cpp"
+#include "app/serve/request_fields.cpp"
+
+using namespace tern;
+using namespace tern::app;
+using nlohmann::json;
+
+namespace {
+
+// The ApiError a call throws (status 0 when it throws none).
+template <class F> ApiError error_of(F&& f) {
+    try {
+        f();
+    } catch (const ApiException& e) {
+        return e.error();
+    }
+    return ApiError{0, "", "", "", ""};
+}
+
+GenerationRequest chat(const json& body, const RequestDefaults& d = {}) {
+    return read_generation_request(body, RequestKind::chat_completions, d);
+}
+GenerationRequest completion(const json& body, const RequestDefaults& d = {}) {
+    return read_generation_request(body, RequestKind::completions, d);
+}
+GenerationRequest batch(const json& body, const RequestDefaults& d = {}) {
+    return read_generation_request(body, RequestKind::batch_line, d);
+}
+
+json hi() { return json::array({{{"role", "user"}, {"content", "Hi"}}}); }
+
+} // namespace
+
+TEST_CASE("parse_request_json: malformed, not an object, too deep: 400 invalid_json naming the body") {
+    ApiError e = error_of([] { parse_request_json("{\"messages\": "); });
+    CHECK(e.status == 400);
+    CHECK(e.code == "invalid_json");
+    CHECK(e.message.find("the request body is not valid JSON") == 0);
+    e = error_of([] { parse_request_json("[1, 2]"); });
+    CHECK(e.code == "invalid_json");
+    CHECK(e.message.find("must be a JSON object, not an array") != std::string::npos);
+    e = error_of([] { parse_request_json("", "the line"); });
+    CHECK(e.message.find("the line is not valid JSON") == 0);
+    const std::string deep = std::string(40, '[') + std::string(40, ']');
+    e = error_of([&] { parse_request_json("{\"a\": " + deep + "}"); });
+    CHECK(e.message.find("nests deeper than 32 levels") != std::string::npos);
+    // A body of a million brackets is refused without recursing into it.
+    const std::string huge = "{\"a\": " + std::string(1'000'000, '[');
+    CHECK(error_of([&] { parse_request_json(huge); }).code == "invalid_json");
+    CHECK(parse_request_json("{\"a\": [[1]]}")["a"][0][0] == 1);
+}
+
+TEST_CASE("chat requests: messages, roles, content parts, and wrong types named by field") {
+    GenerationRequest r = chat({{"messages", json::array({{{"role", "developer"}, {"content", "Be brief."}},
+                                                          {{"role", "user"},
+                                                           {"content", json::array({{{"type", "text"}, {"text", "a"}},
+                                                                                    {{"type", "text"}, {"text", "b"}}})}}})},
+                                {"model", "m"},
+                                {"stream", true},
+                                {"stream_options", {{"include_usage", true}}}});
+    CHECK(r.chat);
+    REQUIRE(r.messages.size() == 2);
+    CHECK(r.messages[0].role == "system");
+    CHECK(r.messages[1].content == "a\nb");
+    CHECK(r.model == "m");
+    CHECK(r.stream);
+    CHECK(r.include_usage);
+
+    CHECK(error_of([] { chat(json::object()); }).param == "messages");
+    CHECK(error_of([] { chat({{"messages", json::array()}}); }).message.find("empty") != std::string::npos);
+    CHECK(error_of([] { chat({{"messages", "hi"}}); }).message == "messages: expected an array of {\"role\", \"content\"} objects, got a string");
+    CHECK(error_of([] { chat({{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}}); }).param ==
+          "messages[0].role");
+    CHECK(error_of([] { chat({{"messages", json::array({{{"role", "user"}}})}}); }).param == "messages[0].content");
+    CHECK(error_of([] {
+              chat({{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}});
+          }).code == "unsupported_content");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"stream", "yes"}}); }).message ==
+          "stream: expected true or false, got a string");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"model", 3}}); }).param == "model");
+}
+
+TEST_CASE("sampling fields: types, ranges, aliases, defaults and seeds") {
+    RequestDefaults d;
+    d.sampling.temp = 0.5f;
+    d.sampling.top_k = 7;
+    d.seed = 99;
+    d.n_predict = 12;
+    d.stop = {"\n\n"};
+    GenerationRequest r = chat({{"messages", hi()}}, d);
+    CHECK(r.sampling.temp == 0.5f);
+    CHECK(r.sampling.top_k == 7);
+    CHECK(r.sampling.seed == 99);
+    CHECK(r.max_tokens == 12);
+    CHECK_FALSE(r.max_tokens_given);
+    CHECK(r.stop == std::vector<std::string>{"\n\n"});
+
+    r = chat({{"messages", hi()}, {"temperature", 0}, {"top_p", 0.5}, {"max_tokens", 16.0}, {"seed", 7},
+              {"stop", json::array({"a", "b"})}, {"frequency_penalty", -1.5}},
+             d);
+    CHECK(r.sampling.temp == 0.0f);
+    CHECK(r.sampling.top_p == 0.5f);
+    CHECK(r.max_tokens == 16);
+    CHECK(r.max_tokens_given);
+    CHECK(r.sampling.seed == 7);
+    CHECK(r.stop == std::vector<std::string>{"a", "b"});
+    CHECK(r.sampling.frequency_penalty == -1.5f);
+    CHECK(chat({{"messages", hi()}, {"stop", "x"}}).stop == std::vector<std::string>{"x"});
+    CHECK(chat({{"messages", hi()}, {"max_completion_tokens", 5}}).max_tokens == 5);
+
+    CHECK(error_of([] { chat({{"messages", hi()}, {"temperature", "hot"}}); }).message ==
+          "temperature: expected a number, got a string");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"temperature", 3}}); }).message.find("out of range") != std::string::npos);
+    CHECK(error_of([] { chat({{"messages", hi()}, {"top_p", 1.5}}); }).param == "top_p");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"max_tokens", 16.5}}); }).message ==
+          "max_tokens: expected an integer, got a number");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"max_tokens", 0}}); }).param == "max_tokens");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"max_tokens", 1e15}}); }).message.find("out of range") !=
+          std::string::npos);
+    CHECK(error_of([] { chat({{"messages", hi()}, {"max_tokens", 18446744073709551615ull}}); }).param == "max_tokens");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"max_tokens", true}}); }).message ==
+          "max_tokens: expected an integer, got a boolean");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"seed", -5}}); }).param == "seed");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"stop", json::array({1})}}); }).param == "stop[0]");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"stop", json::array({"a", "b", "c", "d", "e", "f", "g", "h", "i",
+                                                                       "j", "k", "l", "m", "n", "o", "p", "q"})}}); })
+              .param == "stop");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"max_tokens", 5}, {"max_completion_tokens", 6}}); }).status == 400);
+
+    // No seed anywhere: each request draws its own.
+    RequestDefaults random;
+    bool differ = false;
+    const uint64_t first = chat({{"messages", hi()}}, random).sampling.seed;
+    for (int i = 0; i < 8 && !differ; ++i) differ = chat({{"messages", hi()}}, random).sampling.seed != first;
+    CHECK(differ);
+}
+
+TEST_CASE("features tern cannot honour are refused, neutral values accepted, unknown fields ignored") {
+    for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+             {"n", 2}, {"logprobs", true}, {"top_logprobs", 2}, {"tools", json::array({{{"type", "function"}}})},
+             {"response_format", {{"type", "json_object"}}}, {"logit_bias", {{"50256", -100}}}}) {
+        const ApiError e = error_of([&] { chat({{"messages", hi()}, {key, value}}); });
+        CHECK_MESSAGE(e.status == 400, key);
+        CHECK_MESSAGE(e.param == key, key);
+    }
+    CHECK_NOTHROW(chat({{"messages", hi()}, {"n", 1}, {"logprobs", false}, {"tools", json::array()},
+                        {"response_format", {{"type", "text"}}}, {"user", "me"}, {"some_future_field", 1}}));
+}
+
+TEST_CASE("completions: a prompt string or a list of one; echo") {
+    CHECK(completion({{"prompt", "abc"}}).prompt == "abc");
+    CHECK_FALSE(completion({{"prompt", "abc"}}).chat);
+    CHECK(completion({{"prompt", json::array({"abc"})}}).prompt == "abc");
+    CHECK(error_of([] { completion({{"prompt", json::array({"a", "b"})}}); }).code == "unsupported_parameter");
+    CHECK(error_of([] { completion({{"prompt", json::array({1, 2})}}); }).param == "prompt");
+    CHECK(error_of([] { completion({{"messages", hi()}}); }).param == "prompt");
+    CHECK(completion({{"prompt", "abc"}, {"echo", true}}).echo);
+}
+
+TEST_CASE("batch lines: prompt or messages, id, CLI spellings, unknown fields refused") {
+    GenerationRequest r = batch({{"id", "x-1"}, {"prompt", "abc"}, {"n_predict", 9}, {"temp", 0}});
+    CHECK(r.id == "x-1");
+    CHECK(r.max_tokens == 9);
+    CHECK(r.sampling.temp == 0.0f);
+    CHECK_FALSE(r.chat);
+    CHECK(batch({{"messages", hi()}}).chat);
+    CHECK(error_of([] { batch({{"prompt", "a"}, {"messages", hi()}}); }).status == 400);
+    CHECK(error_of([] { batch({{"id", 1}}); }).message.find("give prompt") != std::string::npos);
+    const ApiError e = error_of([] { batch({{"prompt", "a"}, {"temprature", 1}}); });
+    CHECK(e.code == "unknown_field");
+    CHECK(e.param == "temprature");
+    CHECK(error_of([] { batch({{"prompt", "a"}, {"temp", 1}, {"temperature", 1}}); }).message.find("not both") !=
+          std::string::npos);
+    CHECK(error_of([] { batch({{"prompt", "a"}, {"max_tokens", -2}}); }).param == "max_tokens");
+    CHECK(batch({{"prompt", "a"}, {"max_tokens", -1}}).max_tokens == -1);
+}
+
+TEST_CASE("PromptMaker: chat template, BOS, prompt and max_tokens limits against the context") {
+    if (!test::shared_available()) return;
+    const Model model = load_model(test::stories());
+    const std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model.file);
+    const PromptMaker maker(*tok, *ChatTemplate::from_name("chatml"), 64);
+
+    const PreparedPrompt plain = maker.prepare(completion({{"prompt", "Once upon a time"}}));
+    CHECK(plain.text == "Once upon a time");
+    CHECK(plain.tokens == tok->encode("Once upon a time", {true, true}));
+
+    const PreparedPrompt c = maker.prepare(chat({{"messages", hi()}}));
+    CHECK(c.text == ChatTemplate::from_name("chatml")->render({{"user", "Hi"}}, true));
+    CHECK(c.text.find("<|im_start|>user\nHi<|im_end|>") != std::string::npos);
+
+    std::string long_text;
+    for (int i = 0; i < 100; ++i) long_text += "Once upon a time ";
+    ApiError e = error_of([&] { maker.prepare(completion({{"prompt", long_text}})); });
+    CHECK(e.status == 400);
+    CHECK(e.code == "context_length_exceeded");
+    CHECK(e.param == "prompt");
+    CHECK(e.message.find("but the context is 64 tokens") != std::string::npos);
+    e = error_of([&] { maker.prepare(completion({{"prompt", "a"}, {"max_tokens", 65}})); });
+    CHECK(e.code == "context_length_exceeded");
+    CHECK(e.param == "max_tokens");
+    CHECK_NOTHROW(maker.prepare(completion({{"prompt", "a"}, {"max_tokens", 64}})));   // stops at the context end
+    // The defaults' -n may exceed the context: the request then stops when it is full.
+    RequestDefaults d;
+    d.n_predict = 1000;
+    CHECK_NOTHROW(maker.prepare(completion({{"prompt", "a"}}, d)));
+
+    const PromptMaker wrap(*tok, *ChatTemplate::from_name("chatml"), 128, true, "Sys");
+    CHECK(wrap.prepare(batch({{"prompt", "Hi"}})).text == ChatTemplate::from_name("chatml")->render_prompt("Sys", "Hi"));
+}
+
+TEST_CASE("responses: OpenAI's shapes, finish reasons, chunks, SSE framing, errors, models") {
+    const ResponseHeader h{"chatcmpl-1", "m", 1700000000};
+    BatchResult r;
+    r.text = "hello";
+    r.tokens = {5, 6};
+    r.n_prompt = 3;
+    r.stop_reason = StopReason::eos;
+    json j = chat_completion_json(h, r);
+    CHECK(j["object"] == "chat.completion");
+    CHECK(j["id"] == "chatcmpl-1");
+    CHECK(j["model"] == "m");
+    CHECK(j["created"] == 1700000000);
+    CHECK(j["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "hello"}});
+    CHECK(j["choices"][0]["finish_reason"] == "stop");
+    CHECK(j["usage"] == json{{"prompt_tokens", 3}, {"completion_tokens", 2}, {"total_tokens", 5}});
+
+    r.stop_reason = StopReason::context;
+    j = text_completion_json(h, r, "echo+hello");
+    CHECK(j["object"] == "text_completion");
+    CHECK(j["choices"][0]["text"] == "echo+hello");
+    CHECK(j["choices"][0]["finish_reason"] == "length");
+    CHECK(finish_reason(StopReason::length) == "length");
+    CHECK(finish_reason(StopReason::stop) == "stop");
+    CHECK(finish_reason(StopReason::repetition) == "stop");
+
+    CHECK(chat_role_chunk(h)["choices"][0]["delta"]["role"] == "assistant");
+    CHECK(chat_content_chunk(h, "x")["choices"][0]["delta"] == json{{"content", "x"}});
+    CHECK(chat_content_chunk(h, "x")["choices"][0]["finish_reason"].is_null());
+    CHECK(chat_finish_chunk(h, StopReason::length)["choices"][0]["finish_reason"] == "length");
+    CHECK(chat_finish_chunk(h, StopReason::length)["choices"][0]["delta"] == json::object());
+    CHECK(completion_chunk(h, "y")["choices"][0]["text"] == "y");
+    const json u = usage_chunk(h, true, 3, 4);
+    CHECK(u["choices"].empty());
+    CHECK(u["usage"]["total_tokens"] == 7);
+    CHECK(u["object"] == "chat.completion.chunk");
+
+    const std::string event = sse_event(completion_chunk(h, std::string("a\xff", 2)));
+    CHECK(event.rfind("data: {", 0) == 0);
+    CHECK(event.substr(event.size() - 2) == "\n\n");
+    CHECK(event.find("a\xEF\xBF\xBD") != std::string::npos);   // the lone byte became U+FFFD
+    CHECK(kSseDone == "data: [DONE]\n\n");
+
+    ApiError e{404, "no such model", "invalid_request_error", "model", "model_not_found"};
+    CHECK(e.body() == json{{"error", {{"message", "no such model"}, {"type", "invalid_request_error"}, {"param", "model"},
+                                      {"code", "model_not_found"}}}});
+    e.param.clear();
+    CHECK(e.body()["error"]["param"].is_null());
+
+    const json models = models_json("m", 5);
+    CHECK(models["object"] == "list");
+    CHECK(models["data"][0] == json{{"id", "m"}, {"object", "model"}, {"created", 5}, {"owned_by", "tern"}});
+}
+
+TEST_CASE("prometheus_text: counters, gauges, cumulative histogram buckets with +Inf, sum and count") {
+    BatchStats s;
+    s.completed = 3;
+    s.generated_tokens = 42;
+    s.waiting = 2;
+    s.kv_used = 17;
+    s.kv_capacity = 128;
+    s.first_token = LatencyHistogram({0.1, 1.0});
+    s.first_token.observe(0.05);
+    s.first_token.observe(0.5);
+    s.first_token.observe(5.0);
+    HttpCounters http;
+    http.responses[200] = 4;
+    http.responses[429] = 1;
+    const std::string t = prometheus_text(s, http);
+    CHECK(t.find("# TYPE tern_requests_total counter\n") != std::string::npos);
+    CHECK(t.find("tern_requests_total{outcome=\"completed\"} 3\n") != std::string::npos);
+    CHECK(t.find("tern_generated_tokens_total 42\n") != std::string::npos);
+    CHECK(t.find("tern_requests_waiting 2\n") != std::string::npos);
+    CHECK(t.find("tern_kv_used 17\n") != std::string::npos);
+    CHECK(t.find("tern_time_to_first_token_seconds_bucket{le=\"0.1\"} 1\n") != std::string::npos);
+    CHECK(t.find("tern_time_to_first_token_seconds_bucket{le=\"1\"} 2\n") != std::string::npos);
+    CHECK(t.find("tern_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n") != std::string::npos);
+    CHECK(t.find("tern_time_to_first_token_seconds_count 3\n") != std::string::npos);
+    CHECK(t.find("tern_time_to_first_token_seconds_sum 5.55\n") != std::string::npos);
+    CHECK(t.find("tern_http_responses_total{code=\"429\"} 1\n") != std::string::npos);
+    // Every line is a comment or "name[{labels}] value".
+    size_t pos = 0;
+    while (pos < t.size()) {
+        const size_t end = t.find('\n', pos);
+        const std::string line = t.substr(pos, end - pos);
+        pos = end + 1;
+        if (line.rfind("# ", 0) == 0) continue;
+        CHECK_MESSAGE(line.find(' ') != std::string::npos, line);
+        CHECK_MESSAGE(line.rfind("tern_", 0) == 0, line);
+    }
+}
