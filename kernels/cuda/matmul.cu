@@ -44,10 +44,10 @@ constexpr int kMaxColumns = 8;     // columns sharing one pass over the weights
 constexpr int kEmbedThreads = 128;
 
 using matmul_epilogue::Epilogue;
+using matmul_epilogue::Kind;
 using matmul_epilogue::LaunchRows;
 using matmul_epilogue::WarpRow;
 using matmul_epilogue::finish_columns;
-using matmul_epilogue::is_glu;
 using matmul_epilogue::row_weights;
 using matmul_epilogue::warp_row;
 
@@ -91,11 +91,12 @@ __device__ __forceinline__ void accumulate_slice(const uint8_t* __restrict__ wr,
 // a row's slices spread over a warp, finished by the launch's epilogue; with kGlu the warp reads the gate
 // and the up row together. blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..). Rows are
 // warp-uniform, so a warp past its matrix's n_out leaves whole.
-template <GgmlType T, int NC, bool kGlu>
+template <GgmlType T, int NC, Kind K>
 __global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
     matmul_slices(LaunchRows rows, int n_in, const float* __restrict__ x) {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const WarpRow r = warp_row<kGlu, kRowsPerBlock>(rows);
+    constexpr bool kGlu = K == Kind::glu;
+    const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
     if (r.row >= r.n_out) return;
     const uint8_t* wr = row_weights(rows, r.m, r.row);
     const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
     // more columns; one iteration already has all of its loads in flight.
     TERN_NO_UNROLL
     for (int q = lane; q < n_slices; q += 32) accumulate_slice<T, NC, kGlu>(wr, wr_up, q, x, n_in, acc, acc_up);
-    finish_columns<kGlu, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
+    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
 }
 
 // Element i of a plain float row times NC columns of x into acc (with kGlu: and of the up row into acc_up).
@@ -127,11 +128,12 @@ __device__ __forceinline__ void accumulate_element(const uint8_t* __restrict__ w
 }
 
 // The same for plain float rows of any length: lane l takes elements l, l + 32, ...
-template <GgmlType T, int NC, bool kGlu>
+template <GgmlType T, int NC, Kind K>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     matmul_plain_ragged(LaunchRows rows, int n_in, const float* __restrict__ x) {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const WarpRow r = warp_row<kGlu, kRowsPerBlock>(rows);
+    constexpr bool kGlu = K == Kind::glu;
+    const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
     if (r.row >= r.n_out) return;
     const uint8_t* wr = row_weights(rows, r.m, r.row);
     const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
     TERN_UNROLL
     for (int c = 0; c < NC; ++c) acc[c] = acc_up[c] = 0.0f;
     for (int i = lane; i < n_in; i += 32) accumulate_element<T, NC, kGlu>(wr, wr_up, i, x, n_in, acc, acc_up);
-    finish_columns<kGlu, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
+    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
 }
 
 // x row blockIdx.x = table row tokens[blockIdx.x], one slice per thread; scale 1 multiplies nothing, as
@@ -197,14 +199,14 @@ template <class F> bool visit_format(GgmlType type, F&& f) {
 bool by_slices(int64_t n) { return n % 8 == 0; }
 
 // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
-template <GgmlType T, int NC, bool kGlu>
+template <GgmlType T, int NC, Kind K>
 void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const float* x, unsigned passes,
                    cudaStream_t stream) {
     const dim3 grid(blocks, passes), block(kRowsPerBlock * 32);
     if (by_slices(n_in))
-        launch(matmul_slices<T, NC, kGlu>, grid, block, 0, stream, rows, n_in, x);
+        launch(matmul_slices<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
     else if constexpr (dequant::is_plain(T))
-        launch(matmul_plain_ragged<T, NC, kGlu>, grid, block, 0, stream, rows, n_in, x);
+        launch(matmul_plain_ragged<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
 }
 
 using column_passes::check_aligned;
@@ -239,10 +241,12 @@ void run_matmul(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput*
         column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
             constexpr int NC = decltype(nc)::value;
             const LaunchRows at = matmul_epilogue::from_column(rows, first);
-            if (is_glu(e))
-                launch_passes<T, NC, true>(at, blocks, n, x + first * n_in, passes, stream);
-            else
-                launch_passes<T, NC, false>(at, blocks, n, x + first * n_in, passes, stream);
+            const float* xc = x + first * n_in;
+            switch (matmul_epilogue::kind_of(e, n_outputs)) {
+            case Kind::one: launch_passes<T, NC, Kind::one>(at, blocks, n, xc, passes, stream); break;
+            case Kind::several: launch_passes<T, NC, Kind::several>(at, blocks, n, xc, passes, stream); break;
+            case Kind::glu: launch_passes<T, NC, Kind::glu>(at, blocks, n, xc, passes, stream); break;
+            }
         });
     });
 }

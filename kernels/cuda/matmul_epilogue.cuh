@@ -31,6 +31,14 @@ enum class Epilogue : uint8_t {
 };
 constexpr bool is_glu(Epilogue e) { return e == Epilogue::swiglu || e == Epilogue::geglu_tanh; }
 
+// The kernels' shapes, a template parameter: one matrix (matmul itself and the residual adds: with the
+// matrix a constant the kernel takes the registers the plain matmul took), several (picked per block at run
+// time, which costs registers: up to ~20 more at 8 columns), or a GLU pair.
+enum class Kind : uint8_t { one, several, glu };
+constexpr Kind kind_of(Epilogue e, int n_outputs) {
+    return is_glu(e) ? Kind::glu : n_outputs == 1 ? Kind::one : Kind::several;
+}
+
 // A launch's matrices as its kernel reads them (a kernel parameter, by value). In a GLU launch matrix 0 is
 // the gate and matrix 1 the up projection, both walked by the blocks of matrix 0, which write y[0].
 struct LaunchRows {
@@ -55,9 +63,9 @@ struct WarpRow {
     int n_out;   // the matrix's rows; a warp with row >= n_out has nothing to do
 };
 
-template <bool kGlu, int kRowsPerBlock> __device__ __forceinline__ WarpRow warp_row(const LaunchRows& r) {
+template <Kind K, int kRowsPerBlock> __device__ __forceinline__ WarpRow warp_row(const LaunchRows& r) {
     const unsigned b = blockIdx.x;
-    const int m = kGlu ? 0 : b >= r.first_block[2] ? 2 : b >= r.first_block[1] ? 1 : 0;
+    const int m = K != Kind::several ? 0 : b >= r.first_block[2] ? 2 : b >= r.first_block[1] ? 1 : 0;
     const unsigned first = m == 0 ? 0u : m == 1 ? r.first_block[1] : r.first_block[2];
     return {m, static_cast<int>((b - first) * kRowsPerBlock + threadIdx.x / 32), pick(r.n_out, m)};
 }
@@ -70,15 +78,16 @@ __device__ __forceinline__ const uint8_t* row_weights(const LaunchRows& r, int m
 // Reduces the warp's column sums (acc_up: the up projection's, GLU only) and finishes each column of pass
 // blockIdx.y (columns kMaxColumns * blockIdx.y ..) as the launch's epilogue says. The warp's matrix and row
 // are worked out again here from the kernel parameters rather than kept live through the row's loop: a few
-// compares cost less than the registers (ptxas keeps the plain matmul at its former register count so).
-template <bool kGlu, int NC, int kRowsPerBlock, int kMaxColumns>
+// compares cost less than the registers they would hold (measured with ptxas -v on the q8 kernels).
+template <Kind K, int NC, int kRowsPerBlock, int kMaxColumns>
 __device__ __forceinline__ void finish_columns(const float (&acc)[NC], const float (&acc_up)[NC], int lane,
                                                const LaunchRows& r) {
+    constexpr bool kGlu = K == Kind::glu;
     const ColumnSum s = reduce_columns<NC>(acc, lane);
     float up = 0.0f;
     if constexpr (kGlu) up = reduce_columns<NC>(acc_up, lane).sum;
     if (!s.writer) return;
-    const WarpRow wr = warp_row<kGlu, kRowsPerBlock>(r);
+    const WarpRow wr = warp_row<K, kRowsPerBlock>(r);
     const float* bias = pick(r.bias, wr.m);
     const float v = bias ? s.sum + bias[wr.row] : s.sum;   // the projection's output, as stored alone
     float* out = pick(r.y, wr.m) + (static_cast<int64_t>(blockIdx.y) * kMaxColumns + s.col) * wr.n_out + wr.row;

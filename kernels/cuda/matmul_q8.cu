@@ -39,10 +39,10 @@ constexpr int kQuantizeThreads = 256;  // 32 activation blocks per thread block
 constexpr int kThreadsPerActBlock = 8;
 
 using matmul_epilogue::Epilogue;
+using matmul_epilogue::Kind;
 using matmul_epilogue::LaunchRows;
 using matmul_epilogue::WarpRow;
 using matmul_epilogue::finish_columns;
-using matmul_epilogue::is_glu;
 using matmul_epilogue::row_weights;
 using matmul_epilogue::warp_row;
 
@@ -93,9 +93,10 @@ __global__ void __launch_bounds__(kQuantizeThreads)
 // ---- matmul_q8 -----------------------------------------------------------------------------------
 
 // Unit u of a weight row, decoded once, times NC columns of quantized activations (column_bytes apart) into
-// acc; with kGlu the same unit of the up row into acc_up too, each column's activations loaded once for
-// both. q8dot::accumulate is the one sum, so a matrix alone and the gate and up rows of a GLU launch give
-// the same bits.
+// acc; with kGlu the same unit of the up row into acc_up too, column by column after the gate's (the same
+// activation loads, which L1 serves; taking gate and up column by column together made ptxas spill a register
+// in a few variants). q8dot::accumulate is the one sum, so a matrix alone and the gate and up rows of a GLU
+// launch give the same bits.
 template <GgmlType T, int NC, bool kGlu>
 __device__ __forceinline__ void accumulate_unit(const uint8_t* __restrict__ wr, const uint8_t* __restrict__ wr_up,
                                                 int u, const uint8_t* __restrict__ xq, int n_in, int column_bytes,
@@ -109,7 +110,14 @@ __device__ __forceinline__ void accumulate_unit(const uint8_t* __restrict__ wr, 
         const int4 a = *reinterpret_cast<const int4*>(xq + c * column_bytes + 16 * u);
         const uint2 m = *reinterpret_cast<const uint2*>(meta + c * column_bytes + 8 * u);
         acc[c] = q8dot::accumulate<T>(wu, a, m, acc[c]);
-        if constexpr (kGlu) acc_up[c] = q8dot::accumulate<T>(wu_up, a, m, acc_up[c]);
+    }
+    if constexpr (kGlu) {
+        TERN_UNROLL
+        for (int c = 0; c < NC; ++c) {
+            const int4 a = *reinterpret_cast<const int4*>(xq + c * column_bytes + 16 * u);
+            const uint2 m = *reinterpret_cast<const uint2*>(meta + c * column_bytes + 8 * u);
+            acc_up[c] = q8dot::accumulate<T>(wu_up, a, m, acc_up[c]);
+        }
     }
 }
 
@@ -117,11 +125,12 @@ __device__ __forceinline__ void accumulate_unit(const uint8_t* __restrict__ wr, 
 // (matmul_epilogue.cuh), a row's units spread over a warp, finished by the launch's epilogue; with kGlu the
 // warp reads the gate and the up row together. blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..).
 // Rows are warp-uniform, so a warp past its matrix's n_out leaves whole.
-template <GgmlType T, int NC, bool kGlu>
+template <GgmlType T, int NC, Kind K>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     matmul_q8_units(LaunchRows rows, int n_in, const uint8_t* __restrict__ xq) {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const WarpRow r = warp_row<kGlu, kRowsPerBlock>(rows);
+    constexpr bool kGlu = K == Kind::glu;
+    const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
     if (r.row >= r.n_out) return;
     const uint8_t* wr = row_weights(rows, r.m, r.row);
     const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
@@ -134,7 +143,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
     TERN_NO_UNROLL
     for (int u = lane; u < n_units; u += 32)
         accumulate_unit<T, NC, kGlu>(wr, wr_up, u, xq, n_in, column_bytes, acc, acc_up);
-    finish_columns<kGlu, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
+    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -156,10 +165,10 @@ template <class F> bool visit_format(GgmlType type, F&& f) {
 }
 
 // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
-template <GgmlType T, int NC, bool kGlu>
+template <GgmlType T, int NC, Kind K>
 void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const uint8_t* x, unsigned passes,
                    cudaStream_t stream) {
-    launch(matmul_q8_units<T, NC, kGlu>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
+    launch(matmul_q8_units<T, NC, K>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
 }
 
 using column_passes::check_aligned;
@@ -199,10 +208,12 @@ void run_matmul_q8(const char* fn, GgmlType type, int64_t n_in, const MatmulOutp
         column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
             constexpr int NC = decltype(nc)::value;
             const LaunchRows at = matmul_epilogue::from_column(rows, first);
-            if (is_glu(e))
-                launch_passes<T, NC, true>(at, blocks, n, x + first * column_bytes, passes, stream);
-            else
-                launch_passes<T, NC, false>(at, blocks, n, x + first * column_bytes, passes, stream);
+            const uint8_t* xc = x + first * column_bytes;
+            switch (matmul_epilogue::kind_of(e, n_outputs)) {
+            case Kind::one: launch_passes<T, NC, Kind::one>(at, blocks, n, xc, passes, stream); break;
+            case Kind::several: launch_passes<T, NC, Kind::several>(at, blocks, n, xc, passes, stream); break;
+            case Kind::glu: launch_passes<T, NC, Kind::glu>(at, blocks, n, xc, passes, stream); break;
+            }
         });
     });
 }
