@@ -125,8 +125,13 @@ __device__ __forceinline__ void accumulate_unit(const uint8_t* __restrict__ wr, 
 // (matmul_epilogue.cuh), a row's units spread over a warp, finished by the launch's epilogue; with kGlu the
 // warp reads the gate and the up row together. blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..).
 // Rows are warp-uniform, so a warp past its matrix's n_out leaves whole.
+//
+// Launch bounds: 128 threads. Decode's one column and the one-matrix kernels leave ptxas its own register
+// target (lean, no spills: ptxas -v on sm_75 .. sm_120). The wider multi-matrix and GLU kernels also say "one
+// block per SM at least" (0 means unsaid): without it ptxas aims some of them (sm_120) at a register count a
+// few bytes short and spills; with it they take more registers for more loads in flight instead.
 template <GgmlType T, int NC, Kind K>
-__global__ void __launch_bounds__(kRowsPerBlock * 32)
+__global__ void __launch_bounds__(kRowsPerBlock * 32, K == Kind::one || NC == 1 ? 0 : 1)
     matmul_q8_units(LaunchRows rows, int n_in, const uint8_t* __restrict__ xq) {
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
