@@ -90,8 +90,7 @@ template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
             if (h >= a.n_kv_heads) return;
             const float* src = a.v + (static_cast<int64_t>(token) * a.n_kv_heads + h) * a.head_dim_v;
             const int64_t row = static_cast<int64_t>(h) * a.n_ctx + pos0 + token;
-            kv_codec::store_row_warp<F>(src, a.v_cache + row * a.v_row_bytes,
-                                        a.head_dim_v, lane, kv_scratch[warp]);
+            kv_codec::store_row_warp<F>(src, a.v_cache + row * a.v_row_bytes, a.head_dim_v, lane, kv_scratch[warp]);
             return;
         }
     }
@@ -141,8 +140,7 @@ template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
         if (!is_q) { // the k head, as kv_write would read it back from k
             __syncwarp();
             const int64_t row = static_cast<int64_t>(head - a.n_heads) * a.n_ctx + pos0 + token;
-            kv_codec::store_row_warp<F>(s, a.k_cache + row * a.k_row_bytes,
-                                        a.head_dim, lane, kv_scratch[warp]);
+            kv_codec::store_row_warp<F>(s, a.k_cache + row * a.k_row_bytes, a.head_dim, lane, kv_scratch[warp]);
         }
     }
 }
@@ -157,6 +155,28 @@ void check_rope(int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim
     require(rope.n_rot >= 0 && rope.n_rot % 2 == 0 && rope.n_rot <= head_dim,
             "n_rot must be even and at most head_dim (n_rot " + std::to_string(rope.n_rot) + ", head_dim " +
                 std::to_string(head_dim) + ")");
+}
+
+// The arguments both launchers share (the cache's fields left empty).
+RopeArgs rope_args(float* q, float* k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, const float* q_norm,
+                   const float* k_norm, float eps, const RopeParams& rope, int32_t pos0, const int32_t* pos0_device) {
+    RopeArgs args{};
+    args.q = q;
+    args.k = k;
+    args.n_heads = n_heads;
+    args.n_kv_heads = n_kv_heads;
+    args.head_dim = head_dim;
+    args.q_norm = q_norm;
+    args.k_norm = k_norm;
+    args.eps = eps;
+    args.neox = rope.neox;
+    args.n_rot = rope.n_rot;
+    args.base = rope.base;
+    args.freq_scale = rope.freq_scale;
+    args.freq_factors = rope.freq_factors;
+    args.pos0 = pos0;
+    args.pos0_device = pos0_device;
+    return args;
 }
 
 // One launch of the kernel for F over `heads` warps per token (kWarps a block).
@@ -177,22 +197,8 @@ void qk_norm_rope(float* q, float* k, int64_t n, int32_t n_heads, int32_t n_kv_h
     check_rope(n, n_heads, n_kv_heads, head_dim, rope);
     const int heads = n_heads + n_kv_heads;
     if (n == 0 || heads == 0) return;
-    RopeArgs args{};
-    args.q = q;
-    args.k = k;
-    args.n_heads = n_heads;
-    args.n_kv_heads = n_kv_heads;
-    args.head_dim = head_dim;
-    args.q_norm = q_norm;
-    args.k_norm = k_norm;
-    args.eps = eps;
-    args.neox = rope.neox;
-    args.n_rot = rope.n_rot;
-    args.base = rope.base;
-    args.freq_scale = rope.freq_scale;
-    args.freq_factors = rope.freq_factors;
-    args.pos0 = pos0;
-    args.pos0_device = pos0_device;
+    const RopeArgs args =
+        rope_args(q, k, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rope, pos0, pos0_device);
     launch_rope<false, KvType::f32>(args, n, heads, stream);
 }
 
@@ -207,22 +213,8 @@ void qk_norm_rope_kv_write(const KvLayer& layer, float* q, float* k, const float
         throw std::invalid_argument("qk_norm_rope_kv_write: positions " + std::to_string(pos0) + " + " +
                                     std::to_string(n) + " outside the cache's " + std::to_string(layer.n_ctx));
     if (n == 0) return;
-    RopeArgs args{};
-    args.q = q;
-    args.k = k;
-    args.n_heads = n_heads;
-    args.n_kv_heads = layer.n_kv_heads;
-    args.head_dim = layer.head_dim;
-    args.q_norm = q_norm;
-    args.k_norm = k_norm;
-    args.eps = eps;
-    args.neox = rope.neox;
-    args.n_rot = rope.n_rot;
-    args.base = rope.base;
-    args.freq_scale = rope.freq_scale;
-    args.freq_factors = rope.freq_factors;
-    args.pos0 = pos0;
-    args.pos0_device = pos0_device;
+    RopeArgs args =
+        rope_args(q, k, n_heads, layer.n_kv_heads, layer.head_dim, q_norm, k_norm, eps, rope, pos0, pos0_device);
     args.v = v;
     args.k_cache = static_cast<uint8_t*>(layer.k);
     args.v_cache = static_cast<uint8_t*>(layer.v);
