@@ -535,8 +535,8 @@ if wanted synth && [ -x "$tern" ]; then
     bg_start synth 400 bash "$root/bench/gpu_check.sh" --synth-only --shape "$shape" --formats "$formats"
 fi
 run_step tests tests
-for suite in test_cuda_matmul test_cuda_matmul_q8 test_cuda_gemm_q8 test_cuda_attention test_cuda_elementwise \
-             test_cuda_rope test_cuda_sampling; do
+for suite in test_cuda_matmul test_cuda_matmul_q8 test_cuda_fused test_cuda_gemm_q8 test_cuda_attention \
+             test_cuda_elementwise test_cuda_rope test_cuda_sampling; do
     [ -f "$root/tests/$suite.cpp" ] && run_step "memcheck:$suite" memcheck_one "$suite"
 done
 run_step backend backend

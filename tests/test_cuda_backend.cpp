@@ -534,6 +534,45 @@ TEST_CASE("cuda backend: the weights' upload reports its progress, ending at the
     CHECK(calls.back().first == calls.back().second);
 }
 
+#if defined(TERN_CUDA_EMULATOR)
+TEST_CASE("cuda backend: launches per decode step with the fused epilogues") {
+    // Per layer, with one matrix format throughout: rmsnorm, [quantize], q/k/v, rope + KV write, attention,
+    // [quantize], o + residual, rmsnorm, [quantize], gate/up + activation, [quantize], down + residual: 12 with
+    // int8 activations, 8 with f32 ones (the separate kernels took 19 and 15); gemma's post-norms keep its two
+    // residual adds apart (14 / 10). Around the layers: embed, final rmsnorm, [quantize], lm_head.
+    struct Case {
+        std::string path;
+        bool exact;
+        int per_layer;
+    };
+    test::TempDir dir;
+    std::vector<Case> cases = {{synth_file(dir, "tiny-gemma3", "q8_0"), false, 14},
+                               {synth_file(dir, "tiny-gemma3", "q8_0"), true, 10}};
+    if (test::shared_available()) {
+        cases.push_back({model_path("llama2xs-tok512-q8_0"), false, 12});
+        cases.push_back({model_path("llama2xs-tok512-q8_0"), true, 8});
+        cases.push_back({model_path("stories260K-f32"), false, 8});
+    }
+    for (const Case& c : cases) {
+        CAPTURE(c.path);
+        CAPTURE(c.exact);
+        const Model model = load_model(c.path);
+        CudaOptions options;
+        options.graphs = false;   // launched one by one, so that they are counted
+        options.exact_matmul = c.exact;
+        CudaBackend cuda(options);
+        cuda.load(model.config, model.weights, RunOptions{32, KvType::f16});
+        cuda.forward({ramp_tokens(3, model.config.vocab), 0, LogitsWanted::last});
+        const size_t before = cuda_emu::kernel_launches();
+        cuda.forward({std::vector<int32_t>{5}, 3, LogitsWanted::last});
+        const bool q8 = !c.exact && model.weights.output.type != GgmlType::F32;
+        const size_t want = static_cast<size_t>(model.config.n_layers * c.per_layer + 3 + (q8 ? 1 : 0) +
+                                                (model.config.final_softcap > 0.0f ? 1 : 0));
+        CHECK(cuda_emu::kernel_launches() - before == want);
+    }
+}
+#endif
+
 TEST_CASE("cuda backend: bad batches are refused as on the CPU") {
     if (!test::shared_available()) return;
     Opened o = open_both(model_path("stories260K-f32"), 8);

@@ -261,34 +261,80 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
 void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y,
                           bool new_input) {
     if (new_input) q8_of_ = nullptr;
-    const bool int8 = !exact_ && cuda::matmul_q8_supports(w.type) && w.n_in % cuda::kQ8ActBlock == 0;
-    // The input quantized to int8 once for every projection that reads it.
-    auto quantized_input = [&] {
-        if (q8_of_ != x || q8_n_ != n) {
-            void* acts = q8_acts_.reserve(cuda::quantized_activation_bytes(n, w.n_in), "quantized activations");
-            cuda::quantize_activations(x, n, w.n_in, acts, stream_);
-            q8_of_ = x;
-            q8_n_ = n;
-        }
-        return q8_acts_.data();
-    };
     if (n < kGemmMinColumns) {   // decode, draft verification: one pass over the weights per 8 columns
-        if (int8) {
-            cuda::matmul_q8(w.type, w.data, w.n_in, w.n_out, quantized_input(), n, bias, y, stream_);
+        if (uses_q8(w)) {
+            cuda::matmul_q8(w.type, w.data, w.n_in, w.n_out, q8_input(x, n, w.n_in), n, bias, y, stream_);
             return;
         }
         cuda::matmul(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, stream_);
         return;
     }
     // Prefill: integer tensor-core tiles that read the weights once per 64 tokens ...
-    if (int8 && int8_gemm_) {
-        cuda::gemm_q8(w.type, w.data, w.n_in, w.n_out, quantized_input(), n, bias, y, stream_);
+    if (uses_q8(w) && int8_gemm_) {
+        cuda::gemm_q8(w.type, w.data, w.n_in, w.n_out, q8_input(x, n, w.n_in), n, bias, y, stream_);
         return;
     }
     // ... or the weights dequantized block by block into f32 and multiplied by cuBLAS.
     const int64_t floats = std::max<int64_t>(w.n_in, kGemmScratchBytes / 4);
     cuda::matmul_gemm(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, row_ids_.as<int32_t>(),
                       gemm_scratch_.floats(static_cast<size_t>(floats), "dequantized weights"), floats, stream_);
+}
+
+bool CudaBackend::uses_q8(const DeviceWeight& w) const {
+    return !exact_ && cuda::matmul_q8_supports(w.type) && w.n_in % cuda::kQ8ActBlock == 0;
+}
+
+// Integer dot products: the input quantized to int8 once for every projection that reads it.
+const void* CudaBackend::q8_input(const float* x, int64_t n, int64_t n_in) {
+    if (q8_of_ != x || q8_n_ != n) {
+        void* acts = q8_acts_.reserve(cuda::quantized_activation_bytes(n, n_in), "quantized activations");
+        cuda::quantize_activations(x, n, n_in, acts, stream_);
+        q8_of_ = x;
+        q8_n_ = n;
+    }
+    return q8_acts_.data();
+}
+
+void CudaBackend::project_outputs(std::initializer_list<Projection> projections, const float* x, int64_t n,
+                                  bool accumulate) {
+    q8_of_ = nullptr;   // x is new
+    const Projection* p = projections.begin();
+    const auto count = static_cast<int>(projections.size());
+    for (int first = 0; first < count;) {
+        const DeviceWeight& w = *p[first].w;
+        int end = first + 1;
+        while (end < count && end - first < cuda::kMaxMatmulOutputs && p[end].w->type == w.type) ++end;
+        cuda::MatmulOutput outputs[cuda::kMaxMatmulOutputs];
+        for (int i = first; i < end; ++i) outputs[i - first] = {p[i].w->data, p[i].w->n_out, p[i].bias, p[i].y};
+        if (uses_q8(w))
+            cuda::matmul_q8_outputs(w.type, w.n_in, outputs, end - first, q8_input(x, n, w.n_in), n, accumulate,
+                                    stream_);
+        else
+            cuda::matmul_outputs(w.type, w.n_in, outputs, end - first, x, n, accumulate, stream_);
+        first = end;
+    }
+}
+
+void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y) {
+    const DeviceWeight &gate = d.w_gate, &up = d.w_up;
+    if (gate.type != up.type) {   // a mixed quantization: the two projections apart, then the activation
+        float* u = up_.floats(static_cast<size_t>(n * up.n_out), "activations");
+        project(gate, x, n, d.b_gate, y);
+        project(up, x, n, d.b_up, u, false);
+        if (act == FfnActivation::silu)
+            cuda::swiglu(y, u, y, n * gate.n_out, stream_);
+        else
+            cuda::geglu_tanh(y, u, y, n * gate.n_out, stream_);
+        return;
+    }
+    q8_of_ = nullptr;   // x is new
+    const cuda::GluActivation a =
+        act == FfnActivation::silu ? cuda::GluActivation::silu : cuda::GluActivation::gelu_tanh;
+    if (uses_q8(gate))
+        cuda::matmul_q8_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.b_gate, up.data, d.b_up, a,
+                            q8_input(x, n, gate.n_in), n, y, stream_);
+    else
+        cuda::matmul_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.b_gate, up.data, d.b_up, a, x, n, y, stream_);
 }
 
 void CudaBackend::observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width) {
@@ -410,6 +456,11 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
     const int64_t dim = c.dim;
     const ActivationWidths aw = activation_widths(c);
     const auto un = static_cast<size_t>(n);
+    // Decode and draft verification take the fused launches (kernels/cuda/matmul.h, attention.h), bit for bit
+    // the separate ones; a prefill batch takes the GEMM path with separate kernels. Launches per layer with
+    // int8 activations, one matrix format per layer: 19 separate, fused 12 (llama, qwen) / 14 (gemma,
+    // whose post-norms keep the residual adds).
+    const bool decode = n < kGemmMinColumns;
 
     reserve_buffers(n, batch.wanted == LogitsWanted::all ? n : 1);
     const int32_t* pos0_device = step ? step + 1 : nullptr;   // a graph reads the position there
@@ -443,39 +494,60 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         // Attention block: q/k/v projections (+ biases), q/k norm and RoPE, the KV write, attention.
         cuda::rmsnorm_rows(x, d.attn_norm, xn, n, dim, c.rms_eps, stream_);
         observe(first_layer_ + l, ProjectionInput::attn_qkv, xn, n, dim);
-        project(d.wq, xn, n, d.bq, q);
-        project(d.wk, xn, n, d.bk, k, false);   // q, k and v read one input
-        project(d.wv, xn, n, d.bv, v, false);
         cuda::RopeParams rope;
         rope.neox = c.rope_style == RopeStyle::neox;
         rope.n_rot = c.n_rot;
         rope.base = lc.rope_base;
         rope.freq_scale = lc.rope_freq_scale;
         rope.freq_factors = rope_freqs_;
-        cuda::qk_norm_rope(q, k, n, lc.n_heads, lc.n_kv_heads, c.head_dim, c.qk_norm ? d.q_norm : nullptr,
-                           c.qk_norm ? d.k_norm : nullptr, c.rms_eps, rope, pos0, stream_, pos0_device);
-        cuda::kv_write(kv_.layer(l), k, v, n, pos0, stream_, pos0_device);
+        const float* q_norm = c.qk_norm ? d.q_norm : nullptr;
+        const float* k_norm = c.qk_norm ? d.k_norm : nullptr;
+        if (decode) {   // q, k and v in one launch; the rotated k and v stored by the rope kernel
+            project_outputs({{&d.wq, d.bq, q}, {&d.wk, d.bk, k}, {&d.wv, d.bv, v}}, xn, n, false);
+            cuda::qk_norm_rope_kv_write(kv_.layer(l), q, k, v, n, lc.n_heads, q_norm, k_norm, c.rms_eps, rope, pos0,
+                                        stream_, pos0_device);
+        } else {
+            project(d.wq, xn, n, d.bq, q);
+            project(d.wk, xn, n, d.bk, k, false);   // q, k and v read one input
+            project(d.wv, xn, n, d.bv, v, false);
+            cuda::qk_norm_rope(q, k, n, lc.n_heads, lc.n_kv_heads, c.head_dim, q_norm, k_norm, c.rms_eps, rope, pos0,
+                               stream_, pos0_device);
+            cuda::kv_write(kv_.layer(l), k, v, n, pos0, stream_, pos0_device);
+        }
         cuda::attention(kv_.layer(l), q, n, lc.n_heads, pos0, lc.sliding_window, c.attn_scale, c.attn_softcap, att,
                         stream_, pos0_device);
 
-        // Output projection (+ bias), gemma's post-attention norm, residual.
+        // Output projection (+ bias), gemma's post-attention norm, residual. Without a post-norm, decode adds
+        // the projection straight into the stream.
         observe(first_layer_ + l, ProjectionInput::attn_output, att, n, static_cast<int64_t>(lc.n_heads) * c.head_dim_v);
-        project(d.wo, att, n, d.bo, out);
-        cuda::add_residual(x, out, c.post_norms ? d.post_attn_norm : nullptr, n, dim, c.rms_eps, stream_);
+        if (decode && !c.post_norms) {
+            project_outputs({{&d.wo, d.bo, x}}, att, n, true);
+        } else {
+            project(d.wo, att, n, d.bo, out);
+            cuda::add_residual(x, out, c.post_norms ? d.post_attn_norm : nullptr, n, dim, c.rms_eps, stream_);
+        }
 
         // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
         cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
         observe(first_layer_ + l, ProjectionInput::ffn_gate_up, xn, n, dim);
-        project(d.w_gate, xn, n, d.b_gate, gate);
-        project(d.w_up, xn, n, d.b_up, up, false);   // gate and up read one input
-        const int64_t ffn = static_cast<int64_t>(n) * lc.ffn_dim;
-        if (c.ffn_act == FfnActivation::silu)
-            cuda::swiglu(gate, up, gate, ffn, stream_);
-        else
-            cuda::geglu_tanh(gate, up, gate, ffn, stream_);
+        if (decode) {
+            project_glu(d, c.ffn_act, xn, n, gate);
+        } else {
+            project(d.w_gate, xn, n, d.b_gate, gate);
+            project(d.w_up, xn, n, d.b_up, up, false);   // gate and up read one input
+            const int64_t ffn = static_cast<int64_t>(n) * lc.ffn_dim;
+            if (c.ffn_act == FfnActivation::silu)
+                cuda::swiglu(gate, up, gate, ffn, stream_);
+            else
+                cuda::geglu_tanh(gate, up, gate, ffn, stream_);
+        }
         observe(first_layer_ + l, ProjectionInput::ffn_down, gate, n, lc.ffn_dim);
-        project(d.w_down, gate, n, d.b_down, out);
-        cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
+        if (decode && !c.post_norms) {
+            project_outputs({{&d.w_down, d.b_down, x}}, gate, n, true);
+        } else {
+            project(d.w_down, gate, n, d.b_down, out);
+            cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
+        }
     }
     if (!output_.data) {   // a slice before the last: the stream goes on to the next device
         kv_.set_n_past(pos0 + static_cast<int32_t>(n));

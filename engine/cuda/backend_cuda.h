@@ -11,6 +11,7 @@
 // backend (tests/test_cuda_backend.cpp).
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <vector>
@@ -88,6 +89,22 @@ private:
     // previous call (q/k/v, gate/up), whose int8 form is reused.
     void project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y,
                  bool new_input = true);
+    // The decode projections (n < kGemmMinColumns) in fused launches (kernels/cuda/matmul.h), each bit for bit
+    // the separate launches it replaces. project_outputs: y_i = W_i x + b_i for matrices that read one x (q, k
+    // and v), or y_i += W_i x + b_i with `accumulate` (the residual add); one launch for each run of up to
+    // three matrices of one format. project_glu: y = act(W_gate x + b_gate) * (W_up x + b_up) in one launch
+    // when gate and up share a format, else two projections and the activation. Every projection of one call
+    // reads x, which is quantized to int8 once for them.
+    struct Projection {
+        const DeviceWeight* w;
+        const float* bias;
+        float* y;
+    };
+    void project_outputs(std::initializer_list<Projection> projections, const float* x, int64_t n, bool accumulate);
+    void project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y);
+    // Whether decode multiplies w by int8 activations (else by f32 ones), and x (n, n_in) in that form.
+    bool uses_q8(const DeviceWeight& w) const;
+    const void* q8_input(const float* x, int64_t n, int64_t n_in);
     void observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width);
     // The forward's launches. With `step` (device memory: the token, then its position) the kernels read
     // the token and position there, as a captured graph must.

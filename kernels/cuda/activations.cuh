@@ -48,6 +48,16 @@ __device__ __forceinline__ float gelu_tanh_f32(float x) {
     return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t));
 }
 
+// The gated FFN products act(gate) * up, one rounding after the activation: elementwise.cu's swiglu /
+// geglu_tanh and the matmuls' GLU epilogue (matmul_epilogue.cuh) both call these, so the fused and the
+// separate forms give the same bits.
+__device__ __forceinline__ float swiglu_f32(float gate, float up) {
+    return __fmul_rn(silu_f32(gate), up);
+}
+__device__ __forceinline__ float geglu_tanh_f32(float gate, float up) {
+    return __fmul_rn(gelu_tanh_f32(gate), up);
+}
+
 __device__ __forceinline__ float softcap_f32(float x, float cap) {
     return __fmul_rn(cap, tanhf(__fdiv_rn(x, cap)));
 }

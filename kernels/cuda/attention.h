@@ -32,6 +32,14 @@ struct KvLayer {
 void kv_write(const KvLayer& layer, const float* k, const float* v, int64_t n, int32_t pos0, cudaStream_t stream,
               const int32_t* pos0_device = nullptr);
 
+// qk_norm_rope (kernels/cuda/rope.h) of q (n, n_heads, head_dim) and k (n, n_kv_heads, head_dim) then
+// kv_write of the rotated k and of v into `layer`, in one launch and bit for bit those two: q and k are
+// rotated in place as qk_norm_rope leaves them, the cache rows as kv_write stores them. The head shape
+// (n_kv_heads, head_dim, head_dim_v) is the layer's; pos0 / pos0_device as both. Refusals as both.
+void qk_norm_rope_kv_write(const KvLayer& layer, float* q, float* k, const float* v, int64_t n, int32_t n_heads,
+                           const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
+                           cudaStream_t stream, const int32_t* pos0_device = nullptr);
+
 // att (n, n_heads, head_dim_v) for q (n, n_heads, head_dim): token i, at position pos0 + i, attends to
 // the cached positions [lo, pos0 + i], lo = pos0 + i - sliding_window + 1 (at least 0) when
 // sliding_window > 0, else 0. Query head h reads KV head h / (n_heads / n_kv_heads). Scores are

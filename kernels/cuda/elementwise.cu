@@ -122,10 +122,10 @@ void launch_rmsnorm_rows(const float* src, const float* w, float* dst, int64_t r
 // ---- Elementwise maps ---------------------------------------------------------------------------------
 
 struct SwigluOp {
-    __device__ __forceinline__ float operator()(float g, float u) const { return __fmul_rn(silu_f32(g), u); }
+    __device__ __forceinline__ float operator()(float g, float u) const { return swiglu_f32(g, u); }
 };
 struct GegluTanhOp {
-    __device__ __forceinline__ float operator()(float g, float u) const { return __fmul_rn(gelu_tanh_f32(g), u); }
+    __device__ __forceinline__ float operator()(float g, float u) const { return geglu_tanh_f32(g, u); }
 };
 struct SoftcapOp {
     float cap;

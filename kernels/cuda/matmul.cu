@@ -10,6 +10,11 @@
 // column_reduce.cuh) leaves each column's sum in its own lanes, which write y in parallel. More than 8 columns
 // take one pass per 8 (grid dimension y), the last n_cols % 8 a pass of their own with that many accumulators.
 //
+// matmul_outputs and matmul_glu are the same kernels over several matrices (matmul_epilogue.cuh): blocks
+// of each matrix one after the other in one grid, or, for GLU, each warp walking the gate row and the up
+// row together (two sets of accumulators fed by the same slices of x), the writing lane then adding its
+// sum to y or combining gate and up. matmul itself is a launch of one matrix that stores.
+//
 // Plain float rows whose length is not a multiple of 8 (only those formats allow it) take a scalar
 // element-per-lane path, still one coalesced pass.
 #include <cstdint>
@@ -22,6 +27,7 @@
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_epilogue.cuh"
 
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
@@ -37,69 +43,106 @@ constexpr int kRowsPerBlock = 4;   // warps per block of the matmul
 constexpr int kMaxColumns = 8;     // columns sharing one pass over the weights
 constexpr int kEmbedThreads = 128;
 
-// y (NC columns of n_out) = x (NC columns of n_in) W^T, a row's slices spread over a warp; blockIdx.y is the
-// pass (columns kMaxColumns * blockIdx.y ..). Rows are warp-uniform, so a warp past n_out leaves whole.
-template <GgmlType T, int NC>
-__global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
-    matmul_slices(const uint8_t* __restrict__ w, int64_t row_bytes, int n_out, int n_in, const float* __restrict__ x,
-                  const float* __restrict__ bias, float* __restrict__ y) {
+using matmul_epilogue::Epilogue;
+using matmul_epilogue::Kind;
+using matmul_epilogue::LaunchRows;
+using matmul_epilogue::WarpRow;
+using matmul_epilogue::finish_columns;
+using matmul_epilogue::row_weights;
+using matmul_epilogue::warp_row;
+
+// acc + the dot product of 8 weights with x elements a, b (as a slice lays them out), one rounding per
+// step in this order: the one sum every f32 kernel here uses, so a matrix alone and the gate and up rows of
+// a GLU launch give the same bits.
+__device__ __forceinline__ float dot_slice(const float (&v)[8], const float4& a, const float4& b, float acc) {
+    float s = acc;
+    s += v[0] * a.x;
+    s += v[1] * a.y;
+    s += v[2] * a.z;
+    s += v[3] * a.w;
+    s += v[4] * b.x;
+    s += v[5] * b.y;
+    s += v[6] * b.z;
+    s += v[7] * b.w;
+    return s;
+}
+
+// One slice q of a weight row (8 values) times NC columns of x (n_in apart) into acc; with kGlu the same
+// slice of the up row into acc_up too, each column of x loaded once for both.
+template <GgmlType T, int NC, bool kGlu>
+__device__ __forceinline__ void accumulate_slice(const uint8_t* __restrict__ wr, const uint8_t* __restrict__ wr_up,
+                                                 int q, const float* __restrict__ x, int n_in, float (&acc)[NC],
+                                                 float (&acc_up)[NC]) {
     using D = dequant::Dequant<T>;
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    const int row = static_cast<int>(blockIdx.x * kRowsPerBlock + threadIdx.x / 32);
-    if (row >= n_out) return;
-    x += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_in;
-    y += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_out;
-    const uint8_t* wr = w + row * row_bytes;
-    const int n_slices = n_in / 8;
-    float acc[NC];
+    float v[8], v_up[8];
+    D::slice(wr, q, v);
+    if constexpr (kGlu) D::slice(wr_up, q, v_up);
+    const float* xq = x + D::first(q);
     TERN_UNROLL
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+    for (int c = 0; c < NC; ++c) {
+        const float4 a = *reinterpret_cast<const float4*>(xq + c * n_in);
+        const float4 b = *reinterpret_cast<const float4*>(xq + c * n_in + D::kSecond);
+        acc[c] = dot_slice(v, a, b, acc[c]);
+        if constexpr (kGlu) acc_up[c] = dot_slice(v_up, a, b, acc_up[c]);
+    }
+}
+
+// y (NC columns of n_out) = x (NC columns of n_in) W^T for the warp's matrix and row (matmul_epilogue.cuh),
+// a row's slices spread over a warp, finished by the launch's epilogue; with kGlu the warp reads the gate
+// and the up row together. blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..). Rows are
+// warp-uniform, so a warp past its matrix's n_out leaves whole.
+template <GgmlType T, int NC, Kind K>
+__global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
+    matmul_slices(LaunchRows rows, int n_in, const float* __restrict__ x) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    constexpr bool kGlu = K == Kind::glu;
+    const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
+    if (r.row >= r.n_out) return;
+    const uint8_t* wr = row_weights(rows, r.m, r.row);
+    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
+    x += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_in;
+    const int n_slices = n_in / 8;
+    float acc[NC], acc_up[NC];
+    TERN_UNROLL
+    for (int c = 0; c < NC; ++c) acc[c] = acc_up[c] = 0.0f;
     // Not unrolled: ptxas then hoists the loads of several iterations and the heavier formats spill at 4 and
     // more columns; one iteration already has all of its loads in flight.
     TERN_NO_UNROLL
-    for (int q = lane; q < n_slices; q += 32) {
-        float v[8];
-        D::slice(wr, q, v);
-        const float* xq = x + D::first(q);
-        TERN_UNROLL
-        for (int c = 0; c < NC; ++c) {
-            const float4 a = *reinterpret_cast<const float4*>(xq + c * n_in);
-            const float4 b = *reinterpret_cast<const float4*>(xq + c * n_in + D::kSecond);
-            float s = acc[c];
-            s += v[0] * a.x;
-            s += v[1] * a.y;
-            s += v[2] * a.z;
-            s += v[3] * a.w;
-            s += v[4] * b.x;
-            s += v[5] * b.y;
-            s += v[6] * b.z;
-            s += v[7] * b.w;
-            acc[c] = s;
-        }
+    for (int q = lane; q < n_slices; q += 32) accumulate_slice<T, NC, kGlu>(wr, wr_up, q, x, n_in, acc, acc_up);
+    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
+}
+
+// Element i of a plain float row times NC columns of x into acc (with kGlu: and of the up row into acc_up).
+template <GgmlType T, int NC, bool kGlu>
+__device__ __forceinline__ void accumulate_element(const uint8_t* __restrict__ wr, const uint8_t* __restrict__ wr_up,
+                                                   int i, const float* __restrict__ x, int n_in, float (&acc)[NC],
+                                                   float (&acc_up)[NC]) {
+    const float wv = dequant::plain_element<T>(wr, i);
+    const float wv_up = kGlu ? dequant::plain_element<T>(wr_up, i) : 0.0f;
+    TERN_UNROLL
+    for (int c = 0; c < NC; ++c) {
+        const float xc = x[c * n_in + i];
+        acc[c] += wv * xc;
+        if constexpr (kGlu) acc_up[c] += wv_up * xc;
     }
-    reduce_columns_and_store<NC>(acc, lane, row, n_out, bias, y);
 }
 
 // The same for plain float rows of any length: lane l takes elements l, l + 32, ...
-template <GgmlType T, int NC>
+template <GgmlType T, int NC, Kind K>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
-    matmul_plain_ragged(const uint8_t* __restrict__ w, int64_t row_bytes, int n_out, int n_in,
-                        const float* __restrict__ x, const float* __restrict__ bias, float* __restrict__ y) {
+    matmul_plain_ragged(LaunchRows rows, int n_in, const float* __restrict__ x) {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int row = static_cast<int>(blockIdx.x * kRowsPerBlock + threadIdx.x / 32);
-    if (row >= n_out) return;
+    constexpr bool kGlu = K == Kind::glu;
+    const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
+    if (r.row >= r.n_out) return;
+    const uint8_t* wr = row_weights(rows, r.m, r.row);
+    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
     x += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_in;
-    y += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_out;
-    const uint8_t* wr = w + row * row_bytes;
-    float acc[NC];
+    float acc[NC], acc_up[NC];
     TERN_UNROLL
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    for (int i = lane; i < n_in; i += 32) {
-        const float wv = dequant::plain_element<T>(wr, i);
-        TERN_UNROLL
-        for (int c = 0; c < NC; ++c) acc[c] += wv * x[c * n_in + i];
-    }
-    reduce_columns_and_store<NC>(acc, lane, row, n_out, bias, y);
+    for (int c = 0; c < NC; ++c) acc[c] = acc_up[c] = 0.0f;
+    for (int i = lane; i < n_in; i += 32) accumulate_element<T, NC, kGlu>(wr, wr_up, i, x, n_in, acc, acc_up);
+    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
 }
 
 // x row blockIdx.x = table row tokens[blockIdx.x], one slice per thread; scale 1 multiplies nothing, as
@@ -155,23 +198,15 @@ template <class F> bool visit_format(GgmlType type, F&& f) {
 // Whether a row of n elements is read by slices (else element by element: plain formats only).
 bool by_slices(int64_t n) { return n % 8 == 0; }
 
-struct MatmulShape {
-    const uint8_t* w;
-    int64_t row_bytes;
-    int n_in, n_out;
-    const float* bias;
-    cudaStream_t stream;
-};
-
-// `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / y on.
-template <GgmlType T, int NC>
-void launch_passes(const MatmulShape& s, const float* x, float* y, unsigned passes) {
-    const dim3 grid(static_cast<unsigned>((s.n_out + kRowsPerBlock - 1) / kRowsPerBlock), passes);
-    const dim3 block(kRowsPerBlock * 32);
-    if (by_slices(s.n_in))
-        launch(matmul_slices<T, NC>, grid, block, 0, s.stream, s.w, s.row_bytes, s.n_out, s.n_in, x, s.bias, y);
+// `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
+template <GgmlType T, int NC, Kind K>
+void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const float* x, unsigned passes,
+                   cudaStream_t stream) {
+    const dim3 grid(blocks, passes), block(kRowsPerBlock * 32);
+    if (by_slices(n_in))
+        launch(matmul_slices<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
     else if constexpr (dequant::is_plain(T))
-        launch(matmul_plain_ragged<T, NC>, grid, block, 0, s.stream, s.w, s.row_bytes, s.n_out, s.n_in, x, s.bias, y);
+        launch(matmul_plain_ragged<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
 }
 
 using column_passes::check_aligned;
@@ -185,6 +220,37 @@ void check_format(const char* fn, GgmlType type, int64_t n, const char* n_name) 
                std::string(type_name(type)) + "'s block of " + std::to_string(block_elems(type)));
 }
 
+// Every launch of matmul, matmul_outputs and matmul_glu: checks, then one launch per group of column passes.
+void run_matmul(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, Epilogue e,
+                const float* x, int64_t n_cols, cudaStream_t stream) {
+    check_format(fn, type, n_in, "n_in");
+    // Offsets inside the kernels are 32-bit: one pass's 8 columns of x or y must stay below 2^31 elements.
+    if (n_cols < 0 || n_in * kMaxColumns > kIntMax)
+        refuse(std::string(fn) + ": n_in = " + std::to_string(n_in) + ", n_cols = " + std::to_string(n_cols) +
+               " out of range");
+    unsigned blocks = 0;
+    const auto rb = static_cast<int64_t>(row_bytes(type, n_in));
+    const LaunchRows rows =
+        matmul_epilogue::launch_rows(fn, outputs, n_outputs, rb, e, kRowsPerBlock, kMaxColumns, &blocks);
+    if (blocks == 0 || n_cols == 0) return;
+    matmul_epilogue::check_weights_aligned(fn, outputs, n_outputs);
+    check_aligned(fn, x, "x");
+    const int n = static_cast<int>(n_in);
+    visit_format(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
+            constexpr int NC = decltype(nc)::value;
+            const LaunchRows at = matmul_epilogue::from_column(rows, first);
+            const float* xc = x + first * n_in;
+            switch (matmul_epilogue::kind_of(e, n_outputs)) {
+            case Kind::one: launch_passes<T, NC, Kind::one>(at, blocks, n, xc, passes, stream); break;
+            case Kind::several: launch_passes<T, NC, Kind::several>(at, blocks, n, xc, passes, stream); break;
+            case Kind::glu: launch_passes<T, NC, Kind::glu>(at, blocks, n, xc, passes, stream); break;
+            }
+        });
+    });
+}
+
 } // namespace
 
 bool matmul_supports(GgmlType type) {
@@ -193,22 +259,21 @@ bool matmul_supports(GgmlType type) {
 
 void matmul(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols,
             const float* bias, float* y, cudaStream_t stream) {
-    check_format("matmul", type, n_in, "n_in");
-    // Offsets inside the kernels are 32-bit: one pass's 8 columns of x or y must stay below 2^31 elements.
-    if (n_out < 0 || n_cols < 0 || n_in * kMaxColumns > kIntMax || n_out * kMaxColumns > kIntMax)
-        refuse("matmul: n_in = " + std::to_string(n_in) + ", n_out = " + std::to_string(n_out) + ", n_cols = " +
-               std::to_string(n_cols) + " out of range");
-    if (n_out == 0 || n_cols == 0) return;
-    check_aligned("matmul", w, "w");
-    check_aligned("matmul", x, "x");
-    const MatmulShape shape{static_cast<const uint8_t*>(w), static_cast<int64_t>(row_bytes(type, n_in)),
-                            static_cast<int>(n_in), static_cast<int>(n_out), bias, stream};
-    visit_format(type, [&](auto tag) {
-        constexpr GgmlType T = decltype(tag)::value;
-        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
-            launch_passes<T, decltype(nc)::value>(shape, x + first * n_in, y + first * n_out, passes);
-        });
-    });
+    const MatmulOutput output{w, n_out, bias, y};
+    run_matmul("matmul", type, n_in, &output, 1, Epilogue::store, x, n_cols, stream);
+}
+
+void matmul_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, const float* x,
+                    int64_t n_cols, bool accumulate, cudaStream_t stream) {
+    run_matmul("matmul_outputs", type, n_in, outputs, n_outputs, accumulate ? Epilogue::add : Epilogue::store, x,
+               n_cols, stream);
+}
+
+void matmul_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate, const void* w_up,
+                const float* b_up, GluActivation act, const float* x, int64_t n_cols, float* y, cudaStream_t stream) {
+    const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
+    run_matmul("matmul_glu", type, n_in, outputs, 2,
+               act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh, x, n_cols, stream);
 }
 
 void embed_rows(GgmlType type, const void* table, int64_t dim, const int32_t* tokens, int64_t n, float scale,

@@ -22,6 +22,41 @@ bool matmul_supports(GgmlType type);
 void matmul(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols,
             const float* bias, float* y, cudaStream_t stream);
 
+// ---- fused decode projections -------------------------------------------------------------------------
+// A decode step's projections that read one input, in fewer launches: several matrices in one launch, and
+// the work that follows a projection (the residual add, the gated activation) done by the lanes that hold
+// its sums. Each gives matmul()'s bits for every matrix, then the separate kernel's bits for what follows.
+
+// One matrix of a multi-matrix launch: n_out rows in the call's format, its bias (n_out, or null) and its
+// output y (n_cols, n_out). w 16-byte aligned.
+struct MatmulOutput {
+    const void* w = nullptr;
+    int64_t n_out = 0;
+    const float* bias = nullptr;
+    float* y = nullptr;
+};
+inline constexpr int kMaxMatmulOutputs = 3;   // q, k and v
+
+// The activation of a gated FFN: act(gate) * up.
+enum class GluActivation : uint8_t {
+    silu,        // SwiGLU: elementwise.h swiglu
+    gelu_tanh,   // GeGLU: elementwise.h geglu_tanh
+};
+
+// For each of the n_outputs (1 .. kMaxMatmulOutputs) matrices of one format that read x: y = x W^T (+ bias)
+// as matmul() computes it, or with `accumulate` y = y + (x W^T (+ bias)), bit for bit matmul() into a
+// scratch row then add_residual(y, scratch, nullptr, ...) (kernels/cuda/elementwise.h): the o and down
+// projections adding into the residual stream. One launch per pass of up to 8 columns for all of them.
+// The outputs must not overlap each other or x. Refusals as matmul()'s, and n_outputs out of range.
+void matmul_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, const float* x,
+                    int64_t n_cols, bool accumulate, cudaStream_t stream);
+
+// y (n_cols, n_out) = act(x W_gate^T (+ b_gate)) * (x W_up^T (+ b_up)): gate and up, two matrices of one
+// format and shape, read in one pass. Bit for bit matmul() of each followed by swiglu / geglu_tanh
+// (kernels/cuda/elementwise.h). y must not overlap x. Refusals as matmul()'s.
+void matmul_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate, const void* w_up,
+                const float* b_up, GluActivation act, const float* x, int64_t n_cols, float* y, cudaStream_t stream);
+
 // x (n, dim) = scale * row tokens[i] of `table` (rows of dim elements in `type`), tokens on the device and
 // each a row of the table. Bit for bit dequantize_row (quant/reference.h) times the scale; scale 1 leaves
 // the values untouched, as the CPU's embedding does. table and x 16-byte aligned, as for matmul.

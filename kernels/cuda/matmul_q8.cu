@@ -11,15 +11,17 @@
 // once (q8_dot.cuh) and meet up to 8 columns of activations: per column one 16-byte load of codes and one
 // 8-byte load of scale and sums (both consecutive between lanes), 4 dp4a (and a dp2a for the offset
 // formats), an exact int -> float conversion and two or three f32 operations into a register accumulator.
-// The warp's column sums are reduced and stored by reduce_columns_and_store (column_reduce.cuh).
+// The warp's column sums are reduced and finished (stored, added to y, or gate and up combined) as
+// matmul_epilogue.cuh says; matmul_q8_outputs and matmul_q8_glu are the same kernel over several matrices,
+// as matmul.cu describes for the f32 path.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #include "kernels/cuda/column_passes.h"
-#include "kernels/cuda/column_reduce.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/matmul_epilogue.cuh"
 #include "kernels/cuda/matmul_q8.h"
 #include "kernels/cuda/q8_dot.cuh"
 
@@ -35,6 +37,14 @@ constexpr int kRowsPerBlock = 4;       // warps per block of the matmul
 constexpr int kMaxColumns = 8;         // columns sharing one pass over the weights
 constexpr int kQuantizeThreads = 256;  // 32 activation blocks per thread block
 constexpr int kThreadsPerActBlock = 8;
+
+using matmul_epilogue::Epilogue;
+using matmul_epilogue::Kind;
+using matmul_epilogue::LaunchRows;
+using matmul_epilogue::WarpRow;
+using matmul_epilogue::finish_columns;
+using matmul_epilogue::row_weights;
+using matmul_epilogue::warp_row;
 
 // ---- quantize_activations -----------------------------------------------------------------------
 
@@ -82,37 +92,63 @@ __global__ void __launch_bounds__(kQuantizeThreads)
 
 // ---- matmul_q8 -----------------------------------------------------------------------------------
 
-// y (NC columns of n_out) = x (NC columns of quantized activations) W^T, a row's units spread over a warp;
-// blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..). Rows are warp-uniform, so a warp past n_out
-// leaves whole.
-template <GgmlType T, int NC>
-__global__ void __launch_bounds__(kRowsPerBlock * 32)
-    matmul_q8_units(const uint8_t* __restrict__ w, int64_t row_bytes, int n_out, int n_in,
-                    const uint8_t* __restrict__ xq, const float* __restrict__ bias, float* __restrict__ y) {
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    const int row = static_cast<int>(blockIdx.x * kRowsPerBlock + threadIdx.x / 32);
-    if (row >= n_out) return;
-    const int column_bytes = n_in + n_in / 2;
-    xq += static_cast<int64_t>(blockIdx.y) * kMaxColumns * column_bytes;
-    y += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_out;
-    const uint8_t* wr = w + row * row_bytes;
+// Unit u of a weight row, decoded once, times NC columns of quantized activations (column_bytes apart) into
+// acc; with kGlu the same unit of the up row into acc_up too, column by column after the gate's (the same
+// activation loads, which L1 serves; taking gate and up column by column together made ptxas spill a register
+// in a few variants). q8dot::accumulate is the one sum, so a matrix alone and the gate and up rows of a GLU
+// launch give the same bits.
+template <GgmlType T, int NC, bool kGlu>
+__device__ __forceinline__ void accumulate_unit(const uint8_t* __restrict__ wr, const uint8_t* __restrict__ wr_up,
+                                                int u, const uint8_t* __restrict__ xq, int n_in, int column_bytes,
+                                                float (&acc)[NC], float (&acc_up)[NC]) {
+    q8dot::WeightUnit wu, wu_up;
+    q8dot::Q8Unit<T>::load(wr, u, wu);
+    if constexpr (kGlu) q8dot::Q8Unit<T>::load(wr_up, u, wu_up);
     const uint8_t* meta = xq + n_in;
-    const int n_units = n_in / 16;
-    float acc[NC];
     TERN_UNROLL
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    TERN_NO_UNROLL
-    for (int u = lane; u < n_units; u += 32) {
-        q8dot::WeightUnit wu;
-        q8dot::Q8Unit<T>::load(wr, u, wu);
+    for (int c = 0; c < NC; ++c) {
+        const int4 a = *reinterpret_cast<const int4*>(xq + c * column_bytes + 16 * u);
+        const uint2 m = *reinterpret_cast<const uint2*>(meta + c * column_bytes + 8 * u);
+        acc[c] = q8dot::accumulate<T>(wu, a, m, acc[c]);
+    }
+    if constexpr (kGlu) {
         TERN_UNROLL
         for (int c = 0; c < NC; ++c) {
             const int4 a = *reinterpret_cast<const int4*>(xq + c * column_bytes + 16 * u);
             const uint2 m = *reinterpret_cast<const uint2*>(meta + c * column_bytes + 8 * u);
-            acc[c] = q8dot::accumulate<T>(wu, a, m, acc[c]);
+            acc_up[c] = q8dot::accumulate<T>(wu_up, a, m, acc_up[c]);
         }
     }
-    reduce_columns_and_store<NC>(acc, lane, row, n_out, bias, y);
+}
+
+// y (NC columns of n_out) = x (NC columns of quantized activations) W^T for the warp's matrix and row
+// (matmul_epilogue.cuh), a row's units spread over a warp, finished by the launch's epilogue; with kGlu the
+// warp reads the gate and the up row together. blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..).
+// Rows are warp-uniform, so a warp past its matrix's n_out leaves whole.
+//
+// Launch bounds: 128 threads. Decode's one column and the one-matrix kernels leave ptxas its own register
+// target (lean, no spills: ptxas -v on sm_75 .. sm_120). The wider multi-matrix and GLU kernels also say "one
+// block per SM at least" (0 means unsaid): without it ptxas aims some of them (sm_120) at a register count a
+// few bytes short and spills; with it they take more registers for more loads in flight instead.
+template <GgmlType T, int NC, Kind K>
+__global__ void __launch_bounds__(kRowsPerBlock * 32, K == Kind::one || NC == 1 ? 0 : 1)
+    matmul_q8_units(LaunchRows rows, int n_in, const uint8_t* __restrict__ xq) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    constexpr bool kGlu = K == Kind::glu;
+    const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
+    if (r.row >= r.n_out) return;
+    const uint8_t* wr = row_weights(rows, r.m, r.row);
+    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
+    const int column_bytes = n_in + n_in / 2;
+    xq += static_cast<int64_t>(blockIdx.y) * kMaxColumns * column_bytes;
+    const int n_units = n_in / 16;
+    float acc[NC], acc_up[NC];
+    TERN_UNROLL
+    for (int c = 0; c < NC; ++c) acc[c] = acc_up[c] = 0.0f;
+    TERN_NO_UNROLL
+    for (int u = lane; u < n_units; u += 32)
+        accumulate_unit<T, NC, kGlu>(wr, wr_up, u, xq, n_in, column_bytes, acc, acc_up);
+    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -133,19 +169,11 @@ template <class F> bool visit_format(GgmlType type, F&& f) {
     }
 }
 
-struct Q8Shape {
-    const uint8_t* w;
-    int64_t row_bytes;
-    int n_in, n_out;
-    const float* bias;
-    cudaStream_t stream;
-};
-
-// `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / y on.
-template <GgmlType T, int NC> void launch_passes(const Q8Shape& s, const uint8_t* x, float* y, unsigned passes) {
-    const dim3 grid(static_cast<unsigned>((s.n_out + kRowsPerBlock - 1) / kRowsPerBlock), passes);
-    launch(matmul_q8_units<T, NC>, grid, dim3(kRowsPerBlock * 32), 0, s.stream, s.w, s.row_bytes, s.n_out, s.n_in, x,
-           s.bias, y);
+// `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
+template <GgmlType T, int NC, Kind K>
+void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const uint8_t* x, unsigned passes,
+                   cudaStream_t stream) {
+    launch(matmul_q8_units<T, NC, K>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
 }
 
 using column_passes::check_aligned;
@@ -160,6 +188,39 @@ void check_n_in(const char* fn, int64_t n_in, int64_t block, const std::string& 
                std::to_string(block) + ")");
     if (q8_column_bytes(n_in) * kMaxColumns > kIntMax)
         refuse(std::string(fn) + ": n_in = " + std::to_string(n_in) + " out of range");
+}
+
+// Every launch of matmul_q8, matmul_q8_outputs and matmul_q8_glu: checks, then one launch per group of
+// column passes.
+void run_matmul_q8(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs,
+                   Epilogue e, const void* x_q, int64_t n_cols, cudaStream_t stream) {
+    if (!matmul_q8_supports(type))
+        refuse(std::string(fn) + ": format " + std::string(type_name(type)) + " is not read");
+    check_n_in(fn, n_in, block_elems(type), std::string(type_name(type)) + "'s block");
+    if (n_cols < 0) refuse(std::string(fn) + ": n_cols = " + std::to_string(n_cols) + " out of range");
+    unsigned blocks = 0;
+    const auto rb = static_cast<int64_t>(row_bytes(type, n_in));
+    const LaunchRows rows =
+        matmul_epilogue::launch_rows(fn, outputs, n_outputs, rb, e, kRowsPerBlock, kMaxColumns, &blocks);
+    if (blocks == 0 || n_cols == 0) return;
+    matmul_epilogue::check_weights_aligned(fn, outputs, n_outputs);
+    check_aligned(fn, x_q, "x_q");
+    const auto* x = static_cast<const uint8_t*>(x_q);
+    const int64_t column_bytes = q8_column_bytes(n_in);
+    const int n = static_cast<int>(n_in);
+    visit_format(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
+            constexpr int NC = decltype(nc)::value;
+            const LaunchRows at = matmul_epilogue::from_column(rows, first);
+            const uint8_t* xc = x + first * column_bytes;
+            switch (matmul_epilogue::kind_of(e, n_outputs)) {
+            case Kind::one: launch_passes<T, NC, Kind::one>(at, blocks, n, xc, passes, stream); break;
+            case Kind::several: launch_passes<T, NC, Kind::several>(at, blocks, n, xc, passes, stream); break;
+            case Kind::glu: launch_passes<T, NC, Kind::glu>(at, blocks, n, xc, passes, stream); break;
+            }
+        });
+    });
 }
 
 } // namespace
@@ -188,24 +249,22 @@ bool matmul_q8_supports(GgmlType type) {
 
 void matmul_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const void* x_q, int64_t n_cols,
                const float* bias, float* y, cudaStream_t stream) {
-    if (!matmul_q8_supports(type)) refuse("matmul_q8: format " + std::string(type_name(type)) + " is not read");
-    check_n_in("matmul_q8", n_in, block_elems(type), std::string(type_name(type)) + "'s block");
-    if (n_out < 0 || n_cols < 0 || n_out * kMaxColumns > kIntMax)
-        refuse("matmul_q8: n_out = " + std::to_string(n_out) + ", n_cols = " + std::to_string(n_cols) +
-               " out of range");
-    if (n_out == 0 || n_cols == 0) return;
-    check_aligned("matmul_q8", w, "w");
-    check_aligned("matmul_q8", x_q, "x_q");
-    const Q8Shape shape{static_cast<const uint8_t*>(w), static_cast<int64_t>(row_bytes(type, n_in)),
-                        static_cast<int>(n_in), static_cast<int>(n_out), bias, stream};
-    const auto* x = static_cast<const uint8_t*>(x_q);
-    const int64_t column_bytes = q8_column_bytes(n_in);
-    visit_format(type, [&](auto tag) {
-        constexpr GgmlType T = decltype(tag)::value;
-        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
-            launch_passes<T, decltype(nc)::value>(shape, x + first * column_bytes, y + first * n_out, passes);
-        });
-    });
+    const MatmulOutput output{w, n_out, bias, y};
+    run_matmul_q8("matmul_q8", type, n_in, &output, 1, Epilogue::store, x_q, n_cols, stream);
+}
+
+void matmul_q8_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, const void* x_q,
+                       int64_t n_cols, bool accumulate, cudaStream_t stream) {
+    run_matmul_q8("matmul_q8_outputs", type, n_in, outputs, n_outputs, accumulate ? Epilogue::add : Epilogue::store,
+                  x_q, n_cols, stream);
+}
+
+void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate,
+                   const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
+                   cudaStream_t stream) {
+    const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
+    run_matmul_q8("matmul_q8_glu", type, n_in, outputs, 2,
+                  act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh, x_q, n_cols, stream);
 }
 
 #undef TERN_MATMUL_Q8_FORMATS

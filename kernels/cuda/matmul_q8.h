@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/runtime.h"
 #include "quant/types.h"
 
@@ -54,6 +55,15 @@ bool matmul_q8_supports(GgmlType type);
 // bad n_in or a misaligned pointer throws std::invalid_argument.
 void matmul_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const void* x_q, int64_t n_cols,
                const float* bias, float* y, cudaStream_t stream);
+
+// The fused decode projections of matmul.h (matmul_outputs, matmul_glu) on quantized activations: each gives
+// matmul_q8()'s bits for every matrix, then add_residual's / swiglu's / geglu_tanh's bits for what follows
+// (kernels/cuda/elementwise.h). x_q as for matmul_q8; refusals as matmul_q8()'s.
+void matmul_q8_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, const void* x_q,
+                       int64_t n_cols, bool accumulate, cudaStream_t stream);
+void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate,
+                   const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
+                   cudaStream_t stream);
 
 } // namespace TERN_CUDA_ABI
 } // namespace tern::cuda

@@ -7,6 +7,10 @@
 // warp takes one head: stages it in shared memory, sums its squares in double (a warp reduction),
 // normalises and rotates. The table is made once per block instead of once per head.
 //
+// qk_norm_rope_kv_write is the same kernel with k and v rows stored into the KV cache as well (kv_write's
+// encodings, kv_codec.cuh): the rotated k head from its shared-memory staging, and n_kv_heads more warps per
+// token that store the v heads. One launch for what was qk_norm_rope then kv_write.
+//
 // Against the CPU: the rotation and the norm's float steps are the same IEEE operations (explicitly
 // rounded, no FMA contraction); the angle's pow / cos / sin are the device's double functions (within
 // 2 ulp in double), so a table float differs from the CPU's only when the double lands within a few
@@ -16,6 +20,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/kv_codec.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/row_reduce.cuh"
 
@@ -39,29 +45,56 @@ struct RopeArgs {
     const float* freq_factors;
     int pos0;
     const int32_t* pos0_device;   // when set, the position of token 0 is read here (a replayed CUDA graph)
+    // qk_norm_rope_kv_write only: the V rows and the layer's cache, where k and v rows are stored.
+    const float* v;
+    uint8_t* k_cache;
+    uint8_t* v_cache;
+    int head_dim_v, n_ctx;
+    int k_row_bytes, v_row_bytes;   // kv_row_bytes of the two head dims
 };
 
+// The heads of one token: n_heads q heads, then n_kv_heads k heads, then (kKv) n_kv_heads v heads, kWarps
+// to a block (blockIdx.y), one warp each. With kKv the rotated k head and the v head are also stored in the
+// cache in format F, as kv_write does after qk_norm_rope (kv_codec.cuh store_row_warp: element by element
+// for the float formats, 32-element blocks by the warp for the others, the same encodings).
+//
 // Dynamic shared memory: cos[n_rot/2], sin[n_rot/2], then head_dim floats per warp.
-__global__ void qk_norm_rope_kernel(RopeArgs a) {
+template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
+    constexpr int kScratchFloats = kKv && F == KvType::f8_e4m3 ? kv_codec::kF8ScratchFloats : 1;
+    __shared__ float kv_scratch[kWarps][kScratchFloats];   // store_f8_block's per-warp scratch
     const int token = static_cast<int>(blockIdx.x);
     const int half = a.n_rot / 2;
     float* cos_t = dynamic_shared<float>();
     float* sin_t = cos_t + half;
+    const int pos0 = a.pos0_device ? *a.pos0_device : a.pos0;
+    const int rotated_heads = a.n_heads + a.n_kv_heads;
 
-    // rope_theta (kernels/cpu/ops.cpp), operation for operation.
-    const double pos = static_cast<double>((a.pos0_device ? *a.pos0_device : a.pos0) + token);
-    for (int i = static_cast<int>(threadIdx.x); i < half; i += static_cast<int>(blockDim.x)) {
-        double theta = pos * static_cast<double>(a.freq_scale) *
-                       pow(static_cast<double>(a.base), -2.0 * static_cast<double>(i) / static_cast<double>(a.n_rot));
-        if (a.freq_factors) theta /= static_cast<double>(a.freq_factors[i]);
-        cos_t[i] = static_cast<float>(cos(theta));
-        sin_t[i] = static_cast<float>(sin(theta));
-    }
+    // rope_theta (kernels/cpu/ops.cpp), operation for operation (not needed by a block of v heads only).
+    const double pos = static_cast<double>(pos0 + token);
+    if (static_cast<int>(blockIdx.y) * kWarps < rotated_heads)
+        for (int i = static_cast<int>(threadIdx.x); i < half; i += static_cast<int>(blockDim.x)) {
+            double theta =
+                pos * static_cast<double>(a.freq_scale) *
+                pow(static_cast<double>(a.base), -2.0 * static_cast<double>(i) / static_cast<double>(a.n_rot));
+            if (a.freq_factors) theta /= static_cast<double>(a.freq_factors[i]);
+            cos_t[i] = static_cast<float>(cos(theta));
+            sin_t[i] = static_cast<float>(sin(theta));
+        }
     __syncthreads();
 
     const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
     const int head = static_cast<int>(blockIdx.y) * kWarps + warp;
-    if (head >= a.n_heads + a.n_kv_heads) return; // no block-wide barrier follows
+    if constexpr (kKv) {
+        if (head >= rotated_heads) { // a v head: straight to the cache (kv_write_kernel's encoding)
+            const int h = head - rotated_heads;
+            if (h >= a.n_kv_heads) return;
+            const float* src = a.v + (static_cast<int64_t>(token) * a.n_kv_heads + h) * a.head_dim_v;
+            const int64_t row = static_cast<int64_t>(h) * a.n_ctx + pos0 + token;
+            kv_codec::store_row_warp<F>(src, a.v_cache + row * a.v_row_bytes, a.head_dim_v, lane, kv_scratch[warp]);
+            return;
+        }
+    }
+    if (head >= rotated_heads) return; // no block-wide barrier follows
     const bool is_q = head < a.n_heads;
     float* x = is_q ? a.q + (static_cast<int64_t>(token) * a.n_heads + head) * a.head_dim
                     : a.k + (static_cast<int64_t>(token) * a.n_kv_heads + (head - a.n_heads)) * a.head_dim;
@@ -88,13 +121,27 @@ __global__ void qk_norm_rope_kernel(RopeArgs a) {
     }
     __syncwarp(); // the pairs below mix dims staged by different lanes
 
-    // rope_rotate_f32: pairs (i, i + n_rot/2) for neox, (2i, 2i + 1) otherwise.
+    // rope_rotate_f32: pairs (i, i + n_rot/2) for neox, (2i, 2i + 1) otherwise. Each pair is read and
+    // written by one lane, so the staged head can take the rotated values in place for the cache store.
     const int second = a.neox ? half : 1, step = a.neox ? 1 : 2;
     for (int i = lane; i < half; i += 32) {
         const int d0 = i * step;
         const float x0 = s[d0], x1 = s[d0 + second], c = cos_t[i], sn = sin_t[i];
-        x[d0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
-        x[d0 + second] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+        const float y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+        x[d0] = y0;
+        x[d0 + second] = y1;
+        if constexpr (kKv) {
+            s[d0] = y0;
+            s[d0 + second] = y1;
+        }
+    }
+    if constexpr (kKv) {
+        if (!is_q) { // the k head, as kv_write would read it back from k
+            __syncwarp();
+            const int64_t row = static_cast<int64_t>(head - a.n_heads) * a.n_ctx + pos0 + token;
+            kv_codec::store_row_warp<F>(s, a.k_cache + row * a.k_row_bytes, a.head_dim, lane, kv_scratch[warp]);
+        }
     }
 }
 
@@ -102,26 +149,98 @@ void require(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("tern::cuda::qk_norm_rope: " + what);
 }
 
-} // namespace
-
-void qk_norm_rope(float* q, float* k, int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                  const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
-                  cudaStream_t stream, const int32_t* pos0_device) {
+void check_rope(int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, const RopeParams& rope) {
     require(n >= 0 && n < (int64_t{1} << 31), "token count out of range");
     require(n_heads >= 0 && n_kv_heads >= 0 && head_dim > 0, "bad head shape");
     require(rope.n_rot >= 0 && rope.n_rot % 2 == 0 && rope.n_rot <= head_dim,
             "n_rot must be even and at most head_dim (n_rot " + std::to_string(rope.n_rot) + ", head_dim " +
                 std::to_string(head_dim) + ")");
+}
+
+// The arguments both launchers share (the cache's fields left empty).
+RopeArgs rope_args(float* q, float* k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, const float* q_norm,
+                   const float* k_norm, float eps, const RopeParams& rope, int32_t pos0, const int32_t* pos0_device) {
+    RopeArgs args{};
+    args.q = q;
+    args.k = k;
+    args.n_heads = n_heads;
+    args.n_kv_heads = n_kv_heads;
+    args.head_dim = head_dim;
+    args.q_norm = q_norm;
+    args.k_norm = k_norm;
+    args.eps = eps;
+    args.neox = rope.neox;
+    args.n_rot = rope.n_rot;
+    args.base = rope.base;
+    args.freq_scale = rope.freq_scale;
+    args.freq_factors = rope.freq_factors;
+    args.pos0 = pos0;
+    args.pos0_device = pos0_device;
+    return args;
+}
+
+// One launch of the kernel for F over `heads` warps per token (kWarps a block).
+template <bool kKv, KvType F> void launch_rope(const RopeArgs& args, int64_t n, int heads, cudaStream_t stream) {
+    const int warps = heads < kWarps ? heads : kWarps;
+    const size_t shared =
+        (static_cast<size_t>(args.n_rot) + static_cast<size_t>(warps) * args.head_dim) * sizeof(float);
+    require(shared <= 48 * 1024, "head_dim too large for the shared-memory staging");
+    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
+    launch(qk_norm_rope_kernel<kKv, F>, grid, dim3(32 * warps), shared, stream, args);
+}
+
+} // namespace
+
+void qk_norm_rope(float* q, float* k, int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                  const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
+                  cudaStream_t stream, const int32_t* pos0_device) {
+    check_rope(n, n_heads, n_kv_heads, head_dim, rope);
     const int heads = n_heads + n_kv_heads;
     if (n == 0 || heads == 0) return;
-    const int warps = heads < kWarps ? heads : kWarps;
-    const size_t shared = (static_cast<size_t>(rope.n_rot) + static_cast<size_t>(warps) * head_dim) * sizeof(float);
-    require(shared <= 48 * 1024, "head_dim too large for the shared-memory staging");
-    const RopeArgs args{q,        k,         n_heads,   n_kv_heads,      head_dim,          q_norm,
-                        k_norm,   eps,       rope.neox, rope.n_rot,      rope.base,         rope.freq_scale,
-                        rope.freq_factors, pos0,   pos0_device};
-    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
-    launch(qk_norm_rope_kernel, grid, dim3(32 * warps), shared, stream, args);
+    const RopeArgs args =
+        rope_args(q, k, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rope, pos0, pos0_device);
+    launch_rope<false, KvType::f32>(args, n, heads, stream);
+}
+
+void qk_norm_rope_kv_write(const KvLayer& layer, float* q, float* k, const float* v, int64_t n, int32_t n_heads,
+                           const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
+                           cudaStream_t stream, const int32_t* pos0_device) {
+    check_rope(n, n_heads, layer.n_kv_heads, layer.head_dim, rope);
+    kv_codec::check_kv_shape(layer.type, layer.head_dim, layer.head_dim_v, layer.n_kv_heads, layer.n_ctx,
+                             "qk_norm_rope_kv_write");
+    if (!layer.k || !layer.v) throw std::invalid_argument("qk_norm_rope_kv_write: the layer has no K or V buffer");
+    if (pos0 < 0 || pos0 + n > layer.n_ctx)
+        throw std::invalid_argument("qk_norm_rope_kv_write: positions " + std::to_string(pos0) + " + " +
+                                    std::to_string(n) + " outside the cache's " + std::to_string(layer.n_ctx));
+    if (n == 0) return;
+    RopeArgs args =
+        rope_args(q, k, n_heads, layer.n_kv_heads, layer.head_dim, q_norm, k_norm, eps, rope, pos0, pos0_device);
+    args.v = v;
+    args.k_cache = static_cast<uint8_t*>(layer.k);
+    args.v_cache = static_cast<uint8_t*>(layer.v);
+    args.head_dim_v = layer.head_dim_v;
+    args.n_ctx = layer.n_ctx;
+    args.k_row_bytes = static_cast<int>(kv_row_bytes(layer.type, layer.head_dim));
+    args.v_row_bytes = static_cast<int>(kv_row_bytes(layer.type, layer.head_dim_v));
+    const int heads = n_heads + 2 * layer.n_kv_heads;
+    switch (layer.type) {
+    case KvType::f32:
+        launch_rope<true, KvType::f32>(args, n, heads, stream);
+        return;
+    case KvType::f16:
+        launch_rope<true, KvType::f16>(args, n, heads, stream);
+        return;
+    case KvType::bf16:
+        launch_rope<true, KvType::bf16>(args, n, heads, stream);
+        return;
+    case KvType::q8_0:
+        launch_rope<true, KvType::q8_0>(args, n, heads, stream);
+        return;
+    case KvType::f8_e4m3:
+        launch_rope<true, KvType::f8_e4m3>(args, n, heads, stream);
+        return;
+    }
+    throw std::invalid_argument("qk_norm_rope_kv_write: unknown KV type");
 }
 
 } // namespace TERN_CUDA_ABI

@@ -85,6 +85,9 @@ cudaError_t emu_set_last_error(cudaError_t e);
 cudaError_t emu_record_launch(cudaStream_t stream, std::function<void()> op);
 // Bytes of device memory currently allocated with cudaMalloc (tests check that code frees what it takes).
 size_t device_bytes_in_use();
+// Kernel launches issued so far (run at once or recorded into a graph being captured; a graph's replay
+// counts none): tests count the launches a piece of host code makes.
+size_t kernel_launches();
 } // namespace cuda_emu
 
 const char* cudaGetErrorString(cudaError_t e);

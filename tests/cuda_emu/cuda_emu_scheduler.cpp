@@ -589,6 +589,12 @@ int g_worker_threads = 0;
 void set_worker_threads(int n) { detail::g_worker_threads = n; }
 int worker_threads() { return detail::g_worker_threads > 0 ? detail::g_worker_threads : omp_get_max_threads(); }
 
+namespace {
+std::atomic<size_t> g_kernel_launches{0};
+} // namespace
+
+size_t kernel_launches() { return g_kernel_launches.load(std::memory_order_relaxed); }
+
 cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, std::function<void()> body) {
     const unsigned long long threads = 1ull * block.x * block.y * block.z;
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 || block.x > 1024 ||
@@ -596,6 +602,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stre
         return emu_set_last_error(cudaErrorInvalidConfiguration);
     }
     if (shared_bytes > 227 * 1024) return emu_set_last_error(cudaErrorInvalidValue);
+    g_kernel_launches.fetch_add(1, std::memory_order_relaxed);
     auto run = [grid, block, shared_bytes, body = std::move(body)] {
         const long long nblocks = 1ll * grid.x * grid.y * grid.z;
         std::mutex error_mutex;

@@ -1,0 +1,152 @@
+#pragma once
+// What the decode matmuls (kernels/cuda/matmul.cu, matmul_q8.cu) launch and what they do with a row's sums:
+// one launch covers up to kMaxMatmulOutputs matrices that read the same input (q, k and v), and the lane
+// that holds a column's sum stores it, adds it to the output (the residual add) or, in a GLU launch where
+// each warp reads the gate row and the up row of one output, combines the two (the gated FFN).
+//
+// The matrices' rows go to consecutive ranges of blocks (grid dimension x): matrix i takes blocks
+// [first_block[i], first_block[i + 1]), a whole number of blocks each, so a warp's matrix and row follow from
+// blockIdx.x alone and every warp of a block reads the same matrix. The kernels pick the matrix with
+// comparisons and selects (an indexed kernel parameter would be copied to local memory).
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/activations.cuh"
+#include "kernels/cuda/column_passes.h"
+#include "kernels/cuda/column_reduce.cuh"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/runtime.h"
+
+namespace tern::cuda {
+inline namespace TERN_CUDA_ABI {
+namespace matmul_epilogue {
+
+// What the writing lane does with its column's sum s (bias added). One kernel serves store and add (a
+// uniform branch at the end); the GLU forms read two matrices per row and are kernels of their own.
+enum class Epilogue : uint8_t {
+    store,        // y = s
+    add,          // y = y + s: add_residual's __fadd_rn(x, out) (kernels/cuda/elementwise.cu)
+    swiglu,       // y = swiglu_f32(s_gate, s_up)
+    geglu_tanh,   // y = geglu_tanh_f32(s_gate, s_up)
+};
+constexpr bool is_glu(Epilogue e) { return e == Epilogue::swiglu || e == Epilogue::geglu_tanh; }
+
+// The kernels' shapes, a template parameter: one matrix (matmul itself and the residual adds: with the
+// matrix a constant the kernel takes the registers the plain matmul took), several (picked per block at run
+// time, which costs registers: up to ~20 more at 8 columns), or a GLU pair.
+enum class Kind : uint8_t { one, several, glu };
+constexpr Kind kind_of(Epilogue e, int n_outputs) {
+    return is_glu(e) ? Kind::glu : n_outputs == 1 ? Kind::one : Kind::several;
+}
+
+// A launch's matrices as its kernel reads them (a kernel parameter, by value). In a GLU launch matrix 0 is
+// the gate and matrix 1 the up projection, both walked by the blocks of matrix 0, which write y[0].
+struct LaunchRows {
+    const uint8_t* w[kMaxMatmulOutputs];
+    const float* bias[kMaxMatmulOutputs];
+    float* y[kMaxMatmulOutputs];
+    int n_out[kMaxMatmulOutputs];
+    unsigned first_block[kMaxMatmulOutputs];   // past the last matrix: ~0u
+    int64_t row_bytes;                         // every matrix has rows of n_in in one format
+    Epilogue epilogue;
+};
+
+// Matrix m's entry of one of LaunchRows' arrays, picked by selects.
+template <typename T> __device__ __forceinline__ T pick(const T (&a)[kMaxMatmulOutputs], int m) {
+    return m == 0 ? a[0] : m == 1 ? a[1] : a[2];
+}
+
+// The matrix and row one warp computes.
+struct WarpRow {
+    int m;       // the matrix (0 in a GLU launch)
+    int row;
+    int n_out;   // the matrix's rows; a warp with row >= n_out has nothing to do
+};
+
+template <Kind K, int kRowsPerBlock> __device__ __forceinline__ WarpRow warp_row(const LaunchRows& r) {
+    const unsigned b = blockIdx.x;
+    const int m = K != Kind::several ? 0 : b >= r.first_block[2] ? 2 : b >= r.first_block[1] ? 1 : 0;
+    const unsigned first = m == 0 ? 0u : m == 1 ? r.first_block[1] : r.first_block[2];
+    return {m, static_cast<int>((b - first) * kRowsPerBlock + threadIdx.x / 32), pick(r.n_out, m)};
+}
+
+// The row's weights in matrix m (the up projection's in a GLU launch: matrix 1).
+__device__ __forceinline__ const uint8_t* row_weights(const LaunchRows& r, int m, int row) {
+    return pick(r.w, m) + row * r.row_bytes;
+}
+
+// Reduces the warp's column sums (acc_up: the up projection's, GLU only) and finishes each column of pass
+// blockIdx.y (columns kMaxColumns * blockIdx.y ..) as the launch's epilogue says. The warp's matrix and row
+// are worked out again here from the kernel parameters rather than kept live through the row's loop: a few
+// compares cost less than the registers they would hold (measured with ptxas -v on the q8 kernels).
+template <Kind K, int NC, int kRowsPerBlock, int kMaxColumns>
+__device__ __forceinline__ void finish_columns(const float (&acc)[NC], const float (&acc_up)[NC], int lane,
+                                               const LaunchRows& r) {
+    constexpr bool kGlu = K == Kind::glu;
+    const ColumnSum s = reduce_columns<NC>(acc, lane);
+    float up = 0.0f;
+    if constexpr (kGlu) up = reduce_columns<NC>(acc_up, lane).sum;
+    if (!s.writer) return;
+    const WarpRow wr = warp_row<K, kRowsPerBlock>(r);
+    const float* bias = pick(r.bias, wr.m);
+    const float v = bias ? s.sum + bias[wr.row] : s.sum;   // the projection's output, as stored alone
+    float* out = pick(r.y, wr.m) + (static_cast<int64_t>(blockIdx.y) * kMaxColumns + s.col) * wr.n_out + wr.row;
+    if constexpr (kGlu) {
+        if (r.bias[1]) up = up + r.bias[1][wr.row];
+        *out = r.epilogue == Epilogue::swiglu ? swiglu_f32(v, up) : geglu_tanh_f32(v, up);
+    } else {
+        *out = r.epilogue == Epilogue::add ? __fadd_rn(*out, v) : v;
+    }
+}
+
+// ---- host side ----------------------------------------------------------------------------------------
+
+// The launch's matrices for `outputs` (GLU: gate and up as outputs 0 and 1, n_outputs 2) and the blocks
+// (of rows_per_block rows) that cover them, checked: n_outputs in range, every n_out small enough for the
+// kernels' 32-bit offsets (one pass's max_columns columns of y below 2^31), y present.
+inline LaunchRows launch_rows(const char* fn, const MatmulOutput* outputs, int n_outputs, int64_t row_bytes,
+                              Epilogue e, int rows_per_block, int max_columns, unsigned* blocks) {
+    using column_passes::refuse;
+    if (!outputs || n_outputs < 1 || n_outputs > kMaxMatmulOutputs || (is_glu(e) && n_outputs != 2))
+        refuse(std::string(fn) + ": " + std::to_string(n_outputs) + " outputs");
+    LaunchRows r{};
+    r.row_bytes = row_bytes;
+    r.epilogue = e;
+    int64_t total = 0;
+    for (int i = 0; i < kMaxMatmulOutputs; ++i) {
+        r.first_block[i] = ~0u;
+        if (i >= n_outputs) continue;
+        const MatmulOutput& o = outputs[i];
+        if (o.n_out < 0 || o.n_out * max_columns > column_passes::kIntMax)
+            refuse(std::string(fn) + ": n_out = " + std::to_string(o.n_out) + " out of range");
+        if (is_glu(e) && o.n_out != outputs[0].n_out) refuse(std::string(fn) + ": gate and up differ in n_out");
+        if (!o.y && !(is_glu(e) && i == 1)) refuse(std::string(fn) + ": an output without y");
+        r.w[i] = static_cast<const uint8_t*>(o.w);
+        r.bias[i] = o.bias;
+        r.y[i] = o.y;
+        r.n_out[i] = static_cast<int>(o.n_out);
+        if (is_glu(e) && i == 1) continue;   // the up rows ride along with the gate's blocks
+        r.first_block[i] = static_cast<unsigned>(total);
+        total += (o.n_out + rows_per_block - 1) / rows_per_block;
+    }
+    if (total > column_passes::kIntMax) refuse(std::string(fn) + ": too many rows for one launch");
+    *blocks = static_cast<unsigned>(total);
+    return r;
+}
+
+// Refuses a matrix of `outputs` that is not 16-byte aligned (the dequantizers' widest loads).
+inline void check_weights_aligned(const char* fn, const MatmulOutput* outputs, int n_outputs) {
+    for (int i = 0; i < n_outputs; ++i)
+        if (outputs[i].n_out > 0) column_passes::check_aligned(fn, outputs[i].w, "w");
+}
+
+// The same launch from column `first` on: every output moved by `first` of its columns.
+inline LaunchRows from_column(LaunchRows r, int64_t first) {
+    for (int i = 0; i < kMaxMatmulOutputs; ++i)
+        if (r.y[i]) r.y[i] += first * r.n_out[i];
+    return r;
+}
+
+} // namespace matmul_epilogue
+} // namespace TERN_CUDA_ABI
+} // namespace tern::cuda
