@@ -1,5 +1,7 @@
 #include "engine/kv_pages.h"
 
+#include <algorithm>
+#include <climits>
 #include <string>
 
 #include "base/error.h"
@@ -51,7 +53,7 @@ void KvPageTable::drop_slot(int32_t slot) {
 }
 
 void KvPageTable::release_after(Sequence& s, int32_t n) {
-    const auto keep = static_cast<size_t>((n + kKvPagePositions - 1) / kKvPagePositions);
+    const auto keep = static_cast<size_t>(kv_pages_for(n));
     while (s.pages.size() > keep) {
         drop_slot(s.pages.back());
         s.pages.pop_back();
@@ -69,7 +71,7 @@ void KvPageTable::fork(int32_t src, int32_t dst, int32_t n) {
         return;
     }
     std::vector<int32_t> shared(from.pages.begin(),
-                                from.pages.begin() + (n + kKvPagePositions - 1) / kKvPagePositions);
+                                from.pages.begin() + kv_pages_for(n));
     for (int32_t slot : shared) ++refs_[static_cast<size_t>(slot)];   // before dst lets go of its own
     if (exists(dst)) release_after(live(dst), 0);
     else create(dst);
@@ -81,12 +83,13 @@ void KvPageTable::fork(int32_t src, int32_t dst, int32_t n) {
 int32_t KvPageTable::n_past(int32_t seq) const { return live(seq).n_past; }
 
 int32_t KvPageTable::mapped(int32_t seq) const {
-    return static_cast<int32_t>(live(seq).pages.size()) * kKvPagePositions;
+    const int64_t positions = static_cast<int64_t>(live(seq).pages.size()) * kKvPagePositions;
+    return static_cast<int32_t>(std::min<int64_t>(positions, INT32_MAX));
 }
 
 void KvPageTable::set_n_past(int32_t seq, int32_t n) {
     Sequence& s = live(seq);
-    if (n < 0 || n > static_cast<int32_t>(s.pages.size()) * kKvPagePositions)
+    if (n < 0 || n > static_cast<int64_t>(s.pages.size()) * kKvPagePositions)
         throw UsageError("KV cache: n_past " + std::to_string(n) + " of sequence " + std::to_string(seq) +
                          " is past its mapped positions");
     release_after(s, n);
@@ -96,7 +99,7 @@ void KvPageTable::set_n_past(int32_t seq, int32_t n) {
 std::vector<KvSlotCopy> KvPageTable::prepare_write(int32_t seq, int32_t begin, int32_t end) {
     Sequence& s = live(seq);
     if (begin < 0 || end < begin) throw UsageError("KV cache: bad write range");
-    const auto chunks = static_cast<size_t>((end + kKvPagePositions - 1) / kKvPagePositions);
+    const auto chunks = static_cast<size_t>(kv_pages_for(end));
     const size_t first_written = static_cast<size_t>(begin / kKvPagePositions);
     // Count first, so a refusal changes nothing.
     int32_t needed = 0;

@@ -106,7 +106,7 @@ uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type) {
 }
 
 uint64_t kv_cache_bytes(const ModelConfig& config, KvType type, int32_t n_ctx) {
-    const auto pages = static_cast<uint64_t>((std::max(n_ctx, 0) + kKvPagePositions - 1) / kKvPagePositions);
+    const auto pages = static_cast<uint64_t>(kv_pages_for(std::max(n_ctx, 0)));
     return kv_bytes_per_position(config, type) * pages * static_cast<uint64_t>(kKvPagePositions);
 }
 

@@ -30,6 +30,10 @@ struct KvFormatInfo {
 // Positions per page of the CPU's paged KV cache (engine/cpu/kv_cache.h), which is also the CPU attention's
 // chunk (kernels/cpu/attention.h kAttnChunk): a chunk's rows are then one run inside one page.
 inline constexpr int32_t kKvPagePositions = 128;
+// Pages that hold `positions` positions (64-bit: a context may be up to INT32_MAX positions).
+inline constexpr int64_t kv_pages_for(int64_t positions) {
+    return (positions + kKvPagePositions - 1) / kKvPagePositions;
+}
 
 inline constexpr std::array<KvFormatInfo, 5> kKvFormats = {{
     {KvType::f32, "f32", 1, 4, false},

@@ -79,7 +79,7 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
         n_kv_heads.push_back(lc.n_kv_heads);
     const int32_t pool = std::max(options.kv_pool_positions, options.n_ctx);
     kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx,
-             (pool + kKvPagePositions - 1) / kKvPagePositions);
+             static_cast<int32_t>(kv_pages_for(pool)));
     logits_.clear();
     n_logit_rows_ = 0;
     prepared_ = {};   // the previous model's copies go before the new ones are made

@@ -21,7 +21,7 @@ void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer
     head_dim_v_ = head_dim_v;
     n_ctx_ = n_ctx;
     n_kv_heads_ = n_kv_heads_per_layer;
-    if (n_slots <= 0) n_slots = (n_ctx + kKvPagePositions - 1) / kKvPagePositions;
+    if (n_slots <= 0) n_slots = static_cast<int32_t>(kv_pages_for(n_ctx));
     table_ = KvPageTable(n_slots);
     k_.clear();
     v_.clear();
