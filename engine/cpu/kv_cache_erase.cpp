@@ -45,7 +45,9 @@ void KvCache::erase(int32_t begin, int32_t end, const std::vector<RopeRotation>&
     parallel_for(static_cast<int64_t>(heads.size()), threads, 1, [&](int64_t i0, int64_t i1) {
         std::vector<float> rows; // (kRowsPerPass, head_dim) f32 scratch of this claim
         for (size_t i = static_cast<size_t>(i0); i < static_cast<size_t>(i1); ++i) {
-            const auto [l, h] = heads[i];
+            // Plain copies, not a structured binding: lambdas below capture h (C++17 forbids capturing bindings).
+            const int32_t l = heads[i].first;
+            const int32_t h = heads[i].second;
             const size_t lu = static_cast<size_t>(l);
             // Going up from the lowest row, a row is only overwritten after it was read (its destination is
             // removed - 1 or more positions below it). Rows are copied one by one: the pages of the two
