@@ -592,6 +592,29 @@ TEST_CASE("batching: an exhausted KV pool preempts the youngest request, which r
     }
 }
 
+TEST_CASE("batching: a preempted request can be cancelled while it waits to resume") {
+    if (!test::shared_available()) return;
+    auto reference = model_session(kStories, 256);
+    auto session = model_session(kStories, 256, 256);   // two pages: one request's context
+    Collector c;
+    BatchEngine engine(*session, {.parallel = 2, .max_waiting = 8});
+    const std::vector<Spec> specs = {{"Once upon a time", 200, greedy(), {}}, {"The little dog", 200, sampled(5), {}}};
+    const RequestId a = engine.submit(to_request(c, *session, specs[0])).id;
+    const RequestId b = engine.submit(to_request(c, *session, specs[1])).id;
+    for (int i = 0; i < 1000 && engine.stats().preempted == 0; ++i) engine.step();
+    REQUIRE(engine.stats().preempted == 1);
+    CHECK(engine.stats().running == 1);
+    CHECK(engine.stats().waiting == 1);   // b, the younger, gave its pages back
+    CHECK(engine.cancel(b));
+    engine.step();
+    REQUIRE(c.results.count(b) == 1);
+    CHECK(c.results[b].stop_reason == StopReason::cancelled);
+    CHECK(c.results[b].n_gen() > 0);
+    CHECK(c.streamed[b] == c.results[b].text);
+    step_until_idle(engine);
+    check_equal_to_alone(*reference, c, {specs[0]}, {a});
+}
+
 TEST_CASE("batching: a prompt that starts like a held sequence shares its pages") {
     if (!test::shared_available()) return;
     auto reference = model_session(kLlama2xs, 512);
