@@ -5,7 +5,7 @@
 //   submit()  thread-safe; queues a request or refuses it at once (a full waiting queue, a prompt the
 //             context cannot hold, an engine that is shutting down), never blocking on the engine;
 //   cancel()  thread-safe; a waiting request leaves the queue (its memory freed) before cancel()
-//             returns, a running one stops at its next decode step;
+//             returns, a running (or preempted) one ends at the engine's next step, its pages freed then;
 //   run()     the engine loop, on one thread (start() spawns it); step() is one turn of it;
 //   drain()   refuse new requests, finish the admitted ones, then run() returns; stop() cancels them;
 //   stats()   counters, gauges and latency histograms for /metrics and progress lines.
@@ -22,7 +22,8 @@
 // rows in its own order with its own RNG. When the pool lacks pages for a step, the youngest running
 // request is preempted (its pages freed) and later resumes where it was, its prompt and generated
 // tokens recomputed and its stream going on (no text is sent twice). A new request whose prompt starts
-// like a running or recently finished sequence shares that prefix's pages (Backend::seq_fork).
+// like a running or recently finished sequence shares that prefix's pages (Backend::seq_fork). The
+// Session's on-disk prefix cache is not read nor written on this path.
 //
 // On a backend without sequences the engine runs the admitted requests one at a time, first come first
 // served, through the Session (engine/generation/session.h): each step is one whole generation, and a
