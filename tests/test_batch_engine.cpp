@@ -39,12 +39,12 @@ std::unique_ptr<Session> real_session(int32_t n_ctx) {
     return std::make_unique<Session>(std::move(backend), std::move(tok), n_ctx, model);
 }
 
-std::unique_ptr<Session> model_session(const std::string& file, int32_t n_ctx, int32_t pool = 0) {
+std::unique_ptr<Session> model_session(const std::string& file, int32_t n_ctx, int32_t pool = 0, int threads = 1) {
     auto model = std::make_shared<Model>(load_model(test::shared_path(file).string()));
     RunOptions run;
     run.n_ctx = n_ctx;
     run.kv_pool_positions = pool;
-    std::unique_ptr<Backend> backend = make_backend("cpu", CpuOptions{1});
+    std::unique_ptr<Backend> backend = make_backend("cpu", CpuOptions{threads});
     backend->load(model->config, model->weights, run);
     std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(model->file);
     return std::make_unique<Session>(std::move(backend), std::move(tok), n_ctx, model);
@@ -489,7 +489,7 @@ TEST_CASE("batching: concurrent requests each give the tokens and text they give
 TEST_CASE("batching: the engine thread gives the same results, with requests arriving while others run") {
     if (!test::shared_available()) return;
     auto reference = model_session(kLlama2xs, 256);
-    auto session = model_session(kLlama2xs, 256, 4 * 256);
+    auto session = model_session(kLlama2xs, 256, 4 * 256, 2);   // two threads: the same bits as one
     Collector c;
     BatchEngine engine(*session, {.parallel = 4, .max_waiting = 64});
     engine.start();
