@@ -113,7 +113,9 @@ int run_batch_file(const RunFlags& f) {
     o.chat_template = f.chat_template;
 
     const std::string input = read_batch_input(f.batch);   // a missing file fails before the model loads
-    LoadedSession loaded = load_session(f.model);
+    ModelOptions model = f.model;
+    model.sequences = f.parallel;   // the KV pool holds a full context for each sequence
+    LoadedSession loaded = load_session(model);
     attach_prompt_cache(loaded, f.model, f.prompt_cache);
     return run_batch(input, loaded, o);
 }

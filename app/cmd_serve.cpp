@@ -54,7 +54,9 @@ int serve(const ServeFlags& f) {
         throw UsageError("--max-body: '" + terminal_safe(f.max_body) + "' is not a size between 1K and 1G (examples: 512K, 8M)");
     if (f.host.empty()) throw UsageError("--host: empty (give an address such as 127.0.0.1, or 0.0.0.0 for every interface)");
 
-    LoadedSession loaded = load_session(f.model);
+    ModelOptions model = f.model;
+    model.sequences = f.parallel;   // the KV pool holds a full context for each sequence
+    LoadedSession loaded = load_session(model);
     Session& session = *loaded.session;
     PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template), loaded.n_ctx);
 

@@ -296,6 +296,7 @@ OpenRequest open_request(const ModelOptions& o) {
     r.kv_type = kv_type_from_name(o.kv_type);
     r.device = o.device;
     r.gpu_layers = o.gpu_layers;
+    r.sequences = o.sequences;
     r.cpu.n_threads = o.threads;
     r.on_device_note = [](const std::string& note) { std::cerr << "tern: " << note << "\n"; };
     // The weights' copy to a GPU: a bar on a terminal (a large model takes seconds).

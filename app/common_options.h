@@ -23,6 +23,7 @@ struct ModelOptions {
     std::string kv_type = "f16";   // --kv-type
     int32_t ctx_size = 0;          // -c; 0 = the model's context, capped to what memory allows
     int32_t gpu_layers = -1;       // -ngl; -1 = all (on a GPU; ignored on the CPU)
+    int32_t sequences = 1;         // not a flag: the KV cache's sequences (serve's and run --batch's --parallel)
 };
 
 // -m/--model (required), -c/--ctx-size, -t/--threads, --kv-type, --device, --gpu-layers.

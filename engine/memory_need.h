@@ -26,6 +26,8 @@ struct MemoryRequest {
     int32_t n_ctx = 0;
     int32_t n_batch = 512;       // tokens per forward (GenerateOptions::prefill_chunk)
     int32_t n_logit_rows = 1;    // rows of logits kept per forward (perplexity keeps a batch)
+    // Positions of the paged KV pool several sequences share (RunOptions::kv_pool_positions); 0: n_ctx.
+    int32_t kv_pool_positions = 0;
 };
 
 // One limit on the memory the process can still get.

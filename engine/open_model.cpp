@@ -1,6 +1,7 @@
 #include "engine/open_model.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "base/error.h"
@@ -61,13 +62,18 @@ OpenedModel open_model(const OpenRequest& r) {
     }
 
     const Backend& backend = *opened.backend;
+    const int64_t sequences = backend.supports_sequences() ? std::max(r.sequences, 1) : 1;
     request.n_ctx = 512;   // the batch the base need is sized with, as a forward of a full prefill chunk
     const uint64_t left = memory_left_for_kv(backend.plan_memory(m.config, m.weights, request), backend.memory_limits());
-    opened.context = choose_context(r.n_ctx, m.config.n_ctx_train, kv_bytes_per_position(m.config, r.kv_type), left);
+    opened.context = choose_context(r.n_ctx, m.config.n_ctx_train,
+                                    kv_bytes_per_position(m.config, r.kv_type) * static_cast<uint64_t>(sequences), left);
     if (r.on_context) r.on_context(opened.context);
 
     // The limits read again: the file and the caller's checks (a tokenizer) have taken their share.
     request.n_ctx = opened.context.n_ctx;
+    if (sequences > 1)
+        request.kv_pool_positions = static_cast<int32_t>(
+            std::min<int64_t>(sequences * opened.context.n_ctx, std::numeric_limits<int32_t>::max()));
     if (const std::optional<MemoryShortfall> shortfall =
             find_memory_shortfall(backend.plan_memory(m.config, m.weights, request), backend.memory_limits(), request))
         throw MemoryShortfallError(*shortfall);
@@ -75,6 +81,7 @@ OpenedModel open_model(const OpenRequest& r) {
     RunOptions options;
     options.n_ctx = opened.context.n_ctx;
     options.kv_type = r.kv_type;
+    options.kv_pool_positions = request.kv_pool_positions;
     options.on_upload = r.on_upload;
     try {
         opened.backend->load(m.config, m.weights, options);
@@ -84,6 +91,9 @@ OpenedModel open_model(const OpenRequest& r) {
         if (!parse_device(r.device) || !parse_device(r.device)->automatic) throw;
         note = "device auto: " + std::string(e.what()) + "; running on the cpu";
         opened.backend = make_backend("cpu", r.cpu);
+        if (r.sequences > 1)   // the CPU's pool holds the sequences a GPU's single cache would not
+            request.kv_pool_positions = options.kv_pool_positions = static_cast<int32_t>(std::min<int64_t>(
+                static_cast<int64_t>(r.sequences) * opened.context.n_ctx, std::numeric_limits<int32_t>::max()));
         if (const std::optional<MemoryShortfall> shortfall = find_memory_shortfall(
                 opened.backend->plan_memory(m.config, m.weights, request), opened.backend->memory_limits(), request))
             throw MemoryShortfallError(*shortfall);

@@ -43,6 +43,10 @@ struct OpenRequest {
     int32_t gpu_layers = -1;        // layers on a GPU (-ngl), the rest on the CPU; -1 = all (engine/split_backend.h)
     CpuOptions cpu;
     MemoryRequest shape;            // n_batch and n_logit_rows of the forwards to come (n_ctx, kv_type set here)
+    // Sequences the KV cache holds at once (a batching engine's `parallel`). On a backend with sequences
+    // the KV pool gets sequences * n_ctx positions, counted in the memory check, and the automatic context
+    // is sized so that many fit; a backend of one sequence ignores it.
+    int32_t sequences = 1;
 
     // Called in this order while the model opens, each when set:
     std::function<void(const std::string&)> on_device_note;     // an automatic device choice explained (once loaded)

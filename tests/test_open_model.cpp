@@ -82,6 +82,37 @@ TEST_CASE("open_model: a context beyond any memory is refused before the backend
     CHECK(context_seen);
 }
 
+TEST_CASE("open_model: sequences size the KV pool, and the memory check counts it") {
+    if (!test::shared_available()) return;
+    OpenRequest r;
+    r.path = test::shared_path("models/gguf/stories260K-f32.gguf").string();
+    r.device = "cpu";
+    r.cpu.n_threads = 1;
+    r.n_ctx = 256;
+    r.sequences = 3;
+    OpenedModel opened = open_model(r);
+    CHECK(opened.context.n_ctx == 256);
+    CHECK(opened.backend->kv_pool().pages == 3 * 256 / 128);
+    r.sequences = 1;
+    CHECK(open_model(r).backend->kv_pool().pages == 256 / 128);
+
+    // The CPU plan: the pool's positions, not one context's.
+    const Model m = load_model(r.path);
+    MemoryRequest one;
+    one.kv_type = KvType::f16;
+    one.n_ctx = 256;
+    MemoryRequest pool = one;
+    pool.kv_pool_positions = 4 * 256;
+    const auto cpu = make_backend("cpu", CpuOptions{1});
+    CHECK(cpu->plan_memory(m.config, m.weights, one).kv == kv_cache_bytes(m.config, KvType::f16, 256));
+    CHECK(cpu->plan_memory(m.config, m.weights, pool).kv == kv_cache_bytes(m.config, KvType::f16, 4 * 256));
+
+    // A pool beyond any memory is refused like a context beyond it.
+    r.n_ctx = 1 << 24;
+    r.sequences = 100;
+    CHECK_THROWS_AS(open_model(r), RuntimeFailure);
+}
+
 TEST_CASE("open_model: an unusable device is a DeviceUnavailable naming it") {
     OpenRequest r;
     r.path = "/nonexistent.gguf";   // never opened: the device is checked first

@@ -4,9 +4,13 @@
 #include <chrono>
 #include <exception>
 #include <new>
+#include <optional>
 #include <utility>
 
+#include "engine/backend.h"
+#include "engine/generation/completion_stream.h"
 #include "engine/generation/session.h"
+#include "engine/load_errors.h"
 
 namespace tern {
 
@@ -25,6 +29,15 @@ template <class F, class... Args> void call_quietly(const F& f, Args&&... args) 
     }
 }
 
+bool penalties_off(const SamplingParams& p) {
+    return p.repeat_last_n == 0 ||
+           (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
+}
+
+int32_t pages_for(size_t positions, int32_t per_page) {
+    return static_cast<int32_t>((positions + static_cast<size_t>(per_page) - 1) / static_cast<size_t>(per_page));
+}
+
 } // namespace
 
 struct BatchEngine::Job {
@@ -32,6 +45,23 @@ struct BatchEngine::Job {
     BatchRequest request;
     Clock::time_point submitted;
     std::atomic<bool> cancel{false};
+
+    // The batching scheduler's state, on the engine thread. A request is admitted (start_job) into a
+    // backend sequence, prefills `target` in chunks, then decodes one token per step; a preemption frees
+    // its sequence and puts it back to wait with `target` = everything it had but the newest token.
+    int32_t seq = -1;               // its backend sequence while running; -1: none
+    std::vector<int32_t> kv;        // the tokens whose K/V the sequence holds, in position order
+    std::vector<int32_t> target;    // what the sequence must hold before decoding (goes on)
+    bool decoding = false;          // the newest generated token is forwarded next
+    std::unique_ptr<Sampler> sampler;
+    bool use_argmax = false;        // greedy without penalties: the backend's argmax of the row
+    std::vector<LogitCandidate> top;   // the candidates the sampler needs; empty: it needs the whole row
+    std::unique_ptr<CompletionStream> stream;   // made at the first admission, kept across preemptions
+    int32_t n_reused = 0;
+    bool shown = false;
+    bool prefilled = false;
+    Clock::time_point started, first_piece, decode_started;
+    double prefill_ms = 0.0;
 };
 
 std::string_view batch_error_name(BatchError error) {
@@ -46,16 +76,31 @@ std::string_view batch_error_name(BatchError error) {
 }
 
 BatchEngine::BatchEngine(Session& session, BatchEngineOptions options)
-    : session_(session), options_(options), n_ctx_(session.n_ctx()) {
+    : session_(session), options_(std::move(options)), n_ctx_(session.n_ctx()),
+      batched_(session.backend().supports_sequences()) {
     stats_.parallel = std::max(options_.parallel, 1);
     stats_.max_waiting = std::max(options_.max_waiting, 0);
-    stats_.kv_capacity = n_ctx_;
-    stats_.kv_used = static_cast<int64_t>(session_.kv_tokens().size());
+    if (batched_) {
+        session_.reset();   // sequence 0 stays empty: every request runs in a sequence of its own
+        update_kv_stats();
+    } else {
+        stats_.kv_capacity = n_ctx_;
+        stats_.kv_used = static_cast<int64_t>(session_.kv_tokens().size());
+    }
 }
 
 BatchEngine::~BatchEngine() {
     stop();
     join();
+    if (!batched_) return;
+    // No engine thread is left: requests a caller's own step() calls left running end here, and the
+    // sequences kept for their prefixes go back to the pool (the Session may run alone again).
+    try {
+        end_cancelled();
+        while (drop_oldest_held()) {
+        }
+    } catch (...) {
+    }
 }
 
 Submission BatchEngine::submit(BatchRequest request) {
@@ -85,8 +130,10 @@ Submission BatchEngine::submit(BatchRequest request) {
             s.message = "the server is shutting down and takes no new requests";
             return s;
         }
-        // An idle engine takes one more: max_waiting counts the requests beyond those running.
-        const int64_t free_slots = running_ ? 0 : 1;
+        // Free slots take requests beyond max_waiting: it counts the requests beyond those running.
+        const int64_t slots = batched_ ? stats_.parallel : 1;
+        const int64_t free_slots =
+            std::max<int64_t>(slots - static_cast<int64_t>(running_.size() + resume_.size()), 0);
         if (static_cast<int64_t>(waiting_.size()) >= stats_.max_waiting + free_slots) {
             ++stats_.refused;
             s.refused = BatchError::queue_full;
@@ -104,14 +151,20 @@ Submission BatchEngine::submit(BatchRequest request) {
 }
 
 bool BatchEngine::cancel(RequestId id) {
-    std::shared_ptr<Job> removed;
+    JobPtr removed;
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (running_ && running_->id == id) {
-            running_->cancel.store(true, std::memory_order_relaxed);
+        const auto is_it = [id](const JobPtr& j) { return j->id == id; };
+        // Running or preempted: the engine thread ends it at its next step (its pages go then).
+        JobPtr active;
+        if (const auto r = std::find_if(running_.begin(), running_.end(), is_it); r != running_.end()) active = *r;
+        if (const auto r = std::find_if(resume_.begin(), resume_.end(), is_it); r != resume_.end()) active = *r;
+        if (active) {
+            active->cancel.store(true, std::memory_order_relaxed);
+            wake_.notify_all();
             return true;
         }
-        const auto it = std::find_if(waiting_.begin(), waiting_.end(), [id](const auto& j) { return j->id == id; });
+        const auto it = std::find_if(waiting_.begin(), waiting_.end(), is_it);
         if (it == waiting_.end()) return false;
         removed = std::move(*it);
         waiting_.erase(it);
@@ -121,8 +174,8 @@ bool BatchEngine::cancel(RequestId id) {
     return true;
 }
 
-void BatchEngine::deliver_cancelled(std::vector<std::shared_ptr<Job>> jobs) {
-    for (const std::shared_ptr<Job>& job : jobs) {
+void BatchEngine::deliver_cancelled(std::vector<JobPtr> jobs) {
+    for (const JobPtr& job : jobs) {
         BatchResult r;
         r.id = job->id;
         r.n_prompt = static_cast<int32_t>(job->request.prompt.size());
@@ -143,30 +196,37 @@ void BatchEngine::start() {
     thread_ = std::thread([this] { run(); });
 }
 
+bool BatchEngine::has_work() const { return !waiting_.empty() || !resume_.empty() || !running_.empty(); }
+
 void BatchEngine::run() {
     for (;;) {
         {
             std::unique_lock<std::mutex> lock(mutex_);
-            wake_.wait(lock, [&] { return !waiting_.empty() || stopping_ || draining_; });
-            if (stopping_ || waiting_.empty()) return;   // stopped, or drained: nothing is left
+            wake_.wait(lock, [&] { return has_work() || stopping_ || draining_; });
+            if (!has_work()) return;   // stopped, or drained: nothing is left
         }
         step();
     }
 }
 
-bool BatchEngine::step() {
-    std::shared_ptr<Job> job;
+bool BatchEngine::step() { return batched_ ? step_batched() : step_one(); }
+
+// ---------------------------------------------------------------------------------------------
+// One request at a time through the Session.
+
+bool BatchEngine::step_one() {
+    JobPtr job;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (waiting_.empty() || stopping_) return false;
         job = std::move(waiting_.front());
         waiting_.pop_front();
-        running_ = job;
+        running_.assign(1, job);
     }
     run_job(*job);
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        running_.reset();
+        running_.clear();
     }
     wake_.notify_all();
     return true;
@@ -236,10 +296,417 @@ void BatchEngine::run_job(Job& job) {
     finish(job, std::move(r));
 }
 
+// ---------------------------------------------------------------------------------------------
+// The batching scheduler.
+
+bool BatchEngine::step_batched() {
+    bool worked = end_cancelled();
+    admit();
+    std::vector<JobPtr> spanned;
+    std::vector<int32_t> chunk;
+    if (!forward_step(spanned, chunk)) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        update_kv_stats();
+        return worked || !running_.empty();
+    }
+    Backend& backend = session_.backend();
+    const Tokenizer& tokenizer = session_.tokenizer();
+    const bool any_argmax = std::any_of(spanned.begin(), spanned.end(), [](const JobPtr& j) { return j->use_argmax; });
+    if (any_argmax) {
+        row_argmax_.resize(spanned.size());
+        backend.argmax(row_argmax_);
+    }
+    const Clock::time_point now = Clock::now();
+    for (size_t row = 0; row < spanned.size(); ++row) {
+        Job& j = *spanned[row];
+        if (!j.decoding) {
+            if (j.kv.size() < j.target.size()) continue;   // more of the prompt to come
+            if (!j.prefilled) {
+                j.prefilled = true;
+                j.prefill_ms = ms_between(j.started, now);
+                j.decode_started = now;
+            }
+            j.decoding = true;
+            // A resumed request's row is not sampled: its newest token, already chosen, is forwarded next.
+            if (j.stream->n_generated() > 0) continue;
+        }
+        // The stop rules in the order Session::generate applies them.
+        std::optional<StopReason> stop;
+        try {
+            const BatchRequest& req = j.request;
+            const auto length_reached = [&] { return req.n_predict >= 0 && j.stream->n_generated() >= req.n_predict; };
+            if (j.cancel.load(std::memory_order_relaxed)) {
+                stop = StopReason::cancelled;
+            } else if (length_reached()) {
+                stop = StopReason::length;
+            } else {
+                int32_t token = 0;
+                const int r = static_cast<int>(row);
+                if (j.use_argmax) {
+                    token = row_argmax_[row];
+                } else if (j.top.empty()) {
+                    token = j.sampler->sample(backend.logits(r), j.stream->history());
+                } else {
+                    const size_t n =
+                        backend.top_logits(r, penalties_of(j.stream->history(), j.sampler->params()), j.top);
+                    token = j.sampler->sample_top(std::span<const LogitCandidate>(j.top).first(n));
+                }
+                if (tokenizer.is_eog(token)) {
+                    stop = StopReason::eos;
+                } else {
+                    stop = j.stream->push(token);
+                    if (!stop && length_reached()) stop = StopReason::length;
+                    // The token goes to position kv.size(): past the context, the request ends.
+                    if (!stop && static_cast<int64_t>(j.kv.size()) >= n_ctx_) stop = StopReason::context;
+                }
+            }
+        } catch (const std::bad_alloc&) {
+            fail_job(j, "out of memory while sampling");
+            continue;
+        } catch (const std::exception& e) {
+            fail_job(j, e.what());
+            continue;
+        }
+        if (stop) finish_job(j, *stop);
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        update_kv_stats();
+    }
+    wake_.notify_all();
+    return true;
+}
+
+bool BatchEngine::end_cancelled() {
+    std::vector<JobPtr> ended;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const JobPtr& j : running_) {
+            if (stopping_) j->cancel.store(true, std::memory_order_relaxed);
+            if (j->cancel.load(std::memory_order_relaxed)) ended.push_back(j);
+        }
+        for (auto it = resume_.begin(); it != resume_.end();) {
+            if (stopping_) (*it)->cancel.store(true, std::memory_order_relaxed);
+            if ((*it)->cancel.load(std::memory_order_relaxed)) {
+                ended.push_back(std::move(*it));
+                it = resume_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+    for (const JobPtr& j : ended) finish_job(*j, StopReason::cancelled);
+    return !ended.empty();
+}
+
+void BatchEngine::admit() {
+    Backend& backend = session_.backend();
+    const KvPoolUse pool = backend.kv_pool();
+    const int32_t per_page = std::max(pool.positions_per_page, 1);
+    // Pages the running requests still need next (a decoding one at a page boundary takes a new page, a
+    // prefilling one the rest of its prompt's), and pages the held prefixes would give back.
+    int32_t free_pages = pool.pages - pool.pages_in_use;
+    for (const JobPtr& j : running_) {
+        if (j->decoding)
+            free_pages -= j->kv.size() % static_cast<size_t>(per_page) == 0 ? 1 : 0;
+        else
+            free_pages -= pages_for(j->target.size(), per_page) - pages_for(j->kv.size(), per_page);
+    }
+    for (const Held& h : held_) free_pages += pages_for(h.tokens.size(), per_page);
+
+    std::vector<JobPtr> taken;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_) return;
+        const size_t slots = static_cast<size_t>(stats_.parallel);
+        const float ratio = options_.waiting_served_ratio;
+        const bool policy_admits = running_.empty() || ratio <= 0.0f ||
+                                   static_cast<float>(waiting_.size()) >= ratio * static_cast<float>(running_.size()) ||
+                                   held_back_steps_ >= options_.max_waiting_steps;
+        bool held_back = false;
+        while (running_.size() + taken.size() < slots) {
+            const bool resuming = !resume_.empty();
+            std::deque<JobPtr>& queue = resuming ? resume_ : waiting_;
+            if (queue.empty()) break;
+            if (!resuming && !policy_admits) {
+                held_back = true;
+                break;
+            }
+            const JobPtr& j = queue.front();
+            const int32_t need = pages_for(j->stream ? j->target.size() : j->request.prompt.size(), per_page);
+            // Alone, a request always fits (the pool holds a whole context); beside others it waits for pages.
+            if ((!running_.empty() || !taken.empty()) && need > free_pages) break;
+            free_pages -= need;
+            if (!resuming) held_back_steps_ = 0;
+            taken.push_back(std::move(queue.front()));
+            queue.pop_front();
+        }
+        if (held_back) ++held_back_steps_;
+        running_.insert(running_.end(), taken.begin(), taken.end());
+    }
+    for (const JobPtr& j : taken) {
+        try {
+            start_job(*j);
+        } catch (const std::bad_alloc&) {
+            fail_job(*j, "out of memory while starting the request");
+        } catch (const std::exception& e) {
+            fail_job(*j, e.what());
+        }
+    }
+}
+
+void BatchEngine::start_job(Job& j) {
+    Backend& backend = session_.backend();
+    const bool first = !j.stream;
+    if (first) {
+        j.started = Clock::now();
+        j.target = j.request.prompt;
+        j.sampler = std::make_unique<Sampler>(j.request.sampling);
+        j.use_argmax = j.sampler->greedy() && penalties_off(j.request.sampling);
+        if (!j.use_argmax) j.top.resize(static_cast<size_t>(j.sampler->candidates_needed()));
+        Job* job = &j;
+        TextCallback on_text = [job](std::string_view piece) {
+            if (!job->shown) {
+                job->shown = true;
+                job->first_piece = Clock::now();
+            }
+            bool go_on = true;
+            if (job->request.on_text) {
+                try {
+                    go_on = job->request.on_text(piece);
+                } catch (...) {
+                    go_on = false;
+                }
+            }
+            return go_on && !job->cancel.load(std::memory_order_relaxed);
+        };
+        j.stream = std::make_unique<CompletionStream>(session_.tokenizer(), j.request.prompt, j.request.stop,
+                                                      j.request.repeat_guard, std::move(on_text));
+    }
+    // The longest start of `target` a held or running sequence holds (never the last token: its row is
+    // what the request samples or continues from), shared instead of recomputed.
+    int32_t from = -1;
+    size_t common = 0;
+    const size_t limit = j.target.size() - 1;
+    const auto consider = [&](int32_t seq, const std::vector<int32_t>& tokens) {
+        size_t n = 0;
+        const size_t upto = std::min(limit, tokens.size());
+        while (n < upto && tokens[n] == j.target[n]) ++n;
+        if (n > common) {
+            common = n;
+            from = seq;
+        }
+    };
+    if (options_.share_prefixes) {
+        for (const Held& h : held_) consider(h.seq, h.tokens);
+        for (const JobPtr& r : running_)
+            if (r.get() != &j && r->seq >= 0) consider(r->seq, r->kv);
+    }
+    const int32_t seq = new_seq_id();
+    if (common > 0)
+        backend.seq_fork(from, seq, static_cast<int32_t>(common));
+    else
+        backend.seq_create(seq);
+    j.seq = seq;
+    j.kv.assign(j.target.begin(), j.target.begin() + static_cast<std::ptrdiff_t>(common));
+    j.decoding = false;
+    if (first) j.n_reused = static_cast<int32_t>(common);
+}
+
+int32_t BatchEngine::new_seq_id() const {
+    for (int32_t id = 1;; ++id) {
+        const bool used =
+            std::any_of(running_.begin(), running_.end(), [id](const JobPtr& j) { return j->seq == id; }) ||
+            std::any_of(held_.begin(), held_.end(), [id](const Held& h) { return h.seq == id; });
+        if (!used) return id;
+    }
+}
+
+bool BatchEngine::forward_step(std::vector<JobPtr>& spanned, std::vector<int32_t>& chunk) {
+    Backend& backend = session_.backend();
+    std::vector<int32_t> tokens;
+    std::vector<SequenceSpan> spans;
+    for (;;) {
+        tokens.clear();
+        spans.clear();
+        spanned.clear();
+        chunk.clear();
+        BatchStepInfo info;
+        // Every decoding request's newest token, then prompt chunks under the step's budget, oldest first.
+        for (const JobPtr& j : running_) {
+            if (!j->decoding || j->seq < 0) continue;
+            tokens.push_back(j->stream->generated().back());
+            spans.push_back({j->seq, 1, LogitsWanted::last});
+            spanned.push_back(j);
+            chunk.push_back(1);
+            ++info.decode_tokens;
+        }
+        int64_t budget = static_cast<int64_t>(std::max(options_.step_tokens, 1)) - info.decode_tokens;
+        for (const JobPtr& j : running_) {
+            if (j->decoding || j->seq < 0 || budget <= 0) continue;
+            const int32_t n = static_cast<int32_t>(std::min<int64_t>(budget, static_cast<int64_t>(j->target.size() - j->kv.size())));
+            const auto first = j->target.begin() + static_cast<std::ptrdiff_t>(j->kv.size());
+            tokens.insert(tokens.end(), first, first + n);
+            spans.push_back({j->seq, n, LogitsWanted::last});
+            spanned.push_back(j);
+            chunk.push_back(n);
+            budget -= n;
+            info.prefill_tokens += n;
+            ++info.prefill_sequences;
+        }
+        if (spans.empty()) return false;
+
+        ForwardBatch batch;
+        batch.tokens = tokens;
+        batch.spans = spans;
+        try {
+            backend.forward(batch);
+        } catch (const KvPoolExhausted&) {
+            // Nothing was written: free pages and run the step again, without the youngest request if need be.
+            if (drop_oldest_held()) continue;
+            if (running_.size() > 1) {
+                preempt(*running_.back());
+                continue;
+            }
+            fail_job(*running_.front(), "the KV cache pool cannot hold this request");
+            return false;
+        } catch (const std::bad_alloc&) {
+            for (const JobPtr& j : spanned) fail_job(*j, "out of memory while generating");
+            return false;
+        } catch (const std::exception& e) {
+            const std::string what = e.what();
+            for (const JobPtr& j : spanned) fail_job(*j, what);
+            return false;
+        }
+        size_t t = 0;
+        for (size_t s = 0; s < spanned.size(); ++s) {
+            Job& j = *spanned[s];
+            j.kv.insert(j.kv.end(), tokens.begin() + static_cast<std::ptrdiff_t>(t),
+                        tokens.begin() + static_cast<std::ptrdiff_t>(t + static_cast<size_t>(chunk[s])));
+            t += static_cast<size_t>(chunk[s]);
+        }
+        info.sequences = static_cast<int32_t>(spans.size());
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            ++stats_.steps;
+        }
+        call_quietly(options_.on_step, info);
+        return true;
+    }
+}
+
+void BatchEngine::preempt(Job& j) {
+    release_seq(j, false);
+    j.kv.clear();
+    j.decoding = false;
+    // On resumption it recomputes all it had: the prompt and the generated tokens but the newest, which
+    // is forwarded as its next decode step.
+    const std::span<const int32_t> history = j.stream->history();
+    j.target.assign(history.begin(), history.end() - (j.stream->n_generated() > 0 ? 1 : 0));
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = std::find_if(running_.begin(), running_.end(), [&j](const JobPtr& r) { return r.get() == &j; });
+    if (it == running_.end()) return;
+    resume_.push_front(std::move(*it));
+    running_.erase(it);
+    ++stats_.preempted;
+}
+
+void BatchEngine::release_seq(Job& j, bool keep) {
+    if (j.seq < 0) return;
+    const int32_t seq = j.seq;
+    j.seq = -1;
+    if (keep && options_.share_prefixes && !j.kv.empty()) {
+        held_.push_back({seq, std::move(j.kv)});
+        j.kv.clear();
+        while (held_.size() > static_cast<size_t>(stats_.parallel)) drop_oldest_held();
+        return;
+    }
+    try {
+        session_.backend().seq_free(seq);
+    } catch (...) {
+    }
+}
+
+bool BatchEngine::drop_oldest_held() {
+    if (held_.empty()) return false;
+    const int32_t seq = held_.front().seq;
+    held_.erase(held_.begin());
+    try {
+        session_.backend().seq_free(seq);
+    } catch (...) {
+    }
+    return true;
+}
+
+void BatchEngine::finish_job(Job& j, StopReason reason) {
+    BatchResult r;
+    r.id = j.id;
+    r.n_prompt = static_cast<int32_t>(j.request.prompt.size());
+    r.n_reused = j.n_reused;
+    r.stop_reason = reason;
+    if (j.stream) {
+        r.stop_reason = j.stream->finish(reason);
+        r.tokens = j.stream->take_generated();
+        r.text = j.stream->take_text();
+    }
+    const Clock::time_point done = Clock::now();
+    const Clock::time_point started = j.stream ? j.started : done;
+    r.timings.queue_ms = ms_between(j.submitted, started);
+    r.timings.prefill_ms = j.prefilled ? j.prefill_ms : ms_between(started, done);
+    r.timings.decode_ms = j.prefilled ? ms_between(j.decode_started, done) : 0.0;
+    r.timings.first_token_ms = ms_between(j.submitted, j.shown ? j.first_piece : done);
+    r.timings.total_ms = ms_between(j.submitted, done);
+    release_seq(j, r.stop_reason != StopReason::cancelled);
+    JobPtr keep_alive;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        const auto it = std::find_if(running_.begin(), running_.end(), [&j](const JobPtr& p) { return p.get() == &j; });
+        if (it != running_.end()) {
+            keep_alive = std::move(*it);
+            running_.erase(it);
+        }
+    }
+    finish(j, std::move(r));
+}
+
+void BatchEngine::fail_job(Job& j, std::string message) {
+    BatchResult r;
+    r.id = j.id;
+    r.n_prompt = static_cast<int32_t>(j.request.prompt.size());
+    r.error = BatchError::runtime;
+    r.message = std::move(message);
+    const Clock::time_point done = Clock::now();
+    r.timings.queue_ms = ms_between(j.submitted, j.stream ? j.started : done);
+    r.timings.first_token_ms = ms_between(j.submitted, j.shown ? j.first_piece : done);
+    r.timings.total_ms = ms_between(j.submitted, done);
+    release_seq(j, false);   // a forward that failed half-way leaves its positions in an unknown state
+    JobPtr keep_alive;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        const auto it = std::find_if(running_.begin(), running_.end(), [&j](const JobPtr& p) { return p.get() == &j; });
+        if (it != running_.end()) {
+            keep_alive = std::move(*it);
+            running_.erase(it);
+        }
+    }
+    finish(j, std::move(r));
+}
+
+void BatchEngine::update_kv_stats() {
+    const KvPoolUse use = session_.backend().kv_pool();
+    stats_.kv_capacity = static_cast<int64_t>(use.pages) * use.positions_per_page;
+    stats_.kv_used = static_cast<int64_t>(use.pages_in_use) * use.positions_per_page;
+}
+
+// ---------------------------------------------------------------------------------------------
+
 void BatchEngine::finish(Job& job, BatchResult r) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        stats_.kv_used = static_cast<int64_t>(session_.kv_tokens().size());
+        if (batched_)
+            update_kv_stats();
+        else
+            stats_.kv_used = static_cast<int64_t>(session_.kv_tokens().size());
         if (!r.ok()) {
             ++stats_.failed;
         } else {
@@ -270,14 +737,15 @@ void BatchEngine::drain() {
 }
 
 void BatchEngine::stop() {
-    std::vector<std::shared_ptr<Job>> dropped;
+    std::vector<JobPtr> dropped;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stopping_ = true;
         draining_ = true;
         dropped.assign(std::make_move_iterator(waiting_.begin()), std::make_move_iterator(waiting_.end()));
         waiting_.clear();
-        if (running_) running_->cancel.store(true, std::memory_order_relaxed);
+        for (const JobPtr& j : running_) j->cancel.store(true, std::memory_order_relaxed);
+        for (const JobPtr& j : resume_) j->cancel.store(true, std::memory_order_relaxed);
     }
     wake_.notify_all();
     deliver_cancelled(std::move(dropped));
@@ -289,14 +757,14 @@ void BatchEngine::join() {
 
 bool BatchEngine::idle() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return waiting_.empty() && !running_;
+    return !has_work();
 }
 
 BatchStats BatchEngine::stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     BatchStats s = stats_;
-    s.running = running_ ? 1 : 0;
-    s.waiting = static_cast<int32_t>(waiting_.size());
+    s.running = static_cast<int32_t>(running_.size());
+    s.waiting = static_cast<int32_t>(waiting_.size() + resume_.size());
     s.draining = draining_;
     return s;
 }

@@ -5,20 +5,31 @@
 //   submit()  thread-safe; queues a request or refuses it at once (a full waiting queue, a prompt the
 //             context cannot hold, an engine that is shutting down), never blocking on the engine;
 //   cancel()  thread-safe; a waiting request leaves the queue (its memory freed) before cancel()
-//             returns, a running one stops at its next decode step;
+//             returns, a running (or preempted) one ends at the engine's next step, its pages freed then;
 //   run()     the engine loop, on one thread (start() spawns it); step() is one turn of it;
 //   drain()   refuse new requests, finish the admitted ones, then run() returns; stop() cancels them;
 //   stats()   counters, gauges and latency histograms for /metrics and progress lines.
 //
-// This first implementation runs the admitted requests one at a time, first come first served,
-// through one Session (engine/generation/session.h): each step is one whole generation, and a later
-// request whose prompt starts like the previous one reuses its KV (the Session's prefix reuse).
-// `parallel` is accepted and reported but one sequence runs at a time.
+// On a backend with sequences (Backend::supports_sequences: the CPU's paged KV cache) the engine is a
+// continuous-batching scheduler. Up to `parallel` requests run at once, each in a backend sequence of
+// its own with its own sampler and completion stream. Each step() is ONE forward over every decoding
+// request's newest token plus chunks of the prompts being prefilled, under a per-step token budget
+// (step_tokens: a long prompt is prefilled over several steps while the others keep decoding); then
+// each request whose row ended its prompt or decoded a token samples it, requests whose stop rule
+// fired finish (their pages go back to the pool at once), and waiting requests are admitted into the
+// free slots. A request's tokens are exactly what Session::generate gives for the same prompt, seed
+// and options: the forward gives each sequence the bits it gets alone, and each request samples its
+// rows in its own order with its own RNG. When the pool lacks pages for a step, the youngest running
+// request is preempted (its pages freed) and later resumes where it was, its prompt and generated
+// tokens recomputed and its stream going on (no text is sent twice). A new request whose prompt starts
+// like a running or recently finished sequence shares that prefix's pages (Backend::seq_fork). The
+// Session's on-disk prefix cache is not read nor written on this path.
 //
-// The continuous-batching scheduler replaces these internals without changing this API: many
-// sequences per forward under a per-step token budget with chunked prefill, a paged KV cache with
-// block tables, reference counts and copy-on-write (kv_used/kv_capacity then count blocks), a
-// waiting-queue policy, preemption. The API is already shaped for it:
+// On a backend without sequences the engine runs the admitted requests one at a time, first come first
+// served, through the Session (engine/generation/session.h): each step is one whole generation, and a
+// later request whose prompt starts like the previous one reuses its KV (the Session's prefix reuse).
+//
+// The API is shaped for batching:
 //   - every request carries its own sampling parameters and seed, stop strings and limits;
 //   - callbacks name no global state and may interleave across requests: on_text pieces of
 //     different requests alternate in any order (each request's own pieces stay in order, and its
@@ -107,9 +118,32 @@ struct Submission {
     explicit operator bool() const { return refused == BatchError::none; }
 };
 
+// What one step of the batching scheduler forwarded (BatchEngineOptions::on_step).
+struct BatchStepInfo {
+    int32_t sequences = 0;        // spans in the forward
+    int32_t decode_tokens = 0;    // decoding requests' newest tokens (one each)
+    int32_t prefill_tokens = 0;   // prompt tokens, over every prefilling request
+    int32_t prefill_sequences = 0;
+};
+
 struct BatchEngineOptions {
     int32_t parallel = 1;      // sequences decoded together (the batching scheduler's slots)
     int32_t max_waiting = 64;  // admitted requests waiting while others run; beyond it submit() refuses
+    // Tokens one forward takes at most: every decoding request's newest token first, then prompt chunks
+    // of the requests being prefilled, oldest first, up to this budget (chunked prefill).
+    int32_t step_tokens = 512;
+    // The waiting-queue policy. 0: a waiting request is admitted as soon as a slot (and KV pages) is
+    // free. r > 0: while requests are decoding, waiting ones are admitted only once there are at least
+    // r waiting per running request, or the oldest has waited max_waiting_steps steps: fewer, larger
+    // admissions, so the running streams are slowed by prefill less often. Preempted requests resume first
+    // whatever the policy.
+    float waiting_served_ratio = 0.0f;
+    int32_t max_waiting_steps = 16;
+    // Keep the sequences of up to `parallel` finished requests and let a new request whose prompt starts
+    // like a held sequence share those pages instead of recomputing them (false: free them at once).
+    bool share_prefixes = true;
+    // Called on the engine thread after each forward of the batching scheduler (tests, tracing).
+    std::function<void(const BatchStepInfo&)> on_step;
 };
 
 struct BatchStats {
@@ -126,8 +160,10 @@ struct BatchStats {
     uint64_t prompt_tokens = 0;  // of finished requests
     uint64_t reused_tokens = 0;  // of those, taken from KV already held
     uint64_t generated_tokens = 0;
-    int64_t kv_used = 0;         // KV positions holding tokens (the paged cache: blocks in use)
-    int64_t kv_capacity = 0;     // positions (blocks) there are
+    int64_t kv_used = 0;         // KV positions held (the paged cache: pages in use times their positions)
+    int64_t kv_capacity = 0;     // positions there are (the paged cache: all its pages')
+    uint64_t steps = 0;          // forwards of the batching scheduler
+    uint64_t preempted = 0;      // requests put back to wait because the KV pool ran out of pages
     LatencyHistogram queue_time;
     LatencyHistogram first_token;      // submit -> first text piece
     LatencyHistogram time_per_token;   // decode time / generated tokens, one observation per request
@@ -137,7 +173,8 @@ struct BatchStats {
 class BatchEngine {
 public:
     // `session` must outlive the engine; the engine thread is its only user once start() ran (its
-    // tokenizer stays usable from any thread: encoding is const).
+    // tokenizer stays usable from any thread: encoding is const). On a backend with sequences the
+    // Session's own cache (sequence 0) is emptied: the requests run in sequences of their own.
     BatchEngine(Session& session, BatchEngineOptions options);
     // stop(), then waits for the engine thread.
     ~BatchEngine();
@@ -155,8 +192,9 @@ public:
     // that loaded the model (or use start() only for device 0): the CUDA runtime's current device is
     // a per-thread setting that the backend sets once, when it is built.
     void run();
-    // One scheduling step on the calling thread (the engine thread, or a test's): here, one whole
-    // request. False when nothing was waiting.
+    // One scheduling step on the calling thread (the engine thread, or a test's): one forward of the
+    // batching scheduler, or one whole request on a backend without sequences. False when there was
+    // nothing to do.
     bool step();
     // Refuses new requests from now on; run() returns once the admitted ones are done.
     void drain();
@@ -174,24 +212,54 @@ public:
 private:
     struct Job;
     using Clock = std::chrono::steady_clock;
+    using JobPtr = std::shared_ptr<Job>;
+    struct Held {                      // a finished request's sequence kept for its prefix
+        int32_t seq = 0;
+        std::vector<int32_t> tokens;   // whose K/V it holds
+    };
 
+    // One at a time through the Session (a backend without sequences).
+    bool step_one();
     void run_job(Job& job);
+    // The batching scheduler (engine thread).
+    bool step_batched();
+    bool end_cancelled();   // ends the running and preempted requests whose cancel flag is up
+    void admit();
+    void start_job(Job& job);
+    // Builds and runs the step's forward (preempting when the pool is short); false when none ran.
+    bool forward_step(std::vector<JobPtr>& spanned, std::vector<int32_t>& chunk);
+    void preempt(Job& job);
+    void finish_job(Job& job, StopReason reason);
+    void fail_job(Job& job, std::string message);
+    void release_seq(Job& job, bool keep);
+    bool drop_oldest_held();
+    int32_t new_seq_id() const;
+    void update_kv_stats();   // under mutex_
+    bool has_work() const;    // under mutex_
+
     void finish(Job& job, BatchResult result);   // stats, then on_done
-    void deliver_cancelled(std::vector<std::shared_ptr<Job>> jobs);
+    void deliver_cancelled(std::vector<JobPtr> jobs);
 
     Session& session_;
     const BatchEngineOptions options_;
     const int32_t n_ctx_;
+    const bool batched_;   // the backend runs sequences: the batching scheduler
 
-    mutable std::mutex mutex_;   // guards everything below
+    mutable std::mutex mutex_;   // guards everything below (the engine thread alone changes running_/resume_)
     std::condition_variable wake_;
-    std::deque<std::shared_ptr<Job>> waiting_;
-    std::shared_ptr<Job> running_;
+    std::deque<JobPtr> waiting_;
+    std::deque<JobPtr> resume_;    // preempted requests, resumed before the waiting ones
+    std::vector<JobPtr> running_;  // in admission order
     RequestId next_id_ = 1;
     bool draining_ = false;
     bool stopping_ = false;
     BatchStats stats_;
     std::thread thread_;
+
+    // The engine thread's alone.
+    std::vector<Held> held_;   // oldest first
+    int32_t held_back_steps_ = 0;   // steps the waiting-queue policy kept the queue waiting
+    std::vector<int32_t> row_argmax_;
 };
 
 } // namespace tern

@@ -40,7 +40,7 @@ MemoryNeed cpu_memory_need(const ModelConfig& c, const ModelWeights& w, const Me
                                    &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm})
             add(*v, false);
     }
-    need.kv = kv_cache_bytes(c, r.kv_type, r.n_ctx);
+    need.kv = kv_cache_bytes(c, r.kv_type, std::max(r.kv_pool_positions, r.n_ctx));   // the pool's pages
 
     // One forward batch (engine/cpu/backend_cpu.cpp): x, xn, out of width dim; q, k, v, attention
     // output; gate and up of ffn_dim; the quantized activations (~1 byte an element, two
