@@ -55,7 +55,6 @@ done
 SHAPE=${SHAPE:-llama-1b}
 TYPES=${TYPES:-"q4_0 q8_0 q4_k_m f16"}
 SYNTH_DIR=${SYNTH_DIR:-$HOME/.cache/tern/synth}
-LLAMA_CPP_HOME=${LLAMA_CPP_HOME:-$HOME/.cache/tern/llama.cpp}
 if [ "$quick" = 1 ]; then
     TYPES=${TYPES%% *}
     threads="2"
@@ -76,21 +75,8 @@ if head_time=$(git -C "$here" log -1 --format=%ct 2>/dev/null) && [ "$(stat -c %
     exit 2
 fi
 
-# llama.cpp from the PyPI sdist of llama-cpp-python (its vendor/llama.cpp); the sdist carries no git
-# history, so the commit reported is llama-bench's own build_commit field.
-build_llama_cpp() {
-    local src=$LLAMA_CPP_HOME/src
-    echo "cpu_vs_llamacpp.sh: building llama.cpp in $LLAMA_CPP_HOME (about 25 min on 2 cores)" >&2
-    mkdir -p "$LLAMA_CPP_HOME" || return 1
-    local dl
-    dl=$(mktemp -d "${TMPDIR:-/tmp}/tern-llama-sdist.XXXXXX") || return 1
-    python3 -m pip download --no-binary :all: --no-deps -d "$dl" llama-cpp-python >&2 || return 1
-    rm -rf "$src" && mkdir -p "$src" && tar -xzf "$dl"/llama_cpp_python-*.tar.gz -C "$src" --strip-components=1 || return 1
-    rm -rf "$dl"
-    cmake -S "$src/vendor/llama.cpp" -B "$LLAMA_CPP_HOME/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2 || return 1
-    cmake --build "$LLAMA_CPP_HOME/build" --target llama-bench -j"$(nproc)" >&2
-}
+# llama.cpp from the PyPI sdist of llama-cpp-python (bench/llamacpp_cpu_peer.sh).
+. "$here/bench/llamacpp_cpu_peer.sh"
 TERN_BASE=${TERN_BASE:-}
 if [ -n "$TERN_BASE" ] && [ ! -x "$TERN_BASE" ]; then
     echo "cpu_vs_llamacpp.sh: TERN_BASE=$TERN_BASE is not an executable tern binary" >&2
@@ -101,8 +87,7 @@ if [ -z "$LLAMA_CPP_BIN" ]; then
     if [ -x /work/peer/llama.cpp/build/bin/llama-bench ]; then
         LLAMA_CPP_BIN=/work/peer/llama.cpp/build/bin
     else
-        LLAMA_CPP_BIN=$LLAMA_CPP_HOME/build/bin
-        [ -x "$LLAMA_CPP_BIN/llama-bench" ] || build_llama_cpp || { echo "cpu_vs_llamacpp.sh: llama.cpp build failed" >&2; exit 1; }
+        LLAMA_CPP_BIN=$(llamacpp_cpu_bin llama-bench) || { echo "cpu_vs_llamacpp.sh: llama.cpp build failed" >&2; exit 1; }
     fi
 fi
 LLAMA_BENCH=$LLAMA_CPP_BIN/llama-bench
