@@ -19,12 +19,14 @@ bounded by --timeout.
 import argparse
 import http.client
 import json
-import selectors
-import socket
+import os
 import statistics
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "serve"))
+from connection_flood import connection_flood, raise_fd_limit  # noqa: E402  (shared with the serve tests)
 
 
 def post_stream(host, port, path, body, timeout, stop_event=None):
@@ -171,43 +173,6 @@ def raw_request(args, method, path, body):
         conn.close()
 
 
-def thousand_connections(args):
-    request = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    sel = selectors.DefaultSelector()
-    replies = {}
-    for i in range(1000):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setblocking(False)
-        s.connect_ex((args.host, args.port))
-        sel.register(s, selectors.EVENT_WRITE, i)
-        replies[i] = b""
-    open_socks, deadline = 1000, time.time() + args.timeout
-    while open_socks and time.time() < deadline:
-        for key, events in sel.select(timeout=1):
-            s, i = key.fileobj, key.data
-            try:
-                if events & selectors.EVENT_WRITE:
-                    s.sendall(request)
-                    sel.modify(s, selectors.EVENT_READ, i)
-                    continue
-                chunk = s.recv(65536)
-            except OSError:
-                chunk = b""
-            if chunk:
-                replies[i] += chunk
-            else:
-                sel.unregister(s)
-                s.close()
-                open_socks -= 1
-    for key in list(sel.get_map().values()):
-        key.fileobj.close()
-    statuses = {}
-    for data in replies.values():
-        status = int(data.split(b" ")[1]) if data.startswith(b"HTTP/1.1 ") else 0
-        statuses[str(status)] = statuses.get(str(status), 0) + 1
-    return statuses
-
-
 def run_badreq(args):
     m = args.model
     cases = [
@@ -230,8 +195,9 @@ def run_badreq(args):
         except OSError as e:
             status, message = 0, f"connection failed: {e}"
         rows.append({"case": name, "status": status, "message": message})
+    raise_fd_limit(1200)
     try:
-        statuses = thousand_connections(args)
+        statuses = {str(k): v for k, v in connection_flood(args.host, args.port, 1000, args.timeout).items()}
     except OSError as e:
         statuses = {"error": str(e)}
     rows.append({"case": "1000 connections at once", "status": statuses, "message": ""})

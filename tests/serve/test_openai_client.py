@@ -15,8 +15,6 @@ import argparse
 import http.client
 import json
 import os
-import resource
-import selectors
 import signal
 import socket
 import subprocess
@@ -26,6 +24,8 @@ import time
 import unittest
 
 import openai
+
+from connection_flood import connection_flood, raise_fd_limit
 
 ARGS = None
 SERVER = None      # the Server every test but the last shares
@@ -329,47 +329,9 @@ class Api(unittest.TestCase):
         self.assertLess(growth_mib, 256, "memory grew by more than 256 MiB under load")
 
     def test_1000_connections_at_once(self):
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft < 1200 and hard >= 1200:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
-        if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        if not raise_fd_limit(1200):
             self.skipTest("fewer than 1200 file descriptors allowed")
-        # Every client connects and sends at once (non-blocking sockets on one selector), then reads.
-        request = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        sel = selectors.DefaultSelector()
-        replies = {}
-        for i in range(1000):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setblocking(False)
-            s.connect_ex(("127.0.0.1", SERVER.port))
-            sel.register(s, selectors.EVENT_WRITE, i)
-            replies[i] = b""
-        open_socks = 1000
-        deadline = time.time() + 90
-        errors = 0
-        while open_socks and time.time() < deadline:
-            for key, events in sel.select(timeout=1):
-                s, i = key.fileobj, key.data
-                try:
-                    if events & selectors.EVENT_WRITE:
-                        s.sendall(request)
-                        sel.modify(s, selectors.EVENT_READ, i)
-                        continue
-                    chunk = s.recv(65536)
-                except OSError:
-                    chunk, errors = b"", errors + 1
-                if chunk:
-                    replies[i] += chunk
-                else:
-                    sel.unregister(s)
-                    s.close()
-                    open_socks -= 1
-        for key in list(sel.get_map().values()):
-            key.fileobj.close()
-        statuses = {}
-        for data in replies.values():
-            status = int(data.split(b" ")[1]) if data.startswith(b"HTTP/1.1 ") else 0
-            statuses[status] = statuses.get(status, 0) + 1
+        statuses = connection_flood("127.0.0.1", SERVER.port, 1000, timeout=90)
         print(f"1000 connections: statuses {statuses}", file=sys.stderr)
         self.assertEqual(set(statuses) - {200, 503}, set(), statuses)   # every one answered, 503 when too many
         self.assertEqual(SERVER.raw("GET", "/health")[0], 200)
