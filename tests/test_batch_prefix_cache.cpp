@@ -1,7 +1,8 @@
 // The on-disk prefix cache on the batching path (engine/batch/batch_engine.h): a BatchEngine on a Session
 // with a PrefixCache restores the cached blocks of a starting request into its backend sequence (after
 // the prefix it shares with a held or running sequence) and stores its prompt's blocks once prefilled;
-// the tokens are those of a Session alone with no cache, at parallel 1, 3 and 8, cold or warm; a damaged
+// its entries are byte for byte a Session's and the tokens those of a Session alone with no cache, at
+// parallel 1, 3 and 8, cold or warm; a damaged
 // entry costs a warning and a prefill, never the request; without a cache nothing changes. Also the
 // backend's sequence-aware range save and append (Backend::seq_save_range / seq_append).
 #include <doctest/doctest.h>
@@ -212,6 +213,20 @@ TEST_CASE("batching with a prompt cache: a request run again restores its blocks
     CHECK(cold.results[0].n_from_disk == 0);
     const int32_t n_prompt = cold.results[0].n_prompt;
     CHECK(entries_in(dir.path()) == static_cast<size_t>(n_prompt / kBlock));   // the prompt's full blocks
+    // Byte for byte the entries a Session alone stores: the batch's K/V are a cold prefill's.
+    {
+        test::TempDir alone_dir;
+        Loaded alone = load();
+        attach_cache(alone, alone_dir.path(), w);
+        GenerateOptions o;
+        o.n_predict = 1;
+        o.sampling = greedy();
+        alone.session->generate(encode(*alone.session, specs[0]), o);
+        REQUIRE(entries_in(alone_dir.path()) == entries_in(dir.path()));
+        for (const fs::directory_entry& e : fs::directory_iterator(alone_dir.path()))
+            if (e.path().extension() == ".tpc")
+                CHECK(test::read_file(e.path()) == test::read_file(dir.path() / e.path().filename()));
+    }
 
     // A fresh session (a new process): every full block but the one holding the last token is read back.
     Loaded second = load();
