@@ -2,9 +2,9 @@
 // with a PrefixCache restores the cached blocks of a starting request into its backend sequence (after
 // the prefix it shares with a held or running sequence) and stores its prompt's blocks once prefilled;
 // its entries are byte for byte a Session's and the tokens those of a Session alone with no cache, at
-// parallel 1, 3 and 8, cold or warm; a damaged
-// entry costs a warning and a prefill, never the request; without a cache nothing changes. Also the
-// backend's sequence-aware range save and append (Backend::seq_save_range / seq_append).
+// parallel 1, 3 and 8, cold or warm; a damaged entry costs a warning and a prefill, never the request;
+// without a cache nothing changes. Also the backend's sequence-aware range save and append
+// (Backend::seq_save_range / seq_append).
 #include <doctest/doctest.h>
 
 #include <filesystem>
