@@ -28,6 +28,7 @@ struct ServeFlags {
     ModelOptions model;
     SamplingOptions sampling;
     RepeatGuardParams repeat_guard;
+    PromptCacheOptions prompt_cache;   // requests that start like an earlier run's read its blocks from disk
     int32_t n_predict = -1;
     std::string chat_template;
     std::string host = "127.0.0.1";
@@ -49,6 +50,7 @@ int serve(const ServeFlags& f) {
     // Flags first, so a typo does not wait for the model to load.
     resolve_sampling(f.sampling);
     check_repeat_guard(f.repeat_guard);
+    prompt_cache_size_bytes(f.prompt_cache);
     const std::optional<uint64_t> max_body = parse_byte_size(f.max_body);
     if (!max_body || *max_body < 1024 || *max_body > (uint64_t{1} << 30))
         throw UsageError("--max-body: '" + terminal_safe(f.max_body) + "' is not a size between 1K and 1G (examples: 512K, 8M)");
@@ -57,6 +59,7 @@ int serve(const ServeFlags& f) {
     ModelOptions model = f.model;
     model.sequences = f.parallel;   // the KV pool holds a full context for each sequence
     LoadedSession loaded = load_session(model);
+    attach_prompt_cache(loaded, f.model, f.prompt_cache);   // the BatchEngine takes it from the Session
     Session& session = *loaded.session;
     PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template), loaded.n_ctx);
 
@@ -171,6 +174,7 @@ Command add_serve_command(CLI::App& root) {
         ->check(n_predict_range());
     add_sampling_options(*cmd, f->sampling);
     add_repeat_guard_options(*cmd, f->repeat_guard);
+    add_prompt_cache_options(*cmd, f->prompt_cache);
     std::string names;
     for (const std::string& n : ChatTemplate::names()) names += (names.empty() ? "" : ", ") + n;
     cmd->add_option("--chat-template", f->chat_template,

@@ -68,6 +68,16 @@ int32_t Backend::seq_n_past(int32_t) const { one_sequence(*this, "seq_n_past"); 
 void Backend::seq_truncate(int32_t, int32_t) { one_sequence(*this, "seq_truncate"); }
 KvPoolUse Backend::kv_pool() const { one_sequence(*this, "kv_pool"); }
 
+KvSnapshot Backend::seq_save_range(int32_t seq, int32_t begin, int32_t end) const {
+    if (seq != 0) one_sequence(*this, "seq_save_range");
+    return kv_save_range(begin, end);
+}
+
+void Backend::seq_append(int32_t seq, const KvSnapshot& range) {
+    if (seq != 0) one_sequence(*this, "seq_append");
+    kv_append(range);
+}
+
 void Backend::kv_erase(int32_t begin, int32_t end) {
     throw RuntimeFailure(device_name() + ": this backend cannot shift its KV cache (erase of positions " +
                          std::to_string(begin) + ".." + std::to_string(end) + ")");

@@ -145,6 +145,10 @@ public:
     virtual void seq_fork(int32_t src, int32_t dst, int32_t n);
     virtual int32_t seq_n_past(int32_t seq) const;
     virtual void seq_truncate(int32_t seq, int32_t n);
+    // kv_save_range / kv_append on a sequence (the on-disk prefix cache feeding a batching engine's
+    // sequences). The defaults act on sequence 0 through those two and throw RuntimeFailure for others.
+    virtual KvSnapshot seq_save_range(int32_t seq, int32_t begin, int32_t end) const;
+    virtual void seq_append(int32_t seq, const KvSnapshot& range);
     virtual KvPoolUse kv_pool() const;
     virtual DeviceKind device_kind() const = 0;
     virtual std::string device_name() const = 0;           // "cpu", "cuda:0"

@@ -83,13 +83,12 @@ void KvPageTable::fork(int32_t src, int32_t dst, int32_t n) {
 int32_t KvPageTable::n_past(int32_t seq) const { return live(seq).n_past; }
 
 int32_t KvPageTable::mapped(int32_t seq) const {
-    const int64_t positions = static_cast<int64_t>(live(seq).pages.size()) * kKvPagePositions;
-    return static_cast<int32_t>(std::min<int64_t>(positions, INT32_MAX));
+    return static_cast<int32_t>(std::min<int64_t>(positions_in(live(seq).pages.size()), INT32_MAX));
 }
 
 void KvPageTable::set_n_past(int32_t seq, int32_t n) {
     Sequence& s = live(seq);
-    if (n < 0 || n > static_cast<int64_t>(s.pages.size()) * kKvPagePositions)
+    if (n < 0 || n > positions_in(s.pages.size()))
         throw UsageError("KV cache: n_past " + std::to_string(n) + " of sequence " + std::to_string(seq) +
                          " is past its mapped positions");
     release_after(s, n);

@@ -18,6 +18,13 @@ struct KvSlotCopy {
     int32_t from = 0, to = 0;
 };
 
+// Where a position lives: the slot of its page and its row inside the page.
+struct KvPageSpot {
+    int32_t slot = 0;
+    int32_t row = 0;     // 0 .. kKvPagePositions - 1
+    int32_t rows_left() const { return kKvPagePositions - row; }   // rows from it to the page's end
+};
+
 class KvPageTable {
 public:
     // n_slots free slots and sequence 0, empty.
@@ -50,7 +57,12 @@ public:
 
     // Chunk c's slot; the slots of the mapped chunks in order.
     const std::vector<int32_t>& pages(int32_t seq) const;
-    int32_t slot(int32_t seq, int32_t pos) const { return pages(seq)[static_cast<size_t>(pos / kKvPagePositions)]; }
+    // The page arithmetic, in one place: where mapped position `pos` of seq lives, and how many
+    // positions n_pages pages hold.
+    KvPageSpot locate(int32_t seq, int32_t pos) const {
+        return {pages(seq)[static_cast<size_t>(pos / kKvPagePositions)], pos % kKvPagePositions};
+    }
+    static int64_t positions_in(size_t n_pages) { return static_cast<int64_t>(n_pages) * kKvPagePositions; }
     int32_t refs(int32_t slot) const { return refs_[static_cast<size_t>(slot)]; }
 
 private:

@@ -1,7 +1,8 @@
 // `tern run` with the on-disk prompt cache, end to end: a hit prints exactly what a cold run
 // prints (greedy), with --chat and --lookup too; every kind of damaged entry costs one warning
 // and a cold prefill, never the run; two runs writing the same entries at once; a file-size
-// limit (`ulimit -f`); the directory never grows past --prompt-cache-size. On stories260K (fast),
+// limit (`ulimit -f`); the directory never grows past --prompt-cache-size; `run --batch --parallel`
+// stores and reads the same entries through the batching engine. On stories260K (fast),
 // and on Gemma 3 270M when it is present (TERN_GEMMA or the default model path).
 #include <doctest/doctest.h>
 
@@ -383,4 +384,45 @@ TEST_CASE("prompt cache on Gemma 3 270M: a hit gives the greedy tokens of a cold
     const Run chat_cold = run_prompt(tmp, gemma, doc + "\nWhere did they go?", {"--chat", "--no-prompt-cache"}, "2048");
     CHECK(chat_hit.j["prefix_cache"]["disk_tokens"].get<int>() >= 8 * kBlock);
     CHECK(chat_hit.j["tokens"] == chat_cold.j["tokens"]);
+}
+
+TEST_CASE("prompt cache: run --batch --parallel 3 stores the prompts' blocks and reads them back, the lines unchanged") {
+    if (!shared_available()) return;
+    TempDir tmp;
+    std::string input;
+    for (const char* question : {" What did she find?", " Where did they go?", " Who came?"})
+        input += json{{"prompt", document() + question}, {"max_tokens", 12}, {"temperature", 0}}.dump() + "\n";
+    write_file(tmp / "in.jsonl", input);
+    // The output lines without their timings, and the prompt-cache warnings.
+    auto batch = [&](std::vector<std::string> cache_flags) {
+        std::vector<std::string> args = {"run", "-m", small_model(), "--device", "cpu", "-c", "1024", "-t", "1",
+                                         "--batch", (tmp / "in.jsonl").string(), "--parallel", "3"};
+        args.insert(args.end(), cache_flags.begin(), cache_flags.end());
+        const CommandResult r = run_tern(args);
+        REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+        std::vector<std::string> lines;
+        size_t at = 0;
+        for (size_t end; (end = r.out.find('\n', at)) != std::string::npos; at = end + 1) {
+            json j = json::parse(r.out.substr(at, end - at));
+            j.erase("timings");
+            lines.push_back(j.dump());
+        }
+        return std::make_pair(lines, warnings(r.err));
+    };
+    const auto off = batch({"--no-prompt-cache"});
+    REQUIRE(off.first.size() == 3);
+    const fs::path dir = tmp / "cache";
+    const auto cold = batch({"--prompt-cache", dir.string()});
+    CHECK(cold.first == off.first);
+    CHECK(cold.second.empty());
+    const std::vector<fs::path> stored = entries(dir);
+    CHECK(stored.size() >= kBlocks);   // the document's blocks, once for the three prompts
+    // A damaged entry proves the batch reads the cache: one warning, the same lines, the entry mended.
+    write_file(stored[0], "damaged");
+    const auto warm = batch({"--prompt-cache", dir.string()});
+    CHECK(warm.first == off.first);
+    CHECK(warm.second.size() == 1);
+    const auto again = batch({"--prompt-cache", dir.string()});
+    CHECK(again.first == off.first);
+    CHECK(again.second.empty());
 }

@@ -284,6 +284,8 @@ TEST_CASE("prometheus_text: counters, gauges, cumulative histogram buckets with 
     BatchStats s;
     s.completed = 3;
     s.generated_tokens = 42;
+    s.reused_tokens = 200;
+    s.disk_tokens = 128;
     s.waiting = 2;
     s.kv_used = 17;
     s.kv_capacity = 128;
@@ -298,6 +300,9 @@ TEST_CASE("prometheus_text: counters, gauges, cumulative histogram buckets with 
     CHECK(t.find("# TYPE tern_requests_total counter\n") != std::string::npos);
     CHECK(t.find("tern_requests_total{outcome=\"completed\"} 3\n") != std::string::npos);
     CHECK(t.find("tern_generated_tokens_total 42\n") != std::string::npos);
+    CHECK(t.find("tern_prompt_tokens_reused_total 200\n") != std::string::npos);
+    CHECK(t.find("# TYPE tern_prompt_cache_restored_tokens_total counter\n") != std::string::npos);
+    CHECK(t.find("tern_prompt_cache_restored_tokens_total 128\n") != std::string::npos);
     CHECK(t.find("tern_requests_waiting 2\n") != std::string::npos);
     CHECK(t.find("tern_kv_used 17\n") != std::string::npos);
     CHECK(t.find("tern_time_to_first_token_seconds_bucket{le=\"0.1\"} 1\n") != std::string::npos);

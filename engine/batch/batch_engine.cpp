@@ -11,6 +11,7 @@
 #include "engine/generation/completion_stream.h"
 #include "engine/generation/session.h"
 #include "engine/load_errors.h"
+#include "engine/prefix_cache/prefix_cache.h"
 
 namespace tern {
 
@@ -58,6 +59,7 @@ struct BatchEngine::Job {
     std::vector<LogitCandidate> top;   // the candidates the sampler needs; empty: it needs the whole row
     std::unique_ptr<CompletionStream> stream;   // made at the first admission, kept across preemptions
     int32_t n_reused = 0;
+    int32_t n_from_disk = 0;
     bool shown = false;
     bool prefilled = false;
     Clock::time_point started, first_piece, decode_started;
@@ -77,7 +79,8 @@ std::string_view batch_error_name(BatchError error) {
 
 BatchEngine::BatchEngine(Session& session, BatchEngineOptions options)
     : session_(session), options_(std::move(options)), n_ctx_(session.n_ctx()),
-      batched_(session.backend().supports_sequences()) {
+      batched_(session.backend().supports_sequences()),
+      prompt_cache_(batched_ ? session.prefix_cache() : nullptr) {
     stats_.parallel = std::max(options_.parallel, 1);
     stats_.max_waiting = std::max(options_.max_waiting, 0);
     if (batched_) {
@@ -272,6 +275,7 @@ void BatchEngine::run_job(Job& job) {
         r.text = std::move(g.text);
         r.tokens = std::move(g.tokens);
         r.n_reused = g.n_reused;
+        r.n_from_disk = g.n_from_disk;
         r.stop_reason = g.stop_reason;
         r.timings.prefill_ms = g.prefill_ms;
         r.timings.decode_ms = g.decode_ms;
@@ -325,6 +329,7 @@ bool BatchEngine::step_batched() {
                 j.prefilled = true;
                 j.prefill_ms = ms_between(j.started, now);
                 j.decode_started = now;
+                store_prompt(j);
             }
             j.decoding = true;
             // A resumed request's row is not sampled: its newest token, already chosen, is forwarded next.
@@ -510,7 +515,36 @@ void BatchEngine::start_job(Job& j) {
     j.seq = seq;
     j.kv.assign(j.target.begin(), j.target.begin() + static_cast<std::ptrdiff_t>(common));
     j.decoding = false;
-    if (first) j.n_reused = static_cast<int32_t>(common);
+    const size_t n_from_memory = j.kv.size();
+    restore_from_disk(j);
+    if (first) {
+        j.n_reused = static_cast<int32_t>(j.kv.size());
+        j.n_from_disk = static_cast<int32_t>(j.kv.size() - n_from_memory);
+    }
+}
+
+void BatchEngine::restore_from_disk(Job& j) {
+    if (!prompt_cache_) return;
+    // Never the last token of `target`: its row is what the request samples or continues from.
+    const PrefixCache::Restored disk =
+        prompt_cache_->restore(session_.backend(), j.target, static_cast<int32_t>(j.kv.size()),
+                               static_cast<int32_t>(j.target.size()) - 1, j.seq);
+    // A block that starts inside the shared prefix replaces its positions from the block's start.
+    j.kv.assign(j.target.begin(), j.target.begin() + disk.n_held);
+}
+
+void BatchEngine::store_prompt(const Job& j) {
+    if (!prompt_cache_) return;
+    // The prompt's blocks only, as the Session stores them: what the sequence holds of the prompt.
+    const std::vector<int32_t>& prompt = j.request.prompt;
+    size_t n_valid = 0;
+    const size_t limit = std::min(prompt.size(), j.kv.size());
+    while (n_valid < limit && j.kv[n_valid] == prompt[n_valid]) ++n_valid;
+    try {
+        prompt_cache_->store(session_.backend(), prompt, static_cast<int32_t>(n_valid), j.seq);
+    } catch (const std::exception&) {
+        // The cache is an optimisation: a failing directory costs its blocks, never the request.
+    }
 }
 
 int32_t BatchEngine::new_seq_id() const {
@@ -643,6 +677,7 @@ void BatchEngine::finish_job(Job& j, StopReason reason) {
     r.id = j.id;
     r.n_prompt = static_cast<int32_t>(j.request.prompt.size());
     r.n_reused = j.n_reused;
+    r.n_from_disk = j.n_from_disk;
     r.stop_reason = reason;
     if (j.stream) {
         r.stop_reason = j.stream->finish(reason);
@@ -716,6 +751,7 @@ void BatchEngine::finish(Job& job, BatchResult r) {
                 ++stats_.completed;
             stats_.prompt_tokens += static_cast<uint64_t>(r.n_prompt);
             stats_.reused_tokens += static_cast<uint64_t>(r.n_reused);
+            stats_.disk_tokens += static_cast<uint64_t>(r.n_from_disk);
             stats_.generated_tokens += static_cast<uint64_t>(r.n_gen());
             stats_.queue_time.observe(r.timings.queue_ms / 1000.0);
             if (r.n_gen() > 0) {

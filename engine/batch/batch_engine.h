@@ -22,8 +22,12 @@
 // rows in its own order with its own RNG. When the pool lacks pages for a step, the youngest running
 // request is preempted (its pages freed) and later resumes where it was, its prompt and generated
 // tokens recomputed and its stream going on (no text is sent twice). A new request whose prompt starts
-// like a running or recently finished sequence shares that prefix's pages (Backend::seq_fork). The
-// Session's on-disk prefix cache is not read nor written on this path.
+// like a running or recently finished sequence shares that prefix's pages (Backend::seq_fork). When the
+// Session has an on-disk prefix cache (engine/prefix_cache/prefix_cache.h; the app's --prompt-cache),
+// a starting request then restores the cached 64-token blocks that follow into its sequence (never its
+// last token), and once its prompt is prefilled stores the prompt's blocks not on disk yet, as
+// Session::generate does: restored K/V equal a cold prefill's bit for bit, so the tokens do not change,
+// and a faulty entry costs a warning and a prefill, never the request.
 //
 // On a backend without sequences the engine runs the admitted requests one at a time, first come first
 // served, through the Session (engine/generation/session.h): each step is one whole generation, and a
@@ -57,6 +61,7 @@
 
 namespace tern {
 
+class PrefixCache;
 class Session;
 
 using RequestId = uint64_t;   // 1, 2, ... in submission order; 0 is never a request
@@ -87,7 +92,8 @@ struct BatchResult {
     std::string text;                       // the completion, stop string trimmed (what on_text showed)
     std::vector<int32_t> tokens;            // generated ids, the end-of-generation token excluded
     int32_t n_prompt = 0;
-    int32_t n_reused = 0;                   // prompt tokens whose KV was already held (a shared prefix)
+    int32_t n_reused = 0;                   // prompt tokens whose KV was not computed (a shared prefix, the disk)
+    int32_t n_from_disk = 0;                // of those, restored from the on-disk prefix cache
     StopReason stop_reason = StopReason::length;   // cancelled: cancel(), stop(), or on_text said stop
     BatchTimings timings;
 
@@ -158,7 +164,8 @@ struct BatchStats {
     uint64_t cancelled = 0;      // stopped by cancel(), stop() or on_text
     uint64_t failed = 0;         // runtime errors
     uint64_t prompt_tokens = 0;  // of finished requests
-    uint64_t reused_tokens = 0;  // of those, taken from KV already held
+    uint64_t reused_tokens = 0;  // of those, not computed: KV already held or restored from disk
+    uint64_t disk_tokens = 0;    // of those, restored from the on-disk prefix cache
     uint64_t generated_tokens = 0;
     int64_t kv_used = 0;         // KV positions held (the paged cache: pages in use times their positions)
     int64_t kv_capacity = 0;     // positions there are (the paged cache: all its pages')
@@ -226,6 +233,10 @@ private:
     bool end_cancelled();   // ends the running and preempted requests whose cancel flag is up
     void admit();
     void start_job(Job& job);
+    // The on-disk prefix cache's part (prompt_cache_): the cached blocks of `target` after what the
+    // job's sequence holds, and the prompt's new blocks once it is prefilled. Never fail a request.
+    void restore_from_disk(Job& job);
+    void store_prompt(const Job& job);
     // Builds and runs the step's forward (preempting when the pool is short); false when none ran.
     bool forward_step(std::vector<JobPtr>& spanned, std::vector<int32_t>& chunk);
     void preempt(Job& job);
@@ -244,6 +255,9 @@ private:
     const BatchEngineOptions options_;
     const int32_t n_ctx_;
     const bool batched_;   // the backend runs sequences: the batching scheduler
+    // The Session's on-disk prefix cache on the batching path (null: none). Without sequences the
+    // Session itself reads and writes it.
+    PrefixCache* const prompt_cache_;
 
     mutable std::mutex mutex_;   // guards everything below (the engine thread alone changes running_/resume_)
     std::condition_variable wake_;

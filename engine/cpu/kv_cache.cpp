@@ -55,10 +55,10 @@ void KvCache::make_writable(int32_t seq, int32_t begin, int32_t end) {
                          std::to_string(n_ctx_));
     for (const KvSlotCopy& c : table_.prepare_write(seq, begin, end))
         for (size_t l = 0; l < k_.size(); ++l) {
-            std::memcpy(k_[l].data() + static_cast<size_t>(c.to) * k_page_bytes_[l],
-                        k_[l].data() + static_cast<size_t>(c.from) * k_page_bytes_[l], k_page_bytes_[l]);
-            std::memcpy(v_[l].data() + static_cast<size_t>(c.to) * v_page_bytes_[l],
-                        v_[l].data() + static_cast<size_t>(c.from) * v_page_bytes_[l], v_page_bytes_[l]);
+            std::memcpy(k_[l].data() + page_offset(l, c.to, false), k_[l].data() + page_offset(l, c.from, false),
+                        k_page_bytes_[l]);
+            std::memcpy(v_[l].data() + page_offset(l, c.to, true), v_[l].data() + page_offset(l, c.from, true),
+                        v_page_bytes_[l]);
         }
 }
 
@@ -77,16 +77,10 @@ void KvCache::write(int32_t layer, int32_t pos, const float* k, const float* v, 
 }
 
 // Row `pos` of head h of a layer: its page's slot, the head's run inside the slot, the row inside the run.
-size_t KvCache::k_offset(int32_t seq, size_t layer, int32_t head, int32_t pos) const {
-    const auto slot = static_cast<size_t>(table_.slot(seq, pos));
-    const size_t row = static_cast<size_t>(head) * kKvPagePositions + static_cast<size_t>(pos % kKvPagePositions);
-    return slot * k_page_bytes_[layer] + row * k_row_bytes_;
-}
-
-size_t KvCache::v_offset(int32_t seq, size_t layer, int32_t head, int32_t pos) const {
-    const auto slot = static_cast<size_t>(table_.slot(seq, pos));
-    const size_t row = static_cast<size_t>(head) * kKvPagePositions + static_cast<size_t>(pos % kKvPagePositions);
-    return slot * v_page_bytes_[layer] + row * v_row_bytes_;
+size_t KvCache::row_offset(int32_t seq, size_t layer, int32_t head, int32_t pos, bool value) const {
+    const KvPageSpot at = table_.locate(seq, pos);
+    const size_t row = static_cast<size_t>(head) * kKvPagePositions + static_cast<size_t>(at.row);
+    return page_offset(layer, at.slot, value) + row * (value ? v_row_bytes_ : k_row_bytes_);
 }
 
 const void* KvCache::k_row(int32_t layer, int32_t head, int32_t pos, int32_t seq) const {
@@ -116,20 +110,26 @@ KvSnapshotShape KvCache::shape() const {
     return {type_, n_kv_heads_, head_dim_, head_dim_v_, n_ctx_};
 }
 
+template <class Run>
+void KvCache::for_each_run(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n, Run run) const {
+    while (n > 0) {
+        const int32_t rows = std::min(n, table_.locate(seq, pos).rows_left());
+        run(row_offset(seq, layer, head, pos, value), rows);
+        pos += rows;
+        n -= rows;
+    }
+}
+
 // The snapshot format's row copies (engine/kv_snapshot.h) for this cache's host buffers: n rows from
 // position pos, one memcpy per page they touch.
 void KvCache::copy_rows_out(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n,
                             uint8_t* bytes) const {
     const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
     const uint8_t* base = value ? v_[layer].data() : k_[layer].data();
-    while (n > 0) {
-        const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
-        const size_t offset = value ? v_offset(seq, layer, head, pos) : k_offset(seq, layer, head, pos);
-        std::memcpy(bytes, base + offset, static_cast<size_t>(run) * row_bytes);
-        bytes += static_cast<size_t>(run) * row_bytes;
-        pos += run;
-        n -= run;
-    }
+    for_each_run(seq, layer, head, value, pos, n, [&](size_t offset, int32_t rows) {
+        std::memcpy(bytes, base + offset, static_cast<size_t>(rows) * row_bytes);
+        bytes += static_cast<size_t>(rows) * row_bytes;
+    });
 }
 
 void KvCache::copy_rows_in(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n,
@@ -138,14 +138,10 @@ void KvCache::copy_rows_in(int32_t seq, size_t layer, int32_t head, bool value, 
     if (pos + n > table_.mapped(seq) || (layer == 0 && head == 0 && !value)) make_writable(seq, pos, pos + n);
     const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
     uint8_t* base = value ? v_[layer].data() : k_[layer].data();
-    while (n > 0) {
-        const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
-        const size_t offset = value ? v_offset(seq, layer, head, pos) : k_offset(seq, layer, head, pos);
-        std::memcpy(base + offset, bytes, static_cast<size_t>(run) * row_bytes);
-        bytes += static_cast<size_t>(run) * row_bytes;
-        pos += run;
-        n -= run;
-    }
+    for_each_run(seq, layer, head, value, pos, n, [&](size_t offset, int32_t rows) {
+        std::memcpy(base + offset, bytes, static_cast<size_t>(rows) * row_bytes);
+        bytes += static_cast<size_t>(rows) * row_bytes;
+    });
 }
 
 KvSnapshot KvCache::save(int32_t n, int32_t seq) const {

@@ -90,9 +90,18 @@ private:
                        uint8_t* bytes) const;
     void copy_rows_in(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n,
                       const uint8_t* bytes);
-    // Bytes into a layer's K / V buffer of row `pos` (mapped) of a head of a sequence.
-    size_t k_offset(int32_t seq, size_t layer, int32_t head, int32_t pos) const;
-    size_t v_offset(int32_t seq, size_t layer, int32_t head, int32_t pos) const;
+    // Calls run(offset, rows) for each page's part of rows [pos, pos + n) (mapped) of a head: the bytes
+    // of those rows are consecutive from `offset` into the layer's K (or V) buffer.
+    template <class Run>
+    void for_each_run(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n, Run run) const;
+    // Bytes into a layer's K (value false) or V buffer of row `pos` (mapped) of a head of a sequence.
+    size_t row_offset(int32_t seq, size_t layer, int32_t head, int32_t pos, bool value) const;
+    size_t k_offset(int32_t seq, size_t layer, int32_t head, int32_t pos) const { return row_offset(seq, layer, head, pos, false); }
+    size_t v_offset(int32_t seq, size_t layer, int32_t head, int32_t pos) const { return row_offset(seq, layer, head, pos, true); }
+    // Bytes into a layer's K or V buffer of a slot's page.
+    size_t page_offset(size_t layer, int32_t slot, bool value) const {
+        return static_cast<size_t>(slot) * (value ? v_page_bytes_ : k_page_bytes_)[layer];
+    }
     // Makes [begin, end) of seq writable and copies the pages prepare_write() moved.
     void make_writable(int32_t seq, int32_t begin, int32_t end);
 

@@ -15,6 +15,7 @@
 #include "engine/prefix_cache/prefix_cache_entry.h"
 #include "engine/prefix_cache/prefix_cache_files.h"
 #include "base/error.h"
+#include "engine/load_errors.h"
 
 namespace tern {
 namespace fs = std::filesystem;
@@ -46,6 +47,16 @@ struct DirLock {
     }
     bool held() const { return fd >= 0; }
 };
+
+// Sequence 0 through the methods every backend has (a backend without sequences has only it).
+int32_t positions_held(const Backend& backend, int32_t seq) {
+    return seq == 0 ? backend.n_past() : backend.seq_n_past(seq);
+}
+
+void keep_positions(Backend& backend, int32_t seq, int32_t n) {
+    if (seq == 0) backend.kv_truncate(n);
+    else backend.seq_truncate(seq, n);
+}
 
 } // namespace
 
@@ -149,7 +160,7 @@ std::optional<std::vector<uint8_t>> PrefixCache::read_block(uint64_t chain, uint
 }
 
 PrefixCache::Restored PrefixCache::restore(Backend& backend, std::span<const int32_t> prompt, int32_t n_held,
-                                           int32_t limit) {
+                                           int32_t limit, int32_t seq) {
     Restored r{n_held, 0};
     if (disabled_) return r;
     const int32_t block = options_.block_tokens;
@@ -166,9 +177,11 @@ PrefixCache::Restored PrefixCache::restore(Backend& backend, std::span<const int
         snap.kv_type = kv_type_;
         snap.bytes = std::move(*payload);
         try {
-            if (backend.n_past() != begin) backend.kv_truncate(begin);
+            if (positions_held(backend, seq) != begin) keep_positions(backend, seq, begin);
             r.n_held = begin;
-            backend.kv_append(snap);   // checks the shape; the cache is unchanged when it throws
+            backend.seq_append(seq, snap);   // checks the shape; the cache is unchanged when it throws
+        } catch (const KvPoolExhausted&) {
+            break;   // other sequences hold the pages: not the entry's fault nor the backend's
         } catch (const UsageError& e) {
             fault(entry_path(keys[i]), std::string("does not fit this model's KV cache (") + e.what() + ")");
             break;
@@ -197,7 +210,7 @@ bool PrefixCache::ensure_directory() {
     return true;
 }
 
-void PrefixCache::store(const Backend& backend, std::span<const int32_t> tokens, int32_t n_valid) {
+void PrefixCache::store(const Backend& backend, std::span<const int32_t> tokens, int32_t n_valid, int32_t seq) {
     if (disabled_) return;
     const int32_t block = options_.block_tokens;
     n_valid = std::clamp<int32_t>(n_valid, 0, static_cast<int32_t>(tokens.size()));
@@ -249,7 +262,7 @@ void PrefixCache::store(const Backend& backend, std::span<const int32_t> tokens,
         e.tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(begin),
                         tokens.begin() + static_cast<std::ptrdiff_t>(begin + static_cast<size_t>(block)));
         try {
-            e.payload = backend.kv_save_range(static_cast<int32_t>(begin), static_cast<int32_t>(begin) + block).bytes;
+            e.payload = backend.seq_save_range(seq, static_cast<int32_t>(begin), static_cast<int32_t>(begin) + block).bytes;
         } catch (const TernError& err) {
             warn_(std::string(err.what()) + "; prompts are not cached");
             disabled_ = true;

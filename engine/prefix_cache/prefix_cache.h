@@ -60,17 +60,20 @@ public:
         int32_t n_held = 0;   // positions the backend holds afterwards (a prefix of the prompt)
         int32_t n_disk = 0;   // of which were read from disk in this call
     };
-    // `backend` holds the first `n_held` tokens of `prompt`. Restores the cached blocks that follow,
-    // in order, up to position `limit` (the caller prefills at least the last prompt token). A
-    // block that starts at or before n_held replaces the positions from its start (the same bytes
+    // Sequence `seq` of `backend` (0: the backend's own; others: a batching engine's, through
+    // Backend::seq_*) holds the first `n_held` tokens of `prompt`. Restores the cached blocks that
+    // follow, in order, up to position `limit` (the caller prefills at least the last prompt token).
+    // A block that starts at or before n_held replaces the positions from its start (the same bytes
     // a cold prefill makes); the backend is touched only once the next block was read and checked.
-    Restored restore(Backend& backend, std::span<const int32_t> prompt, int32_t n_held, int32_t limit);
+    // A paged KV pool without free pages ends the restore quietly (the rest is prefilled).
+    Restored restore(Backend& backend, std::span<const int32_t> prompt, int32_t n_held, int32_t limit,
+                     int32_t seq = 0);
 
-    // Stores the full blocks of `tokens` whose K/V the backend holds at positions [0, n_valid)
-    // and that are not cached yet, then evicts down to the size limit. Blocks are stored in
-    // order and only while the chain so far fits the limit (a block is useless without those
-    // before it).
-    void store(const Backend& backend, std::span<const int32_t> tokens, int32_t n_valid);
+    // Stores the full blocks of `tokens` whose K/V sequence `seq` of the backend holds at positions
+    // [0, n_valid) and that are not cached yet, then evicts down to the size limit. Blocks are
+    // stored in order and only while the chain so far fits the limit (a block is useless without
+    // those before it).
+    void store(const Backend& backend, std::span<const int32_t> tokens, int32_t n_valid, int32_t seq = 0);
 
     std::filesystem::path entry_path(uint64_t chain) const;
     const PrefixCacheOptions& options() const { return options_; }

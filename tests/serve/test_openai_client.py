@@ -39,7 +39,8 @@ class Server:
     def __init__(self, extra=()):
         self.model_path = os.path.join(ARGS.shared, "models", "gguf", MODEL_FILE)
         cmd = [ARGS.tern, "serve", "-m", self.model_path, "--port", "0", "--device", "cpu", "-t", "1",
-               "-c", str(CTX), "--no-repeat-guard", "--api-key", API_KEY, "--max-body", "64K", *extra]
+               "-c", str(CTX), "--no-repeat-guard", "--no-prompt-cache", "--api-key", API_KEY, "--max-body", "64K",
+               *extra]
         self.stderr_lines = []
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "TERN_API_KEY": ""})
