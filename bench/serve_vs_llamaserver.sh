@@ -81,7 +81,7 @@ wait_health() {   # port log pid
 ctx=1024
 tern_port=$(free_port)
 tern_cmd=("$TERN" serve -m "$model" --device cpu -t "$threads" --parallel "$parallel" -c "$ctx" --port "$tern_port"
-          --no-repeat-guard)
+          --no-repeat-guard --no-prompt-cache)
 "${tern_cmd[@]}" > "$work/tern.log" 2>&1 &
 pids+=($!); wait_health "$tern_port" "$work/tern.log" "${pids[-1]}" || exit 1
 llama_port=$(free_port)
