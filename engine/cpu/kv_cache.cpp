@@ -122,14 +122,11 @@ void KvCache::copy_rows_out(int32_t seq, size_t layer, int32_t head, bool value,
                             uint8_t* bytes) const {
     const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
     const uint8_t* base = value ? v_[layer].data() : k_[layer].data();
-    while (n > 0) {
-        const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
-        const size_t offset = value ? v_offset(seq, layer, head, pos) : k_offset(seq, layer, head, pos);
+    for_each_page_run(pos, n, [&](int32_t p, int32_t run) {
+        const size_t offset = value ? v_offset(seq, layer, head, p) : k_offset(seq, layer, head, p);
         std::memcpy(bytes, base + offset, static_cast<size_t>(run) * row_bytes);
         bytes += static_cast<size_t>(run) * row_bytes;
-        pos += run;
-        n -= run;
-    }
+    });
 }
 
 void KvCache::copy_rows_in(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n,
@@ -138,14 +135,11 @@ void KvCache::copy_rows_in(int32_t seq, size_t layer, int32_t head, bool value, 
     if (pos + n > table_.mapped(seq) || (layer == 0 && head == 0 && !value)) make_writable(seq, pos, pos + n);
     const size_t row_bytes = value ? v_row_bytes_ : k_row_bytes_;
     uint8_t* base = value ? v_[layer].data() : k_[layer].data();
-    while (n > 0) {
-        const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
-        const size_t offset = value ? v_offset(seq, layer, head, pos) : k_offset(seq, layer, head, pos);
+    for_each_page_run(pos, n, [&](int32_t p, int32_t run) {
+        const size_t offset = value ? v_offset(seq, layer, head, p) : k_offset(seq, layer, head, p);
         std::memcpy(base + offset, bytes, static_cast<size_t>(run) * row_bytes);
         bytes += static_cast<size_t>(run) * row_bytes;
-        pos += run;
-        n -= run;
-    }
+    });
 }
 
 KvSnapshot KvCache::save(int32_t n, int32_t seq) const {
