@@ -21,6 +21,12 @@ void check_positions(int32_t pos0, int64_t n, int32_t n_past, int32_t n_ctx) {
 
 } // namespace
 
+void check_seq_truncate(int32_t seq, int32_t n, int32_t n_past) {
+    if (n < 0 || n > n_past)
+        throw UsageError("seq_truncate: cannot keep " + std::to_string(n) + " positions of sequence " +
+                         std::to_string(seq) + ", it holds " + std::to_string(n_past));
+}
+
 void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ctx, int32_t vocab,
                          const std::function<int32_t(int32_t seq)>& n_past_of) {
     const int64_t n = static_cast<int64_t>(batch.tokens.size());

@@ -92,6 +92,9 @@ struct KvSnapshot {
 void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ctx, int32_t vocab,
                          const std::function<int32_t(int32_t seq)>& n_past_of = {});
 
+// Throws UsageError unless seq_truncate may keep n positions of a sequence holding n_past.
+void check_seq_truncate(int32_t seq, int32_t n, int32_t n_past);
+
 // How full a paged KV cache is (Backend::kv_pool).
 struct KvPoolUse {
     int32_t pages = 0, pages_in_use = 0;

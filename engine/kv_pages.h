@@ -5,6 +5,7 @@
 // kKvPagePositions), is in slot pages(seq)[c]); reference counts, so sequences that share a prefix share
 // its slots, and copy on write, so a sequence about to write into a shared slot first gets its own copy.
 // A backend's cache (engine/cpu/kv_cache.h) owns the bytes and does the copies this table asks for.
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -22,8 +23,18 @@ struct KvSlotCopy {
 struct KvPageSpot {
     int32_t slot = 0;
     int32_t row = 0;     // 0 .. kKvPagePositions - 1
-    int32_t rows_left() const { return kKvPagePositions - row; }   // rows from it to the page's end
 };
+
+// Calls f(pos, run) for each run of positions [pos, pos + n) that stays inside one page, in order: the rows
+// a cache copies in one piece.
+template <class F> void for_each_page_run(int32_t pos, int32_t n, F&& f) {
+    while (n > 0) {
+        const int32_t run = std::min(n, kKvPagePositions - pos % kKvPagePositions);
+        f(pos, run);
+        pos += run;
+        n -= run;
+    }
+}
 
 class KvPageTable {
 public:

@@ -426,7 +426,7 @@ void check_equal_to_alone(Session& reference, Collector& c, const std::vector<Sp
     }
 }
 
-// Forwards every call to a CPU backend but says it runs one sequence (as the CUDA backend does today).
+// Forwards every call to a CPU backend but says it runs one sequence (as a backend without sequences does).
 class OneSequence : public Backend {
 public:
     explicit OneSequence(std::unique_ptr<Backend> b) : b_(std::move(b)) {}

@@ -10,16 +10,20 @@
 //   drain()   refuse new requests, finish the admitted ones, then run() returns; stop() cancels them;
 //   stats()   counters, gauges and latency histograms for /metrics and progress lines.
 //
-// On a backend with sequences (Backend::supports_sequences: the CPU's paged KV cache) the engine is a
+// On a backend with sequences (Backend::supports_sequences: the CPU's and the CUDA backend's paged KV
+// caches, engine/cpu/kv_cache.h and engine/cuda/kv_cache_cuda.h) the engine is a
 // continuous-batching scheduler. Up to `parallel` requests run at once, each in a backend sequence of
 // its own with its own sampler and completion stream. Each step() is ONE forward over every decoding
 // request's newest token plus chunks of the prompts being prefilled, under a per-step token budget
 // (step_tokens: a long prompt is prefilled over several steps while the others keep decoding); then
 // each request whose row ended its prompt or decoded a token samples it, requests whose stop rule
 // fired finish (their pages go back to the pool at once), and waiting requests are admitted into the
-// free slots. A request's tokens are exactly what Session::generate gives for the same prompt, seed
-// and options: the forward gives each sequence the bits it gets alone, and each request samples its
-// rows in its own order with its own RNG. When the pool lacks pages for a step, the youngest running
+// free slots. A request's tokens are exactly what it gets alone: the forward gives each sequence the
+// bits it gets alone (whatever shares the step, however its prompt is chunked), and each request samples
+// its rows in its own order with its own RNG. On the CPU that is also what Session::generate gives for
+// the same prompt, seed and options; the CUDA backend's batches keep to the per-column kernels for that
+// invariance (engine/cuda/backend_cuda.cpp forward_on_device), where a Session's prefill takes the GEMM
+// ones, so there the two agree to rounding, not bit for bit. When the pool lacks pages for a step, the youngest running
 // request is preempted (its pages freed) and later resumes where it was, its prompt and generated
 // tokens recomputed and its stream going on (no text is sent twice). A new request whose prompt starts
 // like a running or recently finished sequence shares that prefix's pages (Backend::seq_fork). When the

@@ -265,9 +265,7 @@ void CpuBackend::seq_free(int32_t seq) {
 }
 
 void CpuBackend::seq_truncate(int32_t seq, int32_t n) {
-    if (n < 0 || n > kv_.n_past(seq))
-        throw UsageError("seq_truncate: cannot keep " + std::to_string(n) + " positions of sequence " +
-                         std::to_string(seq) + ", it holds " + std::to_string(kv_.n_past(seq)));
+    check_seq_truncate(seq, n, kv_.n_past(seq));
     kv_.set_n_past(n, seq);
 }
 

@@ -112,12 +112,7 @@ KvSnapshotShape KvCache::shape() const {
 
 template <class Run>
 void KvCache::for_each_run(int32_t seq, size_t layer, int32_t head, bool value, int32_t pos, int32_t n, Run run) const {
-    while (n > 0) {
-        const int32_t rows = std::min(n, table_.locate(seq, pos).rows_left());
-        run(row_offset(seq, layer, head, pos, value), rows);
-        pos += rows;
-        n -= rows;
-    }
+    for_each_page_run(pos, n, [&](int32_t p, int32_t rows) { run(row_offset(seq, layer, head, p, value), rows); });
 }
 
 // The snapshot format's row copies (engine/kv_snapshot.h) for this cache's host buffers: n rows from

@@ -98,7 +98,7 @@ MemoryNeed CudaBackend::plan_memory(const ModelConfig& c, const ModelWeights& w,
     for (const WeightRef* v : vectors(w))
         if (v->present()) need.weights += 4ull * static_cast<uint64_t>(v->n_in());
     need.copies = need.weights;   // all of it is copied to the GPU
-    need.kv = kv_cache_bytes(c, r.kv_type, r.n_ctx);
+    need.kv = kv_cache_bytes(c, r.kv_type, std::max(r.kv_pool_positions, r.n_ctx));   // the pool's pages
     const ActivationWidths aw = activation_widths(c);
     const uint64_t per_token = 4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn) + 4 +
                                static_cast<uint64_t>(cuda::q8_column_bytes(std::max<int64_t>({c.dim, aw.att, aw.ffn})));
@@ -253,7 +253,9 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     std::vector<int32_t> n_kv_heads;
     for (const LayerConfig& lc : config.layers)
         n_kv_heads.push_back(lc.n_kv_heads);
-    kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx, stream_);
+    const int32_t pool = std::max(options.kv_pool_positions, options.n_ctx);
+    kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx,
+             static_cast<int32_t>(kv_pages_for(pool)), stream_);
     n_logit_rows_ = 0;
     loaded_ = true;
 }
@@ -261,7 +263,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
 void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y,
                           bool new_input) {
     if (new_input) q8_of_ = nullptr;
-    if (n < kGemmMinColumns) {   // decode, draft verification: one pass over the weights per 8 columns
+    if (n < kGemmMinColumns || per_column_) {   // decode, draft verification: one pass over the weights per 8 columns
         if (uses_q8(w)) {
             cuda::matmul_q8(w.type, w.data, w.n_in, w.n_out, q8_input(x, n, w.n_in), n, bias, y, stream_);
             return;
@@ -349,17 +351,43 @@ void CudaBackend::observe(int32_t layer, ProjectionInput which, const float* x_d
 
 void CudaBackend::forward(const ForwardBatch& batch) {
     if (!loaded_) throw UsageError("forward: the backend has no model loaded");
-    check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), config_.vocab);
+    check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), config_.vocab,
+                        [this](int32_t seq) { return kv_.n_past(seq); });
     try {
+        if (!batch.spans.empty()) {
+            const SequenceBatch seqs = prepare_sequences(batch.spans);
+            forward_on_device(batch, nullptr, &seqs);
+            for (size_t s = 0; s < batch.spans.size(); ++s)
+                kv_.set_n_past(seqs.span_pos0[s] + batch.spans[s].n_tokens, batch.spans[s].seq);
+            return;
+        }
+        const auto n = static_cast<int32_t>(batch.tokens.size());
+        kv_.reserve(batch.pos0 + n);   // sequence 0's pages for the batch, shared ones copied first
+        kv_.sync_pages();
         if (graph_fits(batch))
             forward_graph(batch);
         else
             forward_on_device(batch);
+        kv_.set_n_past(batch.pos0 + n);
     } catch (const cuda::Error& e) {
         throw RuntimeFailure(std::string("cuda: ") + e.what());
     } catch (const std::invalid_argument& e) {   // a launcher's refusal: load() lets no known shape through
         throw RuntimeFailure(std::string("cuda: ") + e.what());
     }
+}
+
+// Each span's pages mapped (shared ones copied), then the token map on the device. The pool may lack pages
+// for a later span after earlier ones were mapped: those keep them (their positions are not yet valid).
+CudaBackend::SequenceBatch CudaBackend::prepare_sequences(std::span<const SequenceSpan> spans) {
+    SequenceBatch b;
+    for (const SequenceSpan& s : spans) {
+        const int32_t past = kv_.n_past(s.seq);
+        kv_.reserve(past + s.n_tokens, s.seq);
+        b.span_pos0.push_back(past);
+        b.max_pos = std::max(b.max_pos, past + s.n_tokens - 1);
+    }
+    b.map = kv_.map_tokens(spans, b.span_pos0);
+    return b;
 }
 
 bool CudaBackend::graph_fits(const ForwardBatch& batch) const {
@@ -413,7 +441,7 @@ void CudaBackend::forward_graph(const ForwardBatch& batch) {
         graph_key_ = std::move(key);
     }
     cuda_call(cudaGraphLaunch(graph_exec_, stream_), "replaying the decode step");
-    finish_forward(batch.pos0 + 1, 1);
+    finish_logits(1);
 }
 
 // The activations of an n-token batch keeping logit_rows rows of logits (grown, never shrunk).
@@ -439,9 +467,8 @@ void CudaBackend::reserve_buffers(int64_t n, int64_t logit_rows) {
                          "quantized activations");
 }
 
-// The host's view after a forward: positions, and logit rows not yet copied back.
-void CudaBackend::finish_forward(int32_t n_past, int64_t rows) {
-    kv_.set_n_past(n_past);
+// The host's view after a forward: logit rows not yet copied back.
+void CudaBackend::finish_logits(int64_t rows) {
     n_logit_rows_ = static_cast<int>(rows);
     host_logits_.resize(static_cast<size_t>(rows) * static_cast<size_t>(config_.vocab));
     host_row_ready_.assign(static_cast<size_t>(rows), false);
@@ -449,7 +476,7 @@ void CudaBackend::finish_forward(int32_t n_past, int64_t rows) {
 
 // The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line, as the CPU backend's:
 // embed -> per layer {norm, q/k/v, q/k norm + rope, KV write, attention, output, FFN} -> norm -> lm_head.
-void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* step) {
+void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* step, const SequenceBatch* seqs) {
     const ModelConfig& c = config_;
     const int64_t n = static_cast<int64_t>(batch.tokens.size());
     const int32_t pos0 = batch.pos0;
@@ -460,9 +487,26 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
     // the separate ones; a prefill batch takes the GEMM path with separate kernels. Launches per layer with
     // int8 activations, one matrix format per layer: 19 separate, fused 12 (llama, qwen) / 14 (gemma,
     // whose post-norms keep the residual adds).
-    const bool decode = n < kGemmMinColumns;
+    //
+    // Batch invariance of a batch of several sequences (the batching engine's steps): a sequence's bits must
+    // not depend on what else shares its forward, so no choice may depend on the batch's size. The rule:
+    // such a batch takes the decode path whatever its size (per_column_: every projection, lm_head included,
+    // on the per-column kernels of kernels/cuda/matmul.h / matmul_q8.h, whose column sums are the same bits in
+    // a pass of 1 or of 8 columns and in any pass: the warp's reduction tree is the same for every column
+    // count, and the int8 activations are quantized column by column), never the int8 tensor-core GEMM or
+    // cuBLAS, whose tiles round differently; and attention_tokens, whose work per token depends on its own
+    // position only (kernels/cuda/attention.h). The row-wise kernels (norms, residual adds, activations,
+    // embedding, rope and the KV write) treat each token alone. A long prompt then costs one pass over the
+    // weights per 8 of its tokens: the price of tokens that do not change with the batch.
+    const bool decode = n < kGemmMinColumns || seqs;
+    per_column_ = seqs != nullptr;
 
-    reserve_buffers(n, batch.wanted == LogitsWanted::all ? n : 1);
+    int64_t kept_rows = batch.wanted == LogitsWanted::all ? n : 1;
+    if (seqs) {
+        kept_rows = 0;
+        for (const SequenceSpan& s : batch.spans) kept_rows += s.wanted == LogitsWanted::all ? s.n_tokens : 1;
+    }
+    reserve_buffers(n, kept_rows);
     const int32_t* pos0_device = step ? step + 1 : nullptr;   // a graph reads the position there
     auto* tokens = step ? const_cast<int32_t*>(step) : static_cast<int32_t*>(tokens_.reserve(0, ""));
     float* x = x_.floats(un * static_cast<size_t>(dim), "activations");       // (n, dim) residual stream
@@ -504,8 +548,12 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         const float* k_norm = c.qk_norm ? d.k_norm : nullptr;
         if (decode) {   // q, k and v in one launch; the rotated k and v stored by the rope kernel
             project_outputs({{&d.wq, d.bq, q}, {&d.wk, d.bk, k}, {&d.wv, d.bv, v}}, xn, n, false);
-            cuda::qk_norm_rope_kv_write(kv_.layer(l), q, k, v, n, lc.n_heads, q_norm, k_norm, c.rms_eps, rope, pos0,
-                                        stream_, pos0_device);
+            if (seqs)
+                cuda::qk_norm_rope_kv_write_tokens(kv_.layer(l), q, k, v, n, lc.n_heads, q_norm, k_norm, c.rms_eps,
+                                                   rope, seqs->map, stream_);
+            else
+                cuda::qk_norm_rope_kv_write(kv_.layer(l), q, k, v, n, lc.n_heads, q_norm, k_norm, c.rms_eps, rope,
+                                            pos0, stream_, pos0_device);
         } else {
             project(d.wq, xn, n, d.bq, q);
             project(d.wk, xn, n, d.bk, k, false);   // q, k and v read one input
@@ -514,8 +562,12 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
                                stream_, pos0_device);
             cuda::kv_write(kv_.layer(l), k, v, n, pos0, stream_, pos0_device);
         }
-        cuda::attention(kv_.layer(l), q, n, lc.n_heads, pos0, lc.sliding_window, c.attn_scale, c.attn_softcap, att,
-                        stream_, pos0_device);
+        if (seqs)
+            cuda::attention_tokens(kv_.layer(l), q, n, lc.n_heads, lc.sliding_window, c.attn_scale, c.attn_softcap,
+                                   att, seqs->map, seqs->max_pos, stream_);
+        else
+            cuda::attention(kv_.layer(l), q, n, lc.n_heads, pos0, lc.sliding_window, c.attn_scale, c.attn_softcap,
+                            att, stream_, pos0_device);
 
         // Output projection (+ bias), gemma's post-attention norm, residual. Without a post-norm, decode adds
         // the projection straight into the stream.
@@ -550,7 +602,6 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         }
     }
     if (!output_.data) {   // a slice before the last: the stream goes on to the next device
-        kv_.set_n_past(pos0 + static_cast<int32_t>(n));
         if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");
         cuda_call(cudaMemcpyAsync(batch.hidden_out, x, un * static_cast<size_t>(dim) * sizeof(float),
                                   cudaMemcpyDeviceToHost, stream_),
@@ -561,14 +612,35 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
     }
 
     // Final norm and lm_head on the rows whose logits are wanted; they stay on the GPU until asked for.
-    const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
-    const int64_t rows = n - first;
+    const int64_t rows = norm_kept_rows(batch, x, xn, out);
     float* logits = logits_.floats(static_cast<size_t>(rows) * static_cast<size_t>(c.vocab), "logits");
-    cuda::rmsnorm_rows(x + first * dim, output_norm_, xn, rows, dim, c.rms_eps, stream_);
     observe(-1, ProjectionInput::lm_head, xn, rows, dim);
     project(output_, xn, rows, nullptr, logits);
     if (c.final_softcap > 0.0f) cuda::softcap(logits, rows * c.vocab, c.final_softcap, stream_);
-    if (!step) finish_forward(pos0 + static_cast<int32_t>(n), rows);   // a captured step finishes at its replay
+    if (!step) finish_logits(rows);   // a captured step finishes at its replay
+}
+
+// A plain batch keeps its last row or all of them, one run at the end of x. A batch of spans keeps per span
+// its last row or all of its rows: those runs are gathered into `scratch` first, in span order.
+int64_t CudaBackend::norm_kept_rows(const ForwardBatch& batch, const float* x, float* xn, float* scratch) {
+    const ModelConfig& c = config_;
+    const int64_t dim = c.dim, n = static_cast<int64_t>(batch.tokens.size());
+    if (batch.spans.empty()) {
+        const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
+        cuda::rmsnorm_rows(x + first * dim, output_norm_, xn, n - first, dim, c.rms_eps, stream_);
+        return n - first;
+    }
+    int64_t rows = 0, first = 0;
+    for (const SequenceSpan& s : batch.spans) {
+        const int64_t keep = s.wanted == LogitsWanted::all ? s.n_tokens : 1;
+        cuda_call(cudaMemcpyAsync(scratch + rows * dim, x + (first + s.n_tokens - keep) * dim,
+                                  static_cast<size_t>(keep * dim) * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                  "gathering the kept rows");
+        rows += keep;
+        first += s.n_tokens;
+    }
+    cuda::rmsnorm_rows(scratch, output_norm_, xn, rows, dim, c.rms_eps, stream_);
+    return rows;
 }
 
 std::span<const float> CudaBackend::logits(int row) {
@@ -664,7 +736,21 @@ void CudaBackend::kv_truncate(int32_t n_past) {
     if (n_past < 0 || n_past > kv_.n_past())
         throw UsageError("kv_truncate: cannot keep " + std::to_string(n_past) + " positions, the cache holds " +
                          std::to_string(kv_.n_past()));
-    kv_.set_n_past(n_past);   // later writes overwrite the forgotten positions
+    kv_.set_n_past(n_past);   // later writes overwrite the forgotten positions; whole pages past them go back
+}
+
+void CudaBackend::seq_free(int32_t seq) {
+    if (seq == 0) throw UsageError("seq_free: sequence 0 is the backend's own; truncate it instead");
+    kv_.free(seq);
+}
+
+void CudaBackend::seq_truncate(int32_t seq, int32_t n) {
+    check_seq_truncate(seq, n, kv_.n_past(seq));
+    kv_.set_n_past(n, seq);
+}
+
+KvPoolUse CudaBackend::kv_pool() const {
+    return {kv_.pages().n_slots(), kv_.pages().slots_in_use(), kKvPagePositions};
 }
 
 KvSnapshot CudaBackend::kv_save(int32_t n) const { return kv_.save(n); }
@@ -679,6 +765,8 @@ void CudaBackend::kv_erase(int32_t begin, int32_t end) {
                          ", the cache holds " + std::to_string(kv_.n_past()));
     if (end == begin) return;
     try {
+        kv_.make_writable(0, begin, kv_.n_past());   // the rows from begin on are rewritten: shared pages copied first
+        kv_.sync_pages();
         for (int32_t l = 0; l < config_.n_layers; ++l) {
             const LayerConfig& lc = config_.layers[static_cast<size_t>(l)];
             cuda::RopeParams rope;

@@ -1,8 +1,10 @@
 #pragma once
 // The CUDA backend: the same straight-line forward as the CPU backend (engine/cpu/backend_cpu.cpp, its
 // reference), on kernels of kernels/cuda. Weights are uploaded once in their GGUF formats; norms and
-// biases as f32. Activations are f32 in device memory; the KV cache lives on the GPU in any KvType
-// (engine/cuda/kv_cache_cuda.h). A decode step copies back one token id (argmax on the device), the k
+// biases as f32. Activations are f32 in device memory; the KV cache lives on the GPU in any KvType, paged
+// and shared by sequences (engine/cuda/kv_cache_cuda.h): a forward may hold the tokens of several sequences
+// (ForwardBatch::spans, the batching engine's steps), each token rotated at and attending to its own
+// sequence's positions. A decode step copies back one token id (argmax on the device), the k
 // sampling candidates of a row (top_logits, selected on the device) or, when the caller asks for logits,
 // only the rows it asks for.
 //
@@ -61,6 +63,14 @@ public:
     KvSnapshot kv_save_range(int32_t begin, int32_t end) const override;
     void kv_append(const KvSnapshot& range) override;
     void kv_erase(int32_t begin, int32_t end) override;
+    // Sequences over one pool of KV pages (engine/kv_pages.h); forward takes batches of several.
+    bool supports_sequences() const override { return true; }
+    void seq_create(int32_t seq) override { kv_.create(seq); }
+    void seq_free(int32_t seq) override;
+    void seq_fork(int32_t src, int32_t dst, int32_t n) override { kv_.fork(src, dst, n); }
+    int32_t seq_n_past(int32_t seq) const override { return kv_.n_past(seq); }
+    void seq_truncate(int32_t seq, int32_t n) override;
+    KvPoolUse kv_pool() const override;
     DeviceKind device_kind() const override { return DeviceKind::cuda; }
     std::string device_name() const override { return "cuda:" + std::to_string(device_); }
     // The projection inputs are copied back to the host for the observer (calibration on the GPU).
@@ -106,9 +116,21 @@ private:
     bool uses_q8(const DeviceWeight& w) const;
     const void* q8_input(const float* x, int64_t n, int64_t n_in);
     void observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width);
+    // A batch of several sequences as the kernels take it: each span's first position, and where every token
+    // goes (uploaded by the KV cache), with the largest position.
+    struct SequenceBatch {
+        std::vector<int32_t> span_pos0;
+        cuda::KvTokenMap map;
+        int32_t max_pos = 0;
+    };
+    SequenceBatch prepare_sequences(std::span<const SequenceSpan> spans);
     // The forward's launches. With `step` (device memory: the token, then its position) the kernels read
-    // the token and position there, as a captured graph must.
-    void forward_on_device(const ForwardBatch& batch, const int32_t* step = nullptr);
+    // the token and position there, as a captured graph must. With `seqs` the batch's spans are several
+    // sequences' (batch.spans).
+    void forward_on_device(const ForwardBatch& batch, const int32_t* step = nullptr,
+                           const SequenceBatch* seqs = nullptr);
+    // x's rows whose logits the batch keeps, normed into xn (rows of dim), in span order; returns how many.
+    int64_t norm_kept_rows(const ForwardBatch& batch, const float* x, float* xn, float* scratch);
     // One decode step through the captured graph, capturing it first when the step's launches differ
     // from the captured ones (another split of the attention, buffers moved by a larger batch).
     void forward_graph(const ForwardBatch& batch);
@@ -116,12 +138,13 @@ private:
     std::vector<int64_t> graph_key(int32_t pos0);
     void reset_graph();
     void reserve_buffers(int64_t n, int64_t logit_rows);
-    void finish_forward(int32_t n_past, int64_t rows);
+    void finish_logits(int64_t rows);
 
     int device_ = 0;
     bool graphs_ = true;
     bool exact_ = false;
     bool int8_gemm_ = false;   // the device runs the int8 tensor-core prefill (kernels/cuda/gemm_q8.h)
+    bool per_column_ = false;  // this forward's projections take the per-column kernels whatever n (forward_on_device)
     cudaStream_t stream_ = nullptr;
     // The decode step's graph, what it was captured for, and its per-step values on the device.
     cudaGraphExec_t graph_exec_ = nullptr;

@@ -25,6 +25,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/kv_codec.cuh"
+#include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace tern::cuda {
@@ -49,15 +50,15 @@ __device__ float g_partials[kPartialFloats];
 __device__ unsigned g_arrivals[kMaxSplitItems]; // blocks of an item done; the last resets it to 0
 
 struct AttnArgs {
-    const uint8_t* k;
-    const uint8_t* v;
+    KvRows k, v;
+    const int32_t* pages;   // the sequence's page table, or null (kv_rows.cuh)
     const float* q;
     float* att;
-    int64_t k_head_bytes, v_head_bytes;
-    int32_t k_row_bytes, v_row_bytes;
     int32_t n, n_heads, group, head_dim, head_dim_v, pos0, window;
     const int32_t* pos0_device;   // when set, pos0 is read there (a replayed CUDA graph)
+    KvTokenMap map;               // attention_tokens: each token's position and page table (map.pos set)
     int32_t tokens_per_block, rows, splits;
+    int32_t tiles_per_split;      // attention_tokens: key tiles per split, fixed; else 0 (split evenly)
     float q_scale; // scale * log2(e), or scale alone when softcap > 0 (the cap applies before log2(e))
     float softcap;
 };
@@ -104,10 +105,12 @@ __device__ __forceinline__ float4 load_other4(const float* p) {
 }
 
 // Rows [0, count) of a K or V tile decoded to f32 at dst (row stride `stride` floats), 4 elements per
-// thread and step, four steps' loads issued before their stores.
+// thread and step, four steps' loads issued before their stores. The tile's rows are consecutive from
+// first_row for the first in_page of them and from next_page on for the rest (a tile crosses at most one
+// page boundary: 32 keys, pages of 128).
 template <KvType F>
-__device__ __forceinline__ void stage_tile(const uint8_t* first_row, int row_bytes, int count, int dim, float* dst,
-                                           int stride) {
+__device__ __forceinline__ void stage_tile(const uint8_t* first_row, int in_page, const uint8_t* next_page,
+                                           int row_bytes, int count, int dim, float* dst, int stride) {
     const int quads = dim / 4; // 1 .. 64
     const int step_r = kThreads / quads, step_c = kThreads - step_r * quads;
     int r = static_cast<int>(threadIdx.x) / quads, c = static_cast<int>(threadIdx.x) - r * quads;
@@ -118,7 +121,11 @@ __device__ __forceinline__ void stage_tile(const uint8_t* first_row, int row_byt
         for (int u = 0; u < 4; ++u) {
             rr[u] = r;
             cc[u] = c;
-            if (r < count) x[u] = kv_codec::load4<F>(first_row + static_cast<int64_t>(r) * row_bytes, 4 * c);
+            if (r < count) {
+                const uint8_t* row = r < in_page ? first_row + static_cast<int64_t>(r) * row_bytes
+                                                 : next_page + static_cast<int64_t>(r - in_page) * row_bytes;
+                x[u] = kv_codec::load4<F>(row, 4 * c);
+            }
             r += step_r;
             c += step_c;
             if (c >= quads) {
@@ -161,14 +168,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
               split = static_cast<int>(blockIdx.z);
     const int tok0 = qtile * a.tokens_per_block;
     const int tok_end = min(a.n, tok0 + a.tokens_per_block);
+    const int32_t* pages = a.pages;
+    if (a.map.pos) { // one token per block: its own position and sequence
+        a.pos0 = a.map.pos[tok0] - tok0;
+        pages = a.map.tables + a.map.table[tok0];
+    }
     // The keys any of the tile's tokens sees, and this split's share of its 32-key tiles.
     const int khi = a.pos0 + tok_end - 1;
     const int klo = a.window > 0 ? max(0, a.pos0 + tok0 - a.window + 1) : 0;
     const int n_tiles = (khi - klo + kKeyTile) / kKeyTile;
-    const int per_split = (n_tiles + a.splits - 1) / a.splits;
+    const int per_split = a.tiles_per_split > 0 ? a.tiles_per_split : (n_tiles + a.splits - 1) / a.splits;
     const int tile_begin = split * per_split, tile_end = min(n_tiles, tile_begin + per_split);
-    const uint8_t* k_head = a.k + g * a.k_head_bytes;
-    const uint8_t* v_head = a.v + g * a.v_head_bytes;
 
     // Queries, scaled: row r is token tok0 + r / group, head g * group + r % group (zeros past n).
     for (int t = tid; t < rows * (D / 4); t += kThreads) {
@@ -222,8 +232,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
     for (int t = tile_begin; t < tile_end; ++t) {
         const int key0 = klo + t * kKeyTile;
         const int count = min(kKeyTile, khi + 1 - key0);
+        const int in_page = kv_rows_in_page(a.k, pages, key0, count);
         __syncthreads(); // the previous tile's P V is done with the buffer and the probabilities (and Q is in)
-        stage_tile<F>(k_head + static_cast<int64_t>(key0) * a.k_row_bytes, a.k_row_bytes, count, D, kv, L.kv_stride);
+        stage_tile<F>(kv_row(a.k, pages, g, key0), in_page, kv_row(a.k, pages, g, key0 + in_page - (in_page == count)),
+                      a.k.row_bytes, count, D, kv, L.kv_stride);
         __syncthreads();
 
         float s[kMaxWarpRows];
@@ -290,7 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
                 if (lane % kRowLanes == 0) alpha_s[r] = alpha;
             }
         }
-        stage_tile<F>(v_head + static_cast<int64_t>(key0) * a.v_row_bytes, a.v_row_bytes, count, Dv, kv, L.kv_stride);
+        stage_tile<F>(kv_row(a.v, pages, g, key0), in_page, kv_row(a.v, pages, g, key0 + in_page - (in_page == count)),
+                      a.v.row_bytes, count, Dv, kv, L.kv_stride);
         __syncthreads();
 
         TERN_UNROLL
@@ -462,51 +475,96 @@ AttentionPlan attention_plan(const KvLayer& layer, int64_t n, int32_t n_heads, i
     return make_plan(layer, n, n_heads, pos0, sliding_window).pub;
 }
 
+namespace {
+
+// The arguments of both launchers but the plan's and the positions'.
+AttnArgs layer_args(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t group,
+                    int32_t sliding_window, float scale, float softcap, float* att) {
+    if (!layer.k || !layer.v) throw std::invalid_argument("attention: the layer has no K or V buffer");
+    AttnArgs a{};
+    a.k = kv_rows_of(layer, false);
+    a.v = kv_rows_of(layer, true);
+    a.pages = layer.pages;
+    a.q = q;
+    a.att = att;
+    a.n = static_cast<int32_t>(n);
+    a.n_heads = n_heads;
+    a.group = group;
+    a.head_dim = layer.head_dim;
+    a.head_dim_v = layer.head_dim_v;
+    a.window = sliding_window > 0 ? sliding_window : 0;
+    a.softcap = softcap > 0.0f ? softcap : 0.0f;
+    a.q_scale = a.softcap > 0.0f ? scale : scale * kLog2e;
+    return a;
+}
+
+void launch_any(KvType type, const AttnArgs& a, const Plan& plan, int32_t n_kv_heads, cudaStream_t stream) {
+    switch (type) {
+    case KvType::f32:
+        launch_for_type<KvType::f32>(a, plan, n_kv_heads, stream);
+        return;
+    case KvType::f16:
+        launch_for_type<KvType::f16>(a, plan, n_kv_heads, stream);
+        return;
+    case KvType::bf16:
+        launch_for_type<KvType::bf16>(a, plan, n_kv_heads, stream);
+        return;
+    case KvType::q8_0:
+        launch_for_type<KvType::q8_0>(a, plan, n_kv_heads, stream);
+        return;
+    case KvType::f8_e4m3:
+        launch_for_type<KvType::f8_e4m3>(a, plan, n_kv_heads, stream);
+        return;
+    }
+    throw std::invalid_argument("attention: unknown KV type");
+}
+
+} // namespace
+
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
                float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device) {
     const Plan plan = make_plan(layer, n, n_heads, pos0, sliding_window);
     if (n == 0) return;
-    if (!layer.k || !layer.v) throw std::invalid_argument("attention: the layer has no K or V buffer");
-    AttnArgs a{};
-    a.k = static_cast<const uint8_t*>(layer.k);
-    a.v = static_cast<const uint8_t*>(layer.v);
-    a.q = q;
-    a.att = att;
-    a.k_row_bytes = static_cast<int32_t>(kv_row_bytes(layer.type, layer.head_dim));
-    a.v_row_bytes = static_cast<int32_t>(kv_row_bytes(layer.type, layer.head_dim_v));
-    a.k_head_bytes = int64_t{a.k_row_bytes} * layer.n_ctx;
-    a.v_head_bytes = int64_t{a.v_row_bytes} * layer.n_ctx;
-    a.n = static_cast<int32_t>(n);
-    a.n_heads = n_heads;
-    a.group = plan.group;
-    a.head_dim = layer.head_dim;
-    a.head_dim_v = layer.head_dim_v;
+    AttnArgs a = layer_args(layer, q, n, n_heads, plan.group, sliding_window, scale, softcap, att);
     a.pos0 = pos0;
     a.pos0_device = pos0_device;
-    a.window = sliding_window > 0 ? sliding_window : 0;
     a.tokens_per_block = plan.pub.tokens_per_block;
     a.rows = plan.rows;
     a.splits = plan.pub.splits;
-    a.softcap = softcap > 0.0f ? softcap : 0.0f;
-    a.q_scale = a.softcap > 0.0f ? scale : scale * kLog2e;
-    switch (layer.type) {
-    case KvType::f32:
-        launch_for_type<KvType::f32>(a, plan, layer.n_kv_heads, stream);
-        return;
-    case KvType::f16:
-        launch_for_type<KvType::f16>(a, plan, layer.n_kv_heads, stream);
-        return;
-    case KvType::bf16:
-        launch_for_type<KvType::bf16>(a, plan, layer.n_kv_heads, stream);
-        return;
-    case KvType::q8_0:
-        launch_for_type<KvType::q8_0>(a, plan, layer.n_kv_heads, stream);
-        return;
-    case KvType::f8_e4m3:
-        launch_for_type<KvType::f8_e4m3>(a, plan, layer.n_kv_heads, stream);
-        return;
+    launch_any(layer.type, a, plan, layer.n_kv_heads, stream);
+}
+
+void attention_tokens(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t sliding_window,
+                      float scale, float softcap, float* att, const KvTokenMap& map, int32_t max_pos,
+                      cudaStream_t stream) {
+    // The checks of attention() for one token at the last position any token has.
+    Plan plan = make_plan(layer, std::min<int64_t>(n, 1), n_heads, std::max(max_pos, 0), sliding_window);
+    if (n == 0) return;
+    if (!map.pos || !map.table || !map.tables) throw std::invalid_argument("attention_tokens: no token map");
+    constexpr int32_t kTilesPerSplit = kTokenKeysPerSplit / kKeyTile;
+    // A token's key tiles: from its first visible key to itself (the window bounds them).
+    const int32_t max_tiles = (sliding_window > 0 ? std::min(sliding_window - 1, max_pos) : max_pos) / kKeyTile + 1;
+    const int32_t splits = (max_tiles + kTilesPerSplit - 1) / kTilesPerSplit;
+    plan.pub.splits = splits;
+    // Tokens per launch: the split states and arrival counters of one launch must fit their buffers.
+    int64_t chunk = n;
+    if (splits > 1)
+        chunk = std::min<int64_t>({n, kMaxSplitItems / layer.n_kv_heads,
+                                   kPartialFloats / (int64_t{layer.n_kv_heads} * splits * plan.rows *
+                                                     (layer.head_dim_v + 2))});
+    if (chunk < 1) throw std::invalid_argument("attention_tokens: a token's split states do not fit the scratch");
+    for (int64_t first = 0; first < n; first += chunk) {
+        const int64_t count = std::min(chunk, n - first);
+        AttnArgs a = layer_args(layer, q + first * n_heads * layer.head_dim, count, n_heads, plan.group, sliding_window,
+                                scale, softcap, att + first * n_heads * layer.head_dim_v);
+        a.map = {map.pos + first, map.table + first, map.tables};
+        a.tokens_per_block = 1;
+        a.rows = plan.rows;
+        a.splits = splits;
+        a.tiles_per_split = kTilesPerSplit;
+        plan.pub.query_tiles = static_cast<int32_t>(count);
+        launch_any(layer.type, a, plan, layer.n_kv_heads, stream);
     }
-    throw std::invalid_argument("attention: unknown KV type");
 }
 
 } // namespace TERN_CUDA_ABI

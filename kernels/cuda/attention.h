@@ -17,11 +17,27 @@ inline namespace TERN_CUDA_ABI {
 // 4 from 4 for f32 / f16 / bf16 (8 and 16 as small models have, 40, 80, ...; where one is not a multiple
 // of 32, kv_write stores the rows element by element), of 32 from 32 for q8_0 / f8_e4m3 (whole blocks);
 // the launchers throw std::invalid_argument otherwise.
+//
+// Paged (pages set): the buffers are a pool of page slots, as the CPU's (engine/cpu/kv_cache.h). A slot holds
+// K (n_kv_heads, kKvPagePositions, head_dim) rows, V likewise; pages is one sequence's page table (device
+// memory): position pos is row pos % kKvPagePositions of its head's run in slot pages[pos / kKvPagePositions].
+// n_ctx is then the most positions the sequence may hold. The kernels' arithmetic does not depend on where
+// the rows are: the two layouts give the same bits.
 struct KvLayer {
     KvType type = KvType::f16;
     void* k = nullptr;
     void* v = nullptr;
     int32_t n_kv_heads = 0, head_dim = 0, head_dim_v = 0, n_ctx = 0;
+    const int32_t* pages = nullptr;
+};
+
+// The tokens of a batch of several sequences over one paged pool (device memory, one entry per token): token
+// i is at position pos[i] of the sequence whose page table starts at tables + table[i] (the batch's page
+// tables, concatenated). The layer's own `pages` is then unused.
+struct KvTokenMap {
+    const int32_t* pos = nullptr;
+    const int32_t* table = nullptr;
+    const int32_t* tables = nullptr;
 };
 
 // Stores k (n, n_kv_heads, head_dim) and v (n, n_kv_heads, head_dim_v), f32, at positions pos0 ..
@@ -40,6 +56,13 @@ void qk_norm_rope_kv_write(const KvLayer& layer, float* q, float* k, const float
                            const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
                            cudaStream_t stream, const int32_t* pos0_device = nullptr);
 
+// qk_norm_rope_kv_write for the tokens of several sequences: token i rotated at its own position map.pos[i]
+// and its K/V rows stored through its own sequence's page table (KvTokenMap). The same bits per token as
+// qk_norm_rope_kv_write of that token alone at that position.
+void qk_norm_rope_kv_write_tokens(const KvLayer& layer, float* q, float* k, const float* v, int64_t n,
+                                  int32_t n_heads, const float* q_norm, const float* k_norm, float eps,
+                                  const RopeParams& rope, const KvTokenMap& map, cudaStream_t stream);
+
 // att (n, n_heads, head_dim_v) for q (n, n_heads, head_dim): token i, at position pos0 + i, attends to
 // the cached positions [lo, pos0 + i], lo = pos0 + i - sliding_window + 1 (at least 0) when
 // sliding_window > 0, else 0. Query head h reads KV head h / (n_heads / n_kv_heads). Scores are
@@ -51,6 +74,17 @@ void qk_norm_rope_kv_write(const KvLayer& layer, float* q, float* k, const float
 // must not overlap each other (issue them on one stream, or order the streams).
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
                float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device = nullptr);
+
+// attention() for the tokens of several sequences (KvTokenMap): token i at position map.pos[i] attends to its
+// own sequence's positions [lo, map.pos[i]] (lo as above). Batch invariant by construction: one token per
+// block (its group of query heads), and its visible key range cut into splits of kTokenKeysPerSplit keys from
+// its first visible key, so the blocks that see a token's keys, and every operation on them, depend on that
+// token's position only, never on which or how many other tokens share the launch. max_pos (host) is the
+// largest position in map.pos, which sizes the launch.
+inline constexpr int32_t kTokenKeysPerSplit = 256;
+void attention_tokens(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t sliding_window,
+                      float scale, float softcap, float* att, const KvTokenMap& map, int32_t max_pos,
+                      cudaStream_t stream);
 
 // How attention() shares out the work for these arguments (for tests and tuning): blocks of
 // tokens_per_block query tokens (each with all query heads of one KV head), query_tiles of them per KV

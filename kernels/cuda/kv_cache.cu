@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/kv_codec.cuh"
+#include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace tern::cuda {
@@ -22,18 +23,17 @@ constexpr int kWriteWarps = kWriteThreads / 32;
 // the block formats), one warp per segment. Every format at head dims that are multiples of 32.
 template <KvType F>
 __global__ void __launch_bounds__(kWriteThreads)
-    kv_write_kernel(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, int32_t n_kv_heads,
-                    int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int32_t pos0, const int32_t* pos0_device) {
+    kv_write_kernel(KvRows k_cache, KvRows v_cache, const int32_t* pages, const float* k, const float* v,
+                    int32_t n_kv_heads, int32_t head_dim, int32_t head_dim_v, int32_t pos0, const int32_t* pos0_device) {
     if (pos0_device) pos0 = *pos0_device;
     __shared__ float scratch[kWriteWarps][kv_codec::kF8ScratchFloats];
     const int token = static_cast<int>(blockIdx.x), head = static_cast<int>(blockIdx.y);
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    const int64_t row = static_cast<int64_t>(head) * n_ctx + pos0 + token;
     const int k_segments = head_dim / 32, segments = k_segments + head_dim_v / 32;
     const float* k_src = k + (static_cast<int64_t>(token) * n_kv_heads + head) * head_dim;
     const float* v_src = v + (static_cast<int64_t>(token) * n_kv_heads + head) * head_dim_v;
-    uint8_t* k_dst = k_cache + row * (k_segments * kv_codec::segment_bytes<F>());
-    uint8_t* v_dst = v_cache + row * ((head_dim_v / 32) * kv_codec::segment_bytes<F>());
+    uint8_t* k_dst = kv_row(k_cache, pages, head, pos0 + token);
+    uint8_t* v_dst = kv_row(v_cache, pages, head, pos0 + token);
     for (int s = warp; s < segments; s += kWriteWarps) {
         const bool is_k = s < k_segments;
         const int seg = is_k ? s : s - k_segments;
@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(kWriteThreads)
 // write consecutive elements of a row).
 template <KvType F>
 __global__ void __launch_bounds__(kWriteThreads)
-    kv_write_elements_kernel(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, int32_t n_kv_heads,
-                             int32_t head_dim, int32_t head_dim_v, int32_t n_ctx, int32_t pos0,
+    kv_write_elements_kernel(KvRows k_cache, KvRows v_cache, const int32_t* pages, const float* k, const float* v,
+                             int32_t n_kv_heads, int32_t head_dim, int32_t head_dim_v, int32_t pos0,
                              const int32_t* pos0_device) {
     if (pos0_device) pos0 = *pos0_device;
     const int token = static_cast<int>(blockIdx.x);
@@ -62,8 +62,7 @@ __global__ void __launch_bounds__(kWriteThreads)
     const int head = e / dim, i = e - head * dim;
     const float x = is_k ? k[static_cast<int64_t>(token) * k_elems + e]
                          : v[static_cast<int64_t>(token) * n_kv_heads * head_dim_v + e];
-    const int64_t row = static_cast<int64_t>(head) * n_ctx + pos0 + token;
-    kv_codec::store_float<F>(x, (is_k ? k_cache : v_cache) + row * dim * kv_codec::float_bytes<F>(), i);
+    kv_codec::store_float<F>(x, kv_row(is_k ? k_cache : v_cache, pages, head, pos0 + token), i);
 }
 
 // ---- kv_erase -------------------------------------------------------------------------------------------
@@ -100,30 +99,37 @@ dim3 step_grid(const MoveStep& s, int32_t n_heads) {
 constexpr int kMoveThreads = 256;
 constexpr int64_t kMoveBlockBytes = 32 * 1024; // bytes per block in a wave
 
-// Rows of a move step as bytes: block (x, head) copies rows [first + x * rows_per_block, ...) of its head
-// (heads are head_bytes apart), in passes of kMoveThreads * kUnitsPerThread units.
+// Unit i of the rows [from, ...) of a head: row from + i / units_per_row (through the page table when paged).
+template <typename Unit>
+__device__ __forceinline__ Unit* unit_at(const KvRows& rows, const int32_t* pages, int head, int32_t from,
+                                         int32_t units_per_row, int64_t i) {
+    const auto r = static_cast<int32_t>(i / units_per_row);
+    return reinterpret_cast<Unit*>(kv_row(rows, pages, head, from + r)) + (i - int64_t{r} * units_per_row);
+}
+
+// Rows of a move step as bytes: block (x, head) copies rows [first + x * rows_per_block, ...) of its head, in
+// passes of kMoveThreads * kUnitsPerThread units that read all their units before writing any.
 template <typename Unit, int kUnitsPerThread>
 __global__ void __launch_bounds__(kMoveThreads)
-    move_rows_kernel(uint8_t* heads, int64_t head_bytes, int64_t row_bytes, int32_t begin, int32_t end, MoveStep step) {
+    move_rows_kernel(KvRows heads, const int32_t* pages, int32_t begin, int32_t end, MoveStep step) {
     const int32_t r0 = step.first + static_cast<int32_t>(blockIdx.x) * step.rows_per_block;
     const int32_t rows = min(step.rows_per_block, step.first + step.count - r0);
-    uint8_t* head = heads + static_cast<int64_t>(blockIdx.y) * head_bytes;
-    const Unit* src = reinterpret_cast<const Unit*>(head + (end + r0) * row_bytes);
-    Unit* dst = reinterpret_cast<Unit*>(head + (begin + r0) * row_bytes);
-    const int64_t units = rows * row_bytes / static_cast<int64_t>(sizeof(Unit));
+    const int head = static_cast<int>(blockIdx.y);
+    const auto units_per_row = static_cast<int32_t>(heads.row_bytes / static_cast<int32_t>(sizeof(Unit)));
+    const int64_t units = int64_t{rows} * units_per_row;
     constexpr int64_t kPass = static_cast<int64_t>(kMoveThreads) * kUnitsPerThread;
     for (int64_t p = 0; p < units; p += kPass) {
         Unit r[kUnitsPerThread] = {};
         TERN_UNROLL
         for (int u = 0; u < kUnitsPerThread; ++u) {
             const int64_t i = p + u * kMoveThreads + threadIdx.x;
-            if (i < units) r[u] = src[i];
+            if (i < units) r[u] = *unit_at<Unit>(heads, pages, head, end + r0, units_per_row, i);
         }
         __syncthreads();
         TERN_UNROLL
         for (int u = 0; u < kUnitsPerThread; ++u) {
             const int64_t i = p + u * kMoveThreads + threadIdx.x;
-            if (i < units) dst[i] = r[u];
+            if (i < units) *unit_at<Unit>(heads, pages, head, begin + r0, units_per_row, i) = r[u];
         }
     }
 }
@@ -147,11 +153,11 @@ constexpr int kRotateRows = 16; // rows decoded, rotated and re-encoded per pass
 // stores (a barrier between).
 template <KvType F>
 __global__ void __launch_bounds__(kRotateThreads)
-    rotate_k_kernel(uint8_t* k_cache, int64_t head_bytes, int32_t row_bytes, int32_t head_dim, int32_t begin,
-                    int32_t end, MoveStep step, KRotation rot) {
+    rotate_k_kernel(KvRows k_cache, const int32_t* pages, int32_t head_dim, int32_t begin, int32_t end, MoveStep step,
+                    KRotation rot) {
     __shared__ float scratch[kRotateWarps][kv_codec::kF8ScratchFloats];
     float* rows = dynamic_shared<float>(); // kRotateRows x head_dim
-    uint8_t* head = k_cache + static_cast<int64_t>(blockIdx.y) * head_bytes;
+    const int head = static_cast<int>(blockIdx.y);
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
     const int half = rot.n_rot / 2;
     const int32_t r0 = step.first + static_cast<int32_t>(blockIdx.x) * step.rows_per_block;
@@ -159,8 +165,7 @@ __global__ void __launch_bounds__(kRotateThreads)
     for (int32_t p = r0; p < r1; p += kRotateRows) {
         const int n = min(kRotateRows, r1 - p);
         for (int r = warp; r < n; r += kRotateWarps)
-            kv_codec::load_row_warp<F>(head + static_cast<int64_t>(end + p + r) * row_bytes, rows + r * head_dim,
-                                       head_dim, lane);
+            kv_codec::load_row_warp<F>(kv_row(k_cache, pages, head, end + p + r), rows + r * head_dim, head_dim, lane);
         __syncthreads();
         // rope_rotate_rows: pairs (i, i + n_rot/2) for neox, else (2i, 2i + 1); dims n_rot.. pass through.
         for (int t = static_cast<int>(threadIdx.x); t < n * half; t += kRotateThreads) {
@@ -173,8 +178,8 @@ __global__ void __launch_bounds__(kRotateThreads)
         }
         __syncthreads();
         for (int r = warp; r < n; r += kRotateWarps)
-            kv_codec::store_row_warp<F>(rows + r * head_dim, head + static_cast<int64_t>(begin + p + r) * row_bytes,
-                                        head_dim, lane, scratch[warp]);
+            kv_codec::store_row_warp<F>(rows + r * head_dim, kv_row(k_cache, pages, head, begin + p + r), head_dim, lane,
+                                        scratch[warp]);
         __syncthreads(); // the next pass decodes into `rows`
     }
 }
@@ -188,26 +193,20 @@ double rope_angle(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_
     return theta;
 }
 
-int64_t row_bytes_of(KvType type, int64_t dim) {
-    return static_cast<int64_t>(kv_row_bytes(type, dim));
-}
-
 // Moves the rows of every head as bytes, in the widest unit that divides the row size (rows of every head
 // start at multiples of it).
-void move_rows(uint8_t* heads, int32_t n_heads, int32_t n_ctx, int64_t row_bytes, int32_t begin, int32_t end,
-               int32_t moved, cudaStream_t stream) {
-    const int64_t head_bytes = row_bytes * n_ctx;
+void move_rows(const KvRows& heads, const int32_t* pages, int32_t n_heads, int32_t begin, int32_t end, int32_t moved,
+               cudaStream_t stream) {
+    const int64_t row_bytes = heads.row_bytes;
     const auto rows_per_block = static_cast<int32_t>(std::max<int64_t>(1, kMoveBlockBytes / row_bytes));
     for (const MoveStep& step : move_steps(end - begin, moved, rows_per_block)) {
         const dim3 grid = step_grid(step, n_heads), block(kMoveThreads);
         if (row_bytes % 16 == 0)
-            launch(move_rows_kernel<uint4, 4>, grid, block, 0, stream, heads, head_bytes, row_bytes, begin, end, step);
+            launch(move_rows_kernel<uint4, 4>, grid, block, 0, stream, heads, pages, begin, end, step);
         else if (row_bytes % 4 == 0)
-            launch(move_rows_kernel<uint32_t, 8>, grid, block, 0, stream, heads, head_bytes, row_bytes, begin, end,
-                   step);
+            launch(move_rows_kernel<uint32_t, 8>, grid, block, 0, stream, heads, pages, begin, end, step);
         else
-            launch(move_rows_kernel<uint16_t, 8>, grid, block, 0, stream, heads, head_bytes, row_bytes, begin, end,
-                   step);
+            launch(move_rows_kernel<uint16_t, 8>, grid, block, 0, stream, heads, pages, begin, end, step);
     }
 }
 
@@ -219,24 +218,23 @@ void launch_write(const KvLayer& l, const float* k, const float* v, int64_t n, i
             const int64_t elems = int64_t{l.n_kv_heads} * (l.head_dim + l.head_dim_v);
             launch(kv_write_elements_kernel<F>,
                    dim3(static_cast<unsigned>(n), static_cast<unsigned>((elems + kWriteThreads - 1) / kWriteThreads)),
-                   dim3(kWriteThreads), 0, stream, static_cast<uint8_t*>(l.k), static_cast<uint8_t*>(l.v), k, v,
-                   l.n_kv_heads, l.head_dim, l.head_dim_v, l.n_ctx, pos0, pos0_device);
+                   dim3(kWriteThreads), 0, stream, kv_rows_of(l, false), kv_rows_of(l, true), l.pages, k, v,
+                   l.n_kv_heads, l.head_dim, l.head_dim_v, pos0, pos0_device);
             return;
         }
     }
     launch(kv_write_kernel<F>, dim3(static_cast<unsigned>(n), static_cast<unsigned>(l.n_kv_heads)), dim3(kWriteThreads),
-           0, stream, static_cast<uint8_t*>(l.k), static_cast<uint8_t*>(l.v), k, v, l.n_kv_heads, l.head_dim,
-           l.head_dim_v, l.n_ctx, pos0, pos0_device);
+           0, stream, kv_rows_of(l, false), kv_rows_of(l, true), l.pages, k, v, l.n_kv_heads, l.head_dim,
+           l.head_dim_v, pos0, pos0_device);
 }
 
 template <KvType F>
 void launch_rotate(const KvLayer& l, int32_t begin, int32_t end, int32_t moved, const KRotation& rot,
                    cudaStream_t stream) {
-    const int64_t row_bytes = row_bytes_of(F, l.head_dim);
     for (const MoveStep& step : move_steps(end - begin, moved, kRotateRows))
         launch(rotate_k_kernel<F>, step_grid(step, l.n_kv_heads), dim3(kRotateThreads),
-               sizeof(float) * kRotateRows * static_cast<size_t>(l.head_dim), stream, static_cast<uint8_t*>(l.k),
-               row_bytes * l.n_ctx, static_cast<int32_t>(row_bytes), l.head_dim, begin, end, step, rot);
+               sizeof(float) * kRotateRows * static_cast<size_t>(l.head_dim), stream, kv_rows_of(l, false), l.pages,
+               l.head_dim, begin, end, step, rot);
 }
 
 void check_layer(const KvLayer& l, const char* what) {
@@ -286,10 +284,9 @@ void kv_erase(const KvLayer& layer, int32_t begin, int32_t end, int32_t n_past, 
         throw std::invalid_argument("kv_erase: n_rot " + std::to_string(rope.n_rot) + " for head dim " +
                                     std::to_string(layer.head_dim));
 
-    const int64_t v_row = row_bytes_of(layer.type, layer.head_dim_v), k_row = row_bytes_of(layer.type, layer.head_dim);
-    move_rows(static_cast<uint8_t*>(layer.v), layer.n_kv_heads, layer.n_ctx, v_row, begin, end, moved, stream);
+    move_rows(kv_rows_of(layer, true), layer.pages, layer.n_kv_heads, begin, end, moved, stream);
     if (rope.n_rot == 0) {
-        move_rows(static_cast<uint8_t*>(layer.k), layer.n_kv_heads, layer.n_ctx, k_row, begin, end, moved, stream);
+        move_rows(kv_rows_of(layer, false), layer.pages, layer.n_kv_heads, begin, end, moved, stream);
         return;
     }
 

@@ -22,6 +22,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/kv_codec.cuh"
+#include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/row_reduce.cuh"
 
@@ -47,10 +48,10 @@ struct RopeArgs {
     const int32_t* pos0_device;   // when set, the position of token 0 is read here (a replayed CUDA graph)
     // qk_norm_rope_kv_write only: the V rows and the layer's cache, where k and v rows are stored.
     const float* v;
-    uint8_t* k_cache;
-    uint8_t* v_cache;
-    int head_dim_v, n_ctx;
-    int k_row_bytes, v_row_bytes;   // kv_row_bytes of the two head dims
+    KvRows k_cache, v_cache;
+    const int32_t* pages;   // the sequence's page table, or null (kv_rows.cuh)
+    int head_dim_v;
+    KvTokenMap map;         // qk_norm_rope_kv_write_tokens: each token's position and page table (map.pos set)
 };
 
 // The heads of one token: n_heads q heads, then n_kv_heads k heads, then (kKv) n_kv_heads v heads, kWarps
@@ -67,10 +68,12 @@ template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
     float* cos_t = dynamic_shared<float>();
     float* sin_t = cos_t + half;
     const int pos0 = a.pos0_device ? *a.pos0_device : a.pos0;
+    const int token_pos = a.map.pos ? a.map.pos[token] : pos0 + token;
+    const int32_t* pages = a.map.pos ? a.map.tables + a.map.table[token] : a.pages;
     const int rotated_heads = a.n_heads + a.n_kv_heads;
 
     // rope_theta (kernels/cpu/ops.cpp), operation for operation (not needed by a block of v heads only).
-    const double pos = static_cast<double>(pos0 + token);
+    const double pos = static_cast<double>(token_pos);
     if (static_cast<int>(blockIdx.y) * kWarps < rotated_heads)
         for (int i = static_cast<int>(threadIdx.x); i < half; i += static_cast<int>(blockDim.x)) {
             double theta =
@@ -89,8 +92,8 @@ template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
             const int h = head - rotated_heads;
             if (h >= a.n_kv_heads) return;
             const float* src = a.v + (static_cast<int64_t>(token) * a.n_kv_heads + h) * a.head_dim_v;
-            const int64_t row = static_cast<int64_t>(h) * a.n_ctx + pos0 + token;
-            kv_codec::store_row_warp<F>(src, a.v_cache + row * a.v_row_bytes, a.head_dim_v, lane, kv_scratch[warp]);
+            kv_codec::store_row_warp<F>(src, kv_row(a.v_cache, pages, h, token_pos), a.head_dim_v, lane,
+                                        kv_scratch[warp]);
             return;
         }
     }
@@ -139,8 +142,8 @@ template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
     if constexpr (kKv) {
         if (!is_q) { // the k head, as kv_write would read it back from k
             __syncwarp();
-            const int64_t row = static_cast<int64_t>(head - a.n_heads) * a.n_ctx + pos0 + token;
-            kv_codec::store_row_warp<F>(s, a.k_cache + row * a.k_row_bytes, a.head_dim, lane, kv_scratch[warp]);
+            kv_codec::store_row_warp<F>(s, kv_row(a.k_cache, pages, head - a.n_heads, token_pos), a.head_dim, lane,
+                                        kv_scratch[warp]);
         }
     }
 }
@@ -202,26 +205,20 @@ void qk_norm_rope(float* q, float* k, int64_t n, int32_t n_heads, int32_t n_kv_h
     launch_rope<false, KvType::f32>(args, n, heads, stream);
 }
 
-void qk_norm_rope_kv_write(const KvLayer& layer, float* q, float* k, const float* v, int64_t n, int32_t n_heads,
-                           const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
-                           cudaStream_t stream, const int32_t* pos0_device) {
+namespace {
+
+// qk_norm_rope_kv_write for a whole layer: the cache's fields of args filled in, then one launch.
+void launch_rope_kv(const KvLayer& layer, const RopeParams& rope, RopeArgs args, int64_t n, int32_t n_heads,
+                    cudaStream_t stream) {
     check_rope(n, n_heads, layer.n_kv_heads, layer.head_dim, rope);
     kv_codec::check_kv_shape(layer.type, layer.head_dim, layer.head_dim_v, layer.n_kv_heads, layer.n_ctx,
                              "qk_norm_rope_kv_write");
     if (!layer.k || !layer.v) throw std::invalid_argument("qk_norm_rope_kv_write: the layer has no K or V buffer");
-    if (pos0 < 0 || pos0 + n > layer.n_ctx)
-        throw std::invalid_argument("qk_norm_rope_kv_write: positions " + std::to_string(pos0) + " + " +
-                                    std::to_string(n) + " outside the cache's " + std::to_string(layer.n_ctx));
     if (n == 0) return;
-    RopeArgs args =
-        rope_args(q, k, n_heads, layer.n_kv_heads, layer.head_dim, q_norm, k_norm, eps, rope, pos0, pos0_device);
-    args.v = v;
-    args.k_cache = static_cast<uint8_t*>(layer.k);
-    args.v_cache = static_cast<uint8_t*>(layer.v);
+    args.k_cache = kv_rows_of(layer, false);
+    args.v_cache = kv_rows_of(layer, true);
+    args.pages = layer.pages;
     args.head_dim_v = layer.head_dim_v;
-    args.n_ctx = layer.n_ctx;
-    args.k_row_bytes = static_cast<int>(kv_row_bytes(layer.type, layer.head_dim));
-    args.v_row_bytes = static_cast<int>(kv_row_bytes(layer.type, layer.head_dim_v));
     const int heads = n_heads + 2 * layer.n_kv_heads;
     switch (layer.type) {
     case KvType::f32:
@@ -241,6 +238,31 @@ void qk_norm_rope_kv_write(const KvLayer& layer, float* q, float* k, const float
         return;
     }
     throw std::invalid_argument("qk_norm_rope_kv_write: unknown KV type");
+}
+
+} // namespace
+
+void qk_norm_rope_kv_write(const KvLayer& layer, float* q, float* k, const float* v, int64_t n, int32_t n_heads,
+                           const float* q_norm, const float* k_norm, float eps, const RopeParams& rope, int32_t pos0,
+                           cudaStream_t stream, const int32_t* pos0_device) {
+    if (pos0 < 0 || pos0 + n > layer.n_ctx)
+        throw std::invalid_argument("qk_norm_rope_kv_write: positions " + std::to_string(pos0) + " + " +
+                                    std::to_string(n) + " outside the cache's " + std::to_string(layer.n_ctx));
+    RopeArgs args =
+        rope_args(q, k, n_heads, layer.n_kv_heads, layer.head_dim, q_norm, k_norm, eps, rope, pos0, pos0_device);
+    args.v = v;
+    launch_rope_kv(layer, rope, args, n, n_heads, stream);
+}
+
+void qk_norm_rope_kv_write_tokens(const KvLayer& layer, float* q, float* k, const float* v, int64_t n,
+                                  int32_t n_heads, const float* q_norm, const float* k_norm, float eps,
+                                  const RopeParams& rope, const KvTokenMap& map, cudaStream_t stream) {
+    if (n > 0 && (!map.pos || !map.table || !map.tables))
+        throw std::invalid_argument("qk_norm_rope_kv_write_tokens: no token map");
+    RopeArgs args = rope_args(q, k, n_heads, layer.n_kv_heads, layer.head_dim, q_norm, k_norm, eps, rope, 0, nullptr);
+    args.v = v;
+    args.map = map;
+    launch_rope_kv(layer, rope, args, n, n_heads, stream);
 }
 
 } // namespace TERN_CUDA_ABI

@@ -1,0 +1,251 @@
+// Several sequences over the CUDA backend's paged KV cache (engine/cuda/kv_cache_cuda.h), under the CUDA
+// emulator: the same script of multi-sequence forwards (interleaved sequences of different lengths across
+// page boundaries, a fork with copy on write, truncate, free and reuse of pages) against the CPU backend's
+// sequences; batch invariance bit for bit (a sequence's logits alone and among others, in forwards of fewer
+// and of more than 16 tokens, where a single-sequence forward would switch to the GEMM kernels); and the
+// batching engine giving each request the tokens it gets alone.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/batch/batch_engine.h"
+#include "engine/cpu/backend_cpu.h"
+#include "engine/cuda/backend_cuda.h"
+#include "engine/generation/session.h"
+#include "engine/model.h"
+#include "engine/text/tokenizer.h"
+#include "tests/test_support.h"
+
+namespace tern {
+namespace {
+
+// As tests/test_cuda_backend.cpp: exact arithmetic on both sides, so they differ by f32 summation order only.
+constexpr double kLogitTolerance = 1e-3;
+// Greedy ids are compared where the CPU's top two logits are further apart than this (relative).
+constexpr double kNearTie = 2e-3;
+
+const char* const kStories = "models/gguf/stories260K-f32.gguf";
+const char* const kLlama2xs = "models/gguf/llama2xs-tok512-q8_0.gguf";
+
+std::unique_ptr<Backend> load_backend(std::unique_ptr<Backend> b, const Model& m, int32_t n_ctx, int32_t pool) {
+    RunOptions run;
+    run.n_ctx = n_ctx;
+    run.kv_pool_positions = pool;
+    b->load(m.config, m.weights, run);
+    return b;
+}
+
+std::unique_ptr<Backend> cuda_backend(const Model& m, bool exact, int32_t n_ctx, int32_t pool) {
+    CudaOptions o;
+    o.exact_matmul = exact;
+    return load_backend(std::make_unique<CudaBackend>(o), m, n_ctx, pool);
+}
+
+std::vector<int32_t> tokens(const Model& m, int32_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> dist(3, std::min(m.config.vocab, 500) - 1);
+    std::vector<int32_t> t;
+    for (int32_t i = 0; i < n; ++i) t.push_back(dist(rng));
+    return t;
+}
+
+std::vector<float> row(Backend& b, int r) {
+    const std::span<const float> l = b.logits(r);
+    return {l.begin(), l.end()};
+}
+
+// One multi-sequence forward: (seq, tokens) parts, each keeping its last row or all of them.
+struct Part {
+    int32_t seq;
+    std::vector<int32_t> tokens;
+    LogitsWanted wanted = LogitsWanted::last;
+};
+
+// The kept rows of the forward, in order.
+std::vector<std::vector<float>> forward_parts(Backend& b, const std::vector<Part>& parts) {
+    std::vector<int32_t> toks;
+    std::vector<SequenceSpan> spans;
+    for (const Part& p : parts) {
+        toks.insert(toks.end(), p.tokens.begin(), p.tokens.end());
+        spans.push_back({p.seq, static_cast<int32_t>(p.tokens.size()), p.wanted});
+    }
+    ForwardBatch batch;
+    batch.tokens = toks;
+    batch.spans = spans;
+    b.forward(batch);
+    std::vector<std::vector<float>> rows;
+    for (const Part& p : parts)
+        for (size_t i = 0; i < (p.wanted == LogitsWanted::all ? p.tokens.size() : 1); ++i)
+            rows.push_back(row(b, static_cast<int>(rows.size())));
+    return rows;
+}
+
+double normalised_error(const std::vector<float>& got, const std::vector<float>& want) {
+    double err = 0.0, scale = 0.0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+    }
+    return err / scale;
+}
+
+int32_t argmax_of(const std::vector<float>& r) {
+    return static_cast<int32_t>(std::max_element(r.begin(), r.end()) - r.begin());
+}
+
+// Whether the row's top two are further apart than kNearTie of its largest magnitude.
+bool clear_winner(const std::vector<float>& r) {
+    std::vector<float> s = r;
+    std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+    double scale = 0.0;
+    for (float v : r) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+    return (s[0] - s[1]) > kNearTie * scale;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+}
+
+// The script both backends run: every step's kept rows, compared by the caller.
+void run_script(Backend& b, const Model& m, const std::function<void(Backend&, const std::vector<Part>&)>& step) {
+    const std::vector<int32_t> p0 = tokens(m, 12, 1), p1 = tokens(m, 140, 2), d = tokens(m, 6, 3);
+    b.seq_create(1);
+    // Sequence 1's prompt crosses a page (128 positions) in two chunks; sequence 0 decodes beside it.
+    step(b, {{0, p0, LogitsWanted::all}, {1, {p1.begin(), p1.begin() + 90}}});
+    step(b, {{1, {p1.begin() + 90, p1.end()}}, {0, {d[0]}}});
+    // Sequence 2 shares 133 positions of sequence 1 and writes into the shared page 1: copy on write.
+    b.seq_fork(1, 2, 133);
+    step(b, {{2, {d[1], d[2]}}, {1, {d[3]}}, {0, {d[4]}}});
+    // Sequence 1 forgets its last 41 positions (page 1 goes back) and goes on from there.
+    b.seq_truncate(1, 100);
+    step(b, {{1, {d[5], d[0]}, LogitsWanted::all}, {2, {d[3]}}});
+    // Sequence 2 goes; sequence 3 takes its pages.
+    b.seq_free(2);
+    b.seq_create(3);
+    step(b, {{3, {p1.begin(), p1.begin() + 20}}, {0, {d[1]}}, {1, {d[2]}}});
+    step(b, {{0, {d[2]}}, {3, {d[4]}}});
+}
+
+void check_against_cpu(const char* file) {
+    CAPTURE(std::string(file));
+    const Model m = load_model(test::shared_path(file).string());
+    auto cpu = load_backend(std::make_unique<CpuBackend>(CpuOptions{2, true}), m, 256, 4 * 256);
+    auto cuda = cuda_backend(m, true, 256, 4 * 256);
+    std::vector<std::vector<std::vector<float>>> want;
+    std::vector<KvPoolUse> want_pool;
+    run_script(*cpu, m, [&](Backend& b, const std::vector<Part>& parts) {
+        want.push_back(forward_parts(b, parts));
+        want_pool.push_back(b.kv_pool());
+    });
+    size_t s = 0;
+    run_script(*cuda, m, [&](Backend& b, const std::vector<Part>& parts) {
+        CAPTURE(s);
+        const std::vector<std::vector<float>> got = forward_parts(b, parts);
+        REQUIRE(got.size() == want[s].size());
+        for (size_t r = 0; r < got.size(); ++r) {
+            CAPTURE(r);
+            CHECK(normalised_error(got[r], want[s][r]) < kLogitTolerance);
+            if (clear_winner(want[s][r])) CHECK(argmax_of(got[r]) == argmax_of(want[s][r]));
+        }
+        CHECK(b.kv_pool().pages_in_use == want_pool[s].pages_in_use);
+        ++s;
+    });
+    CHECK(s == want.size());
+    for (int32_t seq : {0, 1, 3}) CHECK(cuda->seq_n_past(seq) == cpu->seq_n_past(seq));
+    // argmax on the device over the last forward's rows, as the CPU's.
+    std::vector<int32_t> ids(2), cpu_ids(2);
+    cuda->argmax(ids);
+    cpu->argmax(cpu_ids);
+    for (size_t r = 0; r < ids.size(); ++r)
+        if (clear_winner(want.back()[r])) CHECK(ids[r] == cpu_ids[r]);
+}
+
+} // namespace
+
+TEST_CASE("CUDA sequences: a multi-sequence script gives the CPU backend's logits and pages") {
+    if (!test::shared_available()) return;
+    check_against_cpu(kStories);
+    check_against_cpu(kLlama2xs);
+}
+
+TEST_CASE("CUDA sequences: a sequence's logits are the same bits alone and among others") {
+    if (!test::shared_available()) return;
+    const Model m = load_model(test::shared_path(kLlama2xs).string());
+    // The default arithmetic (int8 activations): a single-sequence forward of 16 tokens or more would take
+    // the tensor-core GEMM. Sequence A alone runs forwards of 10, 1 and 1 tokens; among others the same
+    // spans share forwards of 40, 19 and 2 tokens, and B's and C's rows are checked the same way.
+    const std::vector<int32_t> a = tokens(m, 12, 4), bt = tokens(m, 31, 5), c = tokens(m, 18, 6);
+    const std::vector<int32_t> a0(a.begin(), a.begin() + 10);
+    auto alone = [&](const std::vector<std::vector<int32_t>>& chunks) {
+        auto b = cuda_backend(m, false, 256, 256);
+        std::vector<std::vector<float>> rows;
+        for (const auto& chunk : chunks) rows.push_back(forward_parts(*b, {{0, chunk}})[0]);
+        return rows;
+    };
+    const auto ra = alone({a0, {a[10]}, {a[11]}});
+    const auto rb = alone({{bt.begin(), bt.begin() + 30}, {bt[30]}});
+    const auto rc = alone({{c.begin(), c.begin() + 17}, {c[17]}});
+
+    auto b = cuda_backend(m, false, 256, 3 * 256);
+    b->seq_create(1);
+    b->seq_create(2);
+    const auto s1 = forward_parts(*b, {{0, a0}, {1, {bt.begin(), bt.begin() + 30}}});
+    const auto s2 = forward_parts(*b, {{0, {a[10]}}, {2, {c.begin(), c.begin() + 17}}, {1, {bt[30]}}});
+    const auto s3 = forward_parts(*b, {{2, {c[17]}}, {0, {a[11]}}});
+    CHECK(same_bits(s1[0], ra[0]));
+    CHECK(same_bits(s1[1], rb[0]));
+    CHECK(same_bits(s2[0], ra[1]));
+    CHECK(same_bits(s2[1], rc[0]));
+    CHECK(same_bits(s2[2], rb[1]));
+    CHECK(same_bits(s3[0], rc[1]));
+    CHECK(same_bits(s3[1], ra[2]));
+}
+
+TEST_CASE("CUDA sequences: the batching engine gives each request the tokens it gets alone") {
+    if (!test::shared_available()) return;
+    auto model = std::make_shared<Model>(load_model(test::shared_path(kLlama2xs).string()));
+    auto session = [&](int32_t pool) {
+        auto backend = cuda_backend(*model, false, 128, pool);
+        REQUIRE(backend->supports_sequences());
+        return std::make_unique<Session>(std::move(backend), Tokenizer::from_gguf(model->file), 128, model);
+    };
+    const std::vector<std::string> prompts = {"Once upon a time", "The little dog ran to the park and saw a big tree",
+                                              "Tom and Lily"};
+    // Greedy runs of each request, alone or all together, through engines whose step budget (12 tokens)
+    // cuts the prompts into chunks that differ between the two.
+    auto run = [&](Session& s, const std::vector<size_t>& which, int32_t parallel) {
+        std::vector<std::vector<int32_t>> out(which.size());
+        BatchEngine engine(s, {.parallel = parallel, .max_waiting = 8, .step_tokens = 12});
+        for (size_t i = 0; i < which.size(); ++i) {
+            BatchRequest r;
+            r.prompt = s.tokenizer().encode(prompts[which[i]], {true, true});
+            r.n_predict = 8;
+            r.sampling.temp = 0.0f;
+            r.on_text = [](std::string_view) { return true; };
+            r.on_done = [&out, i](BatchResult res) { out[i] = res.tokens; };
+            REQUIRE(engine.submit(std::move(r)));
+        }
+        for (int i = 0; i < 1000 && !engine.idle(); ++i) engine.step();
+        REQUIRE(engine.idle());
+        return out;
+    };
+    auto together_session = session(3 * 128);
+    const auto together = run(*together_session, {0, 1, 2}, 3);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(i);
+        auto alone_session = session(128);
+        const auto alone = run(*alone_session, {i}, 1);
+        CHECK(alone[0].size() == 8);
+        CHECK(together[i] == alone[0]);
+    }
+}
+
+} // namespace tern
