@@ -33,6 +33,7 @@
 #include "engine/split_backend.h"
 #include "engine/tools/synth.h"
 #include "kernels/cuda/gemm_q8.h"
+#include "tests/quick_mode.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -40,6 +41,8 @@ using nlohmann::json;
 
 namespace tern {
 namespace {
+
+using test::quick_mode;
 
 // f32 summation-order differences through a handful of layers: measured below 1e-4 on every file here
 // (the largest is printed); 1e-3 leaves room for the device's own order (FMA contraction, other splits).
@@ -61,11 +64,6 @@ json read_json(const fs::path& p) {
 // architectures the real ones lack (q2_K, q3_K, q4_1, q5_0, q5_1, q5_K, bf16, qwen2, a tied output).
 // TERN_TEST_QUICK=1 (the ASan+UBSan run): a covering subset (both architectures, a tied output, head
 // dims 8, 16 and 32, f32, f16, q4_0, q4_K, q6_K, q8_0 and the k-quants of the synthetic files).
-bool quick_mode() {
-    const char* e = std::getenv("TERN_TEST_QUICK");
-    return e && *e && std::string(e) != "0";
-}
-
 std::vector<std::string> model_stems() {
     if (quick_mode())
         return {"stories260K-f32", "babyllama-tok105-q4_k_m", "llama2xs-tok512-q6_k", "synth-k256-q2_k",
