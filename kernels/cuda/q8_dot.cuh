@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/format_list.h"
 #include "kernels/cuda/runtime.h"
 #include "quant/blocks.h"
 #include "quant/types.h"
@@ -412,6 +413,11 @@ __device__ __forceinline__ float accumulate(const WeightUnit& w, const int4& a, 
     }
     return __fmaf_rn(__uint_as_float(meta.x), t, acc);
 }
+
+// The formats with a Q8Unit: those matmul_q8 and gemm_q8 read.
+using Formats = FormatList<GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                           GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                           GgmlType::IQ4_NL, GgmlType::IQ4_XS>;
 
 } // namespace q8dot
 } // namespace TERN_CUDA_ABI
