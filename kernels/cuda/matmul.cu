@@ -233,15 +233,14 @@ void matmul(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const flo
 
 void matmul_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, const float* x,
                     int64_t n_cols, bool accumulate, cudaStream_t stream) {
-    run_matmul("matmul_outputs", type, n_in, outputs, n_outputs, accumulate ? Epilogue::add : Epilogue::store, x,
+    run_matmul("matmul_outputs", type, n_in, outputs, n_outputs, matmul_epilogue::outputs_epilogue(accumulate), x,
                n_cols, stream);
 }
 
 void matmul_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate, const void* w_up,
                 const float* b_up, GluActivation act, const float* x, int64_t n_cols, float* y, cudaStream_t stream) {
     const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
-    run_matmul("matmul_glu", type, n_in, outputs, 2,
-               act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh, x, n_cols, stream);
+    run_matmul("matmul_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), x, n_cols, stream);
 }
 
 void embed_rows(GgmlType type, const void* table, int64_t dim, const int32_t* tokens, int64_t n, float scale,

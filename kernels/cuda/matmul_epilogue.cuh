@@ -32,6 +32,12 @@ enum class Epilogue : uint8_t {
 };
 constexpr bool is_glu(Epilogue e) { return e == Epilogue::swiglu || e == Epilogue::geglu_tanh; }
 
+// The epilogues the entry points ask for: *_outputs stores or adds, *_glu combines with its activation.
+constexpr Epilogue outputs_epilogue(bool accumulate) { return accumulate ? Epilogue::add : Epilogue::store; }
+constexpr Epilogue glu_epilogue(GluActivation act) {
+    return act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh;
+}
+
 // The kernels' shapes, a template parameter: one matrix (matmul itself and the residual adds: with the
 // matrix a constant the kernel takes the registers the plain matmul took), several (picked per block at run
 // time, which costs registers: up to ~20 more at 8 columns), or a GLU pair.

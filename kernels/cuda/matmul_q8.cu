@@ -219,7 +219,7 @@ void matmul_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const 
 
 void matmul_q8_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, const void* x_q,
                        int64_t n_cols, bool accumulate, cudaStream_t stream) {
-    run_matmul_q8("matmul_q8_outputs", type, n_in, outputs, n_outputs, accumulate ? Epilogue::add : Epilogue::store,
+    run_matmul_q8("matmul_q8_outputs", type, n_in, outputs, n_outputs, matmul_epilogue::outputs_epilogue(accumulate),
                   x_q, n_cols, stream);
 }
 
@@ -227,8 +227,7 @@ void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gat
                    const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
                    cudaStream_t stream) {
     const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
-    run_matmul_q8("matmul_q8_glu", type, n_in, outputs, 2,
-                  act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh, x_q, n_cols, stream);
+    run_matmul_q8("matmul_q8_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), x_q, n_cols, stream);
 }
 
 } // namespace TERN_CUDA_ABI
