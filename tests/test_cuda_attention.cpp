@@ -368,6 +368,29 @@ AttnResult run_attention_case(const AttnCase& c, uint32_t seed) {
     return res;
 }
 
+// Runs every case against both references and checks which of the kernel's paths they reached.
+struct Coverage {
+    bool split = false, single = false, many_tokens = false;
+    int32_t max_splits = 0;
+};
+
+Coverage check_attention_cases(const std::vector<AttnCase>& cases, uint32_t seed) {
+    Coverage cov;
+    for (const AttnCase& c : cases) {
+        CAPTURE(describe(c));
+        const AttnResult r = run_attention_case(c, seed += 7);
+        CAPTURE(r.plan.splits);
+        CAPTURE(r.plan.tokens_per_block);
+        CHECK(r.err_ref < kAttnTolerance);
+        CHECK(r.err_cpu < kAttnTolerance);
+        cov.split |= r.plan.splits > 1;
+        cov.single |= r.plan.splits == 1;
+        cov.many_tokens |= r.plan.tokens_per_block > 1 && r.plan.query_tiles > 1;
+        cov.max_splits = std::max(cov.max_splits, r.plan.splits);
+    }
+    return cov;
+}
+
 TEST_CASE("attention matches a double-precision reference and the CPU's attend_tokens") {
     std::vector<AttnCase> cases;
     for (KvType t : kFormats) {
@@ -391,25 +414,13 @@ TEST_CASE("attention matches a double-precision reference and the CPU's attend_t
     };
     cases.insert(cases.end(), std::begin(more), std::end(more));
 
-    bool saw_split = false, saw_single = false, saw_many_tokens = false;
-    uint32_t seed = 100;
     const size_t device_bytes = cuda_emu::device_bytes_in_use();
-    for (const AttnCase& c : cases) {
-        CAPTURE(describe(c));
-        const AttnResult r = run_attention_case(c, seed += 7);
-        CAPTURE(r.plan.splits);
-        CAPTURE(r.plan.tokens_per_block);
-        CHECK(r.err_ref < kAttnTolerance);
-        CHECK(r.err_cpu < kAttnTolerance);
-        saw_split |= r.plan.splits > 1;
-        saw_single |= r.plan.splits == 1;
-        saw_many_tokens |= r.plan.tokens_per_block > 1 && r.plan.query_tiles > 1;
-    }
+    const Coverage cov = check_attention_cases(cases, 100);
     CHECK(cuda_emu::device_bytes_in_use() == device_bytes); // every case freed its buffers; attention took none
     // The cases cover both the split-KV merge and the single-pass path, and multi-token tiles.
-    CHECK(saw_split);
-    CHECK(saw_single);
-    CHECK(saw_many_tokens);
+    CHECK(cov.split);
+    CHECK(cov.single);
+    CHECK(cov.many_tokens);
 }
 
 TEST_CASE("attention: many KV splits merged by the last block, the arrival counters reset for the next launch") {
@@ -458,29 +469,6 @@ TEST_CASE("attention: a sweep of shapes, groups, positions, windows and split co
         splits_seen = std::max(splits_seen, r.plan.splits);
     }
     CHECK(splits_seen >= 4);
-}
-
-// Runs every case against both references and checks which of the kernel's paths they reached.
-struct Coverage {
-    bool split = false, single = false, many_tokens = false;
-    int32_t max_splits = 0;
-};
-
-Coverage check_attention_cases(const std::vector<AttnCase>& cases, uint32_t seed) {
-    Coverage cov;
-    for (const AttnCase& c : cases) {
-        CAPTURE(describe(c));
-        const AttnResult r = run_attention_case(c, seed += 7);
-        CAPTURE(r.plan.splits);
-        CAPTURE(r.plan.tokens_per_block);
-        CHECK(r.err_ref < kAttnTolerance);
-        CHECK(r.err_cpu < kAttnTolerance);
-        cov.split |= r.plan.splits > 1;
-        cov.single |= r.plan.splits == 1;
-        cov.many_tokens |= r.plan.tokens_per_block > 1 && r.plan.query_tiles > 1;
-        cov.max_splits = std::max(cov.max_splits, r.plan.splits);
-    }
-    return cov;
 }
 
 TEST_CASE("attention at the small head dims of small models, float formats") {

@@ -15,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,7 @@
 #include "engine/split_backend.h"
 #include "engine/tools/synth.h"
 #include "kernels/cuda/gemm_q8.h"
+#include "tests/quick_mode.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -40,6 +42,8 @@ using nlohmann::json;
 
 namespace tern {
 namespace {
+
+using test::quick_mode;
 
 // f32 summation-order differences through a handful of layers: measured below 1e-4 on every file here
 // (the largest is printed); 1e-3 leaves room for the device's own order (FMA contraction, other splits).
@@ -61,11 +65,6 @@ json read_json(const fs::path& p) {
 // architectures the real ones lack (q2_K, q3_K, q4_1, q5_0, q5_1, q5_K, bf16, qwen2, a tied output).
 // TERN_TEST_QUICK=1 (the ASan+UBSan run): a covering subset (both architectures, a tied output, head
 // dims 8, 16 and 32, f32, f16, q4_0, q4_K, q6_K, q8_0 and the k-quants of the synthetic files).
-bool quick_mode() {
-    const char* e = std::getenv("TERN_TEST_QUICK");
-    return e && *e && std::string(e) != "0";
-}
-
 std::vector<std::string> model_stems() {
     if (quick_mode())
         return {"stories260K-f32", "babyllama-tok105-q4_k_m", "llama2xs-tok512-q6_k", "synth-k256-q2_k",
@@ -190,6 +189,17 @@ std::vector<int32_t> ramp_tokens(int n, int32_t vocab) {
     return t;
 }
 
+// What the int8 test cases compare: the exact CPU backend, the CPU's own int8 path and the CUDA backend, each
+// holding `model` with a 64-position f32 KV cache.
+struct Int8Comparison {
+    CpuBackend exact_cpu{CpuOptions{2, true}}, ggml_cpu{CpuOptions{2, false}};
+    CudaBackend cuda;
+    explicit Int8Comparison(const Model& model) {
+        for (Backend* b : all()) b->load(model.config, model.weights, RunOptions{64, KvType::f32});
+    }
+    std::array<Backend*, 3> all() { return {&exact_cpu, &ggml_cpu, &cuda}; }
+};
+
 } // namespace
 
 TEST_CASE("cuda backend: teacher-forced logits and greedy ids equal the CPU backend's on the shared models") {
@@ -225,20 +235,16 @@ TEST_CASE("cuda backend: decode with int8 activations (the default) stays within
                              "synth-k256-q4_1", "synth-k256-q5_1"}) {
         CAPTURE(stem);
         const Model model = load_model(model_path(stem));
-        CpuBackend exact_cpu(CpuOptions{2, true}), ggml_cpu(CpuOptions{2, false});
-        CudaBackend cuda;
-        for (Backend* b : std::initializer_list<Backend*>{&exact_cpu, &ggml_cpu, &cuda})
-            b->load(model.config, model.weights, RunOptions{64, KvType::f32});
+        Int8Comparison on(model);
         const std::vector<int32_t> tokens = ramp_tokens(12, model.config.vocab);
         // One token a forward: the decode path (a batch of 16 or more is a prefill, tested below).
         double vs_exact = 0.0, vs_ggml = 0.0, ggml_vs_exact = 0.0;
         for (int32_t i = 0; i < 12; ++i) {
             const std::vector<int32_t> one = {tokens[static_cast<size_t>(i)]};
-            for (Backend* b : std::initializer_list<Backend*>{&exact_cpu, &ggml_cpu, &cuda})
-                b->forward({one, i, LogitsWanted::last});
-            vs_exact = std::max(vs_exact, row_error(cuda.logits(0), exact_cpu.logits(0)));
-            vs_ggml = std::max(vs_ggml, row_error(cuda.logits(0), ggml_cpu.logits(0)));
-            ggml_vs_exact = std::max(ggml_vs_exact, row_error(ggml_cpu.logits(0), exact_cpu.logits(0)));
+            for (Backend* b : on.all()) b->forward({one, i, LogitsWanted::last});
+            vs_exact = std::max(vs_exact, row_error(on.cuda.logits(0), on.exact_cpu.logits(0)));
+            vs_ggml = std::max(vs_ggml, row_error(on.cuda.logits(0), on.ggml_cpu.logits(0)));
+            ggml_vs_exact = std::max(ggml_vs_exact, row_error(on.ggml_cpu.logits(0), on.exact_cpu.logits(0)));
         }
         MESSAGE(std::string(stem) << ": int8 cuda vs exact " << vs_exact << ", vs the CPU's int8 " << vs_ggml
                      << "; the CPU's int8 vs exact " << ggml_vs_exact);
@@ -263,14 +269,11 @@ TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the t
     for (const std::string stem : stems) {
         CAPTURE(stem);
         const Model model = load_model(model_path(stem));
-        CpuBackend exact_cpu(CpuOptions{2, true}), ggml_cpu(CpuOptions{2, false});
-        CudaBackend cuda;
-        for (Backend* b : std::initializer_list<Backend*>{&exact_cpu, &ggml_cpu, &cuda})
-            b->load(model.config, model.weights, RunOptions{64, KvType::f32});
+        Int8Comparison on(model);
         const std::vector<int32_t> tokens = ramp_tokens(20, model.config.vocab);
-        const std::vector<std::vector<float>> exact_rows = batch_logits(exact_cpu, tokens);
-        const double vs_exact = max_row_error(batch_logits(cuda, tokens), exact_rows);
-        const double ggml_vs_exact = max_row_error(batch_logits(ggml_cpu, tokens), exact_rows);
+        const std::vector<std::vector<float>> exact_rows = batch_logits(on.exact_cpu, tokens);
+        const double vs_exact = max_row_error(batch_logits(on.cuda, tokens), exact_rows);
+        const double ggml_vs_exact = max_row_error(batch_logits(on.ggml_cpu, tokens), exact_rows);
         MESSAGE(stem << ": int8 prefill vs exact " << vs_exact << "; the CPU's int8 vs exact " << ggml_vs_exact);
         CHECK(vs_exact > kLogitTolerance);
         CHECK(vs_exact < 3.0 * ggml_vs_exact);

@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +32,7 @@
 #include "quant/reference.h"
 #include "quant/types.h"
 #include "tests/cuda_device_array.h"
+#include "tests/cuda_matmul_test_data.h"
 #include "tests/kernel_test_data.h"
 
 using tern::GgmlType;
@@ -40,23 +40,17 @@ using tern::KvType;
 using tern::cuda::GluActivation;
 using tern::cuda::MatmulOutput;
 using tern::test::DeviceArray;
+using tern::test::is_plain;
+using tern::test::kMatmulFormats;
+using tern::test::kMatmulQ8Formats;
 
 namespace {
 
-constexpr GgmlType kF32Formats[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
-                                    GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                                    GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                                    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F8_E4M3};
-constexpr GgmlType kQ8Formats[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,
-                                   GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,
-                                   GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
 constexpr KvType kKvFormats[] = {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3};
 
 // 1 .. 8 columns (one pass of each width), and 9 and 15: a full pass of 8 then a narrower one.
 constexpr int64_t kColumns[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 15};
 constexpr float kEps = 1e-6f;
-
-bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
 // Row lengths per format: one or two blocks and several (lanes left without a last slice); the plain formats
 // also a length that is not a multiple of 8.
@@ -64,20 +58,6 @@ std::vector<int64_t> row_lengths(GgmlType type, bool q8) {
     if (tern::block_elems(type) == 256) return {256, 768};
     if (is_plain(type)) return {37, 264};
     return q8 ? std::vector<int64_t>{32, 544} : std::vector<int64_t>{32, 288};
-}
-
-// n_rows rows of n elements: quantize_row of gaussian values, each row with its own scale (0.01 .. 10).
-std::vector<uint8_t> random_matrix(GgmlType type, int64_t n_rows, int64_t n, uint32_t seed) {
-    std::vector<float> src = tern::test::random_normal(static_cast<size_t>(n_rows * n), seed);
-    std::mt19937 rng(seed ^ 0x5EEDu);
-    std::uniform_real_distribution<float> log_scale(-2.0f, 1.0f);
-    for (int64_t r = 0; r < n_rows; ++r) {
-        const float s = std::pow(10.0f, log_scale(rng));
-        for (int64_t i = 0; i < n; ++i) src[static_cast<size_t>(r * n + i)] *= s;
-    }
-    std::vector<uint8_t> out(tern::row_bytes(type, n) * static_cast<size_t>(n_rows));
-    tern::quantize_row(type, src.data(), out.data(), n_rows * n);
-    return out;
 }
 
 // Mismatching floats, compared as bits (NaN sentinels left in place count too).
@@ -109,7 +89,7 @@ struct Matrix {
     DeviceArray<float> bias;
     bool with_bias;
     Matrix(GgmlType type, int64_t n_in, int64_t rows, bool b, uint32_t seed)
-        : n_out(rows), w(random_matrix(type, rows, n_in, seed)),
+        : n_out(rows), w(tern::test::quantized_normal(type, rows, n_in, seed)),
           bias(tern::test::random_normal(static_cast<size_t>(rows), seed + 1)), with_bias(b) {}
     MatmulOutput output(float* y) const { return {w.get(), n_out, with_bias ? bias.get() : nullptr, y}; }
 };
@@ -193,8 +173,8 @@ void check_glu(const Input& in, GgmlType type, int64_t n_in, const Matrix& gate,
 // the GLU pair with both activations.
 void check_family(bool q8) {
     uint32_t seed = q8 ? 7000 : 1000;
-    for (GgmlType type : q8 ? std::vector<GgmlType>(std::begin(kQ8Formats), std::end(kQ8Formats))
-                            : std::vector<GgmlType>(std::begin(kF32Formats), std::end(kF32Formats))) {
+    for (GgmlType type : q8 ? std::vector<GgmlType>(std::begin(kMatmulQ8Formats), std::end(kMatmulQ8Formats))
+                            : std::vector<GgmlType>(std::begin(kMatmulFormats), std::end(kMatmulFormats))) {
         CAPTURE(tern::type_name(type));
         for (int64_t n_in : row_lengths(type, q8)) {
             CAPTURE(n_in);

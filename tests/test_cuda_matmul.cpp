@@ -7,117 +7,27 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "kernels/cuda/matmul.h"
-#include "quant/blocks.h"
 #include "quant/half.h"
 #include "quant/reference.h"
 #include "quant/types.h"
+#include "tests/cuda_device_array.h"
+#include "tests/cuda_matmul_test_data.h"
 #include "tests/kernel_test_data.h"
 
 using tern::GgmlType;
+using tern::test::DeviceArray;
+using tern::test::dequantize;
+using tern::test::is_plain;
+using tern::test::kMatmulFormats;
+using tern::test::quantized_normal;
+using tern::test::random_codes;
 
 namespace {
-
-constexpr GgmlType kFormats[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,   GgmlType::Q4_0,   GgmlType::Q4_1,
-                                 GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,   GgmlType::Q2_K,   GgmlType::Q3_K,
-                                 GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS,
-                                 GgmlType::F8_E4M3};
-
-bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
-
-// A device copy of a host vector (or `count` uninitialised elements), freed on scope exit.
-template <typename T> struct DeviceArray {
-    T* ptr = nullptr;
-    size_t count = 0;
-    explicit DeviceArray(size_t n) : count(n) {
-        tern::cuda::check(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
-    }
-    explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
-        tern::cuda::check(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(ptr); }
-    std::vector<T> to_host() const {
-        std::vector<T> out(count);
-        tern::cuda::check(cudaMemcpy(out.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-        return out;
-    }
-};
-
-// n_rows rows of n elements: quantize_row of gaussian values, each row with its own scale (0.01 .. 10) so
-// rows of very different magnitude meet in one matrix.
-std::vector<uint8_t> quantized_normal(GgmlType type, int64_t n_rows, int64_t n, uint32_t seed) {
-    std::vector<float> src = tern::test::random_normal(static_cast<size_t>(n_rows * n), seed);
-    std::mt19937 rng(seed ^ 0x5EEDu);
-    std::uniform_real_distribution<float> log_scale(-2.0f, 1.0f);
-    for (int64_t r = 0; r < n_rows; ++r) {
-        const float s = std::pow(10.0f, log_scale(rng));
-        for (int64_t i = 0; i < n; ++i) src[static_cast<size_t>(r * n + i)] *= s;
-    }
-    std::vector<uint8_t> out(tern::row_bytes(type, n) * static_cast<size_t>(n_rows));
-    tern::quantize_row(type, src.data(), out.data(), n_rows * n);
-    return out;
-}
-
-// Random bit patterns for every code, scale and min field, with the f16 super-scales (d, m, dmin) set to
-// finite values of either sign in [2^-12, 2^-4): codes the quantizers rarely or never write (Q4_K's high
-// scale bits, Q6_K's negative scales, e4m3 subnormals) get dequantized too. e4m3 NaN codes (0x7F, 0xFF)
-// become 0x7E; plain formats get random finite values (subnormals included).
-std::vector<uint8_t> random_codes(GgmlType type, int64_t n_rows, int64_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<uint8_t> out(tern::row_bytes(type, n) * static_cast<size_t>(n_rows));
-    for (uint8_t& b : out) b = static_cast<uint8_t>(rng());
-    std::uniform_real_distribution<float> log2_mag(-12.0f, -4.0f);
-    auto random_scale = [&] {
-        const float v = std::exp2(log2_mag(rng)) * ((rng() & 1) ? -1.0f : 1.0f);
-        return tern::f32_to_f16(v);
-    };
-    auto put_u16 = [](uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); };
-    std::vector<size_t> scale_fields;
-    switch (type) {
-    case GgmlType::F32:
-        for (size_t i = 0; i < out.size(); i += 4)
-            while ((out[i + 3] & 0x7F) == 0x7F && (out[i + 2] & 0x80)) out[i + 3] = static_cast<uint8_t>(rng());
-        return out;
-    case GgmlType::F16:
-        for (size_t i = 0; i < out.size(); i += 2)
-            while ((out[i + 1] & 0x7C) == 0x7C) out[i + 1] = static_cast<uint8_t>(rng());
-        return out;
-    case GgmlType::BF16:
-        for (size_t i = 0; i < out.size(); i += 2)
-            while ((out[i + 1] & 0x7F) == 0x7F && (out[i] & 0x80)) out[i + 1] = static_cast<uint8_t>(rng());
-        return out;
-    case GgmlType::Q4_1: scale_fields = {offsetof(tern::BlockQ4_1, d), offsetof(tern::BlockQ4_1, m)}; break;
-    case GgmlType::Q5_1: scale_fields = {offsetof(tern::BlockQ5_1, d), offsetof(tern::BlockQ5_1, m)}; break;
-    case GgmlType::Q2_K: scale_fields = {offsetof(tern::BlockQ2_K, d), offsetof(tern::BlockQ2_K, dmin)}; break;
-    case GgmlType::Q3_K: scale_fields = {offsetof(tern::BlockQ3_K, d)}; break;
-    case GgmlType::Q4_K: scale_fields = {offsetof(tern::BlockQ4_K, d), offsetof(tern::BlockQ4_K, dmin)}; break;
-    case GgmlType::Q5_K: scale_fields = {offsetof(tern::BlockQ5_K, d), offsetof(tern::BlockQ5_K, dmin)}; break;
-    case GgmlType::Q6_K: scale_fields = {offsetof(tern::BlockQ6_K, d)}; break;
-    default: scale_fields = {0}; break;   // Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS, F8_E4M3: d leads the block
-    }
-    const size_t bb = tern::block_bytes(type);
-    for (size_t b = 0; b < out.size(); b += bb) {
-        for (size_t f : scale_fields) put_u16(&out[b + f], random_scale());
-        if (type == GgmlType::F8_E4M3)
-            for (size_t i = offsetof(tern::BlockF8_E4M3, qs); i < bb; ++i)
-                if ((out[b + i] & 0x7F) == 0x7F) out[b + i] = static_cast<uint8_t>(out[b + i] - 1);
-    }
-    return out;
-}
-
-std::vector<float> dequantize(GgmlType type, const std::vector<uint8_t>& w, int64_t n_rows, int64_t n) {
-    std::vector<float> out(static_cast<size_t>(n_rows * n));
-    tern::dequantize_row(type, w.data(), out.data(), n_rows * n);
-    return out;
-}
 
 // Row lengths per format: one block, a few blocks and a long row; the plain formats also a ragged
 // length (the element-wise path) and one that is a multiple of 8 but not of 32.
@@ -169,7 +79,6 @@ void check_matmul(GgmlType type, int64_t n_in, const std::vector<uint8_t>& w_byt
     const DeviceArray<uint8_t> dw(w_bytes);
     const DeviceArray<float> dx(x), dbias(bias);
     constexpr int64_t kOuts[] = {1, 7, 33, 130}, kCols[] = {1, 2, 3, 8, 9, 17};
-    constexpr int64_t kGuard = 16;
     for (size_t io = 0; io < std::size(kOuts); ++io)
         for (size_t ic = 0; ic < std::size(kCols); ++ic) {
             const int64_t n_out = kOuts[io], n_cols = kCols[ic];
@@ -177,15 +86,10 @@ void check_matmul(GgmlType type, int64_t n_in, const std::vector<uint8_t>& w_byt
             CAPTURE(n_out);
             CAPTURE(n_cols);
             CAPTURE(with_bias);
-            // Sentinels: NaN in every output (each must be written) and a value past the end (none may be).
-            std::vector<float> init(static_cast<size_t>(n_cols * n_out + kGuard), NAN);
-            for (int64_t i = 0; i < kGuard; ++i) init[static_cast<size_t>(n_cols * n_out + i)] = 1234.5f;
-            DeviceArray<float> dy(init);
-            tern::cuda::matmul(type, dw.ptr, n_in, n_out, dx.ptr, n_cols, with_bias ? dbias.ptr : nullptr, dy.ptr,
-                               nullptr);
-            std::vector<float> y = dy.to_host();
-            for (int64_t i = 0; i < kGuard; ++i) REQUIRE(y[static_cast<size_t>(n_cols * n_out + i)] == 1234.5f);
-            y.resize(static_cast<size_t>(n_cols * n_out));
+            const std::vector<float> y = tern::test::guarded_output(n_cols * n_out, [&](float* dy) {
+                tern::cuda::matmul(type, dw.get(), n_in, n_out, dx.get(), n_cols, with_bias ? dbias.get() : nullptr,
+                                   dy, nullptr);
+            });
             const MatmulError e = compare_matmul(y, w, x, with_bias ? bias.data() : nullptr, n_in, n_out, n_cols);
             REQUIRE(e.largest_ref > 0.0);
             REQUIRE(e.worst <= kMatmulTolerance);
@@ -197,7 +101,7 @@ void check_matmul(GgmlType type, int64_t n_in, const std::vector<uint8_t>& w_byt
 TEST_CASE("matmul_supports lists exactly the formats matmul and embed_rows read") {
     for (const tern::TypeInfo& ti : tern::all_types()) {
         CAPTURE(ti.name);
-        const bool listed = std::find(std::begin(kFormats), std::end(kFormats), ti.type) != std::end(kFormats);
+        const bool listed = std::ranges::find(kMatmulFormats, ti.type) != std::end(kMatmulFormats);
         CHECK(tern::cuda::matmul_supports(ti.type) == listed);
     }
     CHECK_FALSE(tern::cuda::matmul_supports(static_cast<GgmlType>(4)));   // a removed ggml id
@@ -205,7 +109,7 @@ TEST_CASE("matmul_supports lists exactly the formats matmul and embed_rows read"
 
 TEST_CASE("matmul matches the double product of the reference dequantization, every format and shape") {
     uint32_t seed = 100;
-    for (GgmlType type : kFormats) {
+    for (GgmlType type : kMatmulFormats) {
         CAPTURE(tern::type_name(type));
         for (int64_t n_in : row_lengths(type)) {
             CAPTURE(n_in);
@@ -218,7 +122,7 @@ TEST_CASE("matmul matches the double product of the reference dequantization, ev
 
 TEST_CASE("matmul reads every code and scale bit: random block contents") {
     uint32_t seed = 900;
-    for (GgmlType type : kFormats) {
+    for (GgmlType type : kMatmulFormats) {
         if (is_plain(type)) continue;   // random float bits span 2^-126 .. 2^127: the products overflow
         CAPTURE(tern::type_name(type));
         const int64_t n_in = 2 * tern::block_elems(type);
@@ -236,7 +140,7 @@ TEST_CASE("embed_rows is dequantize_row times the scale, bit for bit") {
     tokens[3] = tokens[9];          // a repeated token
     tokens[kTokens - 1] = kVocab - 1;   // the last row
     const DeviceArray<int32_t> dtokens(tokens);
-    for (GgmlType type : kFormats) {
+    for (GgmlType type : kMatmulFormats) {
         CAPTURE(tern::type_name(type));
         for (int64_t dim : row_lengths(type))
             for (bool random_bits : {false, true}) {
@@ -250,8 +154,8 @@ TEST_CASE("embed_rows is dequantize_row times the scale, bit for bit") {
                 for (float scale : {1.0f, std::sqrt(2048.0f)}) {
                     CAPTURE(scale);
                     DeviceArray<float> dx(std::vector<float>(static_cast<size_t>(kTokens * dim), NAN));
-                    tern::cuda::embed_rows(type, dtable.ptr, dim, dtokens.ptr, kTokens, scale, dx.ptr, nullptr);
-                    const std::vector<float> x = dx.to_host();
+                    tern::cuda::embed_rows(type, dtable.get(), dim, dtokens.get(), kTokens, scale, dx.get(), nullptr);
+                    const std::vector<float> x = dx.read();
                     size_t mismatches = 0;
                     for (int64_t i = 0; i < kTokens; ++i)
                         for (int64_t d = 0; d < dim; ++d) {
@@ -274,15 +178,20 @@ TEST_CASE("matmul and embed_rows refuse what they cannot read") {
     const DeviceArray<int32_t> tokens(std::vector<int32_t>{0});
     using tern::cuda::embed_rows;
     using tern::cuda::matmul;
-    CHECK_THROWS_AS(matmul(GgmlType::Q8_K, w.ptr, 256, 1, x.ptr, 1, nullptr, y.ptr, nullptr), std::invalid_argument);
-    CHECK_THROWS_AS(matmul(GgmlType::Q4_K, w.ptr, 128, 1, x.ptr, 1, nullptr, y.ptr, nullptr), std::invalid_argument);
-    CHECK_THROWS_AS(matmul(GgmlType::Q4_0, w.ptr + 2, 32, 1, x.ptr, 1, nullptr, y.ptr, nullptr), std::invalid_argument);
-    CHECK_THROWS_AS(matmul(GgmlType::Q4_0, w.ptr, 32, 1, x.ptr + 1, 1, nullptr, y.ptr, nullptr), std::invalid_argument);
-    CHECK_THROWS_AS(embed_rows(GgmlType::IQ2_XXS, w.ptr, 256, tokens.ptr, 1, 1.0f, y.ptr, nullptr),
+    CHECK_THROWS_AS(matmul(GgmlType::Q8_K, w.get(), 256, 1, x.get(), 1, nullptr, y.get(), nullptr),
                     std::invalid_argument);
-    CHECK_THROWS_AS(embed_rows(GgmlType::Q5_0, w.ptr, 48, tokens.ptr, 1, 1.0f, y.ptr, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(matmul(GgmlType::Q4_K, w.get(), 128, 1, x.get(), 1, nullptr, y.get(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(matmul(GgmlType::Q4_0, w.get() + 2, 32, 1, x.get(), 1, nullptr, y.get(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(matmul(GgmlType::Q4_0, w.get(), 32, 1, x.get() + 1, 1, nullptr, y.get(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(embed_rows(GgmlType::IQ2_XXS, w.get(), 256, tokens.get(), 1, 1.0f, y.get(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(embed_rows(GgmlType::Q5_0, w.get(), 48, tokens.get(), 1, 1.0f, y.get(), nullptr),
+                    std::invalid_argument);
     // Nothing to do is not an error.
-    CHECK_NOTHROW(matmul(GgmlType::Q4_0, w.ptr, 32, 0, x.ptr, 1, nullptr, y.ptr, nullptr));
-    CHECK_NOTHROW(matmul(GgmlType::Q4_0, w.ptr, 32, 1, x.ptr, 0, nullptr, y.ptr, nullptr));
-    CHECK_NOTHROW(embed_rows(GgmlType::F16, w.ptr, 64, tokens.ptr, 0, 1.0f, y.ptr, nullptr));
+    CHECK_NOTHROW(matmul(GgmlType::Q4_0, w.get(), 32, 0, x.get(), 1, nullptr, y.get(), nullptr));
+    CHECK_NOTHROW(matmul(GgmlType::Q4_0, w.get(), 32, 1, x.get(), 0, nullptr, y.get(), nullptr));
+    CHECK_NOTHROW(embed_rows(GgmlType::F16, w.get(), 64, tokens.get(), 0, 1.0f, y.get(), nullptr));
 }

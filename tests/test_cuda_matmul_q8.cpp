@@ -11,10 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <optional>
-#include <random>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "kernels/cpu/dot.h"
@@ -25,24 +22,16 @@
 #include "quant/reference.h"
 #include "quant/types.h"
 #include "tests/cuda_device_array.h"
+#include "tests/cuda_matmul_q8_test_data.h"
+#include "tests/cuda_matmul_test_data.h"
 #include "tests/kernel_test_data.h"
 
 using tern::GgmlType;
-using tern::test::DeviceArray;
+using namespace tern::test;
 
 namespace {
 
-constexpr GgmlType kFormats[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,
-                                 GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,
-                                 GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
-
-constexpr double kU = 0x1p-24;   // f32 unit roundoff
-
 // ---- the activation layout, written out on the host ----------------------------------------------
-
-// Byte of element e (0..31) of a block inside the block's 32 code bytes: unit (e / 8) % 2, first or last
-// half of it as e < 16 or not.
-size_t code_position(int e) { return static_cast<size_t>(16 * ((e / 8) % 2) + 8 * (e / 16) + e % 8); }
 
 // The CPU's quantize_act_q8_0_scalar of every column, laid out as matmul_q8.h says: the twin the device
 // output must equal byte for byte.
@@ -74,194 +63,12 @@ std::vector<uint8_t> expected_layout(const std::vector<float>& x, int64_t n_cols
     return out;
 }
 
-// What the quantized activations stand for, d * q, element by element in natural order (n_cols, n_in).
-std::vector<float> dequantized_activations(const std::vector<uint8_t>& q, int64_t n_cols, int64_t n_in) {
-    const auto col_bytes = static_cast<size_t>(tern::cuda::q8_column_bytes(n_in));
-    std::vector<float> x(static_cast<size_t>(n_cols * n_in));
-    for (int64_t c = 0; c < n_cols; ++c) {
-        const uint8_t* col = q.data() + static_cast<size_t>(c) * col_bytes;
-        for (int64_t b = 0; b < n_in / 32; ++b) {
-            float d;
-            std::memcpy(&d, col + n_in + 16 * b, 4);
-            for (int e = 0; e < 32; ++e)
-                x[static_cast<size_t>(c * n_in + 32 * b + e)] =
-                    d * static_cast<float>(static_cast<int8_t>(col[32 * b + code_position(e)]));
-        }
-    }
-    return x;
-}
-
-// ---- weights ---------------------------------------------------------------------------------------
-
-// n_rows rows of n elements: quantize_row of gaussian values, each row with its own scale (0.01 .. 10).
-std::vector<uint8_t> quantized_normal(GgmlType type, int64_t n_rows, int64_t n, uint32_t seed) {
-    std::vector<float> src = tern::test::random_normal(static_cast<size_t>(n_rows * n), seed);
-    std::mt19937 rng(seed ^ 0x5EEDu);
-    std::uniform_real_distribution<float> log_scale(-2.0f, 1.0f);
-    for (int64_t r = 0; r < n_rows; ++r) {
-        const float s = std::pow(10.0f, log_scale(rng));
-        for (int64_t i = 0; i < n; ++i) src[static_cast<size_t>(r * n + i)] *= s;
-    }
-    std::vector<uint8_t> out(tern::row_bytes(type, n) * static_cast<size_t>(n_rows));
-    tern::quantize_row(type, src.data(), out.data(), n_rows * n);
-    return out;
-}
-
-// Offsets of the f16 fields that scale a block (d, and m / dmin where the format has one).
-std::vector<size_t> scale_fields(GgmlType type) {
-    switch (type) {
-    case GgmlType::Q4_1: return {offsetof(tern::BlockQ4_1, d), offsetof(tern::BlockQ4_1, m)};
-    case GgmlType::Q5_1: return {offsetof(tern::BlockQ5_1, d), offsetof(tern::BlockQ5_1, m)};
-    case GgmlType::Q2_K: return {offsetof(tern::BlockQ2_K, d), offsetof(tern::BlockQ2_K, dmin)};
-    case GgmlType::Q3_K: return {offsetof(tern::BlockQ3_K, d)};
-    case GgmlType::Q4_K: return {offsetof(tern::BlockQ4_K, d), offsetof(tern::BlockQ4_K, dmin)};
-    case GgmlType::Q5_K: return {offsetof(tern::BlockQ5_K, d), offsetof(tern::BlockQ5_K, dmin)};
-    case GgmlType::Q6_K: return {offsetof(tern::BlockQ6_K, d)};
-    default: return {0};   // Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS: d leads the block
-    }
-}
-
-// The f16 offset field (m or dmin) of the formats whose values are scale * code + offset.
-std::optional<size_t> offset_field(GgmlType type) {
-    const std::vector<size_t> f = scale_fields(type);
-    if (f.size() < 2) return std::nullopt;
-    return f[1];
-}
-
-// Every byte random, then the f16 scale fields set to finite values of either sign in [2^-12, 2^-4):
-// codes the quantizers rarely or never write (Q4_K's high scale bits, Q6_K's scale -128) are read too.
-std::vector<uint8_t> random_codes(GgmlType type, int64_t n_rows, int64_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<uint8_t> out(tern::row_bytes(type, n) * static_cast<size_t>(n_rows));
-    for (uint8_t& b : out) b = static_cast<uint8_t>(rng());
-    std::uniform_real_distribution<float> log2_mag(-12.0f, -4.0f);
-    const size_t bb = tern::block_bytes(type);
-    for (size_t b = 0; b < out.size(); b += bb)
-        for (size_t f : scale_fields(type)) {
-            const uint16_t h = tern::f32_to_f16(std::exp2(log2_mag(rng)) * ((rng() & 1) ? -1.0f : 1.0f));
-            std::memcpy(&out[b + f], &h, 2);
-        }
-    return out;
-}
-
-// Every byte `fill`, the f16 scale fields +-2^-8 (the sign alternating by row, so that a row's blocks add
-// up rather than cancel): codes and scales at the ends of their ranges, the largest integer dot products
-// there are (Q6_K: sc = -128 with q - 32 = -32 reaches 2^23).
-std::vector<uint8_t> filled_codes(GgmlType type, int64_t n_rows, int64_t n, uint8_t fill) {
-    const size_t rb = tern::row_bytes(type, n), bb = tern::block_bytes(type);
-    std::vector<uint8_t> out(rb * static_cast<size_t>(n_rows), fill);
-    for (size_t b = 0; b < out.size(); b += bb)
-        for (size_t f : scale_fields(type)) {
-            const uint16_t h = tern::f32_to_f16((b / rb) % 2 ? -0x1p-8f : 0x1p-8f);
-            std::memcpy(&out[b + f], &h, 2);
-        }
-    return out;
-}
-
-std::vector<float> dequantize(GgmlType type, const std::vector<uint8_t>& w, int64_t n_rows, int64_t n) {
-    std::vector<float> out(static_cast<size_t>(n_rows * n));
-    tern::dequantize_row(type, w.data(), out.data(), n_rows * n);
-    return out;
-}
-
-// |scale * code| + |offset| per element: with the offset's sign flipped the dequantized value is
-// scale * code - offset, and max(|a + b|, |a - b|) = |a| + |b|. The magnitude the kernel's f32 terms have
-// (it sums d * D and m * S separately), which can exceed |w| where they cancel.
-std::vector<float> term_magnitudes(GgmlType type, const std::vector<uint8_t>& w_bytes, const std::vector<float>& w,
-                                   int64_t n_rows, int64_t n) {
-    std::vector<float> mag(w.size());
-    for (size_t i = 0; i < w.size(); ++i) mag[i] = std::fabs(w[i]);
-    if (const std::optional<size_t> f = offset_field(type)) {
-        std::vector<uint8_t> flipped = w_bytes;
-        for (size_t b = 0; b < flipped.size(); b += tern::block_bytes(type)) flipped[b + *f + 1] ^= 0x80;
-        const std::vector<float> w2 = dequantize(type, flipped, n_rows, n);
-        for (size_t i = 0; i < w.size(); ++i) mag[i] = std::max(mag[i], std::fabs(w2[i]));
-    }
-    return mag;
-}
-
-struct Weights {
-    std::vector<uint8_t> bytes;
-    std::vector<float> values;       // dequantize_row
-    std::vector<float> magnitudes;   // term_magnitudes
-};
-
-Weights make_weights(GgmlType type, std::vector<uint8_t> bytes, int64_t n_rows, int64_t n) {
-    Weights w;
-    w.values = dequantize(type, bytes, n_rows, n);
-    w.magnitudes = term_magnitudes(type, bytes, w.values, n_rows, n);
-    w.bytes = std::move(bytes);
-    return w;
-}
-
-// ---- checking products -----------------------------------------------------------------------------
-
-// Tolerance of matmul_q8 against the exact product of the dequantized weights and activations, relative to
-// M = sum_i (|scale_i code_i| + |offset_i|) |x_i| (+ |bias|). Every integer dot product is exact, so only
-// f32 roundings differ: per unit d * D, + m * S and dx * (...) + acc (3, the last also the lane's running
-// sum: n_in / 512 units per lane), then 5 shuffle levels and the bias; the reference's own dequantization
-// rounds each weight once more. Each nesting level costs at most 2^-24 of the terms below it:
-// (n_in / 512 + 10) * 2^-24 * M, doubled for margin (2.7e-6 at n_in = 2304). A code, scale or unit read
-// wrongly moves an output by a whole term, about 1 / n_in of M or more.
-double matmul_tolerance(int64_t n_in) { return 2.0 * (static_cast<double>(n_in) / 512.0 + 10.0) * kU; }
-
-struct Products {
-    std::vector<double> value;       // sum w x (+ bias), exact enough in double
-    std::vector<double> magnitude;   // sum |w-terms| |x| (+ |bias|)
-};
-
-// y (n_cols, n_out) of w (n_out, n_in) and x (n_cols, n_in) in double.
-Products products(const Weights& w, const std::vector<float>& x, const float* bias, int64_t n_in, int64_t n_out,
-                  int64_t n_cols) {
-    Products p;
-    p.value.resize(static_cast<size_t>(n_cols * n_out));
-    p.magnitude.resize(p.value.size());
-    for (int64_t c = 0; c < n_cols; ++c)
-        for (int64_t r = 0; r < n_out; ++r) {
-            double v = bias ? bias[r] : 0.0, m = bias ? std::fabs(bias[r]) : 0.0;
-            const float* wr = w.values.data() + r * n_in;
-            const float* mr = w.magnitudes.data() + r * n_in;
-            const float* xc = x.data() + c * n_in;
-            for (int64_t i = 0; i < n_in; ++i) {
-                v += static_cast<double>(wr[i]) * xc[i];
-                m += static_cast<double>(mr[i]) * std::fabs(xc[i]);
-            }
-            p.value[static_cast<size_t>(c * n_out + r)] = v;
-            p.magnitude[static_cast<size_t>(c * n_out + r)] = m;
-        }
-    return p;
-}
-
-// max over outputs of |y - want| / magnitude (infinite for a NaN).
-double worst_relative_error(const std::vector<float>& y, const Products& want) {
-    double worst = 0.0;
-    for (size_t i = 0; i < y.size(); ++i) {
-        const double err = std::isnan(y[i]) ? INFINITY : std::fabs(y[i] - want.value[i]);
-        worst = std::max(worst, err / std::max(want.magnitude[i], 1e-30));
-    }
-    return worst;
-}
-
-std::vector<uint8_t> quantize_on_device(const std::vector<float>& x, int64_t n_cols, int64_t n_in) {
-    const DeviceArray<float> dx(x);
-    DeviceArray<uint8_t> dq(tern::cuda::quantized_activation_bytes(n_cols, n_in));
-    tern::cuda::quantize_activations(dx.get(), n_cols, n_in, dq.get(), nullptr);
-    return dq.read();
-}
-
-// matmul_q8 of the device's quantized x; NaN sentinels in y must all be overwritten, the guard past the end
-// must stay.
+// matmul_q8 of the device's quantized x into a guarded output (every output written, nothing past them).
 std::vector<float> run_matmul_q8(GgmlType type, const DeviceArray<uint8_t>& w, int64_t n_in, int64_t n_out,
                                  const DeviceArray<uint8_t>& xq, int64_t n_cols, const float* bias) {
-    constexpr int64_t kGuard = 16;
-    std::vector<float> init(static_cast<size_t>(n_cols * n_out + kGuard), NAN);
-    for (int64_t i = 0; i < kGuard; ++i) init[static_cast<size_t>(n_cols * n_out + i)] = 1234.5f;
-    DeviceArray<float> dy(init);
-    tern::cuda::matmul_q8(type, w.get(), n_in, n_out, xq.get(), n_cols, bias, dy.get(), nullptr);
-    std::vector<float> y = dy.read();
-    for (int64_t i = 0; i < kGuard; ++i) REQUIRE(y[static_cast<size_t>(n_cols * n_out + i)] == 1234.5f);
-    y.resize(static_cast<size_t>(n_cols * n_out));
-    return y;
+    return guarded_output(n_cols * n_out, [&](float* y) {
+        tern::cuda::matmul_q8(type, w.get(), n_in, n_out, xq.get(), n_cols, bias, y, nullptr);
+    });
 }
 
 // Every (n_out, n_cols) of the brief's grid, bias on a checkerboard, against the double product of the
@@ -284,17 +91,10 @@ void check_matmul_q8(GgmlType type, int64_t n_in, const Weights& w, const std::v
             CAPTURE(n_out);
             CAPTURE(n_cols);
             CAPTURE(with_bias);
-            Products want;
-            want.value.assign(all.value.begin(), all.value.begin() + n_cols * n_out);
-            want.magnitude.assign(all.magnitude.begin(), all.magnitude.begin() + n_cols * n_out);
-            if (with_bias)
-                for (size_t i = 0; i < want.value.size(); ++i) {
-                    want.value[i] += bias[i % static_cast<size_t>(n_out)];
-                    want.magnitude[i] += std::fabs(bias[i % static_cast<size_t>(n_out)]);
-                }
-            const std::vector<float> y =
-                run_matmul_q8(type, dw, n_in, n_out, dq, n_cols, with_bias ? dbias.get() : nullptr);
-            CHECK(worst_relative_error(y, want) <= matmul_tolerance(n_in));
+            const float* b = with_bias ? dbias.get() : nullptr;
+            const Products want = first_columns(all, n_cols, n_out, with_bias ? bias.data() : nullptr);
+            const std::vector<float> y = run_matmul_q8(type, dw, n_in, n_out, dq, n_cols, b);
+            CHECK(worst_relative_error(y, want) <= matmul_q8_tolerance(n_in));
         }
     }
 }
@@ -305,25 +105,12 @@ std::vector<int64_t> row_lengths(GgmlType type) {
     return {32, 96, 2080};
 }
 
-// Gaussian activations whose 32-element blocks have scales from 10^-3 to 10^2, so that f16 block scales
-// of very different exponents meet in one column.
-std::vector<float> activations(int64_t n_cols, int64_t n_in, uint32_t seed) {
-    std::vector<float> x = tern::test::random_normal(static_cast<size_t>(n_cols * n_in), seed);
-    std::mt19937 rng(seed ^ 0xAC7u);
-    std::uniform_real_distribution<float> log_scale(-3.0f, 2.0f);
-    for (size_t b = 0; b < x.size(); b += 32) {
-        const float s = std::pow(10.0f, log_scale(rng));
-        for (size_t i = b; i < b + 32; ++i) x[i] *= s;
-    }
-    return x;
-}
-
 } // namespace
 
 TEST_CASE("matmul_q8_supports lists exactly the integer formats") {
     for (const tern::TypeInfo& ti : tern::all_types()) {
         CAPTURE(ti.name);
-        const bool listed = std::find(std::begin(kFormats), std::end(kFormats), ti.type) != std::end(kFormats);
+        const bool listed = std::ranges::find(kMatmulQ8Formats, ti.type) != std::end(kMatmulQ8Formats);
         CHECK(tern::cuda::matmul_q8_supports(ti.type) == listed);
     }
 }
@@ -369,7 +156,7 @@ TEST_CASE("quantize_activations is the CPU's Q8_0 quantization in q8 units, bit 
 
 TEST_CASE("matmul_q8 matches the double product of the dequantized weights and activations") {
     uint32_t seed = 100;
-    for (GgmlType type : kFormats) {
+    for (GgmlType type : kMatmulQ8Formats) {
         CAPTURE(tern::type_name(type));
         for (int64_t n_in : row_lengths(type)) {
             CAPTURE(n_in);
@@ -382,7 +169,7 @@ TEST_CASE("matmul_q8 matches the double product of the dequantized weights and a
 
 TEST_CASE("matmul_q8 reads every code and scale bit: random block contents") {
     uint32_t seed = 900;
-    for (GgmlType type : kFormats) {
+    for (GgmlType type : kMatmulQ8Formats) {
         CAPTURE(tern::type_name(type));
         const int64_t n_in = 2 * tern::block_elems(type);
         const Weights w = make_weights(type, random_codes(type, 130, n_in, ++seed), 130, n_in);
@@ -391,29 +178,13 @@ TEST_CASE("matmul_q8 reads every code and scale bit: random block contents") {
 }
 
 TEST_CASE("matmul_q8 keeps the largest integer dot products exact") {
-    // Activations of equal magnitude quantize to codes +-127 throughout; with every weight byte at an end of
-    // its range the integer sums reach their bounds (q8_dot.cuh kMaxDot). Signs: all +, or alternating per
-    // element, or per 8 elements (the unit halves of Q2_K / Q3_K / Q6_K).
-    constexpr int64_t kOut = 7, kCols = 3;
-    for (GgmlType type : kFormats) {
+    // The integer sums reach their bounds (q8_dot.cuh kMaxDot); check_extreme_products says how.
+    for (GgmlType type : kMatmulQ8Formats) {
         CAPTURE(tern::type_name(type));
-        const int64_t n_in = 2 * tern::block_elems(type);
-        std::vector<float> x(static_cast<size_t>(kCols * n_in));
-        for (int64_t i = 0; i < n_in; ++i) {
-            x[static_cast<size_t>(i)] = 1.0f;
-            x[static_cast<size_t>(n_in + i)] = i % 2 ? -1.0f : 1.0f;
-            x[static_cast<size_t>(2 * n_in + i)] = (i / 8) % 2 ? -1.0f : 1.0f;
-        }
-        const std::vector<uint8_t> q = quantize_on_device(x, kCols, n_in);
-        const std::vector<float> xd = dequantized_activations(q, kCols, n_in);
-        const DeviceArray<uint8_t> dq(q);
-        for (uint8_t fill : {0x00, 0xFF, 0x80, 0x7F, 0x88, 0x77}) {
-            CAPTURE(static_cast<int>(fill));
-            const Weights w = make_weights(type, filled_codes(type, kOut, n_in, fill), kOut, n_in);
-            const DeviceArray<uint8_t> dw(w.bytes);
-            const std::vector<float> y = run_matmul_q8(type, dw, n_in, kOut, dq, kCols, nullptr);
-            CHECK(worst_relative_error(y, products(w, xd, nullptr, n_in, kOut, kCols)) <= matmul_tolerance(n_in));
-        }
+        check_extreme_products(type, matmul_q8_tolerance,
+                               [&](const auto& w, const auto& xq, int64_t n_in, int64_t n_out, int64_t n_cols) {
+                                   return run_matmul_q8(type, w, n_in, n_out, xq, n_cols, nullptr);
+                               });
     }
 }
 
@@ -443,7 +214,7 @@ TEST_CASE("matmul_q8 agrees with the CPU's dot kernels where both quantize the a
             for (int64_t r = 0; r < kOut; ++r)
                 cpu.value[static_cast<size_t>(c * kOut + r)] = kCpuDot[f](n_in, w.bytes.data() + r * rb, xq.data());
         }
-        CHECK(worst_relative_error(y, cpu) <= matmul_tolerance(n_in) + (n_in / 32.0 + 4.0) * kU);
+        CHECK(worst_relative_error(y, cpu) <= matmul_q8_tolerance(n_in) + (n_in / 32.0 + 4.0) * kU);
     }
 }
 
@@ -451,11 +222,11 @@ TEST_CASE("matmul_q8 end to end: within the int8 rounding of the activations of 
     // |x_i - d q_i| <= amax_b (1/254 + 1/2048 + 2^-20) for the block b of element i (the quantize test checks
     // it element by element): half a step of the grid amax / 127, the f16 rounding of the step over 127 codes,
     // and the f32 roundings of id and x * id. So |y - sum w x| <= sum_i |w_i| amax_b(i) (1/254 + 1/2048 + 2^-20),
-    // plus the kernel's own f32 rounding (matmul_tolerance of the magnitudes). This bound is what int8
+    // plus the kernel's own f32 rounding (matmul_q8_tolerance of the magnitudes). This bound is what int8
     // activations cost at worst; random signs make the typical error some sqrt(n_in) times smaller.
     constexpr int64_t kOut = 33, kCols = 9;
     uint32_t seed = 5000;
-    for (GgmlType type : kFormats) {
+    for (GgmlType type : kMatmulQ8Formats) {
         CAPTURE(tern::type_name(type));
         const int64_t n_in = tern::block_elems(type) == 256 ? 2048 : 2080;
         const Weights w = make_weights(type, quantized_normal(type, kOut, n_in, ++seed), kOut, n_in);
@@ -477,7 +248,7 @@ TEST_CASE("matmul_q8 end to end: within the int8 rounding of the activations of 
                     bound += wsum * amax * (1.0 / 254.0 + 1.0 / 2048.0 + 0x1p-20);
                 }
                 const size_t o = static_cast<size_t>(c * kOut + r);
-                bound += matmul_tolerance(n_in) * exact.magnitude[o] * 2.0;   // x's magnitudes, rounded up
+                bound += matmul_q8_tolerance(n_in) * exact.magnitude[o] * 2.0;   // x's magnitudes, rounded up
                 const double err = std::fabs(y[o] - exact.value[o]);
                 REQUIRE(err <= bound);
                 worst_ratio = std::max(worst_ratio, err / bound);

@@ -57,6 +57,16 @@ GenerateOptions greedy(int32_t n) {
     return o;
 }
 
+// 24 greedy tokens from a reset session with prompt-lookup drafts (up to 6 tokens from a 3-gram match): what
+// verification batches of up to 1 + 6 tokens decide.
+GenerateResult greedy_with_lookup(Session& s, const std::vector<int32_t>& prompt) {
+    PromptLookupDrafter lookup(6, 3);
+    GenerateOptions o = greedy(24);
+    o.drafter = &lookup;
+    s.reset();
+    return s.generate(prompt, o);
+}
+
 std::vector<int32_t> prompt_of(const Session& s, const std::string& text) { return s.tokenizer().encode(text, {true, true}); }
 
 // A backend that passes every call to `inner` but selects sampling candidates as told: on the host from
@@ -110,11 +120,7 @@ TEST_CASE("cuda session: greedy text equals the CPU's, and prompt lookup leaves 
         const GenerateResult plain = cuda.session->generate(prompt, greedy(24));
         CHECK(plain.tokens == want.tokens);
         // Speculation: verification batches of up to 1 + 6 tokens decide what one-token steps decided.
-        PromptLookupDrafter lookup(6, 3);
-        GenerateOptions o = greedy(24);
-        o.drafter = &lookup;
-        cuda.session->reset();
-        const GenerateResult drafted = cuda.session->generate(prompt, o);
+        const GenerateResult drafted = greedy_with_lookup(*cuda.session, prompt);
         CHECK(drafted.tokens == plain.tokens);
         CHECK(drafted.text == plain.text);
         CHECK(drafted.n_drafted > 0);
@@ -231,11 +237,7 @@ TEST_CASE("cuda session: int8 decode (the default) with prompt lookup equals int
     Loaded cuda = cuda_session("models/gguf/babyllama-tok105-q4_k_m.gguf", false);
     const std::vector<int32_t> prompt = prompt_of(*cuda.session, kStory);
     const GenerateResult plain = cuda.session->generate(prompt, greedy(24));
-    PromptLookupDrafter lookup(6, 3);
-    GenerateOptions o = greedy(24);
-    o.drafter = &lookup;
-    cuda.session->reset();
-    const GenerateResult drafted = cuda.session->generate(prompt, o);
+    const GenerateResult drafted = greedy_with_lookup(*cuda.session, prompt);
     CHECK(drafted.tokens == plain.tokens);
 }
 

@@ -25,6 +25,7 @@
 
 #include "engine/cpu/backend_cpu.h"
 #include "engine/model.h"
+#include "tests/quick_mode.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -38,10 +39,7 @@ constexpr int kThreads = 2;
 // TERN_TEST_QUICK=1 (scripts/test.sh sets it for the ASan+UBSan run, where the full suite would
 // take most of an hour): a few files that still cover both architectures, a tied output and the
 // f32, q4_0, q4_K, q6_K and q8_0 forwards, two prompts each, and one Gemma 3 prompt.
-bool quick_mode() {
-    const char* e = std::getenv("TERN_TEST_QUICK");
-    return e && *e && std::string(e) != "0";
-}
+using test::quick_mode;
 const char* const kQuickStems[] = {"stories260K-f32", "llama2xs-tok512-q4_k_m", "synth-k256-q6_k",
                                    "synth-k256-tied-q4_0", "synth-qwen2-k256-q8_0"};
 constexpr size_t kQuickPrompts = 2;

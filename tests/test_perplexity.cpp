@@ -9,6 +9,7 @@
 #include <string>
 #include <nlohmann/json.hpp>
 
+#include "tests/quick_mode.h"
 #include "tests/test_support.h"
 
 using tern::test::run_tern;
@@ -42,10 +43,7 @@ const Expected kCases[] = {
 
 // TERN_TEST_QUICK=1 (scripts/test.sh sets it for the ASan+UBSan run): the F32 real model and the
 // Q4_K_M synth file only, the two ends of the tolerance range.
-bool quick_mode() {
-    const char* e = std::getenv("TERN_TEST_QUICK");
-    return e && *e && std::string(e) != "0";
-}
+using tern::test::quick_mode;
 
 TEST_CASE("tern perplexity agrees with llama-perplexity (chunk-limited)") {
     if (!tern::test::shared_available()) return;

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "tests/quick_mode.h"
+
 namespace tern::test {
 namespace fs = std::filesystem;
 
@@ -19,6 +21,11 @@ fs::path shared_dir() {
 fs::path shared_path(const std::string& relative) { return shared_dir() / relative; }
 
 bool shared_available() { return fs::exists(shared_dir() / "models"); }
+
+bool quick_mode() {
+    const char* e = std::getenv("TERN_TEST_QUICK");
+    return e && *e && std::string(e) != "0";
+}
 
 namespace {
 std::string shell_quote(const std::string& s) {

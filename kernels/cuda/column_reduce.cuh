@@ -4,17 +4,7 @@
 // one lane (reduce_columns), which adds the row's bias and stores it, adds it to the residual stream or
 // combines it with the up projection's (matmul_epilogue.cuh finish_columns).
 #include "kernels/cuda/runtime.h"
-
-// Loop unrolling for both compilers, as in dequant.cuh (whichever is included first defines it).
-#ifndef TERN_UNROLL
-#if defined(__CUDACC__)
-#define TERN_UNROLL _Pragma("unroll")
-#define TERN_NO_UNROLL _Pragma("unroll 1")
-#else
-#define TERN_UNROLL _Pragma("GCC unroll 16")
-#define TERN_NO_UNROLL _Pragma("GCC unroll 1")
-#endif
-#endif
+#include "kernels/cuda/unroll.h"
 
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {

@@ -27,19 +27,9 @@
 #include <cstdint>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/unroll.h"
 #include "quant/blocks.h"
 #include "quant/types.h"
-
-// Loop unrolling for both compilers (g++ warns about the bare CUDA pragma): full, or none.
-#ifndef TERN_UNROLL
-#if defined(__CUDACC__)
-#define TERN_UNROLL _Pragma("unroll")
-#define TERN_NO_UNROLL _Pragma("unroll 1")
-#else
-#define TERN_UNROLL _Pragma("GCC unroll 16")
-#define TERN_NO_UNROLL _Pragma("GCC unroll 1")
-#endif
-#endif
 
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {

@@ -353,27 +353,9 @@ void gemm_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const vo
     if (!current_device_supported()) refuse("gemm_q8: the device is below compute capability 8.0 (no int8 mma)");
     const auto* wb = static_cast<const uint8_t*>(w);
     const auto* xb = static_cast<const uint8_t*>(x_q);
-    switch (type) {
-#define TERN_GEMM_Q8_CASE(name)                                                                                        \
-    case GgmlType::name:                                                                                               \
-        launch_tiles<GgmlType::name>(wb, n_in, n_out, xb, n_cols, bias, y, stream);                                    \
-        break;
-        TERN_GEMM_Q8_CASE(Q4_0)
-        TERN_GEMM_Q8_CASE(Q4_1)
-        TERN_GEMM_Q8_CASE(Q5_0)
-        TERN_GEMM_Q8_CASE(Q5_1)
-        TERN_GEMM_Q8_CASE(Q8_0)
-        TERN_GEMM_Q8_CASE(Q2_K)
-        TERN_GEMM_Q8_CASE(Q3_K)
-        TERN_GEMM_Q8_CASE(Q4_K)
-        TERN_GEMM_Q8_CASE(Q5_K)
-        TERN_GEMM_Q8_CASE(Q6_K)
-        TERN_GEMM_Q8_CASE(IQ4_NL)
-        TERN_GEMM_Q8_CASE(IQ4_XS)
-#undef TERN_GEMM_Q8_CASE
-    default:
-        refuse("gemm_q8: format " + std::string(type_name(type)) + " is not read");
-    }
+    q8dot::Formats::visit(type, [&](auto tag) {
+        launch_tiles<decltype(tag)::value>(wb, n_in, n_out, xb, n_cols, bias, y, stream);
+    });
 }
 
 #undef TERN_GEMM_Q8_MIN_BLOCKS

@@ -13,21 +13,10 @@
 #include <string>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/cuda/unroll.h"
 #include "kernels/kv_format.h"
 #include "quant/fp8.h"
 #include "quant/half.h"
-
-// Loop unrolling for both compilers (g++ warns about the bare CUDA pragma); the same guard as the other
-// kernels/cuda headers that define it.
-#ifndef TERN_UNROLL
-#if defined(__CUDACC__)
-#define TERN_UNROLL _Pragma("unroll")
-#define TERN_UNROLL_2 _Pragma("unroll 2")
-#else
-#define TERN_UNROLL _Pragma("GCC unroll 16")
-#define TERN_UNROLL_2 _Pragma("GCC unroll 2")
-#endif
-#endif
 
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {

@@ -25,17 +25,13 @@
 #include "kernels/cuda/column_passes.h"
 #include "kernels/cuda/column_reduce.cuh"
 #include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/format_list.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matmul_epilogue.cuh"
 
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
-
-// The formats both entry points read, in one list for matmul_supports and the dispatch.
-#define TERN_MATMUL_FORMATS(X)                                                                                         \
-    X(F32) X(F16) X(BF16) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_NL)  \
-        X(IQ4_XS) X(F8_E4M3)
 
 namespace {
 
@@ -179,35 +175,27 @@ __global__ void __launch_bounds__(kEmbedThreads)
 
 // ---- host side ----------------------------------------------------------------------------------
 
-template <GgmlType T> using FormatTag = std::integral_constant<GgmlType, T>;
-
-// Calls f(FormatTag<type>{}) for a supported format; false for the others.
-template <class F> bool visit_format(GgmlType type, F&& f) {
-    switch (type) {
-#define TERN_VISIT(name)                                                                                               \
-    case GgmlType::name:                                                                                               \
-        f(FormatTag<GgmlType::name>{});                                                                                \
-        return true;
-        TERN_MATMUL_FORMATS(TERN_VISIT)
-#undef TERN_VISIT
-    default:
-        return false;
-    }
-}
-
 // Whether a row of n elements is read by slices (else element by element: plain formats only).
 bool by_slices(int64_t n) { return n % 8 == 0; }
 
-// `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
-template <GgmlType T, int NC, Kind K>
-void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const float* x, unsigned passes,
-                   cudaStream_t stream) {
-    const dim3 grid(blocks, passes), block(kRowsPerBlock * 32);
-    if (by_slices(n_in))
-        launch(matmul_slices<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
-    else if constexpr (dequant::is_plain(T))
-        launch(matmul_plain_ragged<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
-}
+// The f32 family for matmul_epilogue::launch_matmul: every format dequant.cuh reads, and its kernels.
+struct F32Family {
+    using Formats = FormatList<GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                               GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                               GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                               GgmlType::F8_E4M3>;
+
+    // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
+    template <GgmlType T, int NC, Kind K>
+    static void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const float* x, unsigned passes,
+                              cudaStream_t stream) {
+        const dim3 grid(blocks, passes), block(kRowsPerBlock * 32);
+        if (by_slices(n_in))
+            launch(matmul_slices<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
+        else if constexpr (dequant::is_plain(T))
+            launch(matmul_plain_ragged<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
+    }
+};
 
 using column_passes::check_aligned;
 using column_passes::kIntMax;
@@ -220,7 +208,8 @@ void check_format(const char* fn, GgmlType type, int64_t n, const char* n_name) 
                std::string(type_name(type)) + "'s block of " + std::to_string(block_elems(type)));
 }
 
-// Every launch of matmul, matmul_outputs and matmul_glu: checks, then one launch per group of column passes.
+// Every launch of matmul, matmul_outputs and matmul_glu: the format and size checks of f32 columns, then the
+// launches (matmul_epilogue::launch_matmul).
 void run_matmul(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, Epilogue e,
                 const float* x, int64_t n_cols, cudaStream_t stream) {
     check_format(fn, type, n_in, "n_in");
@@ -228,34 +217,13 @@ void run_matmul(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput*
     if (n_cols < 0 || n_in * kMaxColumns > kIntMax)
         refuse(std::string(fn) + ": n_in = " + std::to_string(n_in) + ", n_cols = " + std::to_string(n_cols) +
                " out of range");
-    unsigned blocks = 0;
-    const auto rb = static_cast<int64_t>(row_bytes(type, n_in));
-    const LaunchRows rows =
-        matmul_epilogue::launch_rows(fn, outputs, n_outputs, rb, e, kRowsPerBlock, kMaxColumns, &blocks);
-    if (blocks == 0 || n_cols == 0) return;
-    matmul_epilogue::check_weights_aligned(fn, outputs, n_outputs);
-    check_aligned(fn, x, "x");
-    const int n = static_cast<int>(n_in);
-    visit_format(type, [&](auto tag) {
-        constexpr GgmlType T = decltype(tag)::value;
-        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
-            constexpr int NC = decltype(nc)::value;
-            const LaunchRows at = matmul_epilogue::from_column(rows, first);
-            const float* xc = x + first * n_in;
-            switch (matmul_epilogue::kind_of(e, n_outputs)) {
-            case Kind::one: launch_passes<T, NC, Kind::one>(at, blocks, n, xc, passes, stream); break;
-            case Kind::several: launch_passes<T, NC, Kind::several>(at, blocks, n, xc, passes, stream); break;
-            case Kind::glu: launch_passes<T, NC, Kind::glu>(at, blocks, n, xc, passes, stream); break;
-            }
-        });
-    });
+    matmul_epilogue::launch_matmul<F32Family, kRowsPerBlock, kMaxColumns>(fn, type, n_in, outputs, n_outputs, e, x, "x",
+                                                                          n_in, n_cols, stream);
 }
 
 } // namespace
 
-bool matmul_supports(GgmlType type) {
-    return visit_format(type, [](auto) {});
-}
+bool matmul_supports(GgmlType type) { return F32Family::Formats::contains(type); }
 
 void matmul(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const float* x, int64_t n_cols,
             const float* bias, float* y, cudaStream_t stream) {
@@ -265,15 +233,14 @@ void matmul(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const flo
 
 void matmul_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, const float* x,
                     int64_t n_cols, bool accumulate, cudaStream_t stream) {
-    run_matmul("matmul_outputs", type, n_in, outputs, n_outputs, accumulate ? Epilogue::add : Epilogue::store, x,
+    run_matmul("matmul_outputs", type, n_in, outputs, n_outputs, matmul_epilogue::outputs_epilogue(accumulate), x,
                n_cols, stream);
 }
 
 void matmul_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate, const void* w_up,
                 const float* b_up, GluActivation act, const float* x, int64_t n_cols, float* y, cudaStream_t stream) {
     const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
-    run_matmul("matmul_glu", type, n_in, outputs, 2,
-               act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh, x, n_cols, stream);
+    run_matmul("matmul_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), x, n_cols, stream);
 }
 
 void embed_rows(GgmlType type, const void* table, int64_t dim, const int32_t* tokens, int64_t n, float scale,
@@ -287,7 +254,7 @@ void embed_rows(GgmlType type, const void* table, int64_t dim, const int32_t* to
     const auto* t = static_cast<const uint8_t*>(table);
     const auto rb = static_cast<int64_t>(row_bytes(type, dim));
     const int d = static_cast<int>(dim);
-    visit_format(type, [&](auto tag) {
+    F32Family::Formats::visit(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         if (by_slices(dim)) {
             const int64_t slices = dim / 8;
@@ -300,8 +267,6 @@ void embed_rows(GgmlType type, const void* table, int64_t dim, const int32_t* to
         }
     });
 }
-
-#undef TERN_MATMUL_FORMATS
 
 } // namespace TERN_CUDA_ABI
 } // namespace tern::cuda

@@ -1,5 +1,5 @@
 #pragma once
-// What the decode matmuls (kernels/cuda/matmul.cu, matmul_q8.cu) launch and what they do with a row's sums:
+// What the decode matmuls (kernels/cuda/matmul.cu, matmul_q8.cu) launch, how, and what they do with a row's sums:
 // one launch covers up to kMaxMatmulOutputs matrices that read the same input (q, k and v), and the lane
 // that holds a column's sum stores it, adds it to the output (the residual add) or, in a GLU launch where
 // each warp reads the gate row and the up row of one output, combines the two (the gated FFN).
@@ -14,6 +14,7 @@
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/column_passes.h"
 #include "kernels/cuda/column_reduce.cuh"
+#include "kernels/cuda/format_list.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/runtime.h"
 
@@ -30,6 +31,12 @@ enum class Epilogue : uint8_t {
     geglu_tanh,   // y = geglu_tanh_f32(s_gate, s_up)
 };
 constexpr bool is_glu(Epilogue e) { return e == Epilogue::swiglu || e == Epilogue::geglu_tanh; }
+
+// The epilogues the entry points ask for: *_outputs stores or adds, *_glu combines with its activation.
+constexpr Epilogue outputs_epilogue(bool accumulate) { return accumulate ? Epilogue::add : Epilogue::store; }
+constexpr Epilogue glu_epilogue(GluActivation act) {
+    return act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh;
+}
 
 // The kernels' shapes, a template parameter: one matrix (matmul itself and the residual adds: with the
 // matrix a constant the kernel takes the registers the plain matmul took), several (picked per block at run
@@ -145,6 +152,40 @@ inline LaunchRows from_column(LaunchRows r, int64_t first) {
     for (int i = 0; i < kMaxMatmulOutputs; ++i)
         if (r.y[i]) r.y[i] += first * r.n_out[i];
     return r;
+}
+
+// Every launch of a decode matmul family (matmul.cu reads f32 columns of x, matmul_q8.cu quantized ones) once
+// the family has checked the format and n_in its own way: the matrices (launch_rows, with their checks) and
+// the alignment of the weights and of x, then, per group of column passes (column_passes::for_each_launch),
+// Family::launch_passes<T, NC, K>(rows, blocks, n_in, x from the pass's first column, passes, stream) for the
+// format, the pass's column count and the kernel shape. Family::Formats is the family's FormatList;
+// x_column_stride counts the X elements from one column of x to the next.
+template <class Family, int kRowsPerBlock, int kMaxColumns, class X>
+void launch_matmul(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs,
+                   Epilogue e, const X* x, const char* x_name, int64_t x_column_stride, int64_t n_cols,
+                   cudaStream_t stream) {
+    unsigned blocks = 0;
+    const auto rb = static_cast<int64_t>(row_bytes(type, n_in));
+    const LaunchRows rows = launch_rows(fn, outputs, n_outputs, rb, e, kRowsPerBlock, kMaxColumns, &blocks);
+    if (blocks == 0 || n_cols == 0) return;
+    check_weights_aligned(fn, outputs, n_outputs);
+    column_passes::check_aligned(fn, x, x_name);
+    const int n = static_cast<int>(n_in);
+    Family::Formats::visit(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
+            constexpr int NC = decltype(nc)::value;
+            const LaunchRows at = from_column(rows, first);
+            const X* xc = x + first * x_column_stride;
+            switch (kind_of(e, n_outputs)) {
+            case Kind::one: Family::template launch_passes<T, NC, Kind::one>(at, blocks, n, xc, passes, stream); break;
+            case Kind::several:
+                Family::template launch_passes<T, NC, Kind::several>(at, blocks, n, xc, passes, stream);
+                break;
+            case Kind::glu: Family::template launch_passes<T, NC, Kind::glu>(at, blocks, n, xc, passes, stream); break;
+            }
+        });
+    });
 }
 
 } // namespace matmul_epilogue

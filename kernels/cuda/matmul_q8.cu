@@ -28,9 +28,6 @@
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
 
-#define TERN_MATMUL_Q8_FORMATS(X)                                                                                      \
-    X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_NL) X(IQ4_XS)
-
 namespace {
 
 constexpr int kRowsPerBlock = 4;       // warps per block of the matmul
@@ -153,28 +150,17 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, K == Kind::one || NC == 1 
 
 // ---- host side ----------------------------------------------------------------------------------
 
-template <GgmlType T> using FormatTag = std::integral_constant<GgmlType, T>;
+// The quantized family for matmul_epilogue::launch_matmul: the formats q8_dot.cuh decodes, and its kernel.
+struct Q8Family {
+    using Formats = q8dot::Formats;
 
-// Calls f(FormatTag<type>{}) for a supported format; false for the others.
-template <class F> bool visit_format(GgmlType type, F&& f) {
-    switch (type) {
-#define TERN_VISIT(name)                                                                                               \
-    case GgmlType::name:                                                                                               \
-        f(FormatTag<GgmlType::name>{});                                                                                \
-        return true;
-        TERN_MATMUL_Q8_FORMATS(TERN_VISIT)
-#undef TERN_VISIT
-    default:
-        return false;
+    // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
+    template <GgmlType T, int NC, Kind K>
+    static void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const uint8_t* x, unsigned passes,
+                              cudaStream_t stream) {
+        launch(matmul_q8_units<T, NC, K>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
     }
-}
-
-// `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
-template <GgmlType T, int NC, Kind K>
-void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const uint8_t* x, unsigned passes,
-                   cudaStream_t stream) {
-    launch(matmul_q8_units<T, NC, K>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
-}
+};
 
 using column_passes::check_aligned;
 using column_passes::kIntMax;
@@ -190,37 +176,17 @@ void check_n_in(const char* fn, int64_t n_in, int64_t block, const std::string& 
         refuse(std::string(fn) + ": n_in = " + std::to_string(n_in) + " out of range");
 }
 
-// Every launch of matmul_q8, matmul_q8_outputs and matmul_q8_glu: checks, then one launch per group of
-// column passes.
+// Every launch of matmul_q8, matmul_q8_outputs and matmul_q8_glu: the format and size checks of quantized
+// columns, then the launches (matmul_epilogue::launch_matmul).
 void run_matmul_q8(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs,
                    Epilogue e, const void* x_q, int64_t n_cols, cudaStream_t stream) {
     if (!matmul_q8_supports(type))
         refuse(std::string(fn) + ": format " + std::string(type_name(type)) + " is not read");
     check_n_in(fn, n_in, block_elems(type), std::string(type_name(type)) + "'s block");
     if (n_cols < 0) refuse(std::string(fn) + ": n_cols = " + std::to_string(n_cols) + " out of range");
-    unsigned blocks = 0;
-    const auto rb = static_cast<int64_t>(row_bytes(type, n_in));
-    const LaunchRows rows =
-        matmul_epilogue::launch_rows(fn, outputs, n_outputs, rb, e, kRowsPerBlock, kMaxColumns, &blocks);
-    if (blocks == 0 || n_cols == 0) return;
-    matmul_epilogue::check_weights_aligned(fn, outputs, n_outputs);
-    check_aligned(fn, x_q, "x_q");
-    const auto* x = static_cast<const uint8_t*>(x_q);
-    const int64_t column_bytes = q8_column_bytes(n_in);
-    const int n = static_cast<int>(n_in);
-    visit_format(type, [&](auto tag) {
-        constexpr GgmlType T = decltype(tag)::value;
-        column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
-            constexpr int NC = decltype(nc)::value;
-            const LaunchRows at = matmul_epilogue::from_column(rows, first);
-            const uint8_t* xc = x + first * column_bytes;
-            switch (matmul_epilogue::kind_of(e, n_outputs)) {
-            case Kind::one: launch_passes<T, NC, Kind::one>(at, blocks, n, xc, passes, stream); break;
-            case Kind::several: launch_passes<T, NC, Kind::several>(at, blocks, n, xc, passes, stream); break;
-            case Kind::glu: launch_passes<T, NC, Kind::glu>(at, blocks, n, xc, passes, stream); break;
-            }
-        });
-    });
+    matmul_epilogue::launch_matmul<Q8Family, kRowsPerBlock, kMaxColumns>(fn, type, n_in, outputs, n_outputs, e,
+                                                                         static_cast<const uint8_t*>(x_q), "x_q",
+                                                                         q8_column_bytes(n_in), n_cols, stream);
 }
 
 } // namespace
@@ -243,9 +209,7 @@ void quantize_activations(const float* x, int64_t n_cols, int64_t n_in, void* ou
            static_cast<int>(n_in / kQ8ActBlock), static_cast<int>(q8_column_bytes(n_in)), static_cast<uint8_t*>(out));
 }
 
-bool matmul_q8_supports(GgmlType type) {
-    return visit_format(type, [](auto) {});
-}
+bool matmul_q8_supports(GgmlType type) { return Q8Family::Formats::contains(type); }
 
 void matmul_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const void* x_q, int64_t n_cols,
                const float* bias, float* y, cudaStream_t stream) {
@@ -255,7 +219,7 @@ void matmul_q8(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const 
 
 void matmul_q8_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs, const void* x_q,
                        int64_t n_cols, bool accumulate, cudaStream_t stream) {
-    run_matmul_q8("matmul_q8_outputs", type, n_in, outputs, n_outputs, accumulate ? Epilogue::add : Epilogue::store,
+    run_matmul_q8("matmul_q8_outputs", type, n_in, outputs, n_outputs, matmul_epilogue::outputs_epilogue(accumulate),
                   x_q, n_cols, stream);
 }
 
@@ -263,11 +227,8 @@ void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gat
                    const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
                    cudaStream_t stream) {
     const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
-    run_matmul_q8("matmul_q8_glu", type, n_in, outputs, 2,
-                  act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh, x_q, n_cols, stream);
+    run_matmul_q8("matmul_q8_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), x_q, n_cols, stream);
 }
-
-#undef TERN_MATMUL_Q8_FORMATS
 
 } // namespace TERN_CUDA_ABI
 } // namespace tern::cuda

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/format_list.h"
 #include "kernels/cuda/runtime.h"
 #include "quant/blocks.h"
 #include "quant/types.h"
@@ -181,6 +182,14 @@ template <> struct Q8Unit<GgmlType::Q4_0> : SingleScale {
     }
 };
 
+// The d and m that lead a Q4_1 / Q5_1 block (two f16, one 4-byte load); S counts each 8-element sum once.
+__device__ __forceinline__ void load_d_and_m(const uint8_t* b, WeightUnit& wu) {
+    const uint32_t dm = load_u32(b);
+    wu.d = f16_to_float(dm);
+    wu.m = f16_to_float(dm >> 16);
+    wu.min_bytes = 0x0101u;
+}
+
 // w = d * q + m.
 template <> struct Q8Unit<GgmlType::Q4_1> : ScaleAndOffset {
     static constexpr int kMaxDot = 16 * 15 * 128;
@@ -191,10 +200,7 @@ template <> struct Q8Unit<GgmlType::Q4_1> : ScaleAndOffset {
         split_nibbles(load_u32(qs), load_u32(qs + 4), n);
         TERN_UNROLL
         for (int i = 0; i < 4; ++i) wu.q[i] = static_cast<int>(n[i]);
-        const uint32_t dm = load_u32(b);
-        wu.d = f16_to_float(dm);
-        wu.m = f16_to_float(dm >> 16);
-        wu.min_bytes = 0x0101u;
+        load_d_and_m(b, wu);
     }
 };
 
@@ -224,10 +230,7 @@ template <> struct Q8Unit<GgmlType::Q5_1> : ScaleAndOffset {
         add_q5_high_bits(load_u32(b + offsetof(BlockQ5_1, qh)), u & 1, n);
         TERN_UNROLL
         for (int i = 0; i < 4; ++i) wu.q[i] = static_cast<int>(n[i]);
-        const uint32_t dm = load_u32(b);
-        wu.d = f16_to_float(dm);
-        wu.m = f16_to_float(dm >> 16);
-        wu.min_bytes = 0x0101u;
+        load_d_and_m(b, wu);
     }
 };
 
@@ -412,6 +415,11 @@ __device__ __forceinline__ float accumulate(const WeightUnit& w, const int4& a, 
     }
     return __fmaf_rn(__uint_as_float(meta.x), t, acc);
 }
+
+// The formats with a Q8Unit: those matmul_q8 and gemm_q8 read.
+using Formats = FormatList<GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                           GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                           GgmlType::IQ4_NL, GgmlType::IQ4_XS>;
 
 } // namespace q8dot
 } // namespace TERN_CUDA_ABI

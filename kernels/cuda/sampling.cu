@@ -19,16 +19,7 @@
 
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/row_reduce.cuh"
-
-// Loop unrolling for both compilers (g++ warns about the bare CUDA pragma); the same guard as the
-// kernels/cuda headers that define it.
-#ifndef TERN_UNROLL
-#if defined(__CUDACC__)
-#define TERN_UNROLL _Pragma("unroll")
-#else
-#define TERN_UNROLL _Pragma("GCC unroll 16")
-#endif
-#endif
+#include "kernels/cuda/unroll.h"
 
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
