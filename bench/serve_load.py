@@ -3,8 +3,9 @@
 
   serve_load.py streams --port P --clients N --max-tokens T --prompts FILE
       N concurrent streamed /v1/completions (greedy), prompt i = line i of FILE (cycled). Reports each
-      stream's time to first token, tokens, text, and the aggregate tok/s: all generated tokens over
-      the wall time from the first request sent to the last stream ended.
+      stream's time to first token, tokens, text; the aggregate tok/s (all generated tokens over the wall
+      time from the first request sent to the last stream's end) and the aggregate decode tok/s (the
+      tokens after each stream's first, over the time from the earliest first token to the last end).
   serve_load.py ttft --port P --busy B --prompt TEXT [--rounds R]
       Time to first token of a new request, R times on an idle server, then R times while B other
       streams decode (each started and producing tokens before the probe is sent). Medians.
@@ -89,11 +90,17 @@ def run_streams(args, prompts, clients, max_tokens):
         t.join()
     wall = max(r["end"] for r in results) - t0
     total = sum(r["n"] for r in results)
+    # Decode alone: the tokens after each stream's first, over the time from the earliest first token to
+    # the last stream's end (the prompts' prefill, before any stream's first token, left out).
+    firsts = [r["first"] for r in results if r["first"] is not None]
+    window = max(r["end"] for r in results) - min(firsts) if firsts else 0.0
+    decoded = sum(max(r["n"] - 1, 0) for r in results)
     return {
         "clients": clients,
         "wall_s": wall,
         "tokens": total,
         "aggregate_tok_s": total / wall if wall > 0 else 0.0,
+        "decode_tok_s": decoded / window if window > 0 else 0.0,
         "failed": sum(1 for r in results if r["status"] != 200),
         "streams": [{"ttft_ms": (r["first"] - r["sent"]) * 1e3 if r["first"] else None, "n": r["n"],
                      "text": r["text"], "status": r["status"]} for r in results],

@@ -21,6 +21,8 @@
 #   --model      default: Gemma 3 270M Q4_K_M (scripts/fetch_model.sh puts it in ~/.cache/tern/models)
 #   defaults: --rounds 3 --parallel 8 -n 128 --batch 200 --threads 2 (the machine's cores)
 # tern: $TERN, else build/bin/tern. llama-server: $LLAMA_SERVER, else built by llamacpp_cpu_bin.
+# LLAMA_SERVER_ARGS: extra llama-server flags (default "--no-repack": its AMX weight repacking crashes at
+# load on this Xeon, SIGSEGV, as llama-bench's does without --repack 0; set it to "" where it does not).
 set -u -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -86,7 +88,7 @@ tern_cmd=("$TERN" serve -m "$model" --device cpu -t "$threads" --parallel "$para
 pids+=($!); wait_health "$tern_port" "$work/tern.log" "${pids[-1]}" || exit 1
 llama_port=$(free_port)
 llama_cmd=("$LLAMA_SERVER" -m "$model" -t "$threads" -tb "$threads" -np "$parallel" -c $((ctx * parallel))
-           --host 127.0.0.1 --port "$llama_port")
+           --host 127.0.0.1 --port "$llama_port" ${LLAMA_SERVER_ARGS-"--no-repack"})
 "${llama_cmd[@]}" > "$work/llama.log" 2>&1 &
 pids+=($!); wait_health "$llama_port" "$work/llama.log" "${pids[-1]}" || exit 1
 llama_commit=$(curl -s "http://127.0.0.1:$llama_port/props" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("build_info","?"))' 2>/dev/null)
@@ -152,7 +154,7 @@ done
 
 # 4. Bad requests (tern), and the listening sockets of tern's port.
 python3 "$load" badreq --port "$tern_port" --model "$(basename "$model" .gguf)" > "$work/badreq.json" || exit 1
-listening=$(ss -Hltn "sport = :$tern_port" 2>/dev/null | awk '{print $4}' | sort -u | tr '\n' ' ')
+listening=$(ss -Hltn "sport = :$tern_port" 2>/dev/null | awk '{print $4}' | sort -u | paste -sd' ')
 kill -0 "${pids[0]}" 2>/dev/null && tern_alive=yes || tern_alive=NO
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 wait 2>/dev/null
@@ -184,8 +186,10 @@ def load(name):
     with open(f"{work}/{name}") as f:
         return json.load(f)
 med = statistics.median
-agg = {(tool, c): [load(f"streams-{tool}-{c}-{r}.json")["aggregate_tok_s"] for r in range(1, rounds + 1)]
-       for tool in ("tern", "llama") for c in (1, parallel)}
+def per_round(key):
+    return {(tool, c): [load(f"streams-{tool}-{c}-{r}.json")[key] for r in range(1, rounds + 1)]
+            for tool in ("tern", "llama") for c in (1, parallel)}
+agg, dec = per_round("aggregate_tok_s"), per_round("decode_tok_s")
 alone = [json.loads(l)["text"] for l in open(f"{work}/alone.jsonl")]
 same_alone = same_llama = total = 0
 short = 0
@@ -197,18 +201,22 @@ for r in range(1, rounds + 1):
         same_alone += s["text"] == alone[i]
         same_llama += s["text"] == l[i]["text"]
         short += s["n"] != n_gen or l[i]["n"] != n_gen
-print("## 1. Concurrent greedy streams (aggregate generated tok/s, median of %d rounds)\n" % rounds)
-print("| server | 1 stream | %d streams | %d streams / 1 |" % (parallel, parallel))
-print("|---|---:|---:|---:|")
+print("## 1. Concurrent greedy streams (tok/s, medians of %d rounds)\n" % rounds)
+print("Decode: the tokens after each stream's first over the time from the earliest first token to the last end;")
+print("wall: every generated token over the whole round, prefill of the prompts included.\n")
+print("| server | decode, 1 stream | decode, %d streams | %d / 1 | wall, 1 stream | wall, %d streams |" % (parallel, parallel, parallel))
+print("|---|---:|---:|---:|---:|---:|")
 for tool, name in (("tern", "tern serve"), ("llama", "llama-server")):
-    one, many = med(agg[(tool, 1)]), med(agg[(tool, parallel)])
-    print(f"| {name} | {one:.1f} | {many:.1f} | {many / one:.2f}x |")
-ratio = med(agg[("tern", parallel)]) / med(agg[("llama", parallel)])
-print(f"\ntern / llama-server at {parallel} streams: **{ratio:.2f}x** (rounds: tern "
-      + ", ".join(f"{x:.1f}" for x in agg[("tern", parallel)]) + "; llama-server "
-      + ", ".join(f"{x:.1f}" for x in agg[("llama", parallel)]) + ").")
-print(f"Every tern stream's text equal to `tern run` alone: **{same_alone}/{total}**; equal to llama-server's "
-      f"stream on the same prompt: {same_llama}/{total}; streams that stopped before {n_gen} tokens: {short}.\n")
+    one, many = med(dec[(tool, 1)]), med(dec[(tool, parallel)])
+    print(f"| {name} | {one:.1f} | {many:.1f} | {many / one:.2f}x | {med(agg[(tool, 1)]):.1f} | {med(agg[(tool, parallel)]):.1f} |")
+ratio = med(dec[("tern", parallel)]) / med(dec[("llama", parallel)])
+print(f"\ntern / llama-server, decode at {parallel} streams: **{ratio:.2f}x** (rounds: tern "
+      + ", ".join(f"{x:.1f}" for x in dec[("tern", parallel)]) + "; llama-server "
+      + ", ".join(f"{x:.1f}" for x in dec[("llama", parallel)]) + f"); wall: "
+      + f"{med(agg[('tern', parallel)]) / med(agg[('llama', parallel)]):.2f}x.")
+print(f"Every tern stream's text equal to `tern run` alone: **{same_alone}/{total}**; streams that stopped before "
+      f"{n_gen} tokens: {short}. Equal to llama-server's stream on the same prompt: {same_llama}/{total} (near-ties: "
+      f"llama-server's own greedy text changes with the number of streams beside it).\n")
 print("## 2. Time to first token of a new request (ms, median of %d probes)\n" % rounds)
 print("| server | idle | while %d streams decode | ratio |" % (parallel - 1))
 print("|---|---:|---:|---:|")
