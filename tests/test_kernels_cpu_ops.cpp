@@ -219,6 +219,35 @@ TEST_CASE("softmax_f32, silu_f32, gelu_tanh_f32, swiglu/geglu and softcap match 
     }
 }
 
+TEST_CASE("argmax_f32 is the plain scan's id: lowest of ties, NaN never larger, a NaN first wins, +0 == -0") {
+    auto plain = [](const std::vector<float>& x) {
+        int64_t best = 0;
+        for (int64_t t = 1; t < static_cast<int64_t>(x.size()); ++t)
+            if (x[size_t(t)] > x[size_t(best)]) best = t;
+        return best;
+    };
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int> small(-3, 3);   // few distinct values: many ties
+    int checked = 0;
+    for (int64_t n : {1, 2, 15, 16, 17, 33, 1000, 262144}) {
+        for (int trial = 0; trial < 6; ++trial) {
+            CAPTURE(n);
+            CAPTURE(trial);
+            std::vector<float> x(static_cast<size_t>(n));
+            for (float& v : x) v = static_cast<float>(small(rng));
+            if (trial >= 1) x[rng() % x.size()] = nan;
+            if (trial == 2) x[0] = nan;
+            if (trial == 3) { for (float& v : x) v = v == 0.0f ? -0.0f : -inf; x[rng() % x.size()] = 0.0f; }
+            if (trial == 4) x[rng() % x.size()] = inf;
+            if (trial == 5) for (float& v : x) v = nan;
+            CHECK(argmax_f32(x.data(), n) == plain(x));
+            ++checked;
+        }
+    }
+    CHECK(checked == 48);
+}
+
 TEST_CASE("dot_f32 matches a double-precision sum") {
     for (int64_t n : {1, 3, 15, 16, 17, 64, 255, 1000, 4096}) {
         CAPTURE(n);

@@ -314,6 +314,46 @@ TEST_CASE("every SIMD dot kernel matches its scalar twin by normalised error") {
     MESSAGE("SIMD dot comparisons: " << tested << " (default set: " << std::string(cpu_isa_name(cpu_kernels().isa)) << ")");
 }
 
+TEST_CASE("several-column dot kernels give each column the single-column kernel's bits") {
+    // Batch invariance (dot.h): a column's result may not depend on the columns beside it. Columns sit at a
+    // stride with a gap (as activation rows of a wider buffer might), outputs at a stride, 1..kDotCols columns.
+    int tested = 0;
+    for (CpuIsa isa : kIsas) {
+        const CpuKernels* k = cpu_kernels_for(isa);
+        if (!k) continue;
+        for (GgmlType t : kWeightTypes) {
+            const VecDotColsFn cols = k->find_dot_cols(t);
+            if (!cols) continue;
+            const ActFormat af = act_format_for(t);
+            for (int64_t n : sizes_for(t)) {
+                CAPTURE(cpu_isa_name(isa));
+                CAPTURE(type_name(t));
+                CAPTURE(n);
+                const auto w = to_weights(t, random_row(n, 11 + uint32_t(n)));
+                const size_t stride = act_row_bytes(af, n) + 64;
+                std::vector<unsigned char> acts(stride * kDotCols);
+                for (int c = 0; c < kDotCols; ++c) {
+                    const auto a = quantize_act(*k, af, random_row(n, 100 + uint32_t(c) + uint32_t(n)));
+                    std::memcpy(acts.data() + stride * size_t(c), a.data(), a.size());
+                }
+                for (int n_cols = 1; n_cols <= kDotCols; ++n_cols) {
+                    std::vector<float> out(size_t(3 * kDotCols), -1.0f);
+                    cols(n, w.data(), acts.data(), stride, n_cols, out.data(), 3);
+                    for (int c = 0; c < kDotCols; ++c) {
+                        const float want = c < n_cols ? k->dot(t)(n, w.data(), acts.data() + stride * size_t(c)) : -1.0f;
+                        CHECK(std::memcmp(&out[size_t(3 * c)], &want, sizeof want) == 0);
+                    }
+                    ++tested;
+                }
+            }
+        }
+    }
+    MESSAGE("several-column dot comparisons: " << tested);
+#if defined(__x86_64__)
+    if (cpu_kernels_for(CpuIsa::avx2)) CHECK(tested > 0);   // x86 sets have the Q5_0 one
+#endif
+}
+
 TEST_CASE("SIMD dot kernels read unaligned rows") {
     // Rows of 18-, 22- or 110-byte blocks are only 2-byte aligned inside a tensor (4 for f32 and Q8_K, whose
     // structs hold floats); never 16- or 32-byte aligned. Offset 4 keeps the structs' alignment (anything less

@@ -252,10 +252,7 @@ void CpuBackend::argmax(std::span<int32_t> per_row) {
                          std::to_string(n_logit_rows_));
     for (size_t r = 0; r < per_row.size(); ++r) {
         const std::span<const float> row = logits(static_cast<int>(r));
-        int32_t best = 0;
-        for (int32_t t = 1; t < static_cast<int32_t>(row.size()); ++t)
-            if (row[static_cast<size_t>(t)] > row[static_cast<size_t>(best)]) best = t; // lowest id wins ties
-        per_row[r] = best;
+        per_row[r] = static_cast<int32_t>(argmax_f32(row.data(), static_cast<int64_t>(row.size())));
     }
 }
 

@@ -55,6 +55,13 @@ VecDotFn CpuKernels::dot(GgmlType w) const {
     return f;
 }
 
+VecDotColsFn CpuKernels::find_dot_cols(GgmlType w) const {
+    switch (w) {
+    case GgmlType::Q5_0: return q5_0_cols;
+    default: return nullptr;
+    }
+}
+
 CpuKernels::Packed CpuKernels::packed(GgmlType w) const {
     switch (w) {
     case GgmlType::Q4_0: return packed_q4_0;

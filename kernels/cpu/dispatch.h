@@ -50,6 +50,8 @@ struct CpuKernels {
     VecDotFn iq4_nl = nullptr, iq4_xs = nullptr, f8_e4m3 = nullptr;
     VecDotFn f16 = nullptr, bf16 = nullptr, f32 = nullptr;
     QuantizeActFn quantize[6] = {};   // indexed by ActFormat
+    // Several columns a row (dot.h), where the ISA has them: null otherwise.
+    VecDotColsFn q5_0_cols = nullptr;
 
     // Tiles over row-interleaved packed weights (gemm_packed.h) per packed format, and the decode kernel that
     // reads several groups side by side. A null tile: this set has none, so those weights stay in the file layout
@@ -73,6 +75,8 @@ struct CpuKernels {
     VecDotFn find_dot(GgmlType w) const;
     // The same, throwing std::invalid_argument when there is none.
     VecDotFn dot(GgmlType w) const;
+    // The several-column kernel for weight format `w`, or nullptr (then call the dot kernel per column).
+    VecDotColsFn find_dot_cols(GgmlType w) const;
     QuantizeActFn quantizer(ActFormat f) const { return quantize[static_cast<int>(f)]; }
     // The packed kernels for weight format `w` (both null for a format without a packed layout).
     Packed packed(GgmlType w) const;

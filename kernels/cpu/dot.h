@@ -27,6 +27,15 @@ enum class ActFormat : uint8_t { f32, f16, bf16, q8_0, q8_1, q8_k };
 
 using VecDotFn = float (*)(int64_t n, const void* w_row, const void* act_row);
 
+// One weight row against n_cols = 1..kDotCols activation columns: out[c * out_stride] = the format's VecDotFn of
+// (w_row, act + c * act_stride), each column by that kernel's very instructions in its order, so a column's bits
+// do not depend on the others (a sequence's logits are the same alone or in a batch). The weight blocks are
+// unpacked once for all the columns: what a step decoding several sequences saves. Formats whose unpacking is
+// a large share of the dot have one (CpuKernels::find_dot_cols); the others loop over the columns.
+inline constexpr int kDotCols = 4;
+using VecDotColsFn = void (*)(int64_t n, const void* w_row, const void* act, size_t act_stride, int n_cols, float* out,
+                              size_t out_stride);
+
 // The activation format ggml (and therefore tern) pairs with weight format `w`. Throws InputError for a
 // weight format without a dot kernel.
 ActFormat act_format_for(GgmlType w);

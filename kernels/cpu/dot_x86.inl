@@ -133,6 +133,40 @@ float vec_dot_q5_0_q8_0_x86(int64_t n, const void* w, const void* x) {
     return hsum_ps(acc);
 }
 
+// vec_dot_q5_0_q8_0_x86 for C columns: each block's codes are rebuilt once, then every column runs the
+// single-column kernel's instructions in its order (its bits are that kernel's).
+template <int C>
+void dot_cols_q5_0_q8_0_x86(int64_t n, const void* w, const void* x, size_t x_stride, float* out, size_t out_stride) {
+    const auto* wb = static_cast<const BlockQ5_0*>(w);
+    const BlockQ8_0* xb[C];
+    __m256 acc[C];
+    for (int c = 0; c < C; ++c) {
+        xb[c] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(x) + static_cast<size_t>(c) * x_stride);
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < n / QK5_0; ++b) {
+        const __m256i hi = _mm256_andnot_si256(bits32(wb[b].qh), _mm256_set1_epi8(static_cast<char>(0xF0)));
+        const __m256i q = _mm256_or_si256(nibbles32(wb[b].qs), hi);
+        const float dw = f16s(wb[b].d);
+        for (int c = 0; c < C; ++c) {
+            const __m256 p = _mm256_cvtepi32_ps(mul_sum_i8(q, loadu256(xb[c][b].qs)));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16s(xb[c][b].d)), p, acc[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) out[static_cast<size_t>(c) * out_stride] = hsum_ps(acc[c]);
+}
+
+void vec_dot_cols_q5_0_q8_0_x86(int64_t n, const void* w, const void* x, size_t x_stride, int n_cols, float* out,
+                                size_t out_stride) {
+    static_assert(kDotCols == 4, "handles 1..4 columns");
+    switch (n_cols) {
+    case 1: dot_cols_q5_0_q8_0_x86<1>(n, w, x, x_stride, out, out_stride); break;
+    case 2: dot_cols_q5_0_q8_0_x86<2>(n, w, x, x_stride, out, out_stride); break;
+    case 3: dot_cols_q5_0_q8_0_x86<3>(n, w, x, x_stride, out, out_stride); break;
+    default: dot_cols_q5_0_q8_0_x86<4>(n, w, x, x_stride, out, out_stride); break;
+    }
+}
+
 float vec_dot_q5_1_q8_1_x86(int64_t n, const void* w, const void* x) {
     const auto* wb = static_cast<const BlockQ5_1*>(w);
     const auto* xb = static_cast<const BlockQ8_1*>(x);
@@ -545,6 +579,7 @@ void fill_x86_256(CpuKernels& k) {
     k.q4_0 = vec_dot_q4_0_q8_0_x86;
     k.q4_1 = vec_dot_q4_1_q8_1_x86;
     k.q5_0 = vec_dot_q5_0_q8_0_x86;
+    k.q5_0_cols = vec_dot_cols_q5_0_q8_0_x86;
     k.q5_1 = vec_dot_q5_1_q8_1_x86;
     k.q8_0 = vec_dot_q8_0_q8_0_x86;
     k.q2_k = vec_dot_q2_k_q8_k_x86;

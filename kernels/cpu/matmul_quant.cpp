@@ -45,11 +45,14 @@ void matmul_q(const WeightMatrixView& w, const QuantizedActs& x, float* y, int n
 
     const CpuKernels& k = kernels ? *kernels : cpu_kernels();
     const VecDotFn dot = k.dot(w.type);
+    // Its bits per column are dot's (dot.h), so which of the two runs changes no output.
     const size_t wstride = w.row_stride ? w.row_stride : row_bytes(w.type, w.n_in);
     const size_t xstride = x.col_stride ? x.col_stride : act_row_bytes(x.format, x.n_in);
     const auto* wbase = static_cast<const unsigned char*>(w.data);
     const auto* xbase = static_cast<const unsigned char*>(x.data);
     const int64_t n_in = w.n_in, n_out = w.n_out, n_cols = x.n_cols;
+    // Its bits per column are dot's (dot.h), so which of the two runs changes no output.
+    const VecDotColsFn dot_cols = n_cols > 1 ? k.find_dot_cols(w.type) : nullptr;
 
     // Rows per work item: decode takes chunks of 16 rows (a few KiB of weights, enough to amortise the
     // loop); prefill takes L2-sized tiles.
@@ -66,7 +69,16 @@ void matmul_q(const WeightMatrixView& w, const QuantizedActs& x, float* y, int n
     parallel_for(n_items, nt, max_batch, [&](int64_t item0, int64_t item1) {
         const int64_t r0 = item0 * rows_per_item;
         const int64_t r1 = std::min(n_out, item1 * rows_per_item);
-        if (n_cols <= 8) {
+        if (dot_cols) {
+            // kDotCols columns at a time over the item's rows: each row's blocks unpacked once per pass.
+            for (int64_t c0 = 0; c0 < n_cols; c0 += kDotCols) {
+                const int cols = static_cast<int>(std::min<int64_t>(kDotCols, n_cols - c0));
+                const unsigned char* xc = xbase + static_cast<size_t>(c0) * xstride;
+                for (int64_t r = r0; r < r1; ++r)
+                    dot_cols(n_in, wbase + static_cast<size_t>(r) * wstride, xc, xstride, cols, y + c0 * n_out + r,
+                             static_cast<size_t>(n_out));
+            }
+        } else if (n_cols <= 8) {
             for (int64_t r = r0; r < r1; ++r) {
                 const unsigned char* wr = wbase + static_cast<size_t>(r) * wstride;
                 for (int64_t c = 0; c < n_cols; ++c) y[c * n_out + r] = dot(n_in, wr, xbase + static_cast<size_t>(c) * xstride);

@@ -130,6 +130,23 @@ void softcap_f32(float* x, int64_t n, float cap) {
         x[i] = cap * std::tanh(x[i] / cap);
 }
 
+int64_t argmax_f32(const float* x, int64_t n) {
+    const float first = x[0];
+    if (first != first) return 0;   // NaN at 0: nothing compares larger
+    constexpr int lanes = 16;
+    float lane[lanes];
+    for (float& l : lane) l = first;
+    int64_t i = 0;
+    for (; i + lanes <= n; i += lanes)
+        for (int j = 0; j < lanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+    float best = first;
+    for (float l : lane) best = l > best ? l : best;
+    for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+    for (int64_t t = 0; t < n; ++t)
+        if (x[t] == best) return t;
+    return 0;   // unreachable: best is one of x
+}
+
 float dot_f32(const float* a, const float* b, int64_t n) {
     constexpr int lanes = 16;
     float acc[lanes] = {};

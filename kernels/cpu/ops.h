@@ -52,6 +52,12 @@ void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n, int
 // c * tanh(x / c) over n floats (gemma2 logit and attention soft-capping).
 void softcap_f32(float* x, int64_t n, float cap);
 
+// The id of the largest of n >= 1 floats, the lowest id among equal ones (+0 and -0 are equal); NaN never
+// counts as larger, and a NaN at id 0 wins (what `if (x[t] > x[best]) best = t` from best = 0 gives, the
+// rule every backend's argmax follows). Two passes the compiler vectorises: the largest value in 16
+// independent lanes, then its first id.
+int64_t argmax_f32(const float* x, int64_t n);
+
 // Dot product of two f32 vectors with 16 independent partial sums combined in a fixed order:
 // the compiler vectorises it without -ffast-math, and the result does not depend on threads.
 float dot_f32(const float* a, const float* b, int64_t n);
