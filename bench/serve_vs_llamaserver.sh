@@ -26,6 +26,7 @@
 set -u -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
+argv=("$@")
 quick=0
 out=""
 model=$HOME/.cache/tern/models/gemma-3-270m-q4_k_m.gguf
@@ -255,9 +256,11 @@ PY
     echo
     echo "$report"
     echo
-    echo "Commands:"
+    echo "Made by \`bash bench/serve_vs_llamaserver.sh$(printf ' %s' "${argv[@]}")\`, which ran the servers as"
     echo
-    echo "    ${tern_cmd[*]/#$HOME/~}"
-    echo "    ${llama_cmd[*]/#$HOME/~}"
-    echo "    bench/serve_load.py streams|ttft|badreq --port PORT ...   (this script: bench/serve_vs_llamaserver.sh)"
+    echo "    ${tern_cmd[*]}"
+    echo "    ${llama_cmd[*]}"
+    echo
+    echo "and drove them with bench/serve_load.py (streams, ttft, badreq); the batch part ran"
+    echo "\`tern run --batch FILE --parallel $parallel --no-prompt-cache\` against one \`tern run -p PROMPT -n 32 --temp 0 --no-prompt-cache\` per line."
 } | tee ${out:+"$out"}
