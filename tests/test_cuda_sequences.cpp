@@ -22,6 +22,7 @@
 #include "engine/generation/session.h"
 #include "engine/model.h"
 #include "engine/text/tokenizer.h"
+#include "tests/sequence_test_data.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -49,19 +50,6 @@ std::unique_ptr<Backend> cuda_backend(const Model& m, bool exact, int32_t n_ctx,
     return load_backend(std::make_unique<CudaBackend>(o), m, n_ctx, pool);
 }
 
-std::vector<int32_t> tokens(const Model& m, int32_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int32_t> dist(3, std::min(m.config.vocab, 500) - 1);
-    std::vector<int32_t> t;
-    for (int32_t i = 0; i < n; ++i) t.push_back(dist(rng));
-    return t;
-}
-
-std::vector<float> row(Backend& b, int r) {
-    const std::span<const float> l = b.logits(r);
-    return {l.begin(), l.end()};
-}
-
 // One multi-sequence forward: (seq, tokens) parts, each keeping its last row or all of them.
 struct Part {
     int32_t seq;
@@ -84,7 +72,7 @@ std::vector<std::vector<float>> forward_parts(Backend& b, const std::vector<Part
     std::vector<std::vector<float>> rows;
     for (const Part& p : parts)
         for (size_t i = 0; i < (p.wanted == LogitsWanted::all ? p.tokens.size() : 1); ++i)
-            rows.push_back(row(b, static_cast<int>(rows.size())));
+            rows.push_back(test::logit_row(b, static_cast<int>(rows.size())));
     return rows;
 }
 
@@ -116,7 +104,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The script both backends run: every step's kept rows, compared by the caller.
 void run_script(Backend& b, const Model& m, const std::function<void(Backend&, const std::vector<Part>&)>& step) {
-    const std::vector<int32_t> p0 = tokens(m, 12, 1), p1 = tokens(m, 140, 2), d = tokens(m, 6, 3);
+    const std::vector<int32_t> p0 = test::random_tokens(m, 12, 1);
+    const std::vector<int32_t> p1 = test::random_tokens(m, 140, 2);
+    const std::vector<int32_t> d = test::random_tokens(m, 6, 3);
     b.seq_create(1);
     // Sequence 1's prompt crosses a page (128 positions) in two chunks; sequence 0 decodes beside it.
     step(b, {{0, p0, LogitsWanted::all}, {1, {p1.begin(), p1.begin() + 90}}});
@@ -182,7 +172,9 @@ TEST_CASE("CUDA sequences: a sequence's logits are the same bits alone and among
     // The default arithmetic (int8 activations): a single-sequence forward of 16 tokens or more would take
     // the tensor-core GEMM. Sequence A alone runs forwards of 10, 1 and 1 tokens; among others the same
     // spans share forwards of 40, 19 and 2 tokens, and B's and C's rows are checked the same way.
-    const std::vector<int32_t> a = tokens(m, 12, 4), bt = tokens(m, 31, 5), c = tokens(m, 18, 6);
+    const std::vector<int32_t> a = test::random_tokens(m, 12, 4);
+    const std::vector<int32_t> bt = test::random_tokens(m, 31, 5);
+    const std::vector<int32_t> c = test::random_tokens(m, 18, 6);
     const std::vector<int32_t> a0(a.begin(), a.begin() + 10);
     auto alone = [&](const std::vector<std::vector<int32_t>>& chunks) {
         auto b = cuda_backend(m, false, 256, 256);

@@ -13,6 +13,7 @@
 #include "engine/backend_factory.h"
 #include "engine/load_errors.h"
 #include "engine/model.h"
+#include "tests/sequence_test_data.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -27,19 +28,6 @@ std::unique_ptr<Backend> cpu_backend(const Model& m, int32_t n_ctx, int32_t pool
     return b;
 }
 
-std::vector<int32_t> tokens(const Model& m, int32_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int32_t> dist(3, std::min(m.config.vocab, 500) - 1);
-    std::vector<int32_t> t;
-    for (int32_t i = 0; i < n; ++i) t.push_back(dist(rng));
-    return t;
-}
-
-std::vector<float> row(Backend& b, int r) {
-    const std::span<const float> l = b.logits(r);
-    return {l.begin(), l.end()};
-}
-
 // The last logits after feeding `chunks` one forward each to a backend of its own: the reference.
 std::vector<std::vector<float>> alone(const Model& m, const std::vector<std::vector<int32_t>>& chunks, int threads) {
     auto b = cpu_backend(m, 512, 0, threads);
@@ -49,7 +37,7 @@ std::vector<std::vector<float>> alone(const Model& m, const std::vector<std::vec
         batch.tokens = c;
         batch.pos0 = b->n_past();
         b->forward(batch);
-        out.push_back(row(*b, 0));
+        out.push_back(test::logit_row(*b, 0));
     }
     return out;
 }
@@ -61,8 +49,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 void check_batched_equals_alone(const Model& m, int threads) {
     // Three sequences: prompts across page boundaries (128 positions), fed in chunks of different sizes,
     // then decoded a token at a time, all in shared forwards.
-    const std::vector<int32_t> p0 = tokens(m, 5, 1), p1 = tokens(m, 140, 2), p2 = tokens(m, 270, 3);
-    const std::vector<int32_t> d = tokens(m, 3, 4);
+    const std::vector<int32_t> p0 = test::random_tokens(m, 5, 1);
+    const std::vector<int32_t> p1 = test::random_tokens(m, 140, 2);
+    const std::vector<int32_t> p2 = test::random_tokens(m, 270, 3);
+    const std::vector<int32_t> d = test::random_tokens(m, 3, 4);
     // seq 0: p0, then d[0], d[1], d[2]; seq 1: p1 in two chunks, then d[0], d[1];
     // seq 2: p2 in chunks of 100 and 170, then d[2].
     const std::vector<int32_t> p1a(p1.begin(), p1.begin() + 90), p1b(p1.begin() + 90, p1.end());
@@ -99,7 +89,7 @@ void check_batched_equals_alone(const Model& m, int threads) {
         b->forward(batch);
         for (size_t p = 0; p < steps[s].parts.size(); ++p) {
             CAPTURE(p);
-            CHECK(same_bits(row(*b, static_cast<int>(p)), *steps[s].expect[p]));
+            CHECK(same_bits(test::logit_row(*b, static_cast<int>(p)), *steps[s].expect[p]));
         }
     }
     CHECK(b->seq_n_past(0) == 8);
@@ -130,7 +120,9 @@ TEST_CASE("a multi-sequence forward gives each sequence the bits it gets alone")
 TEST_CASE("seq_fork shares a prefix: both sequences go on as if each had computed it") {
     if (!test::shared_available()) return;
     const Model m = load_model(test::shared_path("models/gguf/llama2xs-tok512-q8_0.gguf").string());
-    const std::vector<int32_t> prompt = tokens(m, 150, 9), a = tokens(m, 2, 10), c = tokens(m, 2, 11);
+    const std::vector<int32_t> prompt = test::random_tokens(m, 150, 9);
+    const std::vector<int32_t> a = test::random_tokens(m, 2, 10);
+    const std::vector<int32_t> c = test::random_tokens(m, 2, 11);
     const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 133);
     const auto ra = alone(m, {prompt, a}, 2);
     const auto rc = alone(m, {head, c}, 2);
@@ -148,8 +140,8 @@ TEST_CASE("seq_fork shares a prefix: both sequences go on as if each had compute
     step.tokens = both;
     step.spans = spans;
     b->forward(step);
-    CHECK(same_bits(row(*b, 0), rc[1]));
-    CHECK(same_bits(row(*b, 1), ra[1]));
+    CHECK(same_bits(test::logit_row(*b, 0), rc[1]));
+    CHECK(same_bits(test::logit_row(*b, 1), ra[1]));
     CHECK(b->kv_pool().pages_in_use == 3);   // sequence 1 copied the page it wrote into
     CHECK(b->seq_n_past(1) == 135);
     CHECK(b->n_past() == 152);
@@ -160,7 +152,7 @@ TEST_CASE("multi-sequence batches: bad spans are refused, an exhausted pool thro
     const Model m = load_model(test::shared_path("models/gguf/stories260K-f32.gguf").string());
     auto b = cpu_backend(m, 256, 256, 1);   // two pages in all
     b->seq_create(1);
-    const std::vector<int32_t> t = tokens(m, 4, 5);
+    const std::vector<int32_t> t = test::random_tokens(m, 4, 5);
     ForwardBatch batch;
     batch.tokens = t;
     const std::vector<SequenceSpan> twice = {{1, 2, LogitsWanted::last}, {1, 2, LogitsWanted::last}};
@@ -176,7 +168,7 @@ TEST_CASE("multi-sequence batches: bad spans are refused, an exhausted pool thro
     batch.spans = empty_span;
     CHECK_THROWS_AS(b->forward(batch), UsageError);
     // Two sequences of 200 positions need four pages; the pool has two.
-    const std::vector<int32_t> many = tokens(m, 400, 6);
+    const std::vector<int32_t> many = test::random_tokens(m, 400, 6);
     const std::vector<SequenceSpan> big = {{0, 200, LogitsWanted::last}, {1, 200, LogitsWanted::last}};
     batch.tokens = many;
     batch.spans = big;

@@ -578,7 +578,8 @@ bool BatchEngine::forward_step(std::vector<JobPtr>& spanned, std::vector<int32_t
         int64_t budget = static_cast<int64_t>(std::max(options_.step_tokens, 1)) - info.decode_tokens;
         for (const JobPtr& j : running_) {
             if (j->decoding || j->seq < 0 || budget <= 0) continue;
-            const int32_t n = static_cast<int32_t>(std::min<int64_t>(budget, static_cast<int64_t>(j->target.size() - j->kv.size())));
+            const auto left = static_cast<int64_t>(j->target.size() - j->kv.size());   // prompt tokens not yet in KV
+            const auto n = static_cast<int32_t>(std::min<int64_t>(budget, left));
             const auto first = j->target.begin() + static_cast<std::ptrdiff_t>(j->kv.size());
             tokens.insert(tokens.end(), first, first + n);
             spans.push_back({j->seq, n, LogitsWanted::last});
@@ -691,17 +692,8 @@ void BatchEngine::finish_job(Job& j, StopReason reason) {
     r.timings.decode_ms = j.prefilled ? ms_between(j.decode_started, done) : 0.0;
     r.timings.first_token_ms = ms_between(j.submitted, j.shown ? j.first_piece : done);
     r.timings.total_ms = ms_between(j.submitted, done);
-    release_seq(j, r.stop_reason != StopReason::cancelled);
-    JobPtr keep_alive;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        const auto it = std::find_if(running_.begin(), running_.end(), [&j](const JobPtr& p) { return p.get() == &j; });
-        if (it != running_.end()) {
-            keep_alive = std::move(*it);
-            running_.erase(it);
-        }
-    }
-    finish(j, std::move(r));
+    const bool keep_prefix = r.stop_reason != StopReason::cancelled;
+    retire(j, std::move(r), keep_prefix);
 }
 
 void BatchEngine::fail_job(Job& j, std::string message) {
@@ -714,8 +706,13 @@ void BatchEngine::fail_job(Job& j, std::string message) {
     r.timings.queue_ms = ms_between(j.submitted, j.stream ? j.started : done);
     r.timings.first_token_ms = ms_between(j.submitted, j.shown ? j.first_piece : done);
     r.timings.total_ms = ms_between(j.submitted, done);
-    release_seq(j, false);   // a forward that failed half-way leaves its positions in an unknown state
-    JobPtr keep_alive;
+    retire(j, std::move(r), false);   // a forward that failed half-way leaves its positions in an unknown state
+}
+
+// The request leaves the running set: its sequence released (kept for its prefix when keep_prefix), then on_done.
+void BatchEngine::retire(Job& j, BatchResult r, bool keep_prefix) {
+    release_seq(j, keep_prefix);
+    JobPtr keep_alive;   // j lives until finish() returns
     {
         std::lock_guard<std::mutex> lock(mutex_);
         const auto it = std::find_if(running_.begin(), running_.end(), [&j](const JobPtr& p) { return p.get() == &j; });

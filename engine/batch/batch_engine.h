@@ -246,6 +246,7 @@ private:
     void preempt(Job& job);
     void finish_job(Job& job, StopReason reason);
     void fail_job(Job& job, std::string message);
+    void retire(Job& job, BatchResult result, bool keep_prefix);
     void release_seq(Job& job, bool keep);
     bool drop_oldest_held();
     int32_t new_seq_id() const;
