@@ -536,7 +536,7 @@ if wanted synth && [ -x "$tern" ]; then
 fi
 run_step tests tests
 for suite in test_cuda_matmul test_cuda_matmul_q8 test_cuda_fused test_cuda_gemm_q8 test_cuda_attention \
-             test_cuda_elementwise test_cuda_rope test_cuda_sampling; do
+             test_cuda_elementwise test_cuda_rope test_cuda_sampling test_cuda_sequences; do
     [ -f "$root/tests/$suite.cpp" ] && run_step "memcheck:$suite" memcheck_one "$suite"
 done
 run_step backend backend
