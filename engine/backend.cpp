@@ -27,6 +27,10 @@ void check_seq_truncate(int32_t seq, int32_t n, int32_t n_past) {
                          std::to_string(seq) + ", it holds " + std::to_string(n_past));
 }
 
+void check_seq_free(int32_t seq) {
+    if (seq == 0) throw UsageError("seq_free: sequence 0 is the backend's own; truncate it instead");
+}
+
 void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ctx, int32_t vocab,
                          const std::function<int32_t(int32_t seq)>& n_past_of) {
     const int64_t n = static_cast<int64_t>(batch.tokens.size());

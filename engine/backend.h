@@ -94,6 +94,8 @@ void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ct
 
 // Throws UsageError unless seq_truncate may keep n positions of a sequence holding n_past.
 void check_seq_truncate(int32_t seq, int32_t n, int32_t n_past);
+// Throws UsageError for seq_free(0): sequence 0 is the backend's own (truncate it instead).
+void check_seq_free(int32_t seq);
 
 // How full a paged KV cache is (Backend::kv_pool).
 struct KvPoolUse {

@@ -257,7 +257,7 @@ void CpuBackend::argmax(std::span<int32_t> per_row) {
 }
 
 void CpuBackend::seq_free(int32_t seq) {
-    if (seq == 0) throw UsageError("seq_free: sequence 0 is the backend's own; truncate it instead");
+    check_seq_free(seq);
     kv_.free(seq);
 }
 

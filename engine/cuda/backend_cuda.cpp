@@ -740,7 +740,7 @@ void CudaBackend::kv_truncate(int32_t n_past) {
 }
 
 void CudaBackend::seq_free(int32_t seq) {
-    if (seq == 0) throw UsageError("seq_free: sequence 0 is the backend's own; truncate it instead");
+    check_seq_free(seq);
     kv_.free(seq);
 }
 
