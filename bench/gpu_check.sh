@@ -14,6 +14,7 @@
 # Usage: bench/gpu_check.sh [--with-llamacpp] [--only STEPS] [--skip STEPS] [--budget S] [--arch SM]
 #                           [--shape S] [--formats "q4_k_m q8_0 f16 f8_e4m3"] [-r N] [-j N] [--quick]
 #        bench/gpu_check.sh --prepare [--with-llamacpp]     (with network, beforehand: see "Preparing" below)
+#        bench/gpu_check.sh --pack [--arch SM] [--with-llamacpp]   (beforehand: see "A prebuilt pack" below)
 #        bench/gpu_check.sh --synth-only [--shape S] [--formats ...]   (only write the model files)
 #   --with-llamacpp  also build llama.cpp's CUDA backend (in the background, paused while tern is timed)
 #                    and run llama-bench on the same files after tern's benchmarks
@@ -22,6 +23,7 @@
 #                    packages, gpu and deps, always run; a second run on the same machine with
 #                    `--only synth,bandwidth,bench,llamacpp` reuses the build, the models and llama.cpp's build)
 #   --budget S       seconds for the whole run (default 540); -r N: tern bench repetitions (default 3)
+#   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the nine kernel suites)
 #   --arch SM        CUDA architecture (default: nvidia-smi's compute capability, e.g. 90 on H100/H200)
 #   --quick          q4_k_m only, one repetition, prefill 512 + decode 128 at depth 0: the plumbing, not numbers
 #   -j N             build jobs (default: the CPUs online)
@@ -46,6 +48,15 @@
 #   .peer/llama.cpp  llama.cpp's source (bench/llamacpp_cuda.sh --prepare), with --with-llamacpp
 # and prints the size of the working tree with .peer. Copy both to the GPU machine and run there, from the
 # repository root: bash bench/gpu_check.sh --with-llamacpp
+#
+# A prebuilt pack (when the GPU's minutes are few: the build then costs none of them): `bench/gpu_check.sh
+# --pack --arch 90 [--with-llamacpp]` builds, here and with nvcc but no GPU, tern and the CUDA suites for that
+# architecture (device mode, stripped; build-gpu-pack/, TERN_PACK_BUILD), and writes .peer/gpu-pack.tar.xz:
+# bin/ (tern, the suites, and llama-bench from bench/llamacpp_cuda.sh --build with --with-llamacpp), lib/
+# (the run-time libraries they link, but the C/C++ runtime and CUDA's), shared/ (the ../shared files the
+# CUDA suites read) and PACK.txt. On the GPU machine the run finds the pack, unpacks it into
+# $TERN_GPU_WORK/pack, links only the libraries the system lacks, and runs the suites from it: the configure
+# and build steps are then "prebuilt". Carry .peer/gpu-pack.tar.xz alone with the working tree.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,15 +73,19 @@ formats="q4_k_m q8_0 f16 f8_e4m3"
 reps=3
 jobs=$(nproc 2>/dev/null || echo 2)
 bench_runs=${TERN_BENCH_RUNS:-"512:128:0 4096:0:0 0:128:4096"}   # prefill:decode:depth per tern bench call
+memcheck_suites="test_cuda_matmul test_cuda_matmul_q8 test_cuda_fused test_cuda_gemm_q8 test_cuda_attention
+                 test_cuda_elementwise test_cuda_rope test_cuda_sampling test_cuda_sequences"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
     --prepare) mode=prepare ;;
+    --pack) mode=pack ;;
     --synth-only) mode=synth ;;
     --with-llamacpp) with_llamacpp=1 ;;
     --only) only=",$2," ; shift ;;
     --skip) skip=",$2,"; shift ;;
     --budget) budget=$2; shift ;;
+    --memcheck) memcheck_suites=$2; shift ;;
     --arch) arch=$2; shift ;;
     --shape) shape=$2; shift ;;
     --formats) formats=$2; shift ;;
@@ -88,7 +103,10 @@ work=${TERN_GPU_WORK:-$root/build-gpu}
 build=$work/tern
 models=${MODELS:-$work/models}
 out=$(realpath -m "${OUT:-$root/gpu_check_out}")
-tern=$build/bin/tern
+pack_file=$root/.peer/gpu-pack.tar.xz
+pack_dir=$work/pack
+bindir=$build/bin    # where tern and the suites are: the build's, or the unpacked pack's
+tern=${TERN_GPU_TERN:-$bindir/tern}
 export TERN_GPU_WORK=$work MODELS=$models
 
 # The Debian packages tern builds with, and the libraries they need at run time.
@@ -125,6 +143,116 @@ prepare() {
     echo "gpu_check.sh: then run there: bash bench/gpu_check.sh$flag" >&2
 }
 
+# The test_cuda_* suites that run on the device (the emulator's own stay on the CPU).
+cuda_suites() {
+    local f name
+    for f in "$root"/tests/test_cuda_*.cpp; do
+        [ -e "$f" ] || continue
+        name=$(basename "$f" .cpp)
+        [[ "$name" == test_cuda_emulator* ]] || echo "$name"
+    done
+}
+
+# ---- --pack ---------------------------------------------------------------------------------------------
+# The ../shared files the CUDA suites read: the small real models (but babyllama's f32 and f16 copies, the
+# largest: its quantized files cover that architecture), the synthetic files test_cuda_backend and
+# test_cuda_session name, llama.cpp's references for all of them, and one vocabulary.
+pack_shared_files() {   # shared root: prints paths relative to it
+    local shared=$1 f stem
+    for f in "$shared"/models/gguf/*.gguf; do
+        case "$(basename "$f")" in babyllama-tok105-f32.gguf|babyllama-tok105-f16.gguf) continue ;; esac
+        echo "models/gguf/$(basename "$f")"
+    done
+    for stem in synth-k256-q2_k synth-k256-q3_k_m synth-k256-q4_1 synth-k256-q4_k_m synth-k256-q5_0 \
+                synth-k256-q5_1 synth-k256-q5_k_m synth-k256-bf16 synth-k256-tied-q8_0 synth-qwen2-k256-q4_k_m; do
+        [ -f "$shared/models/synth/$stem.gguf" ] && echo "models/synth/$stem.gguf"
+    done
+    for f in "$shared"/models/gguf/*.gguf; do
+        stem=$(basename "$f" .gguf)
+        case "$stem" in babyllama-tok105-f32|babyllama-tok105-f16) continue ;; esac
+        [ -d "$shared/reference/$stem" ] && echo "reference/$stem"
+    done
+    for stem in synth-k256-q2_k synth-k256-q3_k_m synth-k256-q4_1 synth-k256-q4_k_m synth-k256-q5_0 \
+                synth-k256-q5_1 synth-k256-q5_k_m synth-k256-bf16 synth-k256-tied-q8_0 synth-qwen2-k256-q4_k_m; do
+        [ -d "$shared/reference/$stem" ] && echo "reference/$stem"
+    done
+    echo models/vocab/ggml-vocab-gpt-2.gguf
+}
+# Libraries a packed binary links that a GPU machine may lack: everything ldd names but the C and C++
+# runtime (the machine's own, newer or equal) and CUDA's (the machine's toolkit and driver).
+pack_libs() {   # binaries...
+    ldd "$@" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
+        grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt)\.so' || true
+}
+pack() {
+    [ -n "$arch" ] || arch=90
+    local pbuild=${TERN_PACK_BUILD:-$root/build-gpu-pack} shared=${TERN_SHARED:-$root/../shared} targets launcher=()
+    mapfile -t targets < <(cuda_suites)
+    command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+    echo "gpu_check.sh: building tern + ${#targets[@]} CUDA suites for sm_$arch (device mode) in $pbuild" >&2
+    cmake -S "$root" -B "$pbuild" -DCMAKE_BUILD_TYPE=Release -DTERN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+        -DTERN_CUDA_TESTS=device -DCMAKE_EXE_LINKER_FLAGS=-s "${launcher[@]}" > "$pbuild.configure.log" 2>&1 ||
+        { tail -n 20 "$pbuild.configure.log" >&2; return 1; }
+    cmake --build "$pbuild" -j "$jobs" --target tern "${targets[@]}" >&2
+    local stage
+    stage=$(mktemp -d "${TMPDIR:-/tmp}/tern-gpu-pack.XXXXXX")
+    # shellcheck disable=SC2064  # expand now: stage is local
+    trap "rm -rf '$stage'" RETURN
+    mkdir -p "$stage/bin" "$stage/lib" "$stage/shared"
+    local t bins=()
+    for t in tern "${targets[@]}"; do
+        cp "$pbuild/bin/$t" "$stage/bin/" && bins+=("$stage/bin/$t")
+    done
+    if [ "$with_llamacpp" = 1 ]; then
+        local llama=${LLAMA_BENCH_BIN:-$work/llama.cpp/bin/llama-bench}
+        [ -x "$llama" ] || { echo "gpu_check.sh: no $llama: build it first (TERN_GPU_WORK=$work bench/llamacpp_cuda.sh --build --arch $arch)" >&2; return 1; }
+        strip -o "$stage/bin/llama-bench" "$llama"
+        bins+=("$stage/bin/llama-bench")
+        [ -f "$root/.peer/llama.cpp/TERN_SOURCE.txt" ] && cp "$root/.peer/llama.cpp/TERN_SOURCE.txt" "$stage/LLAMA_SOURCE.txt"
+    fi
+    local lib
+    for lib in $(pack_libs "${bins[@]}"); do cp -L "$lib" "$stage/lib/"; done
+    local rel
+    while read -r rel; do
+        mkdir -p "$stage/shared/$(dirname "$rel")"
+        cp -rL "$shared/$rel" "$stage/shared/$rel"
+    done < <(pack_shared_files "$shared")
+    printf 'commit %s\narch %s\ndate %s\n' "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')" \
+        "$arch" "$(date -u '+%Y-%m-%d %H:%M UTC')" > "$stage/PACK.txt"
+    mkdir -p .peer
+    tar -C "$stage" -cf - . | xz -9 -T "$jobs" > "$pack_file.tmp" && mv "$pack_file.tmp" "$pack_file"
+    local tree size
+    tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+    size=$(stat -c %s "$pack_file")
+    echo "gpu_check.sh: $pack_file: $((size / 1048576)) MiB ($(ls "$stage/bin" | wc -l) binaries," \
+         "$(ls "$stage/lib" | wc -l) libraries, $(du -sm "$stage/shared" | cut -f1) MiB of ../shared);" \
+         "with the working tree $(((tree + size) / 1048576)) MiB to carry" >&2
+}
+
+# Unpacks the pack on the GPU machine (a step): the binaries, the shared subset, and links to the packed
+# libraries the system lacks.
+unpack() {
+    [ -f "$pack_file" ] || { STEP_NOTE="no $pack_file"; return 1; }
+    rm -rf "$pack_dir" && mkdir -p "$pack_dir"
+    if command -v xz >/dev/null; then
+        tar -C "$pack_dir" -xJf "$pack_file" || return 1
+    else
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+            "$pack_file" "$pack_dir" || return 1
+    fi
+    mkdir -p "$pack_dir/use-lib"
+    local lib name missing=()
+    for lib in "$pack_dir"/lib/*; do
+        [ -e "$lib" ] || continue
+        name=$(basename "$lib")
+        if ! ldconfig -p 2>/dev/null | grep "^[[:space:]]*$name " > /dev/null; then
+            ln -sf "$lib" "$pack_dir/use-lib/$name"
+            missing+=("$name")
+        fi
+    done
+    STEP_NOTE="$(head -n 1 "$pack_dir/PACK.txt"); packed libraries used: ${missing[*]:-none}"
+}
+
 # ---- the model files (also --synth-only) ----------------------------------------------------------------
 synth_models() {
     [ -x "$tern" ] || { echo "gpu_check.sh: no tern binary at $tern (build first)" >&2; return 1; }
@@ -146,6 +274,7 @@ synth_models() {
 case "$mode" in
 prepare) prepare; exit ;;
 synth) synth_models; exit ;;
+pack) pack; exit ;;
 esac
 
 # ---- the run's bookkeeping ------------------------------------------------------------------------------
@@ -419,16 +548,6 @@ configure() {
         -DCMAKE_CUDA_ARCHITECTURES="$arch" -DTERN_CUDA_TESTS=device ${PKG_CONFIG:+-DPKG_CONFIG_EXECUTABLE="$PKG_CONFIG"}
 }
 
-# The test_cuda_* suites that run on the device (the emulator's own stay on the CPU).
-cuda_suites() {
-    local f name
-    for f in "$root"/tests/test_cuda_*.cpp; do
-        [ -e "$f" ] || continue
-        name=$(basename "$f" .cpp)
-        [[ "$name" == test_cuda_emulator* ]] || echo "$name"
-    done
-}
-
 build_tern() {
     local targets
     mapfile -t targets < <(cuda_suites)
@@ -442,10 +561,39 @@ ctest_summary() {   # the log's "N% tests passed, ..." line and the skipped ones
     skipped=$(grep -c '(Skipped)' "$1" || true)
     echo "${line:-no ctest summary}${skipped:+, $skipped skipped}"
 }
+# The packed suites run as plain executables (the pack has no CTest files): four at a time, each under its
+# own timeout, exit 77 counting as skipped as under CTest.
+run_suites_direct() {   # timeout suites...
+    local cap=$1 name pass=0 skipped=0 failed=() rc
+    shift
+    local t
+    t=$(allow "$cap")
+    [ "$t" -gt 0 ] || { echo "gpu_check.sh: no time left in the budget for the suites"; return 124; }
+    mkdir -p "$logs/suites"
+    printf '%s\n' "$@" | xargs -P 4 -I{} sh -c \
+        'timeout -k 5 "$1" "$2/{}" > "$3/{}.log" 2>&1; echo $? > "$3/{}.rc"' _ "$t" "$bindir" "$logs/suites"
+    for name in "$@"; do
+        rc=$(cat "$logs/suites/$name.rc" 2>/dev/null || echo 1)
+        echo "== $name: exit $rc"
+        tail -n 4 "$logs/suites/$name.log"
+        case "$rc" in
+        0) pass=$((pass + 1)) ;;
+        77) skipped=$((skipped + 1)) ;;
+        *) failed+=("$name (exit $rc)"); sed -n '1,200p' "$logs/suites/$name.log" | grep -E 'ERROR|FAILED|error' | head -n 20 ;;
+        esac
+    done
+    STEP_NOTE="$pass passed, ${#failed[@]} failed${failed[*]:+: ${failed[*]}}, $skipped skipped"
+    [ ${#failed[@]} -eq 0 ]
+}
 tests() {
     local suites
     suites=$(cuda_suites | grep -vx test_cuda_backend || true)
     [ -n "$suites" ] || { STEP_NOTE="no test_cuda_* suites yet"; return 77; }
+    if [ "$packed" = 1 ]; then
+        # shellcheck disable=SC2086  # one suite a word
+        run_suites_direct 180 $suites
+        return
+    fi
     local rc=0
     tmo 180 ctest --test-dir "$build" -R '^test_cuda_' -E 'emulator|^test_cuda_backend$' --output-on-failure \
         --timeout 150 || rc=$?
@@ -461,19 +609,26 @@ sanitizer_bin() {
     done
     return 1
 }
+# Under memcheck the kernels run tens of times slower: the suites' quick case lists (TERN_TEST_QUICK=1, the
+# ones the ASan run uses) still reach every kernel and every edge of the indexing.
 memcheck_one() {   # suite
-    local cs bin=$build/bin/$1
+    local cs bin=$bindir/$1
     cs=$(sanitizer_bin) || { STEP_NOTE="compute-sanitizer not found"; return 1; }
     [ -x "$bin" ] || { STEP_NOTE="$1 was not built"; return 1; }
     local rc=0
-    tmo 90 "$cs" --tool memcheck --leak-check full --error-exitcode 86 --print-limit 30 "$bin" || rc=$?
+    TERN_TEST_QUICK=1 tmo 90 "$cs" --tool memcheck --leak-check full --error-exitcode 86 --print-limit 30 "$bin" || rc=$?
     STEP_NOTE=$(grep -E 'ERROR SUMMARY|Status:' "$logs/memcheck-$1.log" | tr '\n' ' ')
     [ "$rc" = 86 ] && STEP_NOTE="memory errors: $STEP_NOTE"
     return "$rc"
 }
 
 backend() {
-    cuda_suites | grep -qx test_cuda_backend || { STEP_NOTE="no tests/test_cuda_backend.cpp yet"; return 77; }
+    cuda_suites | grep -x test_cuda_backend > /dev/null || { STEP_NOTE="no tests/test_cuda_backend.cpp yet"; return 77; }
+    if [ "$packed" = 1 ]; then
+        run_suites_direct 300 test_cuda_backend || { STEP_NOTE="$STEP_NOTE; TERN_SHARED=$TERN_SHARED"; return 1; }
+        STEP_NOTE="$STEP_NOTE; TERN_SHARED=$TERN_SHARED"
+        return 0
+    fi
     local rc=0
     tmo 300 ctest --test-dir "$build" -R '^test_cuda_backend$' --output-on-failure --timeout 290 || rc=$?
     STEP_NOTE="$(ctest_summary "$logs/backend.log"); TERN_SHARED=${TERN_SHARED:-(the configured ../shared)}"
@@ -521,22 +676,40 @@ echo "gpu_check.sh: budget ${budget} s; logs in $logs; results in $out"
 run_step gpu describe_gpu
 [[ "$arch" =~ ^[0-9]+[af]?$ ]] || { echo "gpu_check.sh: no CUDA architecture: give --arch" >&2; exit 1; }
 
-run_step deps deps
-if [ "$with_llamacpp" = 1 ] && { wanted llamacpp-build || wanted llamacpp; }; then
+packed=0
+if [ -f "$pack_file" ] && [ "${TERN_GPU_PACK:-use}" != ignore ]; then
+    packed=1
+    run_step pack unpack
+    bindir=$pack_dir/bin
+    tern=$bindir/tern
+    [ -x "$tern" ] || { echo "gpu_check.sh: the pack holds no bin/tern" >&2; exit 1; }
+    export TERN_GPU_TERN=$tern TERN=$tern TERN_SHARED=$pack_dir/shared
+    export LD_LIBRARY_PATH=$pack_dir/use-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    ldconfig -p 2>/dev/null | grep 'libcublas\.so\.13 ' > /dev/null || export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/usr/local/cuda/lib64
+    [ -x "$bindir/llama-bench" ] && export LLAMA_BENCH_BIN=$bindir/llama-bench
+    [ -f "$pack_dir/LLAMA_SOURCE.txt" ] && export LLAMA_SOURCE_NOTE=$pack_dir/LLAMA_SOURCE.txt
+else
+    run_step deps deps
+fi
+if [ "$with_llamacpp" = 1 ] && [ -z "${LLAMA_BENCH_BIN:-}" ] && { wanted llamacpp-build || wanted llamacpp; }; then
     # Compiles while tern builds and tests (nice: tern's build comes first); paused while anything is timed.
     # A later run on the same machine finds it built.
     LLAMA_BUILD_TIMEOUT=$(allow 600) bg_start llamacpp-build 600 \
         nice -n 10 bash "$root/bench/llamacpp_cuda.sh" --build \
         --arch "$arch" -j "$jobs"
 fi
-run_step configure configure
-run_step build build_tern
+if [ "$packed" = 1 ]; then
+    record configure prebuilt 0 "the pack's build"
+    record build prebuilt 0 "$(head -n 2 "$pack_dir/PACK.txt" | tr '\n' ' ')"
+else
+    run_step configure configure
+    run_step build build_tern
+fi
 if wanted synth && [ -x "$tern" ]; then
     bg_start synth 400 bash "$root/bench/gpu_check.sh" --synth-only --shape "$shape" --formats "$formats"
 fi
 run_step tests tests
-for suite in test_cuda_matmul test_cuda_matmul_q8 test_cuda_fused test_cuda_gemm_q8 test_cuda_attention \
-             test_cuda_elementwise test_cuda_rope test_cuda_sampling test_cuda_sequences; do
+for suite in $memcheck_suites; do
     [ -f "$root/tests/$suite.cpp" ] && run_step "memcheck:$suite" memcheck_one "$suite"
 done
 run_step backend backend

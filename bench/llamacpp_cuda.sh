@@ -25,7 +25,8 @@
 # $LLAMA_CPP_SRC (default .peer/llama.cpp). Output: $OUT (default ./gpu_check_out): llamacpp.json (every
 # llama-bench entry per format), llamacpp.md (a table); logs go to $LOG_DIR when set (gpu_check.sh sets it),
 # else into $OUT/llamacpp_logs.tar.gz. Time limits: LLAMA_BUILD_TIMEOUT (default 480 s) for the build,
-# LLAMA_BENCH_TIMEOUT (default 150 s) per file.
+# LLAMA_BENCH_TIMEOUT (default 150 s) per file. LLAMA_BENCH_BIN names a llama-bench built elsewhere (bench/gpu_check.sh's
+# pack), LLAMA_SOURCE_NOTE the file saying which source it was built from.
 #
 # The GPU machine needs no network: copy .peer/llama.cpp there with the working tree.
 set -euo pipefail
@@ -133,7 +134,7 @@ build_bench() {
 
 # ---- --bench --------------------------------------------------------------------------------------------
 run_bench() {
-    local bin=$build/bin/llama-bench logs tmp_logs=""
+    local bin=${LLAMA_BENCH_BIN:-$build/bin/llama-bench} logs tmp_logs=""
     [ -x "$bin" ] || { say "no $bin: build first (bench/llamacpp_cuda.sh --build)"; return 1; }
     mkdir -p "$out"
     if [ -n "${LOG_DIR:-}" ]; then
@@ -176,10 +177,10 @@ run_bench() {
             status=1
         fi
     done
-    python3 - "$logs" "$out" "$shape" "$formats" "$src" <<'PY' || status=1
+    python3 - "$logs" "$out" "$shape" "$formats" "$src" "${LLAMA_SOURCE_NOTE:-$src/TERN_SOURCE.txt}" <<'PY' || status=1
 import json, os, statistics, sys
 logs, out, shape, formats, src = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(), sys.argv[5]
-source_note = os.path.join(src, "TERN_SOURCE.txt")
+source_note = sys.argv[6]
 source = open(source_note).read().strip() if os.path.exists(source_note) else src
 result = {"source": source, "shape": shape, "formats": {}}
 rows = []
