@@ -135,6 +135,17 @@ Model load_synthetic(const std::string& spec, int threads) {
 
 double share_of(double gbps, double peak) { return peak > 0 ? gbps / peak : 0.0; }
 
+// Whether decode steps replay CUDA graphs (engine/backend_factory.cpp reads the same variable).
+bool cuda_graphs_on() {
+    const char* v = std::getenv("TERN_CUDA_GRAPHS");
+    return v == nullptr || std::string_view(v) != "0";
+}
+
+// One verification forward's time over one decode step's (the median decode over its tokens).
+double verify_cost_ratio(const BenchOptions& o, const BenchResult& r) {
+    return r.decode_ms_median > 0 && o.n_gen > 0 ? r.verify_ms_median / (r.decode_ms_median / o.n_gen) : 0.0;
+}
+
 void print_table(const BenchArgs& a, const std::string& model_label, const std::string& format, uint64_t file_bytes,
                  const std::string& device, int threads, const BenchResult& r, double bytes_per_token,
                  double decode_gbps, double peak, const std::string& peak_method) {
@@ -150,6 +161,12 @@ void print_table(const BenchArgs& a, const std::string& model_label, const std::
         if (peak > 0) std::snprintf(share, sizeof share, "%.0f%%", 100.0 * share_of(decode_gbps, peak));
         std::printf("%-8s %7d %12.2f %10.2f %9.2f %7s\n", "decode", a.bench.n_gen, r.decode_ms_median, r.decode_tps,
                     decode_gbps, share);
+    }
+    if (a.bench.n_verify > 0) {
+        std::printf("%-8s %7d %12.2f %10s %9s %7s\n", "verify", a.bench.n_verify, r.verify_ms_median, "-", "-", "-");
+        if (r.decode_ms_median > 0)
+            std::printf("verifying %d tokens costs %.2fx one decode step\n", a.bench.n_verify,
+                        verify_cost_ratio(a.bench, r));
     }
     std::printf("\nmedian of %d runs after a warm-up; decode reads %s per token (weights + KV)\n", a.bench.repetitions,
                 format_bytes(static_cast<uint64_t>(bytes_per_token)).c_str());
@@ -168,6 +185,7 @@ int run_bench_command(BenchArgs& a) {
     if (a.bench.n_prompt == 0 && a.bench.n_gen == 0) throw UsageError("-p/-n: nothing to measure (both are 0)");
     if (a.bench.repetitions < 1) throw UsageError("-r/--repetitions: must be >= 1");
     if (a.bench.depth < 0) throw UsageError("--depth: must be >= 0");
+    if (a.bench.n_verify < 0) throw UsageError("--verify: must be >= 0 (0 = skip)");
     if (a.peak_gbps < 0) throw UsageError("--peak-gbps: must be > 0 (or 0 to measure it)");
 
     // bench sizes its own context (what the runs need, or -c when larger): never the automatic one.
@@ -229,6 +247,12 @@ int run_bench_command(BenchArgs& a) {
             {"decode_tps", r.decode_tps},
             {"decode_ms_median", r.decode_ms_median},
             {"decode_ms", r.decode_ms},
+            {"verify_tokens", a.bench.n_verify},
+            {"verify_ms_median", r.verify_ms_median},
+            {"verify_ms", r.verify_ms},
+            {"verify_vs_decode_step", verify_cost_ratio(a.bench, r)},
+            {"cuda_graphs", backend->device_kind() == DeviceKind::cuda ? nlohmann::json(cuda_graphs_on())
+                                                                        : nlohmann::json(nullptr)},
             {"weight_bytes_per_token", weight_bytes_per_token(model.weights, model.config)},
             {"bytes_per_token", bytes_per_token},
             {"decode_gbps", decode_gbps},
@@ -261,6 +285,9 @@ Command add_bench_command(CLI::App& root) {
     cmd->add_option("-n,--n-gen", a->bench.n_gen, "decoded tokens, one forward each (default 128; 0 = skip)");
     cmd->add_option("-r,--repetitions", a->bench.repetitions, "timed runs after a warm-up; medians reported (default 5)");
     cmd->add_option("-d,--depth", a->bench.depth, "KV cache positions filled before measuring (default 0)");
+    cmd->add_option("--verify", a->bench.n_verify,
+                    "also time one forward of this many drafted tokens with every row's logits, as speculative "
+                    "decoding verifies them, against one decode step (default 0 = skip)");
     cmd->add_option("--peak-gbps", a->peak_gbps, "peak read bandwidth to compare with (default: measure it)");
     cmd->add_flag("--json", a->json, "print one JSON object on stdout");
     return {cmd, [a] { return run_bench_command(*a); }};

@@ -154,29 +154,24 @@ cuda_suites() {
 }
 
 # ---- --pack ---------------------------------------------------------------------------------------------
-# The ../shared files the CUDA suites read: the small real models (but babyllama's f32 and f16 copies, the
-# largest: its quantized files cover that architecture), the synthetic files test_cuda_backend and
-# test_cuda_session name, llama.cpp's references for all of them, and one vocabulary.
+# The ../shared files the CUDA suites read: every small real model (but babyllama's f32 copy, the largest:
+# its other files cover that architecture), every file and reference folder whose name a CUDA suite spells
+# out (a stem, a models/... path), llama.cpp's references for all of them, and their vocabularies.
 pack_shared_files() {   # shared root: prints paths relative to it
-    local shared=$1 f stem
+    local shared=$1 f name stems=()
     for f in "$shared"/models/gguf/*.gguf; do
-        case "$(basename "$f")" in babyllama-tok105-f32.gguf|babyllama-tok105-f16.gguf) continue ;; esac
-        echo "models/gguf/$(basename "$f")"
+        [ "$(basename "$f")" = babyllama-tok105-f32.gguf ] || stems+=("$(basename "$f" .gguf)")
     done
-    for stem in synth-k256-q2_k synth-k256-q3_k_m synth-k256-q4_1 synth-k256-q4_k_m synth-k256-q5_0 \
-                synth-k256-q5_1 synth-k256-q5_k_m synth-k256-bf16 synth-k256-tied-q8_0 synth-qwen2-k256-q4_k_m; do
-        [ -f "$shared/models/synth/$stem.gguf" ] && echo "models/synth/$stem.gguf"
+    while read -r name; do
+        name=${name%.gguf}
+        stems+=("${name##*/}")
+        [ -f "$shared/$name.gguf" ] && echo "$name.gguf"
+    done < <(grep -ho '"[A-Za-z0-9_./-]*"' "$root"/tests/test_cuda_*.cpp | tr -d '"' | sort -u)
+    for name in "${stems[@]}"; do
+        for f in "models/gguf/$name.gguf" "models/synth/$name.gguf" "reference/$name"; do
+            [ "$name" != babyllama-tok105-f32 ] && [ -e "$shared/$f" ] && echo "$f"
+        done
     done
-    for f in "$shared"/models/gguf/*.gguf; do
-        stem=$(basename "$f" .gguf)
-        case "$stem" in babyllama-tok105-f32|babyllama-tok105-f16) continue ;; esac
-        [ -d "$shared/reference/$stem" ] && echo "reference/$stem"
-    done
-    for stem in synth-k256-q2_k synth-k256-q3_k_m synth-k256-q4_1 synth-k256-q4_k_m synth-k256-q5_0 \
-                synth-k256-q5_1 synth-k256-q5_k_m synth-k256-bf16 synth-k256-tied-q8_0 synth-qwen2-k256-q4_k_m; do
-        [ -d "$shared/reference/$stem" ] && echo "reference/$stem"
-    done
-    echo models/vocab/ggml-vocab-gpt-2.gguf
 }
 # Libraries a packed binary links that a GPU machine may lack: everything ldd names but the C and C++
 # runtime (the machine's own, newer or equal) and CUDA's (the machine's toolkit and driver).
@@ -191,8 +186,7 @@ pack() {
     command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     echo "gpu_check.sh: building tern + ${#targets[@]} CUDA suites for sm_$arch (device mode) in $pbuild" >&2
     cmake -S "$root" -B "$pbuild" -DCMAKE_BUILD_TYPE=Release -DTERN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-        -DTERN_CUDA_TESTS=device -DCMAKE_EXE_LINKER_FLAGS=-s "${launcher[@]}" > "$pbuild.configure.log" 2>&1 ||
-        { tail -n 20 "$pbuild.configure.log" >&2; return 1; }
+        -DTERN_CUDA_TESTS=device -DCMAKE_EXE_LINKER_FLAGS=-s "${launcher[@]}" >&2
     cmake --build "$pbuild" -j "$jobs" --target tern "${targets[@]}" >&2
     local stage
     stage=$(mktemp -d "${TMPDIR:-/tmp}/tern-gpu-pack.XXXXXX")
@@ -216,7 +210,7 @@ pack() {
     while read -r rel; do
         mkdir -p "$stage/shared/$(dirname "$rel")"
         cp -rL "$shared/$rel" "$stage/shared/$rel"
-    done < <(pack_shared_files "$shared")
+    done < <(pack_shared_files "$shared" | sort -u)
     printf 'commit %s\narch %s\ndate %s\n' "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')" \
         "$arch" "$(date -u '+%Y-%m-%d %H:%M UTC')" > "$stage/PACK.txt"
     mkdir -p .peer
@@ -651,12 +645,47 @@ bench_one() {   # format prefill decode depth
     [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
     # No --peak-gbps: tern bench measures the device's copy bandwidth itself (its JSON's peak_gbps); the table
     # puts decode GB/s against bench/cuda_copy_bandwidth.cu's copy and read figures as well.
-    tmo 150 "$tern" bench -m "$f" --device cuda -p "$2" -n "$3" -d "$4" -r "$reps" --json > "$logs/$name.json" ||
-        return
+    local verify=()
+    [ "$3" -gt 0 ] && verify=(--verify 8)   # decode runs also time the check of 8 drafted tokens
+    tmo 150 "$tern" bench -m "$f" --device cuda -p "$2" -n "$3" -d "$4" -r "$reps" "${verify[@]}" --json \
+        > "$logs/$name.json" || return
     STEP_NOTE=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); parts = []
 if int(sys.argv[2]) > 0: parts.append("prefill %.1f tok/s" % d["prefill_tps"])
 if int(sys.argv[3]) > 0: parts.append("decode %.1f tok/s, %.0f GB/s" % (d["decode_tps"], d["decode_gbps"]))
+if d.get("verify_tokens"): parts.append("verify %d: %.2fx a step" % (d["verify_tokens"], d["verify_vs_decode_step"]))
 print(", ".join(parts))' "$logs/$name.json" "$2" "$3")
+}
+
+# Decode with CUDA graphs off (TERN_CUDA_GRAPHS=0): each step's kernels launched one by one. The time per
+# step over the graphs' is the launch overhead the graphs save.
+bench_nographs() {   # format
+    local f=$models/$shape-$1.gguf
+    [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
+    TERN_CUDA_GRAPHS=0 tmo 150 "$tern" bench -m "$f" --device cuda -p 0 -n 128 -d 0 -r "$reps" --json \
+        > "$logs/bench-nographs-$1.json" || return
+    STEP_NOTE=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("graphs off: decode %.1f tok/s, %.3f ms a step" % (d["decode_tps"], d["decode_ms_median"] / d["decode_tokens"]))' \
+        "$logs/bench-nographs-$1.json")
+}
+
+# The whole model at full size, CUDA against the CPU: greedy text from the same prompt on both devices (the
+# suites check small models token by token; this catches what only large shapes reach: grid limits, sizes
+# past 2^31, scratch sizing). Random weights make near-ties likelier than in a trained model, so a late
+# divergence is reported with the common prefix rather than hidden.
+agree() {   # format
+    local f=$models/$shape-$1.gguf dev
+    [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
+    for dev in cuda cpu; do
+        tmo 120 "$tern" run -m "$f" --device "$dev" -p "The quick brown fox jumps over the lazy dog. Once upon a time" \
+            -n 24 --temp 0 --seed 1 -c 256 --no-prompt-cache --json > "$logs/agree-$1-$dev.json" || return
+    done
+    STEP_NOTE=$(python3 -c 'import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+ta, tb = a.get("tokens") or [], b.get("tokens") or []
+ta = [t["id"] if isinstance(t, dict) else t for t in ta]; tb = [t["id"] if isinstance(t, dict) else t for t in tb]
+same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+print("cuda vs cpu greedy: %d/%d tokens equal%s" % (same, max(len(ta), len(tb)), "" if same == len(ta) == len(tb) else " (first difference at %d)" % same))
+sys.exit(0 if same >= min(8, len(ta)) else 1)' "$logs/agree-$1-cuda.json" "$logs/agree-$1-cpu.json")
 }
 
 llamacpp_bench() {
@@ -723,6 +752,9 @@ for fmt in $formats; do
         run_step "bench:$fmt:p$p:n$n:d$d" bench_one "$fmt" "$p" "$n" "$d"
     done
 done
+first_format=${formats%% *}
+run_step "nographs:$first_format" bench_nographs "$first_format"
+run_step "agree:$first_format" agree "$first_format"
 if [ "$with_llamacpp" = 1 ] && wanted llamacpp; then
     bg_finish llamacpp-build 120   # llama-bench needs about two minutes for three llama-8b files
     run_step llamacpp llamacpp_bench

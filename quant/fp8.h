@@ -2,8 +2,10 @@
 // FP8 E4M3 ("e4m3fn"): 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits; no infinities,
 // 0x7F / 0xFF are NaN, the largest finite value is 1.75 * 2^8 = 448, subnormals are m * 2^-9.
 // The encoder rounds to nearest even and saturates finite and infinite inputs to +-448, which is
-// what tern's F8_E4M3 weight format (models.md) stores. Integer-only and constexpr, so host and
-// CUDA code (TERN_HOST_DEVICE) give identical bytes.
+// what tern's F8_E4M3 weight format (models.md) stores. Every NaN encodes as 0x7F: a NaN's sign is
+// not data (x86 makes inf * 0 a negative NaN, an NVIDIA GPU a positive one), and 0x7F is what the
+// GPU's own conversion gives. Integer-only and constexpr, so host and CUDA code (TERN_HOST_DEVICE)
+// give identical bytes.
 #include <cstdint>
 
 #include "quant/half.h"
@@ -32,7 +34,7 @@ TERN_HOST_DEVICE constexpr uint8_t f32_to_e4m3(float f) {
     const uint32_t bits = f32_bits(f);
     const uint32_t sign = (bits >> 24) & 0x80u;
     const uint32_t abs = bits & 0x7FFFFFFFu;
-    if (abs > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN
+    if (abs > 0x7F800000u) return 0x7Fu;   // NaN, whatever its sign
     if (abs >= 0x43E00000u) return static_cast<uint8_t>(sign | 0x7Eu);   // >= 448 (inf included): saturate
     if (abs < 0x3C800000u) {   // below 2^-6: subnormal (or zero) in units of 2^-9
         const uint32_t e = abs >> 23;

@@ -79,7 +79,7 @@ double decode_bytes_per_token(const ModelWeights& weights, const ModelConfig& co
 }
 
 int32_t bench_context_size(const BenchOptions& o) {
-    return o.depth + std::max(o.n_prompt, o.n_gen);
+    return o.depth + std::max({o.n_prompt, o.n_gen, o.n_verify});
 }
 
 BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
@@ -89,10 +89,17 @@ BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
     if (o.n_prompt == 0 && o.n_gen == 0) throw UsageError("bench: nothing to measure (no prompt and no generated tokens)");
     if (o.repetitions < 1) throw UsageError("bench: the repetitions must be >= 1");
     if (o.depth < 0) throw UsageError("bench: the depth must be >= 0");
+    if (o.n_verify < 0) throw UsageError("bench: the verified token count must be >= 0");
     if (vocab < 1) throw UsageError("bench: the model has an empty vocabulary");
 
     std::mt19937_64 rng(o.seed);
     BenchResult r;
+
+    // Every forward ends with the greedy pick of its last row, as generation does: that waits for the
+    // forward to finish. A device backend queues its work and returns at once, so without the pick a
+    // timer would stop before the work did (and the next timed region would pay for it).
+    int32_t picked = 0;
+    const std::span<int32_t> pick(&picked, 1);
 
     // The context every measurement starts from, filled once; runs truncate back to it. Chunks of
     // 512 keep the fill's activations small for deep contexts.
@@ -105,28 +112,45 @@ BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
                          done, LogitsWanted::last});
         done += n;
     }
+    if (o.depth > 0) backend.argmax(pick);
     r.depth_fill_ms = ms_since(t_fill);
 
     const std::vector<int32_t> prompt = random_tokens(o.n_prompt, vocab, rng);
     const std::vector<int32_t> gen = random_tokens(o.n_gen, vocab, rng);
+    const std::vector<int32_t> verify = random_tokens(o.n_verify, vocab, rng);
     const int n_runs = o.repetitions + 1;   // run 0 is the warm-up
     for (int run = 0; run < n_runs; ++run) {
         if (o.n_prompt > 0) {
             backend.kv_truncate(o.depth);
             const auto t0 = std::chrono::steady_clock::now();
             backend.forward({prompt, o.depth, LogitsWanted::last});
+            backend.argmax(pick);
             const double ms = ms_since(t0);
             if (run > 0) r.prefill_ms.push_back(ms);
         }
         if (o.n_gen > 0) {
-            // Like llama-bench's tg test, decode starts from the depth context, not after the prompt.
+            // Like llama-bench's tg test, decode starts from the depth context, not after the prompt,
+            // and each step waits for the last (llama-bench synchronizes after every llama_decode).
             backend.kv_truncate(o.depth);
             const auto t0 = std::chrono::steady_clock::now();
-            for (int32_t i = 0; i < o.n_gen; ++i)
+            for (int32_t i = 0; i < o.n_gen; ++i) {
                 backend.forward({std::span<const int32_t>(&gen[static_cast<size_t>(i)], 1), o.depth + i,
                                  LogitsWanted::last});
+                backend.argmax(pick);
+            }
             const double ms = ms_since(t0);
             if (run > 0) r.decode_ms.push_back(ms);
+        }
+        if (o.n_verify > 0) {
+            // Speculative decoding's check of n_verify drafted tokens: one forward at the depth with every
+            // row's logits, each row's greedy pick read back (engine/speculative compares them).
+            backend.kv_truncate(o.depth);
+            std::vector<int32_t> picks(static_cast<size_t>(o.n_verify));
+            const auto t0 = std::chrono::steady_clock::now();
+            backend.forward({verify, o.depth, LogitsWanted::all});
+            backend.argmax(picks);
+            const double ms = ms_since(t0);
+            if (run > 0) r.verify_ms.push_back(ms);
         }
         if (o.progress) o.progress(run, n_runs);
     }
@@ -134,6 +158,7 @@ BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
 
     r.prefill_ms_median = median(r.prefill_ms);
     r.decode_ms_median = median(r.decode_ms);
+    r.verify_ms_median = median(r.verify_ms);
     if (r.prefill_ms_median > 0) r.prefill_tps = o.n_prompt / (r.prefill_ms_median / 1000.0);
     if (r.decode_ms_median > 0) r.decode_tps = o.n_gen / (r.decode_ms_median / 1000.0);
     return r;

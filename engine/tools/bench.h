@@ -40,12 +40,13 @@ struct BenchOptions {
     int32_t n_gen = 128;      // decoded tokens (0: no decode measurement)
     int32_t repetitions = 5;  // timed runs after one untimed warm-up run; medians are reported
     int32_t depth = 0;        // KV positions filled before each measurement
+    int32_t n_verify = 0;     // tokens of one speculative verification forward (every row's logits; 0: none)
     uint64_t seed = 1;        // of the pseudo-random token ids
     // Called after the warm-up (run 0) and each timed run (1 .. repetitions); may be empty.
     std::function<void(int run, int n_runs)> progress;
 };
 
-// KV positions a Backend needs for these options: depth + max(n_prompt, n_gen).
+// KV positions a Backend needs for these options: depth + max(n_prompt, n_gen, n_verify).
 int32_t bench_context_size(const BenchOptions& options);
 
 struct BenchResult {
@@ -53,6 +54,8 @@ struct BenchResult {
     std::vector<double> decode_ms;    // whole n_gen-token decode, one per timed run
     double prefill_ms_median = 0, decode_ms_median = 0;
     double prefill_tps = 0, decode_tps = 0;   // tokens over the median time
+    std::vector<double> verify_ms;            // one n_verify-token forward with all logits, per timed run
+    double verify_ms_median = 0;
     double depth_fill_ms = 0;                 // filling the cache to `depth`, once
 };
 

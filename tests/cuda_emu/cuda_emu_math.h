@@ -20,11 +20,16 @@ inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// A NaN that device arithmetic makes is always the canonical 0x7FFFFFFF (positive); x86 makes
+// 0xFFC00000 (negative) for inf * 0, inf - inf, 0 / 0 and passes an operand's NaN through. The _rn
+// forms give the device's NaN, so a kernel that lets a NaN's sign reach its output differs from the
+// CPU here as it does on a GPU (seen: the f8 KV encoder's inf * 0).
+inline float cuda_emu_device_nan(float r) { return r != r ? __builtin_bit_cast(float, 0x7FFFFFFFu) : r; }
+inline float __fadd_rn(float a, float b) { return cuda_emu_device_nan(a + b); }
+inline float __fsub_rn(float a, float b) { return cuda_emu_device_nan(a - b); }
+inline float __fmul_rn(float a, float b) { return cuda_emu_device_nan(a * b); }
+inline float __fdiv_rn(float a, float b) { return cuda_emu_device_nan(a / b); }
+inline float __fmaf_rn(float a, float b, float c) { return cuda_emu_device_nan(std::fma(a, b, c)); }
 inline float __saturatef(float x) { return x >= 1.0f ? 1.0f : (x > 0.0f ? x : 0.0f); }   // NaN -> 0
 
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
