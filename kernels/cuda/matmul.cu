@@ -37,6 +37,7 @@ namespace {
 
 constexpr int kRowsPerBlock = 4;   // warps per block of the matmul
 constexpr int kMaxColumns = 8;     // columns sharing one pass over the weights
+constexpr int kDecodeDepth = 4;    // slices a lane has in flight in the one-column (decode) kernels
 constexpr int kEmbedThreads = 128;
 
 using matmul_epilogue::Epilogue;
@@ -101,10 +102,22 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
     float acc[NC], acc_up[NC];
     TERN_UNROLL
     for (int c = 0; c < NC; ++c) acc[c] = acc_up[c] = 0.0f;
-    // Not unrolled: ptxas then hoists the loads of several iterations and the heavier formats spill at 4 and
-    // more columns; one iteration already has all of its loads in flight.
+    // Not unrolled for several columns: ptxas then hoists the loads of several iterations and the heavier
+    // formats spill at 4 and more columns. One column (decode) has the registers, and needs the loads: one
+    // slice is 4 to 16 bytes of weights per lane, too few in flight to fill the memory pipe (an H100 read
+    // F8_E4M3 rows at 46% of its copy bandwidth a slice at a time), so it takes four slices a step, their
+    // loads issued together; the sum still takes the slices in order.
+    int q = lane;
+    if constexpr (NC == 1) {
+        TERN_NO_UNROLL
+        for (; q + 32 * (kDecodeDepth - 1) < n_slices; q += 32 * kDecodeDepth) {
+            TERN_UNROLL
+            for (int k = 0; k < kDecodeDepth; ++k)
+                accumulate_slice<T, NC, kGlu>(wr, wr_up, q + 32 * k, x, n_in, acc, acc_up);
+        }
+    }
     TERN_NO_UNROLL
-    for (int q = lane; q < n_slices; q += 32) accumulate_slice<T, NC, kGlu>(wr, wr_up, q, x, n_in, acc, acc_up);
+    for (; q < n_slices; q += 32) accumulate_slice<T, NC, kGlu>(wr, wr_up, q, x, n_in, acc, acc_up);
     finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
 }
 

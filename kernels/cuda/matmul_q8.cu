@@ -32,6 +32,7 @@ namespace {
 
 constexpr int kRowsPerBlock = 4;       // warps per block of the matmul
 constexpr int kMaxColumns = 8;         // columns sharing one pass over the weights
+constexpr int kDecodeDepth = 4;        // units a lane has in flight in the one-column (decode) kernels
 constexpr int kQuantizeThreads = 256;  // 32 activation blocks per thread block
 constexpr int kThreadsPerActBlock = 8;
 
@@ -142,8 +143,20 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, K == Kind::one || NC == 1 
     float acc[NC], acc_up[NC];
     TERN_UNROLL
     for (int c = 0; c < NC; ++c) acc[c] = acc_up[c] = 0.0f;
+    int u = lane;
+    if constexpr (NC == 1) {
+        // Decode: one unit is 8 to 18 bytes of weights per lane, too few in flight to fill the memory pipe
+        // (an H100 read Q4_K rows at 43% of its copy bandwidth one unit at a time). Four units a step, their
+        // loads issued together before the first is used; the sum still takes the units in order.
+        TERN_NO_UNROLL
+        for (; u + 32 * (kDecodeDepth - 1) < n_units; u += 32 * kDecodeDepth) {
+            TERN_UNROLL
+            for (int k = 0; k < kDecodeDepth; ++k)
+                accumulate_unit<T, NC, kGlu>(wr, wr_up, u + 32 * k, xq, n_in, column_bytes, acc, acc_up);
+        }
+    }
     TERN_NO_UNROLL
-    for (int u = lane; u < n_units; u += 32)
+    for (; u < n_units; u += 32)
         accumulate_unit<T, NC, kGlu>(wr, wr_up, u, xq, n_in, column_bytes, acc, acc_up);
     finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
 }
