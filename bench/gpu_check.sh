@@ -24,6 +24,7 @@
 #                    `--only synth,bandwidth,bench,llamacpp` reuses the build, the models and llama.cpp's build)
 #   --budget S       seconds for the whole run (default 540); -r N: tern bench repetitions (default 3)
 #   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the nine kernel suites)
+#   --profile        also Nsight Compute's per-kernel time of a decode step (the first format; profile-*.md)
 #   --arch SM        CUDA architecture (default: nvidia-smi's compute capability, e.g. 90 on H100/H200)
 #   --quick          q4_k_m only, one repetition, prefill 512 + decode 128 at depth 0: the plumbing, not numbers
 #   -j N             build jobs (default: the CPUs online)
@@ -64,6 +65,7 @@ cd "$root"
 
 mode=check
 with_llamacpp=0
+with_profile=0
 only=""
 skip=""
 budget=540
@@ -82,6 +84,7 @@ while [ $# -gt 0 ]; do
     --pack) mode=pack ;;
     --synth-only) mode=synth ;;
     --with-llamacpp) with_llamacpp=1 ;;
+    --profile) with_profile=1 ;;
     --only) only=",$2," ; shift ;;
     --skip) skip=",$2,"; shift ;;
     --budget) budget=$2; shift ;;
@@ -688,6 +691,47 @@ print("cuda vs cpu greedy: %d/%d tokens equal%s" % (same, max(len(ta), len(tb)),
 sys.exit(0 if same >= min(8, len(ta)) else 1)' "$logs/agree-$1-cuda.json" "$logs/agree-$1-cpu.json")
 }
 
+# Where the time goes: Nsight Compute's duration of every kernel of `tern bench -n 2 --verify 8 -r 1` (graphs
+# off, so each launch is its own: 4 decode steps and 2 verifications of 8 tokens, told apart by the kernels'
+# column count, the template argument after the format) summed per kernel, the largest first, into
+# profile-<format>.md in the logs. ncu replays each kernel with cold caches, so sums run a little over the
+# real times; the shares are the point.
+profile() {   # format
+    local f=$models/$shape-$1.gguf ncu=""
+    [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
+    for ncu in "$(command -v ncu || true)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+        [ -n "$ncu" ] && [ -x "$ncu" ] && break
+    done
+    [ -n "$ncu" ] && [ -x "$ncu" ] || { STEP_NOTE="ncu not found"; return 1; }
+    TERN_CUDA_GRAPHS=0 tmo 150 "$ncu" --metrics gpu__time_duration.sum --csv --log-file "$logs/profile-$1.csv" \
+        "$tern" bench -m "$f" --device cuda -p 0 -n 2 --verify 8 -r 1 --peak-gbps 1 > /dev/null || return
+    STEP_NOTE=$(python3 - "$logs/profile-$1.csv" "$logs/profile-$1.md" <<'PY'
+import csv, re, sys
+rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
+head, body = rows[0], rows[1:]
+name_i, metric_i, value_i, unit_i = (head.index(k) for k in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
+scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+per = {}
+for r in body:
+    if r[metric_i] != "gpu__time_duration.sum":
+        continue
+    # Without "void " and the parameter list; the template arguments (the format) stay.
+    name = re.sub(r"\((?:[^()]|\([^()]*\))*\)\s*$", "", r[name_i]).strip()
+    name = re.sub(r"^void ", "", name).replace("tern::cuda::", "")
+    per.setdefault(name, []).append(float(r[value_i].replace(",", "")) * scale.get(r[unit_i], 1.0))
+total = sum(sum(v) for v in per.values())
+with open(sys.argv[2], "w") as out:
+    out.write("| kernel | launches | total us | us per launch | share |\n|---|---:|---:|---:|---:|\n")
+    for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+        out.write("| `%s` | %d | %.1f | %.2f | %.1f%% |\n" % (name[:140], len(v), sum(v), sum(v) / len(v),
+                                                             100 * sum(v) / total))
+top = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:3]
+print("%.0f us in %d kernels; top: %s" % (total, sum(len(v) for v in per.values()),
+      ", ".join("%s %.0f%%" % (n.split("<")[0].split("::")[-1], 100 * sum(v) / total) for n, v in top)))
+PY
+)
+}
+
 llamacpp_bench() {
     local rc=0
     LOG_DIR=$logs OUT=$out LLAMA_BENCH_TIMEOUT=$(allow 150) tmo 600 bash "$root/bench/llamacpp_cuda.sh" --bench \
@@ -755,6 +799,7 @@ done
 first_format=${formats%% *}
 run_step "nographs:$first_format" bench_nographs "$first_format"
 run_step "agree:$first_format" agree "$first_format"
+[ "$with_profile" = 1 ] && run_step "profile:$first_format" profile "$first_format"
 if [ "$with_llamacpp" = 1 ] && wanted llamacpp; then
     bg_finish llamacpp-build 120   # llama-bench needs about two minutes for three llama-8b files
     run_step llamacpp llamacpp_bench
