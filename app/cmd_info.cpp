@@ -58,6 +58,12 @@ void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors) 
                   << s.n_heads << " heads / " << s.n_kv_heads << " kv heads, head dim " << s.head_dim << "\n";
     }
     std::cout << "parameters:      " << human_count(s.n_params) << " (" << s.n_params << ")\n";
+    if (s.n_expert > 0) {
+        std::cout << "experts:         " << s.n_expert << ", " << s.n_expert_used << " used per token, expert ffn "
+                  << s.expert_ffn_dim << "\n";
+        std::cout << "active params:   " << human_count(s.n_active_params) << " (" << s.n_active_params
+                  << ") per token\n";
+    }
     std::cout << "context length:  " << (s.context_length > 0 ? std::to_string(s.context_length) : "-") << "\n";
     std::cout << "file type:       " << (s.file_type.empty() ? "-" : s.file_type) << "\n";
     std::cout << "formats:        ";
@@ -99,6 +105,12 @@ void print_json(const GgufFile& file, const ModelSummary& s, bool with_tensors) 
     j["n_kv_heads"] = s.n_kv_heads;
     j["head_dim"] = s.head_dim;
     j["n_params"] = s.n_params;
+    if (s.n_expert > 0) {
+        j["n_expert"] = s.n_expert;
+        j["n_expert_used"] = s.n_expert_used;
+        j["expert_ffn_dim"] = s.expert_ffn_dim;
+        j["n_active_params"] = s.n_active_params;
+    }
     j["context_length"] = s.context_length;
     j["file_type"] = s.file_type;
     j["bits_per_weight"] = s.bits_per_weight;

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <map>
+#include <span>
+#include <string_view>
 
 #include "base/error.h"
+#include "engine/model_config.h"
 
 namespace tern::app {
 namespace {
@@ -39,8 +42,8 @@ ModelSummary summarize_model(const GgufFile& file) {
     ModelSummary s;
     s.name = lenient([&] { return file.get_string("general.name", ""); }, "");
     s.architecture = lenient([&] { return file.get_string("general.architecture", ""); }, "");
-    static const char* supported[] = {"llama", "qwen2", "qwen3", "gemma3", "gemma2"};
-    s.architecture_supported = std::find(std::begin(supported), std::end(supported), s.architecture) != std::end(supported);
+    const std::span<const std::string_view> supported = supported_architectures();
+    s.architecture_supported = std::find(supported.begin(), supported.end(), s.architecture) != supported.end();
     if (file.has("general.file_type"))
         s.file_type = file_type_name(lenient([&] { return file.get_int("general.file_type"); }, -1));
 
@@ -68,12 +71,20 @@ ModelSummary summarize_model(const GgufFile& file) {
                                                                : s.n_heads;
         s.head_dim = get_int(a + "attention.key_length");
         if (s.head_dim == 0 && s.n_heads > 0) s.head_dim = s.dim / s.n_heads;
+        s.n_expert = get_int(a + "expert_count");
+        s.n_expert_used = get_max(a + "expert_used_count", s.n_layers);
+        s.expert_ffn_dim = get_max(a + "expert_feed_forward_length", s.n_layers);
     }
 
     std::map<std::string, FormatUse> formats;
     uint64_t total_bytes = 0;
     for (const GgufTensor& t : file.tensors()) {
         s.n_params += static_cast<uint64_t>(t.n_elements());
+        // An expert tensor (ne[2] = n_expert): a token reads n_expert_used of its matrices.
+        const bool experts = s.n_expert > 0 && s.n_expert_used > 0 && s.n_expert_used <= s.n_expert &&
+                             t.ne[2] == s.n_expert && t.name.find("_exps.") != std::string::npos;
+        s.n_active_params += experts ? static_cast<uint64_t>(t.n_elements() / s.n_expert * s.n_expert_used)
+                                     : static_cast<uint64_t>(t.n_elements());
         total_bytes += t.n_bytes;
         FormatUse& f = formats[std::string(type_name(t.type))];
         f.name = type_name(t.type);

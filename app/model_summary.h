@@ -21,6 +21,8 @@ struct ModelSummary {
     int64_t n_layers = 0, dim = 0, ffn_dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
     int64_t context_length = 0;
     uint64_t n_params = 0;
+    int64_t n_expert = 0, n_expert_used = 0, expert_ffn_dim = 0;   // mixture of experts (0: dense)
+    uint64_t n_active_params = 0;   // per token: the *_exps tensors count n_expert_used of n_expert experts
     double bits_per_weight = 0;
     std::vector<FormatUse> formats;   // most bytes first
     std::string tokenizer_model, tokenizer_pre;

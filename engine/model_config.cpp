@@ -12,7 +12,7 @@
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 5> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+constexpr std::array<std::string_view, 6> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe"};
 
 std::string supported_list() {
     std::string s;
@@ -32,14 +32,22 @@ struct ArchTraits {
     bool post_norms;
     FfnActivation ffn_act;
     bool embed_scaled;
+    bool moe;                  // routed experts in every layer: <arch>.expert_count and .expert_used_count required
+    ExpertGating gating;       // llama.cpp fixes these per architecture, not from metadata
+    bool expert_weights_norm;
 };
 
 constexpr ArchTraits kTraits[] = {
-    {Arch::llama, RopeStyle::normal, false, false, false, FfnActivation::silu, false},
-    {Arch::qwen2, RopeStyle::neox, true, false, false, FfnActivation::silu, false},
-    {Arch::qwen3, RopeStyle::neox, false, true, false, FfnActivation::silu, false},
-    {Arch::gemma2, RopeStyle::neox, false, false, true, FfnActivation::gelu_tanh, true},
-    {Arch::gemma3, RopeStyle::neox, false, true, true, FfnActivation::gelu_tanh, true},
+    {Arch::llama, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
+    {Arch::qwen2, RopeStyle::neox, true, false, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
+    {Arch::qwen3, RopeStyle::neox, false, true, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
+    {Arch::gemma2, RopeStyle::neox, false, false, true, FfnActivation::gelu_tanh, true, false, ExpertGating::softmax,
+     false},
+    {Arch::gemma3, RopeStyle::neox, false, true, true, FfnActivation::gelu_tanh, true, false, ExpertGating::softmax,
+     false},
+    // qwen3moe: qwen3's attention, softmax routing, top-k weights normalised (llama.cpp's build_moe_ffn norm_w).
+    {Arch::qwen3moe, RopeStyle::neox, false, true, false, FfnActivation::silu, false, true, ExpertGating::softmax,
+     true},
 };
 
 class MetaReader {
@@ -73,6 +81,38 @@ private:
     const GgufFile& file_;
     std::string prefix_;
 };
+
+// Largest expert count accepted (llama.cpp's LLAMA_MAX_EXPERTS).
+constexpr int64_t kMaxExperts = 1024;
+
+// The expert metadata (llama.cpp's keys): required and checked for an architecture with routed experts;
+// for one without, an expert_count above 0 (a Mixtral-style llama) is refused rather than run as dense.
+void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_view arch, ModelConfig& c) {
+    if (!traits.moe) {
+        if (meta.has("expert_count") && meta.get_int("expert_count") > 0)
+            meta.fail("expert_count", "value " + std::to_string(meta.get_int("expert_count")) +
+                                          ": mixture-of-experts " + std::string(arch) +
+                                          " models are not supported yet (supported: qwen3moe)");
+        return;
+    }
+    c.n_expert = meta.checked_count("expert_count", meta.get_int("expert_count"), kMaxExperts);
+    c.n_expert_used = meta.checked_count("expert_used_count", meta.get_int("expert_used_count"), c.n_expert);
+    // llama.cpp's fallback when the expert width is absent: the dense width split among the used experts.
+    if (meta.has("expert_feed_forward_length")) {
+        c.expert_ffn_dim =
+            meta.checked_count("expert_feed_forward_length", meta.get_int("expert_feed_forward_length"));
+    } else {
+        if (!meta.has("feed_forward_length"))
+            meta.fail("expert_feed_forward_length", "is missing (and no feed_forward_length to derive it from)");
+        c.expert_ffn_dim = meta.checked_count("expert_feed_forward_length",
+                                              meta.get_int("feed_forward_length") / c.n_expert_used);
+    }
+    if (meta.has("expert_shared_count") && meta.get_int("expert_shared_count") != 0)
+        meta.fail("expert_shared_count", "value " + std::to_string(meta.get_int("expert_shared_count")) + ": " +
+                                             std::string(arch) + " has no shared experts");
+    c.expert_gating = traits.gating;
+    c.expert_weights_norm = traits.expert_weights_norm;
+}
 
 // The vocabulary and the embedding must agree, as llama.cpp requires: a token id without an
 // embedding row would only fail mid-run ("token id 270 is outside the vocabulary"), and a row
@@ -154,6 +194,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     c.qk_norm = traits.qk_norm;
     c.post_norms = traits.post_norms;
     c.ffn_act = traits.ffn_act;
+    read_experts(meta, traits, arch_str, c);
 
     c.n_layers = meta.checked_count("block_count", meta.get_int("block_count"), 4096);
     c.dim = meta.checked_count("embedding_length", meta.get_int("embedding_length"));
@@ -173,7 +214,9 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     const std::vector<int64_t> n_heads = meta.per_layer("attention.head_count", c.n_layers);
     const std::vector<int64_t> n_kv_heads =
         meta.has("attention.head_count_kv") ? meta.per_layer("attention.head_count_kv", c.n_layers) : n_heads;
-    const std::vector<int64_t> ffn_dim = meta.per_layer("feed_forward_length", c.n_layers);
+    // A MoE model's layers multiply the expert width; its dense feed_forward_length is not used.
+    const std::vector<int64_t> ffn_dim = c.moe() ? std::vector<int64_t>(static_cast<size_t>(c.n_layers), c.expert_ffn_dim)
+                                                 : meta.per_layer("feed_forward_length", c.n_layers);
 
     // Head dims: key_length/value_length, defaulting to dim / n_heads of the first layer.
     const int32_t n_heads0 = meta.checked_count("attention.head_count", n_heads[0]);
@@ -215,7 +258,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         LayerConfig& lc = c.layers[static_cast<size_t>(l)];
         lc.n_heads = meta.checked_count("attention.head_count", n_heads[static_cast<size_t>(l)]);
         lc.n_kv_heads = meta.checked_count("attention.head_count_kv", n_kv_heads[static_cast<size_t>(l)]);
-        lc.ffn_dim = meta.checked_count("feed_forward_length", ffn_dim[static_cast<size_t>(l)]);
+        lc.ffn_dim = meta.checked_count(c.moe() ? "expert_feed_forward_length" : "feed_forward_length",
+                                        ffn_dim[static_cast<size_t>(l)]);
         if (lc.n_heads % lc.n_kv_heads != 0)
             meta.fail("attention.head_count_kv", "layer " + std::to_string(l) + ": " + std::to_string(lc.n_kv_heads) +
                                                      " KV heads do not divide " + std::to_string(lc.n_heads) +

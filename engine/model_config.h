@@ -12,9 +12,10 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3 };
+enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 enum class FfnActivation { silu, gelu_tanh }; // SwiGLU / GeGLU
+enum class ExpertGating { softmax, sigmoid };  // router logits -> expert probabilities
 
 // The architectures tern runs, by their general.architecture spelling.
 std::span<const std::string_view> supported_architectures();
@@ -55,6 +56,21 @@ struct ModelConfig {
     float attn_softcap = 0.0f;  // gemma2: scores -> c * tanh(s / c); 0 = off
     float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off
     bool tied_output = false;   // no output.weight: token_embd.weight is the lm_head
+
+    // Mixture of experts (n_expert > 0: every layer's FFN is routed; LayerConfig::ffn_dim is then the expert
+    // FFN width). Per token: router logits = ffn_gate_inp x, probabilities by `expert_gating`, the
+    // n_expert_used most probable experts (ties: the lower expert id first), their probabilities as weights
+    // (divided by their sum when expert_weights_norm, then times expert_weights_scale), and the FFN output
+    // the weighted sum of those experts' FFNs in rank order.
+    int32_t n_expert = 0;             // <arch>.expert_count
+    int32_t n_expert_used = 0;        // <arch>.expert_used_count
+    int32_t expert_ffn_dim = 0;       // <arch>.expert_feed_forward_length
+    ExpertGating expert_gating = ExpertGating::softmax;
+    bool expert_weights_norm = false; // qwen3moe: always (llama.cpp's norm_w), no key
+    float expert_weights_scale = 1.0f;
+    int32_t n_expert_shared = 0;      // shared experts beside the routed ones (none in the families run yet)
+    int32_t expert_shared_ffn_dim = 0;
+    bool moe() const { return n_expert > 0; }
 
     int32_t max_n_heads() const;
     int32_t max_n_kv_heads() const;

@@ -14,10 +14,11 @@ namespace {
 enum class Need { required, optional };
 
 // Which dimension disagrees, in words: "ne[1] is 256, the metadata says 512".
-std::string describe(const GgufTensor& t, int64_t n0, int64_t n1) {
+std::string describe(const GgufTensor& t, int64_t n0, int64_t n1, int64_t n2) {
     if (t.ne[0] != n0) return "ne[0] is " + std::to_string(t.ne[0]) + ", the metadata says " + std::to_string(n0);
     if (t.ne[1] != n1) return "ne[1] is " + std::to_string(t.ne[1]) + ", the metadata says " + std::to_string(n1);
-    return std::to_string(t.n_dims) + " dimensions where at most 2 are used";
+    if (t.ne[2] != n2) return "ne[2] is " + std::to_string(t.ne[2]) + ", the metadata says " + std::to_string(n2);
+    return std::to_string(t.n_dims) + " dimensions where at most " + (n2 > 1 ? "3" : "2") + " are used";
 }
 
 // The tensor's bytes where kernels can read them: in place when aligned, else an aligned copy kept
@@ -46,11 +47,18 @@ public:
     WeightRef vector(const std::string& name, int64_t n, const char* dims, Need need = Need::required) const {
         return bind(name, n, 1, 1, dims, need);
     }
+    // n_mats matrices of n_out rows by n_in, stored as ne = {n_in, n_out, n_mats} (the expert tensors).
+    WeightRef stack(const std::string& name, int64_t n_in, int64_t n_out, int64_t n_mats, const char* dims) const {
+        return bind(name, n_in, n_out, 3, dims, Need::required, n_mats);
+    }
 
 private:
-    WeightRef bind(const std::string& name, int64_t n0, int64_t n1, int n_dims, const char* dims, Need need) const {
-        const std::string expected =
-            n_dims == 1 ? "[" + std::to_string(n0) + "]" : "[" + std::to_string(n0) + ", " + std::to_string(n1) + "]";
+    WeightRef bind(const std::string& name, int64_t n0, int64_t n1, int n_dims, const char* dims, Need need,
+                   int64_t n2 = 1) const {
+        std::string expected =
+            n_dims == 1 ? "[" + std::to_string(n0) + "]" : "[" + std::to_string(n0) + ", " + std::to_string(n1);
+        if (n_dims == 2) expected += "]";
+        if (n_dims == 3) expected += ", " + std::to_string(n2) + "]";
         const GgufTensor* t = file_.find_tensor(name);
         if (!t) {
             if (need == Need::optional) return WeightRef{name};
@@ -58,10 +66,10 @@ private:
                              dims + "; an incomplete conversion or a damaged file?)");
         }
         // Trailing dimensions of size 1 are allowed: some writers store vectors as [n, 1].
-        const bool shape_ok = t->ne[0] == n0 && t->ne[1] == n1 && t->ne[2] == 1 && t->ne[3] == 1 && t->n_dims >= 1;
+        const bool shape_ok = t->ne[0] == n0 && t->ne[1] == n1 && t->ne[2] == n2 && t->ne[3] == 1 && t->n_dims >= 1;
         if (!shape_ok)
             throw InputError(file_.path() + ": tensor " + name + " has shape " + t->shape_string() + " but expected " +
-                             expected + " " + dims + " from the metadata (" + describe(*t, n0, n1) +
+                             expected + " " + dims + " from the metadata (" + describe(*t, n0, n1, n2) +
                              "; a damaged file or mismatched metadata?)");
         const TypeInfo& ti = type_info(t->type);
         if (!ti.can_dequantize)
@@ -72,6 +80,7 @@ private:
         w.type = t->type;
         w.ne[0] = n0;
         w.ne[1] = n1;
+        w.n_mats = n2;
         w.data = aligned_bytes(*t, store_);
         return w;
     }
@@ -115,12 +124,22 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
         lw.wo = b.matrix(p + "attn_output.weight", o_dim, c.dim, "[n_heads*head_dim_v, dim]");
         lw.bo = b.vector(p + "attn_output.bias", c.dim, "[dim]", Need::optional);
         lw.ffn_norm = b.vector(p + "ffn_norm.weight", c.dim, "[dim]");
-        lw.w_gate = b.matrix(p + "ffn_gate.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
-        lw.w_up = b.matrix(p + "ffn_up.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
-        lw.w_down = b.matrix(p + "ffn_down.weight", lc.ffn_dim, c.dim, "[ffn_dim, dim]");
-        lw.b_gate = b.vector(p + "ffn_gate.bias", lc.ffn_dim, "[ffn_dim]", Need::optional);
-        lw.b_up = b.vector(p + "ffn_up.bias", lc.ffn_dim, "[ffn_dim]", Need::optional);
-        lw.b_down = b.vector(p + "ffn_down.bias", c.dim, "[dim]", Need::optional);
+        if (c.moe()) {
+            lw.ffn_gate_inp = b.matrix(p + "ffn_gate_inp.weight", c.dim, c.n_expert, "[dim, n_expert]");
+            lw.gate_exps = b.stack(p + "ffn_gate_exps.weight", c.dim, c.expert_ffn_dim, c.n_expert,
+                                   "[dim, expert_ffn, n_expert]");
+            lw.up_exps = b.stack(p + "ffn_up_exps.weight", c.dim, c.expert_ffn_dim, c.n_expert,
+                                 "[dim, expert_ffn, n_expert]");
+            lw.down_exps = b.stack(p + "ffn_down_exps.weight", c.expert_ffn_dim, c.dim, c.n_expert,
+                                   "[expert_ffn, dim, n_expert]");
+        } else {
+            lw.w_gate = b.matrix(p + "ffn_gate.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
+            lw.w_up = b.matrix(p + "ffn_up.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
+            lw.w_down = b.matrix(p + "ffn_down.weight", lc.ffn_dim, c.dim, "[ffn_dim, dim]");
+            lw.b_gate = b.vector(p + "ffn_gate.bias", lc.ffn_dim, "[ffn_dim]", Need::optional);
+            lw.b_up = b.vector(p + "ffn_up.bias", lc.ffn_dim, "[ffn_dim]", Need::optional);
+            lw.b_down = b.vector(p + "ffn_down.bias", c.dim, "[dim]", Need::optional);
+        }
         if (c.post_norms) {
             lw.post_attn_norm = b.vector(p + "post_attention_norm.weight", c.dim, "[dim]");
             lw.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", c.dim, "[dim]");

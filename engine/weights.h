@@ -17,6 +17,7 @@ struct WeightRef {
     std::string name; // GGUF tensor name, for messages
     GgmlType type = GgmlType::F32;
     int64_t ne[2] = {0, 0};        // (ne[0] = n_in / length, ne[1] = n_out rows; 1 for vectors)
+    int64_t n_mats = 1;            // a stack of matrices (ne[2] of a 3-D expert tensor), each n_out rows
     const uint8_t* data = nullptr; // inside the mapping; nullptr for an absent optional tensor
 
     bool present() const { return data != nullptr; }
@@ -24,6 +25,15 @@ struct WeightRef {
     int64_t n_out() const { return ne[1]; }
     size_t row_size() const { return row_bytes(type, ne[0]); }
     const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_size(); }
+    size_t n_bytes() const { return row_size() * static_cast<size_t>(ne[1] * n_mats); }
+    // Matrix e of a stack: its rows are contiguous (rows e*n_out .. (e+1)*n_out - 1 of the tensor), so it is a
+    // plain 2-D view every matmul takes.
+    WeightRef matrix(int64_t e) const {
+        WeightRef m = *this;
+        m.n_mats = 1;
+        m.data = data + static_cast<size_t>(e * ne[1]) * row_size();
+        return m;
+    }
 };
 
 struct LayerWeights {
@@ -39,6 +49,9 @@ struct LayerWeights {
     WeightRef w_down;               // (dim, ffn_dim)
     WeightRef b_gate, b_up, b_down; // optional
     WeightRef post_ffn_norm;        // (dim) when ModelConfig::post_norms
+    // Mixture of experts (ModelConfig::moe(); then w_gate/w_up/w_down are absent):
+    WeightRef ffn_gate_inp;                   // the router (n_expert, dim)
+    WeightRef gate_exps, up_exps, down_exps;  // n_expert stacked (expert_ffn, dim), .. , (dim, expert_ffn)
 };
 
 struct ModelWeights {

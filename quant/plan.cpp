@@ -86,6 +86,13 @@ GgmlType mixture_type(const PlanInput& t, const ModelFacts& m, QuantFtype f, Ggm
     }
     if (contains(name, "token_embd.weight")) return type;   // untied embeddings keep the default
 
+    // llama-quantize gives an 8-expert model's attn_k and attn_v Q8_0 ("trades just ~128MB"), whatever the rules
+    // below say.
+    if (m.n_expert == 8 && (contains(name, "attn_k.weight") || contains(name, "attn_v.weight"))) {
+        if (contains(name, "attn_v.weight")) ++c.i_attn_v;
+        reason = "8-expert attn_k/attn_v";
+        return GgmlType::Q8_0;
+    }
     if (contains(name, "attn_v.weight")) {
         const int64_t i = c.i_attn_v++, n = c.n_attn_v;
         if (f == F::q2_k) type = gqa >= 4 ? GgmlType::Q4_K : GgmlType::Q3_K;
@@ -106,12 +113,21 @@ GgmlType mixture_type(const PlanInput& t, const ModelFacts& m, QuantFtype f, Ggm
         return type;
     }
     if (contains(name, "ffn_down")) {
-        const int64_t i = c.i_ffn_down++, n = m.n_layer;
+        // MoE models: the layer from the name (llama-quantize's layer_info), not the count of ffn_down tensors seen.
+        int64_t i = c.i_ffn_down++;
+        const int64_t n = m.n_layer;
+        if (m.n_expert > 1 && layer_of(name) >= 0) i = layer_of(name);
         if (f == F::q2_k) type = GgmlType::Q3_K;
         else if (f == F::q3_k_m) type = i < n / 16 ? GgmlType::Q5_K : GgmlType::Q4_K;
         else if (f == F::q4_k_s && i < n / 8) type = GgmlType::Q5_K;
         else if ((f == F::q4_k_m || f == F::q5_k_m) && more_bits(i, n)) type = GgmlType::Q6_K;
         if (type != def) reason = "ffn_down bump (i=" + std::to_string(i) + " of " + std::to_string(n) + ")";
+        return type;
+    }
+    if (contains(name, "attn_output.weight") && m.n_expert == 8) {
+        if (f == F::q2_k || f == F::q3_k_s || f == F::q3_k_m || f == F::q4_k_s || f == F::q4_k_m)
+            type = GgmlType::Q5_K;
+        if (type != def) reason = "8-expert attn_output bump";
         return type;
     }
     if (contains(name, "attn_output.weight")) {

@@ -64,6 +64,7 @@ struct ModelFacts {
     int64_t n_layer = 0;       // <arch>.block_count (n for ffn_down's counters)
     int64_t n_head = 0;        // first layer's head count (0 = unknown: GQA rules off)
     int64_t n_head_kv = 0;
+    int64_t n_expert = 0;      // <arch>.expert_count (0: dense): llama-quantize's 8-expert rules, ffn_down's layer
 };
 
 struct TypeOverride {

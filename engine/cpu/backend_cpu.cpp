@@ -191,20 +191,26 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         for (int64_t e = 0; e < n * dim; ++e)
             x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
 
-        // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
-        const int64_t ffn_dim = lc.ffn_dim;
-        gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
-        up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
-        norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.gate); // gate and up share one quantized input
-        if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_gate_up, xn.data(), n, dim);
-        project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
-        if (c.ffn_act == FfnActivation::silu)
-            swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
-        else
-            geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
-        if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_down, gate.data(), n, ffn_dim);
-        input_.reset(gate.data(), ffn_dim, n);
-        project(pl.down, lv.b_down, input_, out.data());
+        // FFN block: down(act(gate x) * (up x)), or the routed experts' (backend_cpu_moe.cpp); gemma's post-FFN
+        // norm, residual.
+        if (c.moe()) {
+            norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.router);
+            moe_ffn(pl, n, out.data());
+        } else {
+            const int64_t ffn_dim = lc.ffn_dim;
+            gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
+            up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
+            norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.gate); // gate and up share one quantized input
+            if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_gate_up, xn.data(), n, dim);
+            project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
+            if (c.ffn_act == FfnActivation::silu)
+                swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
+            else
+                geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
+            if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_down, gate.data(), n, ffn_dim);
+            input_.reset(gate.data(), ffn_dim, n);
+            project(pl.down, lv.b_down, input_, out.data());
+        }
         if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);
         for (int64_t e = 0; e < n * dim; ++e)
             x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];

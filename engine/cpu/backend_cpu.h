@@ -106,6 +106,9 @@ private:
     void project_shared(const FusedProjections& fused, std::initializer_list<const PreparedProjection*> ps,
                         std::initializer_list<const std::vector<float>*> biases, MatmulInput& in,
                         std::initializer_list<float*> ys);
+    // out (n, dim) = the mixture-of-experts FFN of layer pl over input_ (the normed rows, quantized for pl.router
+    // by norm_input). Defined in backend_cpu_moe.cpp.
+    void moe_ffn(const PreparedLayer& pl, int64_t n, float* out);
     // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
     // l's cache of sequence seq, which already holds those positions. Defined in backend_cpu_attention.cpp.
     void attend(int32_t l, int32_t seq, int32_t pos0, int64_t n, const float* q, float* att);

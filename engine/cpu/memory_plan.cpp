@@ -14,7 +14,7 @@ constexpr uint64_t kFixedOverhead = 32ull << 20;
 
 uint64_t weight_bytes(const WeightRef& w) {
     if (!w.present()) return 0;
-    return static_cast<uint64_t>(w.row_size()) * static_cast<uint64_t>(std::max<int64_t>(w.n_out(), 1));
+    return static_cast<uint64_t>(w.row_size()) * static_cast<uint64_t>(std::max<int64_t>(w.n_out(), 1) * w.n_mats);
 }
 
 } // namespace
@@ -35,7 +35,9 @@ MemoryNeed cpu_memory_need(const ModelConfig& c, const ModelWeights& w, const Me
     add(w.output, true);
     add(w.rope_freqs, false);
     for (const LayerWeights& l : w.layers) {
-        for (const WeightRef* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*m, true);
+        for (const WeightRef* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ffn_gate_inp,
+                                   &l.gate_exps, &l.up_exps, &l.down_exps})
+            add(*m, true);
         for (const WeightRef* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
                                    &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm})
             add(*v, false);
@@ -54,6 +56,8 @@ MemoryNeed cpu_memory_need(const ModelConfig& c, const ModelWeights& w, const Me
         widest_ffn = std::max<uint64_t>(widest_ffn, static_cast<uint64_t>(l.ffn_dim));
     }
     per_token += 4 * widest_attn + 2 * 4 * widest_ffn + 2 * std::max<uint64_t>(static_cast<uint64_t>(c.dim), widest_ffn);
+    // MoE: the router's logits, and each used expert's output row and a gathered input row (backend_cpu_moe.cpp).
+    per_token += 4 * (static_cast<uint64_t>(c.n_expert) + static_cast<uint64_t>(c.n_expert_used + 1) * c.dim);
     const uint64_t batch = static_cast<uint64_t>(std::max(1, std::min(r.n_batch, std::max(r.n_ctx, 1))));
     const uint64_t logit_rows = static_cast<uint64_t>(std::max(1, r.n_logit_rows));
     need.buffers = batch * per_token + logit_rows * 4 * static_cast<uint64_t>(c.vocab) + kFixedOverhead;

@@ -45,6 +45,11 @@ struct FusedProjections {
 struct PreparedLayer {
     PreparedProjection q, k, v, o, gate, up, down;
     FusedProjections qkv, gate_up;
+    // Mixture of experts: the router, and each expert's matrices (its slice of the stacked tensor) as projections
+    // of their own, gate and up fused per expert where they can be. Empty for a dense layer.
+    PreparedProjection router;
+    std::vector<PreparedProjection> gate_exps, up_exps, down_exps;
+    std::vector<FusedProjections> gate_up_exps;
 };
 
 struct PreparedWeights {

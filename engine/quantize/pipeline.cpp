@@ -32,6 +32,7 @@ ModelFacts model_facts(const GgufFile& f) {
     m.n_head = first_int(f, m.arch + ".attention.head_count");
     m.n_head_kv = first_int(f, m.arch + ".attention.head_count_kv");
     if (m.n_head_kv == 0) m.n_head_kv = m.n_head;
+    m.n_expert = first_int(f, m.arch + ".expert_count");
     return m;
 }
 

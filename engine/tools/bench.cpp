@@ -54,6 +54,12 @@ uint64_t weight_bytes_per_token(const ModelWeights& w, const ModelConfig& config
                                    &l.bo, &l.post_attn_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down, &l.b_gate,
                                    &l.b_up, &l.b_down, &l.post_ffn_norm})
             bytes += tensor_bytes(*t);
+    // MoE: the whole router, and of the experts only the used ones' matrices.
+    for (const LayerWeights& l : w.layers) {
+        bytes += tensor_bytes(l.ffn_gate_inp);
+        for (const WeightRef* t : {&l.gate_exps, &l.up_exps, &l.down_exps})
+            if (t->present()) bytes += tensor_bytes(*t) * static_cast<uint64_t>(config.n_expert_used);
+    }
     bytes += tensor_bytes(w.output_norm) + tensor_bytes(w.rope_freqs);
     bytes += tensor_bytes(w.output);   // the lm_head: every row, every token
     // The lookup reads one row; a tied embedding is the lm_head just counted in full.

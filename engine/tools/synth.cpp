@@ -30,6 +30,7 @@ struct SynthTensor {
     int64_t ne0 = 1, ne1 = 1;   // ne1 == 1: a vector
     Role role = Role::matrix;
     float gain = 1.0f;          // multiplies the values (the tied embedding and its output norm)
+    int64_t ne2 = 1;            // a stack of ne2 matrices (the expert tensors)
 };
 
 // A tied embedding is also the lm_head, and with random weights (no training to cancel it) the
@@ -68,9 +69,16 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
         t.push_back({p + "attn_output.weight", q_dim, s.dim, Role::matrix});
         if (s.post_norms) t.push_back({p + "post_attention_norm.weight", s.dim, 1, Role::norm});
         t.push_back({p + "ffn_norm.weight", s.dim, 1, Role::norm});
-        t.push_back({p + "ffn_gate.weight", s.dim, s.ffn_dim, Role::matrix});
-        t.push_back({p + "ffn_up.weight", s.dim, s.ffn_dim, Role::matrix});
-        t.push_back({p + "ffn_down.weight", s.ffn_dim, s.dim, Role::matrix});
+        if (s.n_expert > 0) {
+            t.push_back({p + "ffn_gate_inp.weight", s.dim, s.n_expert, Role::matrix});
+            t.push_back({p + "ffn_gate_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
+            t.push_back({p + "ffn_up_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
+            t.push_back({p + "ffn_down_exps.weight", s.expert_ffn_dim, s.dim, Role::matrix, 1.0f, s.n_expert});
+        } else {
+            t.push_back({p + "ffn_gate.weight", s.dim, s.ffn_dim, Role::matrix});
+            t.push_back({p + "ffn_up.weight", s.dim, s.ffn_dim, Role::matrix});
+            t.push_back({p + "ffn_down.weight", s.ffn_dim, s.dim, Role::matrix});
+        }
         if (s.post_norms) t.push_back({p + "post_ffw_norm.weight", s.dim, 1, Role::norm});
     }
     return t;
@@ -94,6 +102,11 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
     if (s.arch == "llama") {
         kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))});
         kv.push_back({a + "vocab_size", GgufValue::make_u32(static_cast<uint32_t>(vocab))});
+    }
+    if (s.n_expert > 0) {
+        kv.push_back({a + "expert_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert))});
+        kv.push_back({a + "expert_used_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert_used))});
+        kv.push_back({a + "expert_feed_forward_length", GgufValue::make_u32(static_cast<uint32_t>(s.expert_ffn_dim))});
     }
     if (s.sliding_window > 0)
         kv.push_back({a + "attention.sliding_window", GgufValue::make_u32(static_cast<uint32_t>(s.sliding_window))});
@@ -151,7 +164,8 @@ int64_t chunk_elems(int64_t width) {
 // Fills `out` (the tensor in format `type`) from the tensor's quantized pool.
 void fill_tensor(const SynthTensor& t, GgmlType type, uint64_t tensor_seed, std::span<uint8_t> out, int n_threads) {
     const int64_t chunk = chunk_elems(t.ne0), chunks_per_row = t.ne0 / chunk;
-    const int64_t n_chunks = chunks_per_row * t.ne1, pool_chunks = std::min(n_chunks, kPoolChunks);
+    const int64_t n_rows = t.ne1 * t.ne2;
+    const int64_t n_chunks = chunks_per_row * n_rows, pool_chunks = std::min(n_chunks, kPoolChunks);
     const size_t chunk_bytes = row_bytes(type, chunk);
     std::vector<uint8_t> pool(static_cast<size_t>(pool_chunks) * chunk_bytes);
     std::string error;
@@ -177,7 +191,7 @@ void fill_tensor(const SynthTensor& t, GgmlType type, uint64_t tensor_seed, std:
         return;
     }
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_chunks >= (int64_t{1} << 14))
-    for (int64_t r = 0; r < t.ne1; ++r) {
+    for (int64_t r = 0; r < n_rows; ++r) {
         uint64_t state = ~tensor_seed ^ (static_cast<uint64_t>(r) * 0xD1B54A32D192ED03ull);
         uint8_t* dst = out.data() + static_cast<size_t>(r * chunks_per_row) * chunk_bytes;
         for (int64_t c = 0; c < chunks_per_row; ++c)
@@ -231,9 +245,10 @@ void write_synth_model(const SynthOptions& options, const std::string& out_path)
         PlanInput p;
         p.name = t.name;
         p.type = GgmlType::F32;
-        p.n_dims = t.ne1 > 1 ? 2 : 1;
+        p.n_dims = t.ne2 > 1 ? 3 : t.ne1 > 1 ? 2 : 1;
         p.ne[0] = t.ne0;
         p.ne[1] = t.ne1;
+        p.ne[2] = t.ne2;
         inputs.push_back(std::move(p));
     }
     ModelFacts facts;
@@ -241,6 +256,7 @@ void write_synth_model(const SynthOptions& options, const std::string& out_path)
     facts.n_layer = shape->n_layers;
     facts.n_head = shape->n_heads;
     facts.n_head_kv = shape->n_kv_heads;
+    facts.n_expert = shape->n_expert;
     PlanOptions po;
     po.ftype = *ftype;
     const QuantPlan plan = make_quant_plan(inputs, facts, po);

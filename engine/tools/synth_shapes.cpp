@@ -9,7 +9,7 @@ namespace {
 // Values from the models' published configs (config.json); head_dim is explicit where it is not
 // dim / n_heads (qwen3, gemma3). The "tiny" shapes are no real models: small shapes whose widths are
 // all multiples of 256 (every k-quant applies without a width fallback), one per architecture, for
-// tests; tiny-gemma3 has 6 layers so that it holds a global layer after its 5 sliding-window ones.
+// tests (tiny-qwen3moe: 8 experts of width 256, 2 used); tiny-gemma3 has 6 layers so that it holds a global layer after its 5 sliding-window ones.
 SynthShape make(std::string_view name, std::string_view arch, std::string_view model, int32_t dim, int32_t n_layers,
                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t ffn_dim, int32_t vocab,
                 int32_t n_ctx_train, float rope_base, float rms_eps) {
@@ -45,6 +45,15 @@ SynthShape qwen3(SynthShape s) {
     return s;
 }
 
+// Qwen3 MoE: qwen3's attention, n_expert routed experts of width expert_ffn_dim, n_used per token.
+SynthShape qwen3moe(SynthShape s, int32_t n_expert, int32_t n_used, int32_t expert_ffn_dim) {
+    s.qk_norm = true;
+    s.n_expert = n_expert;
+    s.n_expert_used = n_used;
+    s.expert_ffn_dim = expert_ffn_dim;
+    return s;
+}
+
 // Gemma 3: q/k norms, post norms, tied embeddings, 512-token windows on 5 of every 6 layers.
 SynthShape gemma3(SynthShape s) {
     s.tied_output = true;
@@ -54,11 +63,14 @@ SynthShape gemma3(SynthShape s) {
     return s;
 }
 
-const std::array<SynthShape, 11> kShapes = {
+const std::array<SynthShape, 12> kShapes = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
                     1e-6f))),
+    qwen3moe(make("tiny-qwen3moe", "qwen3moe", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f,
+                  1e-6f),
+             8, 2, 256),
     gemma3(make("tiny-gemma3", "gemma3", "tern tiny test model", 256, 6, 4, 1, 128, 768, 512, 2048, 1000000.0f,
                 1e-6f)),
     tied(make("llama-1b", "llama", "Llama 3.2 1B", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f)),

@@ -1,0 +1,45 @@
+#include "engine/moe_router.h"
+
+#include <cmath>
+
+namespace tern {
+
+void route_experts(const float* logits, const ModelConfig& c, float* probs, int32_t* ids, float* weights) {
+    const int32_t n = c.n_expert, k = c.n_expert_used;
+    if (c.expert_gating == ExpertGating::softmax) {
+        float max = -INFINITY;
+        for (int32_t e = 0; e < n; ++e)
+            if (logits[e] > max) max = logits[e];
+        double sum = 0.0;
+        for (int32_t e = 0; e < n; ++e) {
+            probs[e] = std::exp(logits[e] - max);
+            sum += probs[e];
+        }
+        const float inv = sum > 0.0 ? static_cast<float>(1.0 / sum) : 0.0f;
+        for (int32_t e = 0; e < n; ++e) probs[e] *= inv;
+    } else {
+        for (int32_t e = 0; e < n; ++e) probs[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    }
+    // Top-k by selection: k passes, each taking the largest probability not yet taken (the first of equals).
+    for (int32_t r = 0; r < k; ++r) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < n; ++e) {
+            bool taken = false;
+            for (int32_t j = 0; j < r && !taken; ++j) taken = ids[j] == e;
+            if (taken) continue;
+            if (best < 0 || probs[e] > probs[best] || (std::isnan(probs[best]) && !std::isnan(probs[e]))) best = e;
+        }
+        ids[r] = best;
+        weights[r] = probs[best];
+    }
+    if (c.expert_weights_norm) {
+        float sum = 0.0f;
+        for (int32_t r = 0; r < k; ++r) sum += weights[r];
+        if (!(sum >= 6.103515625e-5f)) sum = 6.103515625e-5f;
+        for (int32_t r = 0; r < k; ++r) weights[r] /= sum;
+    }
+    if (c.expert_weights_scale != 1.0f)
+        for (int32_t r = 0; r < k; ++r) weights[r] *= c.expert_weights_scale;
+}
+
+} // namespace tern
