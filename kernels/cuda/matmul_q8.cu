@@ -124,12 +124,18 @@ __device__ __forceinline__ void accumulate_unit(const uint8_t* __restrict__ wr, 
 // warp reads the gate and the up row together. blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..).
 // Rows are warp-uniform, so a warp past its matrix's n_out leaves whole.
 //
-// Launch bounds: 128 threads. Decode's one column and the one-matrix kernels leave ptxas its own register
-// target (lean, no spills: ptxas -v on sm_75 .. sm_120). The wider multi-matrix and GLU kernels also say "one
-// block per SM at least" (0 means unsaid): without it ptxas aims some of them (sm_120) at a register count a
-// few bytes short and spills; with it they take more registers for more loads in flight instead.
+// Launch bounds: 128 threads, and a least number of blocks per SM (0 means unsaid) that decides how many
+// registers ptxas may take. Decode's one-matrix and GLU kernels (one column) leave ptxas its own target (lean,
+// no spills: ptxas -v on sm_75 .. sm_120). Left to themselves, ptxas aims some of the others a few bytes short
+// and spills (since the Q4_K head is one 16-byte load: Q4_K at 3 columns on sm_90, Q5_K's q/k/v launch on
+// sm_120), so the other one-matrix and one-column kernels say 4 blocks (up to 128 registers) and the wider
+// multi-matrix and GLU kernels 1 (more registers for more loads in flight).
+template <Kind K, int NC> constexpr int min_blocks_per_sm() {
+    if (NC == 1 && K != Kind::several) return 0;
+    return K == Kind::one || NC == 1 ? 4 : 1;
+}
 template <GgmlType T, int NC, Kind K>
-__global__ void __launch_bounds__(kRowsPerBlock * 32, K == Kind::one || NC == 1 ? 0 : 1)
+__global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC>())
     matmul_q8_units(LaunchRows rows, int n_in, const uint8_t* __restrict__ xq) {
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;

@@ -155,6 +155,23 @@ __device__ __forceinline__ void load_unit_bytes_a8(const uint8_t* p, uint32_t (&
     w[3] = b.y;
 }
 
+// The head of a Q4_K / Q5_K super-block (d and dmin, then the 12 scale bytes) in one 16-byte load, and
+// sub-block j's six-bit scale and min from it as quant/blocks.h's q4_k_scale_min finds them, with selects
+// instead of its branch and byte loads: a branch between the units of a lane's loop kept ptxas from issuing
+// the next unit's loads before this one's arithmetic (an H100 read Q4_K rows at a third to a half of its
+// bandwidth). Super-blocks of 144 and 176 bytes from a 16-byte aligned row are 16-byte aligned.
+static_assert(offsetof(BlockQ4_K, scales) == 4 && offsetof(BlockQ5_K, scales) == 4 && sizeof(BlockQ4_K) % 16 == 0 &&
+              sizeof(BlockQ5_K) % 16 == 0);
+__device__ __forceinline__ void q4_k_head(const uint8_t* block, int j, uint32_t& dd, uint32_t& sc, uint32_t& m) {
+    const uint4 h = *reinterpret_cast<const uint4*>(block);
+    const int k = 8 * (j & 3);
+    const uint32_t s0 = (h.y >> k) & 0xFFu, s4 = (h.z >> k) & 0xFFu, s8 = (h.w >> k) & 0xFFu;   // scales[k/8 + 0, 4, 8]
+    const bool low = j < 4;
+    sc = low ? s0 & 63u : (s8 & 15u) | ((s0 >> 6) << 4);
+    m = low ? s4 & 63u : (s8 >> 4) | ((s4 >> 6) << 4);
+    dd = h.x;
+}
+
 // Traits: kTwoScales (D uses sc), kOffset (the S term exists), kMaxDot / kMaxSum (bounds of |D| / |S| for
 // |a| <= 128), load().
 template <GgmlType T> struct Q8Unit;
@@ -320,9 +337,8 @@ template <> struct Q8Unit<GgmlType::Q4_K> : ScaleAndOffset {
         const int shift = 4 * (j & 1);
         TERN_UNROLL
         for (int i = 0; i < 4; ++i) wu.q[i] = static_cast<int>((w[i] >> shift) & kLowNibbles);
-        uint8_t sc, m;
-        q4_k_scale_min(b + offsetof(BlockQ4_K, scales), j, sc, m);
-        const uint32_t dd = load_u32(b);
+        uint32_t dd, sc, m;
+        q4_k_head(b, j, dd, sc, m);
         wu.d = __fmul_rn(f16_to_float(dd), code_to_float(sc, 0.0f));
         wu.m = -__fmul_rn(f16_to_float(dd >> 16), code_to_float(m, 0.0f));
         wu.min_bytes = 0x0101u;
@@ -342,9 +358,8 @@ template <> struct Q8Unit<GgmlType::Q5_K> : ScaleAndOffset {
         TERN_UNROLL
         for (int i = 0; i < 4; ++i)
             wu.q[i] = static_cast<int>(((w[i] >> shift) & kLowNibbles) | (((hb[i] >> j) & 0x01010101u) << 4));
-        uint8_t sc, m;
-        q4_k_scale_min(b + offsetof(BlockQ5_K, scales), j, sc, m);
-        const uint32_t dd = load_u32(b);
+        uint32_t dd, sc, m;
+        q4_k_head(b, j, dd, sc, m);
         wu.d = __fmul_rn(f16_to_float(dd), code_to_float(sc, 0.0f));
         wu.m = -__fmul_rn(f16_to_float(dd >> 16), code_to_float(m, 0.0f));
         wu.min_bytes = 0x0101u;
