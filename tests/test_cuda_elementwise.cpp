@@ -25,6 +25,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/matmul_q8.h"
 #include "tests/cuda_device_array.h"
 #include "tests/kernel_test_data.h"
 
@@ -115,6 +116,43 @@ TEST_CASE("rmsnorm_rows matches rmsnorm_f32 per row: weighted or not, in place o
             }
         }
     }
+}
+
+TEST_CASE("rmsnorm_rows_q8 writes rmsnorm_rows' floats and quantize_activations' bytes of them, in one launch") {
+    for (int64_t width : {32, 96, 640, 4096, 14336}) {
+        for (int64_t rows : {1, 3, 17}) {
+            for (bool weighted : {true, false}) {
+                CAPTURE(width);
+                CAPTURE(rows);
+                CAPTURE(weighted);
+                const size_t count = static_cast<size_t>(rows * width);
+                std::vector<float> x = scaled_rows(rows, width, static_cast<uint32_t>(width * 3 + rows));
+                std::fill(x.begin(), x.begin() + 32, 0.0f);   // an all-zero block: d = 0
+                std::vector<float> w = tern::test::random_normal(static_cast<size_t>(width), 9, 0.5f);
+                for (float& v : w) v += 1.0f;
+                const DeviceArray<float> dx(x), dw(w);
+                DeviceArray<float> dy(count), dy_ref(count);
+                const size_t q8_bytes = tern::cuda::quantized_activation_bytes(rows, width);
+                DeviceArray<uint8_t> dq(q8_bytes), dq_ref(q8_bytes);
+                dq.write(std::vector<uint8_t>(q8_bytes, 0xA5));   // poisoned: every byte must be written
+                const float* wp = weighted ? dw.get() : nullptr;
+                REQUIRE(tern::cuda::rmsnorm_rows_q8_takes(dx.get(), wp, dy.get(), dq.get(), width));
+                tern::cuda::rmsnorm_rows_q8(dx.get(), wp, dy.get(), rows, width, kEps, dq.get(), nullptr);
+                tern::cuda::rmsnorm_rows(dx.get(), wp, dy_ref.get(), rows, width, kEps, nullptr);
+                tern::cuda::quantize_activations(dy_ref.get(), rows, width, dq_ref.get(), nullptr);
+                CHECK(dy.read() == dy_ref.read());
+                CHECK(dq.read() == dq_ref.read());
+            }
+        }
+    }
+    // What it does not take: a width of partial blocks, a misaligned pointer.
+    DeviceArray<float> a(64 + 4);
+    DeviceArray<uint8_t> q(tern::cuda::quantized_activation_bytes(1, 64) + 16);
+    CHECK_FALSE(tern::cuda::rmsnorm_rows_q8_takes(a.get(), nullptr, a.get(), q.get(), 48));
+    CHECK_FALSE(tern::cuda::rmsnorm_rows_q8_takes(a.get() + 1, nullptr, a.get(), q.get(), 32));
+    CHECK_FALSE(tern::cuda::rmsnorm_rows_q8_takes(a.get(), nullptr, a.get(), q.get() + 4, 32));
+    CHECK_THROWS_AS(tern::cuda::rmsnorm_rows_q8(a.get(), nullptr, a.get(), 1, 48, kEps, q.get(), nullptr),
+                    std::invalid_argument);
 }
 
 TEST_CASE("add_residual adds y, or RMSNorm(y) * w, to x (the forward's post-norm and residual)") {

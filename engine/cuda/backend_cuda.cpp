@@ -300,9 +300,25 @@ const void* CudaBackend::q8_input(const float* x, int64_t n, int64_t n_in) {
     return q8_acts_.data();
 }
 
+void CudaBackend::norm_for(const float* x, const float* norm, float* xn, int64_t n, float eps,
+                           const DeviceWeight& reader) {
+    const int64_t width = reader.n_in;
+    if (uses_q8(reader)) {
+        void* acts = q8_acts_.reserve(cuda::quantized_activation_bytes(n, width), "quantized activations");
+        if (cuda::rmsnorm_rows_q8_takes(x, norm, xn, acts, width)) {
+            cuda::rmsnorm_rows_q8(x, norm, xn, n, width, eps, acts, stream_);
+            q8_of_ = xn;
+            q8_n_ = n;
+            return;
+        }
+    }
+    cuda::rmsnorm_rows(x, norm, xn, n, width, eps, stream_);
+    q8_of_ = nullptr;
+}
+
 void CudaBackend::project_outputs(std::initializer_list<Projection> projections, const float* x, int64_t n,
-                                  bool accumulate) {
-    q8_of_ = nullptr;   // x is new
+                                  bool accumulate, bool new_input) {
+    if (new_input) q8_of_ = nullptr;
     const Projection* p = projections.begin();
     const auto count = static_cast<int>(projections.size());
     for (int first = 0; first < count;) {
@@ -320,11 +336,12 @@ void CudaBackend::project_outputs(std::initializer_list<Projection> projections,
     }
 }
 
-void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y) {
+void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y,
+                              bool new_input) {
     const DeviceWeight &gate = d.w_gate, &up = d.w_up;
     if (gate.type != up.type) {   // a mixed quantization: the two projections apart, then the activation
         float* u = up_.floats(static_cast<size_t>(n * up.n_out), "activations");
-        project(gate, x, n, d.b_gate, y);
+        project(gate, x, n, d.b_gate, y, new_input);
         project(up, x, n, d.b_up, u, false);
         if (act == FfnActivation::silu)
             cuda::swiglu(y, u, y, n * gate.n_out, stream_);
@@ -332,7 +349,7 @@ void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const flo
             cuda::geglu_tanh(y, u, y, n * gate.n_out, stream_);
         return;
     }
-    q8_of_ = nullptr;   // x is new
+    if (new_input) q8_of_ = nullptr;
     const cuda::GluActivation a =
         act == FfnActivation::silu ? cuda::GluActivation::silu : cuda::GluActivation::gelu_tanh;
     if (uses_q8(gate))
@@ -538,8 +555,12 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
         const DeviceLayer& d = layers_[static_cast<size_t>(l)];
 
-        // Attention block: q/k/v projections (+ biases), q/k norm and RoPE, the KV write, attention.
-        cuda::rmsnorm_rows(x, d.attn_norm, xn, n, dim, c.rms_eps, stream_);
+        // Attention block: q/k/v projections (+ biases), q/k norm and RoPE, the KV write, attention. Decode
+        // norms and quantizes q/k/v's input in one launch.
+        if (decode)
+            norm_for(x, d.attn_norm, xn, n, c.rms_eps, d.wq);
+        else
+            cuda::rmsnorm_rows(x, d.attn_norm, xn, n, dim, c.rms_eps, stream_);
         observe(first_layer_ + l, ProjectionInput::attn_qkv, xn, n, dim);
         cuda::RopeParams rope;
         rope.neox = c.rope_style == RopeStyle::neox;
@@ -550,7 +571,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         const float* q_norm = c.qk_norm ? d.q_norm : nullptr;
         const float* k_norm = c.qk_norm ? d.k_norm : nullptr;
         if (decode) {   // q, k and v in one launch; the rotated k and v stored by the rope kernel
-            project_outputs({{&d.wq, d.bq, q}, {&d.wk, d.bk, k}, {&d.wv, d.bv, v}}, xn, n, false);
+            project_outputs({{&d.wq, d.bq, q}, {&d.wk, d.bk, k}, {&d.wv, d.bv, v}}, xn, n, false, false);
             if (seqs)
                 cuda::qk_norm_rope_kv_write_tokens(kv_.layer(l), q, k, v, n, lc.n_heads, q_norm, k_norm, c.rms_eps,
                                                    rope, seqs->map, stream_);
@@ -583,10 +604,13 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         }
 
         // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
-        cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
+        if (decode)
+            norm_for(x, d.ffn_norm, xn, n, c.rms_eps, d.w_gate);
+        else
+            cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
         observe(first_layer_ + l, ProjectionInput::ffn_gate_up, xn, n, dim);
         if (decode) {
-            project_glu(d, c.ffn_act, xn, n, gate);
+            project_glu(d, c.ffn_act, xn, n, gate, false);
         } else {
             project(d.w_gate, xn, n, d.b_gate, gate);
             project(d.w_up, xn, n, d.b_up, up, false);   // gate and up read one input

@@ -110,8 +110,15 @@ private:
         const float* bias;
         float* y;
     };
-    void project_outputs(std::initializer_list<Projection> projections, const float* x, int64_t n, bool accumulate);
-    void project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y);
+    // new_input false: x came from norm_for, which already wrote its int8 form.
+    void project_outputs(std::initializer_list<Projection> projections, const float* x, int64_t n, bool accumulate,
+                         bool new_input = true);
+    void project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y,
+                     bool new_input = true);
+    // xn = RMSNorm(x) * norm (n rows of reader.n_in), the input of projections of `reader`'s format. When
+    // they take int8 activations, the norm's launch writes those too (rmsnorm_rows_q8) and q8_input finds
+    // them: pass new_input false to the projections that read xn next.
+    void norm_for(const float* x, const float* norm, float* xn, int64_t n, float eps, const DeviceWeight& reader);
     // Whether decode multiplies w by int8 activations (else by f32 ones), and x (n, n_in) in that form.
     bool uses_q8(const DeviceWeight& w) const;
     const void* q8_input(const float* x, int64_t n, int64_t n_in);

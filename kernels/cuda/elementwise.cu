@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/q8_units.cuh"
 #include "kernels/cuda/row_reduce.cuh"
 
 namespace tern::cuda {
@@ -43,7 +44,9 @@ void require(bool ok, const char* what) {
 // float; the scale and the products are the same IEEE float operations. The conversion and double add
 // per element cost nothing on H100/H200 and about keep pace with memory where FP64 runs at 1/64 rate.
 
-enum class NormOut { store, add }; // y = norm(x) * w, or x += norm(y) * w (add_residual)
+// y = norm(x) * w; x += norm(y) * w (add_residual); or y = norm(x) * w and y also as q8 units (the input of
+// the int8 decode matmuls, written by the lanes that computed it: one launch instead of two).
+enum class NormOut { store, add, store_q8 };
 
 template <int VEC> struct Vec;
 template <> struct Vec<1> {
@@ -65,9 +68,11 @@ template <> struct Vec<4> {
 };
 
 // One block per row of `width` floats (VEC | width). `src` is the row that is normed; with NormOut::store
-// the result goes to dst (which may be src), with NormOut::add it is added to dst. w may be null.
+// the result goes to dst (which may be src), with NormOut::add it is added to dst. w may be null. With
+// NormOut::store_q8 (VEC 4, width a multiple of 32, a multiple of 32 threads: the 8 lanes of a 32-element
+// block are always active together) row r is also written as q8 units at q8 + r * q8_column_bytes(width).
 template <int VEC, NormOut MODE>
-__global__ void rmsnorm_rows_kernel(const float* src, const float* w, float* dst, int width, float eps) {
+__global__ void rmsnorm_rows_kernel(const float* src, const float* w, float* dst, int width, float eps, uint8_t* q8) {
     using V = Vec<VEC>;
     using T = typename V::type;
     const int64_t row_offset = static_cast<int64_t>(blockIdx.x) * width;
@@ -100,22 +105,33 @@ __global__ void rmsnorm_rows_kernel(const float* src, const float* w, float* dst
             V::set(out, j, MODE == NormOut::add ? __fadd_rn(V::get(out, j), y) : y);
         }
         d[i] = out;
+        if constexpr (MODE == NormOut::store_q8) {
+            static_assert(VEC == 4, "q8 units take four elements a lane");
+            q8_units::write_block(out, i % q8_units::kLanesPerBlock, i / q8_units::kLanesPerBlock, width,
+                                  q8 + static_cast<int64_t>(blockIdx.x) * (width + width / 2));
+        }
     }
 }
 
 template <NormOut MODE>
 void launch_rmsnorm_rows(const float* src, const float* w, float* dst, int64_t rows, int64_t width, float eps,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, uint8_t* q8 = nullptr) {
     require(rows >= 0 && width >= 0, "negative rows or width");
     require(width <= (int64_t{1} << 30) && rows < (int64_t{1} << 31), "rows or width too large");
     if (rows == 0 || width == 0) return;
     const dim3 grid(static_cast<unsigned>(rows));
-    if (width % 4 == 0 && aligned16(src) && aligned16(w) && aligned16(dst)) {
+    const bool vec4 = width % 4 == 0 && aligned16(src) && aligned16(w) && aligned16(dst);
+    if constexpr (MODE == NormOut::store_q8) {
+        require(rmsnorm_rows_q8_takes(src, w, dst, q8, width),
+                "q8 output needs a width of whole 32-element blocks and 16-byte alignment");
         launch(rmsnorm_rows_kernel<4, MODE>, grid, dim3(row_threads(width / 4, 4)), 0, stream, src, w, dst,
-               static_cast<int>(width), eps);
+               static_cast<int>(width), eps, q8);
+    } else if (vec4) {
+        launch(rmsnorm_rows_kernel<4, MODE>, grid, dim3(row_threads(width / 4, 4)), 0, stream, src, w, dst,
+               static_cast<int>(width), eps, q8);
     } else {
         launch(rmsnorm_rows_kernel<1, MODE>, grid, dim3(row_threads(width, 16)), 0, stream, src, w, dst,
-               static_cast<int>(width), eps);
+               static_cast<int>(width), eps, q8);
     }
 }
 
@@ -248,6 +264,16 @@ void check_argmax_shape(int64_t rows, int64_t width) {
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t width, float eps,
                   cudaStream_t stream) {
     launch_rmsnorm_rows<NormOut::store>(x, w, y, rows, width, eps, stream);
+}
+
+void rmsnorm_rows_q8(const float* x, const float* w, float* y, int64_t rows, int64_t width, float eps, void* q8,
+                     cudaStream_t stream) {
+    launch_rmsnorm_rows<NormOut::store_q8>(x, w, y, rows, width, eps, stream, static_cast<uint8_t*>(q8));
+}
+
+bool rmsnorm_rows_q8_takes(const void* x, const void* w, const void* y, const void* q8, int64_t width) {
+    return width > 0 && width % 32 == 0 && aligned16(x) && aligned16(w) && aligned16(y) && aligned16(q8) &&
+           x != nullptr && y != nullptr && q8 != nullptr;
 }
 
 void add_residual(float* x, const float* y, const float* w, int64_t rows, int64_t width, float eps,

@@ -12,6 +12,14 @@ inline namespace TERN_CUDA_ABI {
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t width, float eps,
                   cudaStream_t stream);
 
+// rmsnorm_rows, and its output also as int8 q8 units in `q8` (quantize_activations' layout and bytes,
+// kernels/cuda/matmul_q8.h: q8_column_bytes(width) a row): the int8 decode matmuls' input in the same launch.
+// width a multiple of 32; x, w, y and q8 16-byte aligned (std::invalid_argument otherwise).
+void rmsnorm_rows_q8(const float* x, const float* w, float* y, int64_t rows, int64_t width, float eps, void* q8,
+                     cudaStream_t stream);
+// Whether rmsnorm_rows_q8 takes these pointers and width.
+bool rmsnorm_rows_q8_takes(const void* x, const void* w, const void* y, const void* q8, int64_t width);
+
 // x += (w ? RMSNorm(y) * w : y) for each row: a sub-block's output joins the residual stream, through
 // gemma's post-norm when w is given.
 void add_residual(float* x, const float* y, const float* w, int64_t rows, int64_t width, float eps,

@@ -24,6 +24,7 @@
 #include "kernels/cuda/matmul_epilogue.cuh"
 #include "kernels/cuda/matmul_q8.h"
 #include "kernels/cuda/q8_dot.cuh"
+#include "kernels/cuda/q8_units.cuh"
 
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
@@ -34,7 +35,7 @@ constexpr int kRowsPerBlock = 4;       // warps per block of the matmul
 constexpr int kMaxColumns = 8;         // columns sharing one pass over the weights
 constexpr int kDecodeDepth = 4;        // units a lane has in flight in the one-column (decode) kernels
 constexpr int kQuantizeThreads = 256;  // 32 activation blocks per thread block
-constexpr int kThreadsPerActBlock = 8;
+constexpr int kThreadsPerActBlock = q8_units::kLanesPerBlock;
 
 using matmul_epilogue::Epilogue;
 using matmul_epilogue::Kind;
@@ -55,37 +56,9 @@ __global__ void __launch_bounds__(kQuantizeThreads)
                       threadIdx.x / kThreadsPerActBlock;
     if (g >= n_blocks) return;   // the 8 threads of a block leave together
     const int t = static_cast<int>(threadIdx.x % kThreadsPerActBlock);
-    const unsigned group = 0xFFu << (threadIdx.x % 32 & 24u);
     const float4 v = reinterpret_cast<const float4*>(x)[g * kThreadsPerActBlock + t];
-    // amax = max |x| of the block, in any order (max is exact); fmaxf ignores NaN as the CPU's fmax does.
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-    TERN_UNROLL
-    for (int offset = 1; offset < kThreadsPerActBlock; offset *= 2)
-        amax = fmaxf(amax, __shfl_xor_sync(group, amax, offset));
-    // As quantize_act_q8_0_scalar: d = amax / 127 kept as an f16, codes from id = 127 / amax (not 1 / d),
-    // rounded half to even, clamped as the CPU's packs would (never reached: |x * id| <= 127 + 2 ulp).
-    const float d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
-    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    const float xs[4] = {v.x, v.y, v.z, v.w};
-    uint32_t word = 0;
-    int sum = 0;
-    TERN_UNROLL
-    for (int i = 0; i < 4; ++i) {
-        const int q = min(127, max(-128, __float2int_rn(__fmul_rn(xs[i], id))));
-        word |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * i);
-        sum += q;
-    }
-    sum += __shfl_xor_sync(group, sum, 1);                       // piece t / 2
-    const int last_half_sum = __shfl_xor_sync(group, sum, 4);    // piece t / 2 + 2, the same unit's last half
-    const int b = static_cast<int>(g % blocks_per_column);
-    uint8_t* col = out + (g / blocks_per_column) * column_bytes;
-    const int p = t / 2;
-    *reinterpret_cast<uint32_t*>(col + 32 * b + 16 * (p % 2) + 8 * (p / 2) + 4 * (t % 2)) = word;
-    if (t == 0 || t == 2) {   // the first half of unit t / 2: write the unit's scale and sums
-        const uint32_t sums = (static_cast<uint32_t>(sum) & 0xFFFFu) | (static_cast<uint32_t>(last_half_sum) << 16);
-        const int n_in = blocks_per_column * 32;
-        *reinterpret_cast<uint2*>(col + n_in + 8 * (2 * b + t / 2)) = make_uint2(__float_as_uint(d), sums);
-    }
+    q8_units::write_block(v, t, static_cast<int>(g % blocks_per_column), blocks_per_column * 32,
+                          out + (g / blocks_per_column) * column_bytes);
 }
 
 // ---- matmul_q8 -----------------------------------------------------------------------------------
