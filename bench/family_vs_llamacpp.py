@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Each model family tern runs, against llama.cpp, on tiny `tern synth` files (bench/family_vs_llamacpp.sh).
+
+For every shape and file type: tern writes the file, llama-server loads it (a file llama.cpp cannot load is
+reported, not skipped), and both decode 3 prompts greedily. Compared per prompt:
+  - the prompt's token ids (llama-server's /tokenize against `tern run --json`'s prompt_tokens);
+  - the greedy ids over -n tokens. Where they first differ, llama.cpp's own top-1/top-2 logit margin at that
+    step says whether it is a near-tie (shared/reference/README.md: greedy ids agree until a step whose margin
+    is within the comparison's noise, 0.05 for F16 files and 1.0 for quantized ones here).
+Prints a markdown table; exit status 1 when a file does not load or a prompt differs outside a near-tie.
+"""
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
+NOISE = {"f32": 0.01, "f16": 0.05, "bf16": 0.2}   # other (quantized) types: 1.0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(port, path, body, timeout=120):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    if resp.status != 200:
+        raise RuntimeError("%s: HTTP %d: %s" % (path, resp.status, data[:200]))
+    return json.loads(data)
+
+
+def start_server(args, model, log_path):
+    port = free_port()
+    log = open(log_path, "w")
+    proc = subprocess.Popen([args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t",
+                             str(args.threads), "-c", "512", "--no-repack", "--no-warmup"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(600):
+        if proc.poll() is not None:
+            return None, proc
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/health")
+            ok = conn.getresponse().status == 200
+            conn.close()
+            if ok:
+                return port, proc
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return None, proc
+
+
+def llama_greedy(port, prompt, n):
+    tokens = post(port, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+    r = post(port, "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0, "n_probs": 2,
+                                   "return_tokens": True, "cache_prompt": False})
+    margins = []
+    for step in r.get("completion_probabilities", []):
+        top = step.get("top_logprobs") or []
+        margins.append(top[0]["logprob"] - top[1]["logprob"] if len(top) >= 2 else None)
+    return tokens, r["tokens"], margins
+
+
+def tern_greedy(args, model, prompt, n):
+    out = subprocess.run([args.tern, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "--seed", "1",
+                          "-c", "512", "-t", str(args.threads), "--no-prompt-cache", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError("tern run: exit %d: %s" % (out.returncode, out.stderr.strip()[-300:]))
+    d = json.loads(out.stdout)
+    return d["prompt_tokens"], d["tokens"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tern", required=True)
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--shapes", default="tiny tiny-qwen2 tiny-qwen3 tiny-gemma3 tiny-qwen3moe")
+    ap.add_argument("--types", default="f16 q4_k_m")
+    ap.add_argument("-n", type=int, default=32)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    work = tempfile.mkdtemp(prefix="tern-family.")
+    rows, bad = [], 0
+    for shape in args.shapes.split():
+        for ftype in args.types.split():
+            model = os.path.join(work, "%s-%s.gguf" % (shape, ftype))
+            synth = subprocess.run([args.tern, "synth", model, "--shape", shape, "--type", ftype],
+                                   capture_output=True, text=True)
+            if synth.returncode != 0:
+                rows.append((shape, ftype, "-", "tern synth failed: " + synth.stderr.strip()[-120:], "", "", "FAILED"))
+                bad += 1
+                continue
+            log_path = os.path.join(work, "%s-%s.llama.log" % (shape, ftype))
+            port, proc = start_server(args, model, log_path)
+            if port is None:
+                tail = open(log_path).read().strip().splitlines()[-1:] or ["?"]
+                rows.append((shape, ftype, "-", "llama.cpp cannot load it: " + tail[0][:120], "", "", "FAILED"))
+                bad += 1
+                proc.kill()
+                continue
+            try:
+                for prompt in PROMPTS:
+                    l_prompt, l_gen, margins = llama_greedy(port, prompt, args.n)
+                    t_prompt, t_gen = tern_greedy(args, model, prompt, args.n)
+                    same_prompt = l_prompt == t_prompt
+                    first = next((i for i, (a, b) in enumerate(zip(l_gen, t_gen)) if a != b), None)
+                    if first is None and len(l_gen) != len(t_gen):
+                        first = min(len(l_gen), len(t_gen))
+                    noise = NOISE.get(ftype, 1.0)
+                    if not same_prompt:
+                        verdict, where = "DIFFERS (prompt tokens)", ""
+                    elif first is None:
+                        verdict, where = "equal", ""
+                    else:
+                        m = margins[first] if first < len(margins) else None
+                        where = "step %d, llama.cpp margin %s" % (first, "?" if m is None else "%.3g" % m)
+                        verdict = "near-tie" if m is not None and m <= noise else "DIFFERS"
+                    if verdict.startswith("DIFFERS"):
+                        bad += 1
+                    equal = len(l_gen) if first is None else first
+                    rows.append((shape, ftype, json.dumps(prompt), "yes" if same_prompt else "no",
+                                 "%d/%d" % (equal, max(len(l_gen), len(t_gen))), where, verdict))
+            except (RuntimeError, OSError, ValueError, KeyError) as e:
+                rows.append((shape, ftype, "-", "error: %s" % str(e)[:160], "", "", "FAILED"))
+                bad += 1
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+    print("| shape | type | prompt | prompt tokens equal | greedy ids equal | first difference | verdict |")
+    print("|---|---|---|---|---:|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    print("\nnear-tie: llama.cpp's own top-1/top-2 margin at the first differing step is within the comparison's "
+          "noise (F16 0.05, BF16 0.2, quantized 1.0; shared/reference/README.md), so the paths may part there.")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
