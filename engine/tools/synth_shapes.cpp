@@ -63,7 +63,7 @@ SynthShape gemma3(SynthShape s) {
     return s;
 }
 
-const std::array<SynthShape, 12> kShapes = {
+const std::array<SynthShape, 13> kShapes = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
@@ -82,6 +82,10 @@ const std::array<SynthShape, 12> kShapes = {
     gemma3(make("gemma3-270m", "gemma3", "Gemma 3 270M", 640, 18, 4, 1, 256, 2048, 262144, 32768, 1000000.0f,
                 1e-6f)),
     gemma3(make("gemma3-1b", "gemma3", "Gemma 3 1B", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f)),
+    // Every layer's FFN is 128 experts of width 768, 8 used: 30.5B parameters, 3.3B active per token.
+    qwen3moe(make("qwen3moe-30b-a3b", "qwen3moe", "Qwen3 30B-A3B", 2048, 48, 32, 4, 128, 6144, 151936, 40960,
+                  1000000.0f, 1e-6f),
+             128, 8, 768),
 };
 
 } // namespace
