@@ -42,7 +42,7 @@ struct SynthTensor {
 // consecutive tokens out of 39): llama 20 -> 11, qwen3 28 -> 2 at 0.1; gemma3 39 -> 3 at 0.03.
 float tied_embedding_gain(const SynthShape& s) {
     if (!s.tied_output) return 1.0f;
-    return s.arch == "gemma3" ? 0.03f : 0.1f;
+    return s.arch == "gemma3" || s.arch == "gemma2" ? 0.03f : 0.1f;
 }
 
 std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
@@ -110,6 +110,10 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
     }
     if (s.sliding_window > 0)
         kv.push_back({a + "attention.sliding_window", GgufValue::make_u32(static_cast<uint32_t>(s.sliding_window))});
+    if (s.arch == "gemma2") {   // Gemma 2's configs: tanh caps on the attention scores and the logits
+        kv.push_back({a + "attn_logit_softcapping", GgufValue::make_f32(50.0f)});
+        kv.push_back({a + "final_logit_softcapping", GgufValue::make_f32(30.0f)});
+    }
     return kv;
 }
 

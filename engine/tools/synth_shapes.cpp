@@ -9,7 +9,8 @@ namespace {
 // Values from the models' published configs (config.json); head_dim is explicit where it is not
 // dim / n_heads (qwen3, gemma3). The "tiny" shapes are no real models: small shapes whose widths are
 // all multiples of 256 (every k-quant applies without a width fallback), one per architecture, for
-// tests (tiny-qwen3moe: 8 experts of width 256, 2 used); tiny-gemma3 has 6 layers so that it holds a global layer after its 5 sliding-window ones.
+// tests (tiny-qwen3moe: 8 experts of width 256, 2 used); tiny-gemma3 has 6 layers so that it holds a global layer after its 5 sliding-window ones;
+// tiny-gemma2 alternates local and global layers, 4 of them.
 SynthShape make(std::string_view name, std::string_view arch, std::string_view model, int32_t dim, int32_t n_layers,
                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t ffn_dim, int32_t vocab,
                 int32_t n_ctx_train, float rope_base, float rms_eps) {
@@ -54,6 +55,15 @@ SynthShape qwen3moe(SynthShape s, int32_t n_expert, int32_t n_used, int32_t expe
     return s;
 }
 
+// Gemma 2: post norms, tied embeddings, a sliding window on every other layer (the even ones), and the logit
+// softcaps its files carry (synth.cpp writes them).
+SynthShape gemma2(SynthShape s, int32_t window) {
+    s.tied_output = true;
+    s.post_norms = true;
+    s.sliding_window = window;
+    return s;
+}
+
 // Gemma 3: q/k norms, post norms, tied embeddings, 512-token windows on 5 of every 6 layers.
 SynthShape gemma3(SynthShape s) {
     s.tied_output = true;
@@ -63,7 +73,7 @@ SynthShape gemma3(SynthShape s) {
     return s;
 }
 
-const std::array<SynthShape, 13> kShapes = {
+const std::array<SynthShape, 15> kShapes = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
@@ -73,6 +83,9 @@ const std::array<SynthShape, 13> kShapes = {
              8, 2, 256),
     gemma3(make("tiny-gemma3", "gemma3", "tern tiny test model", 256, 6, 4, 1, 128, 768, 512, 2048, 1000000.0f,
                 1e-6f)),
+    // A 16-token window, so that a 32-token test run leaves it on the local layers.
+    gemma2(make("tiny-gemma2", "gemma2", "tern tiny test model", 256, 4, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-6f),
+           16),
     tied(make("llama-1b", "llama", "Llama 3.2 1B", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f)),
     tied(make("llama-3b", "llama", "Llama 3.2 3B", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000.0f, 1e-5f)),
     make("llama-8b", "llama", "Llama 3.1 8B", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f),
@@ -82,6 +95,7 @@ const std::array<SynthShape, 13> kShapes = {
     gemma3(make("gemma3-270m", "gemma3", "Gemma 3 270M", 640, 18, 4, 1, 256, 2048, 262144, 32768, 1000000.0f,
                 1e-6f)),
     gemma3(make("gemma3-1b", "gemma3", "Gemma 3 1B", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f)),
+    gemma2(make("gemma2-2b", "gemma2", "Gemma 2 2B", 2304, 26, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f), 4096),
     // Every layer's FFN is 128 experts of width 768, 8 used: 30.5B parameters, 3.3B active per token.
     qwen3moe(make("qwen3moe-30b-a3b", "qwen3moe", "Qwen3 30B-A3B", 2048, 48, 32, 4, 128, 6144, 151936, 40960,
                   1000000.0f, 1e-6f),

@@ -26,7 +26,7 @@ struct SynthShape {
     bool qkv_bias = false;          // qwen2: attn_{q,k,v}.bias
     bool qk_norm = false;           // qwen3, gemma3: attn_{q,k}_norm.weight
     bool post_norms = false;        // gemma: post_attention_norm / post_ffw_norm
-    int32_t sliding_window = 0;     // gemma3: the local layers' window (5 local : 1 global)
+    int32_t sliding_window = 0;     // gemma3: the local layers' window (5 local : 1 global); gemma2: every other layer
     int32_t n_expert = 0;           // qwen3moe: routed experts per layer (0: a dense FFN)
     int32_t n_expert_used = 0;
     int32_t expert_ffn_dim = 0;     // expert_feed_forward_length
