@@ -157,9 +157,10 @@ __device__ __forceinline__ void load_unit_bytes_a8(const uint8_t* p, uint32_t (&
 
 // The head of a Q4_K / Q5_K super-block (d and dmin, then the 12 scale bytes) in one 16-byte load, and
 // sub-block j's six-bit scale and min from it as quant/blocks.h's q4_k_scale_min finds them, with selects
-// instead of its branch and byte loads: a branch between the units of a lane's loop kept ptxas from issuing
-// the next unit's loads before this one's arithmetic (an H100 read Q4_K rows at a third to a half of its
-// bandwidth). Super-blocks of 144 and 176 bytes from a 16-byte aligned row are 16-byte aligned.
+// instead of its branch and byte loads: the branch split a lane's unrolled units into blocks, so ptxas could
+// not issue the next unit's loads before this one's arithmetic. On an H100 this made the 8-column kernels
+// 1.6-2.4x faster and left the one-column (decode) ones as they were (bench/results/gpu-2026-11-26-f11600f.md).
+// Super-blocks of 144 and 176 bytes from a 16-byte aligned row are 16-byte aligned.
 static_assert(offsetof(BlockQ4_K, scales) == 4 && offsetof(BlockQ5_K, scales) == 4 && sizeof(BlockQ4_K) % 16 == 0 &&
               sizeof(BlockQ5_K) % 16 == 0);
 __device__ __forceinline__ void q4_k_head(const uint8_t* block, int j, uint32_t& dd, uint32_t& sc, uint32_t& m) {
