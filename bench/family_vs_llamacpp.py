@@ -102,6 +102,9 @@ def main():
     # it on, and greedy paths then part from an f32 attention's (tern's) where margins are small. Off, llama.cpp
     # attends in f32 as tern does.
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="off")
+    ap.add_argument("--save-reference", metavar="DIR",
+                    help="also write llama.cpp's side of every case (prompt tokens, greedy ids, its top-2 margin at "
+                         "every step) to DIR/<shape>-<type>.json: tests/families_reference.py checks tern against them")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="tern-family.")
@@ -123,9 +126,14 @@ def main():
                 bad += 1
                 proc.kill()
                 continue
+            reference = {"shape": shape, "type": ftype, "seed": 1, "noise": NOISE.get(ftype, 1.0), "cases": []}
             try:
                 for prompt in PROMPTS:
                     l_prompt, l_gen = llama_greedy(port, prompt, args.n)
+                    if args.save_reference:
+                        reference["cases"].append({
+                            "prompt": prompt, "prompt_tokens": l_prompt, "tokens": l_gen,
+                            "margins": [llama_margin(port, l_prompt + l_gen[:i]) for i in range(len(l_gen))]})
                     t_prompt, t_gen = tern_greedy(args, model, prompt, args.n)
                     same_prompt = l_prompt == t_prompt
                     first = next((i for i, (a, b) in enumerate(zip(l_gen, t_gen)) if a != b), None)
@@ -149,6 +157,11 @@ def main():
                     equal = len(l_gen) if first is None else first
                     rows.append((shape, ftype, json.dumps(prompt), "yes" if same_prompt else "no",
                                  "%d/%d" % (equal, max(len(l_gen), len(t_gen))), where, verdict))
+                if args.save_reference:
+                    os.makedirs(args.save_reference, exist_ok=True)
+                    with open(os.path.join(args.save_reference, "%s-%s.json" % (shape, ftype)), "w") as f:
+                        json.dump(reference, f, indent=0)
+                        f.write("\n")
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 rows.append((shape, ftype, "-", "error: %s" % str(e)[:160], "", "", "FAILED"))
                 bad += 1

@@ -4,6 +4,10 @@
 # The peer is llama-server from bench/llamacpp_cpu_peer.sh (the llama.cpp of the llama-cpp-python sdist).
 #
 # Usage: bench/family_vs_llamacpp.sh [--shapes "tiny tiny-qwen2 ..."] [--types "f16 q4_k_m"] [-n N] [--out FILE]
+#                                    [--flash-attn on|off|auto] [--save-reference DIR]
+#   --save-reference DIR writes llama.cpp's side of every case (tests/data/families is the one the CI test
+#   tests/families_reference.py checks tern against: refresh it with --types "f32 f16 q4_k_m" after a change
+#   of the synth shapes or of the peer).
 #   TERN: the tern binary (default build/bin/tern); LLAMA_SERVER: a llama-server binary (default: built by
 #   llamacpp_cpu_bin). --out writes the table with a header naming both builds.
 set -euo pipefail
