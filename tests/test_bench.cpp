@@ -174,6 +174,28 @@ TEST_CASE("run_bench drives a backend: one time per run, from the depth context"
     CHECK_THROWS_AS(tern::run_bench(*backend, m.config.vocab, o), tern::UsageError);
 }
 
+TEST_CASE("run_bench --verify: one timed forward of the drafted tokens a run, and the context sized for it") {
+    const tern::Model m = tern::load_model(shared_path(kLlama2xs).string());
+    tern::BenchOptions o;
+    o.n_prompt = 0;
+    o.n_gen = 3;
+    o.n_verify = 9;   // more than n_gen: the context must hold it
+    o.repetitions = 2;
+    o.depth = 5;
+    CHECK(tern::bench_context_size(o) == 14);
+    tern::RunOptions run;
+    run.n_ctx = tern::bench_context_size(o);
+    auto backend = tern::make_backend("cpu", tern::CpuOptions{1});
+    backend->load(m.config, m.weights, run);
+    const tern::BenchResult r = tern::run_bench(*backend, m.config.vocab, o);
+    CHECK(r.verify_ms.size() == 2);
+    CHECK(r.verify_ms_median > 0);
+    CHECK(r.decode_ms.size() == 2);
+    CHECK(backend->n_past() == 0);
+    o.n_verify = -1;
+    CHECK_THROWS_AS(tern::run_bench(*backend, m.config.vocab, o), tern::UsageError);
+}
+
 TEST_CASE("tern bench --json: every field present, speeds and bandwidths positive") {
     const auto r = run_tern({"bench", "-m", shared_path(kLlama2xs).string(), "-p", "16", "-n", "8", "-r", "1", "-t",
                              "1", "--json"});
@@ -202,6 +224,21 @@ TEST_CASE("tern bench --json: every field present, speeds and bandwidths positiv
           doctest::Approx(j["bytes_per_token"].get<double>() * j["decode_tps"].get<double>() / 1e9));
     CHECK(j["bandwidth_share"].get<double>() ==
           doctest::Approx(j["decode_gbps"].get<double>() / j["peak_gbps"].get<double>()));
+    CHECK(j["verify_tokens"] == 0);
+    CHECK(j["cuda_graphs"].is_null());   // a CPU run
+
+    // --verify N: the check of N drafted tokens against one decode step.
+    const auto v = run_tern({"bench", "-m", shared_path(kLlama2xs).string(), "-p", "0", "-n", "4", "--verify", "8",
+                             "-r", "1", "-t", "1", "--peak-gbps", "10", "--json"});
+    REQUIRE_MESSAGE(v.exit_code == 0, v.err);
+    const nlohmann::json jv = nlohmann::json::parse(v.out);
+    CHECK(jv["verify_tokens"] == 8);
+    CHECK(jv["verify_ms_median"].get<double>() > 0);
+    CHECK(jv["verify_vs_decode_step"].get<double>() ==
+          doctest::Approx(jv["verify_ms_median"].get<double>() / (jv["decode_ms_median"].get<double>() / 4)));
+    const auto bad = run_tern({"bench", "-m", shared_path(kLlama2xs).string(), "--verify", "-2"});
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.err.find("--verify") != std::string::npos);
 }
 
 TEST_CASE("tern bench: the plain table") {
