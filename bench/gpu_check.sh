@@ -24,7 +24,8 @@
 #                    `--only synth,bandwidth,bench,llamacpp` reuses the build, the models and llama.cpp's build)
 #   --budget S       seconds for the whole run (default 540); -r N: tern bench repetitions (default 3)
 #   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the nine kernel suites)
-#   --profile        also Nsight Compute's per-kernel time of a decode step (the first format; profile-*.md)
+#   --profile        also Nsight Compute's time per kernel of decode steps and 8-token verifications (the
+#                    first format; profile-<format>.md in the logs)
 #   --arch SM        CUDA architecture (default: nvidia-smi's compute capability, e.g. 90 on H100/H200)
 #   --quick          q4_k_m only, one repetition, prefill 512 + decode 128 at depth 0: the plumbing, not numbers
 #   -j N             build jobs (default: the CPUs online)
