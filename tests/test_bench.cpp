@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <utility>
 #include <nlohmann/json.hpp>
@@ -49,6 +50,15 @@ private:
 
 bool dir_empty(const std::filesystem::path& dir) {
     return std::filesystem::directory_iterator(dir) == std::filesystem::directory_iterator();
+}
+
+// A one-thread CPU backend loaded with `m` and just the context `o` needs (bench_context_size).
+std::unique_ptr<tern::Backend> bench_backend(const tern::Model& m, const tern::BenchOptions& o) {
+    tern::RunOptions run;
+    run.n_ctx = tern::bench_context_size(o);
+    auto backend = tern::make_backend("cpu", tern::CpuOptions{1});
+    backend->load(m.config, m.weights, run);
+    return backend;
 }
 
 } // namespace
@@ -148,10 +158,7 @@ TEST_CASE("run_bench drives a backend: one time per run, from the depth context"
     o.repetitions = 3;
     o.depth = 20;
     CHECK(tern::bench_context_size(o) == 26);
-    tern::RunOptions run;
-    run.n_ctx = tern::bench_context_size(o);
-    auto backend = tern::make_backend("cpu", tern::CpuOptions{1});
-    backend->load(m.config, m.weights, run);
+    auto backend = bench_backend(m, o);
     int calls = 0;
     o.progress = [&](int, int n_runs) {
         ++calls;
@@ -183,10 +190,7 @@ TEST_CASE("run_bench --verify: one timed forward of the drafted tokens a run, an
     o.repetitions = 2;
     o.depth = 5;
     CHECK(tern::bench_context_size(o) == 14);
-    tern::RunOptions run;
-    run.n_ctx = tern::bench_context_size(o);
-    auto backend = tern::make_backend("cpu", tern::CpuOptions{1});
-    backend->load(m.config, m.weights, run);
+    auto backend = bench_backend(m, o);
     const tern::BenchResult r = tern::run_bench(*backend, m.config.vocab, o);
     CHECK(r.verify_ms.size() == 2);
     CHECK(r.verify_ms_median > 0);
