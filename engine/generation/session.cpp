@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "engine/generation/accept_drafts.h"
 #include "engine/generation/sampler.h"
+#include "engine/generation/token_logprobs.h"
 #include "engine/speculative/drafter.h"
 
 namespace tern {
@@ -56,6 +57,11 @@ public:
         return sampler_.sample_top(std::span<const LogitCandidate>(top_).first(n));
     }
 
+    // The log-probabilities of `token`, chosen from row `row`, and of the row's top_n most likely tokens.
+    TokenLogprobs logprobs(size_t row, int32_t token, size_t top_n) {
+        return token_logprobs(backend_.logits(static_cast<int>(row)), token, top_n);
+    }
+
 private:
     Backend& backend_;
     Sampler sampler_;
@@ -64,13 +70,15 @@ private:
     std::vector<LogitCandidate> top_;   // the candidates the sampler needs; empty: it needs the row
 };
 
-// One token from logit row `row`, through every stop rule in the order plain decoding applies them.
+// One token from logit row `row`, through every stop rule in the order plain decoding applies them. `logprobs`:
+// where its log-probabilities go when the options ask for them.
 ProducedToken next_token(size_t row, TargetTokens& target, CompletionStream& stream, const Tokenizer& tokenizer,
-                         const GenerateOptions& options) {
+                         const GenerateOptions& options, std::vector<TokenLogprobs>& logprobs) {
     if (cancelled(options)) return {std::nullopt, StopReason::cancelled};
     if (length_reached(options, stream)) return {std::nullopt, StopReason::length};
     const int32_t token = target.at(row, stream.history());
     if (tokenizer.is_eog(token)) return {std::nullopt, StopReason::eos};
+    if (options.logprobs > 0) logprobs.push_back(target.logprobs(row, token, static_cast<size_t>(options.logprobs)));
     Verdict verdict = stream.push(token);
     if (!verdict && length_reached(options, stream)) verdict = StopReason::length;
     return {token, verdict};   // a full cache is checked where the token would be forwarded
@@ -173,6 +181,8 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     r.decode_ms = ms_since(t_decode);
     r.repeat_cut = stream.repeat_cut();
     r.tokens = stream.take_generated();
+    // The repetition guard keeps one occurrence of a looping tail: the log-probabilities follow the tokens kept.
+    if (r.logprobs.size() > r.tokens.size()) r.logprobs.resize(r.tokens.size());
     r.text = stream.take_text();
     store_prefix(prompt);
     return r;
@@ -186,7 +196,7 @@ StopReason Session::decode(CompletionStream& stream, const GenerateOptions& opti
         const std::span<const int32_t> drafts =
             step.empty() ? std::span<const int32_t>() : std::span<const int32_t>(step).subspan(1);
         const AcceptedDrafts accepted = accept_drafts(
-            drafts, [&](size_t row) { return next_token(row, target, stream, *tokenizer_, options); });
+            drafts, [&](size_t row) { return next_token(row, target, stream, *tokenizer_, options, r.logprobs); });
         forget_last(drafts.size() - static_cast<size_t>(accepted.accepted));
         if (!drafts.empty()) {
             r.n_drafted += static_cast<int32_t>(drafts.size());
