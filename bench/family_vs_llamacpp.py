@@ -14,6 +14,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -45,7 +46,8 @@ def start_server(args, model, log_path):
     port = free_port()
     log = open(log_path, "w")
     proc = subprocess.Popen([args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t",
-                             str(args.threads), "-c", "512", "--no-repack", "--no-warmup", "-fa", args.flash_attn],
+                             str(args.threads), "-c", "512", "--no-repack", "--no-warmup", "-fa", args.flash_attn,
+                             "-ctk", args.kv_type, "-ctv", args.kv_type],
                             stdout=log, stderr=subprocess.STDOUT)
     for _ in range(600):
         if proc.poll() is not None:
@@ -70,19 +72,40 @@ def llama_greedy(port, prompt, n):
     return tokens, r["tokens"]
 
 
-def llama_margin(port, ids):
-    """llama.cpp's top-1 minus top-2 logit after the token ids `ids` (one request of one token: its completion
-    probabilities come per text piece, so a long run's list need not have an entry per token)."""
-    r = post(port, "/completion", {"prompt": ids, "n_predict": 1, "temperature": 0, "n_probs": 2,
-                                   "return_tokens": True, "cache_prompt": False})
+def llama_top(port, ids, n, plain_id):
+    """llama.cpp's n most likely next tokens after the token ids `ids`, [[id, log-probability], ...] (its raw
+    logits minus their log-sum-exp: n_probs without post_sampling_probs), or None. One request of one token: its
+    completion probabilities come per text piece, so a long run's list need not have an entry per token; and
+    llama-server sends none for a token that ends mid-character, so a logit bias makes it pick `plain_id` (a
+    token that is whole text): the bias acts in its sampler, after the probabilities are read from the logits."""
+    r = post(port, "/completion", {"prompt": ids, "n_predict": 1, "temperature": 0, "n_probs": n,
+                                   "return_tokens": True, "cache_prompt": False,
+                                   "logit_bias": [[plain_id, 1000.0]] if plain_id is not None else []})
     probs = r.get("completion_probabilities") or [{}]
     top = probs[0].get("top_logprobs") or []
-    return top[0]["logprob"] - top[1]["logprob"] if len(top) >= 2 else None
+    return [[t["id"], t["logprob"]] for t in top] if top else None
+
+
+def margin_of(top):
+    return top[0][1] - top[1][1] if top and len(top) >= 2 else None
+
+
+def llama_plain_token(port):
+    """A token whose text is whole characters (the last of "a"), for llama_top's logit bias."""
+    ids = post(port, "/tokenize", {"content": "a", "add_special": False})["tokens"]
+    return ids[-1] if ids else None
+
+
+def compact_json(obj):
+    """indent=0 JSON with every list of numbers on one line (the top lists would otherwise take a line per number)."""
+    text = json.dumps(obj, indent=0)
+    return re.sub(r"\[\n([^\[\]{}]*?)\n\]", lambda m: "[" + m.group(1).replace(",\n", ", ") + "]", text)
 
 
 def tern_greedy(args, model, prompt, n):
     out = subprocess.run([args.tern, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "--seed", "1",
-                          "-c", "512", "-t", str(args.threads), "--no-prompt-cache", "--json"],
+                          "-c", "512", "-t", str(args.threads), "--no-prompt-cache", "--json",
+                          "--kv-type", args.kv_type],
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise RuntimeError("tern run: exit %d: %s" % (out.returncode, out.stderr.strip()[-300:]))
@@ -102,9 +125,16 @@ def main():
     # it on, and greedy paths then part from an f32 attention's (tern's) where margins are small. Off, llama.cpp
     # attends in f32 as tern does.
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="off")
+    # Both sides' KV cache format. f32 (not llama.cpp's default f16, which rounds the attention's operands) makes
+    # the teacher-forced log-probabilities of an F32 file comparable within about 1e-3 (shared/reference/README.md
+    # "How to read tolerances").
+    ap.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
+    ap.add_argument("--top", type=int, default=10,
+                    help="--save-reference: llama.cpp's most likely tokens recorded at every step (default 10)")
     ap.add_argument("--save-reference", metavar="DIR",
-                    help="also write llama.cpp's side of every case (prompt tokens, greedy ids, its top-2 margin at "
-                         "every step) to DIR/<shape>-<type>.json: tests/families_reference.py checks tern against them")
+                    help="also write llama.cpp's side of every case (prompt tokens, greedy ids, its top-2 margin and "
+                         "its --top most likely tokens with their log-probabilities at every step of its greedy path) "
+                         "to DIR/<shape>-<type>.json: tests/families_reference.py checks tern against them")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="tern-family.")
@@ -126,14 +156,17 @@ def main():
                 bad += 1
                 proc.kill()
                 continue
-            reference = {"shape": shape, "type": ftype, "seed": 1, "noise": NOISE.get(ftype, 1.0), "cases": []}
+            reference = {"shape": shape, "type": ftype, "seed": 1, "noise": NOISE.get(ftype, 1.0),
+                         "kv_type": args.kv_type, "cases": []}
             try:
+                plain = llama_plain_token(port)
                 for prompt in PROMPTS:
                     l_prompt, l_gen = llama_greedy(port, prompt, args.n)
                     if args.save_reference:
+                        tops = [llama_top(port, l_prompt + l_gen[:i], args.top, plain) for i in range(len(l_gen))]
                         reference["cases"].append({
                             "prompt": prompt, "prompt_tokens": l_prompt, "tokens": l_gen,
-                            "margins": [llama_margin(port, l_prompt + l_gen[:i]) for i in range(len(l_gen))]})
+                            "margins": [margin_of(t) for t in tops], "top": tops})
                     t_prompt, t_gen = tern_greedy(args, model, prompt, args.n)
                     same_prompt = l_prompt == t_prompt
                     first = next((i for i, (a, b) in enumerate(zip(l_gen, t_gen)) if a != b), None)
@@ -145,7 +178,7 @@ def main():
                     elif first is None:
                         verdict, where = "equal", ""
                     else:
-                        m = llama_margin(port, l_prompt + l_gen[:first])
+                        m = margin_of(llama_top(port, l_prompt + l_gen[:first], 2, plain))
                         if m is None:   # a byte token that ends mid-character: llama-server sends no probabilities
                             where = "step %d, llama.cpp margin unknown (a partial UTF-8 token)" % first
                             verdict = "undecided"
@@ -160,8 +193,7 @@ def main():
                 if args.save_reference:
                     os.makedirs(args.save_reference, exist_ok=True)
                     with open(os.path.join(args.save_reference, "%s-%s.json" % (shape, ftype)), "w") as f:
-                        json.dump(reference, f, indent=0)
-                        f.write("\n")
+                        f.write(compact_json(reference) + "\n")
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 rows.append((shape, ftype, "-", "error: %s" % str(e)[:160], "", "", "FAILED"))
                 bad += 1

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -70,6 +72,72 @@ TEST_CASE("greedy ids equal llama.cpp's reference for every stories260K-f32 prom
         CHECK(j["text"] == ref["text"]);
         CHECK(j["stop_reason"] == (ref["stop_reason"] == "eog" ? "eos" : "length"));
     }
+}
+
+TEST_CASE("--logprobs: every generated token's log-probabilities equal llama.cpp's logit minus log-sum-exp") {
+    if (!shared_available()) return;
+    // shared/reference/README.md: an F32 model with an F32 KV cache is within about 1e-3 of llama.cpp.
+    constexpr double kTolerance = 1e-3;
+    for (const std::string slug : {"once-upon-a-time", "the-little-dog", "lily-and-ben-went-to-the-park-they"}) {
+        CAPTURE(slug);
+        const json ref = reference(slug);
+        const json j = run_json({"-p", ref["prompt"].get<std::string>(), "--temp", "0", "-n", "64", "--kv-type", "f32",
+                                 "-c", "256", "--no-repeat-guard", "--logprobs", "12"});
+        REQUIRE(j["tokens"] == ref["generated_tokens"]);
+        const json& steps = j["logprobs"];
+        REQUIRE(steps.size() == j["tokens"].size());
+        size_t gen = 0;
+        double worst = 0.0;
+        for (const json& step : ref["steps"]) {
+            if (step["kind"] != "gen") continue;
+            CAPTURE(gen);
+            const json& mine = steps[gen];
+            CHECK(mine["id"] == j["tokens"][gen]);
+            REQUIRE(mine["top_logprobs"].size() == 12);
+            CHECK(mine["top_logprobs"][0]["id"] == mine["id"]);   // greedy: the chosen token is the most likely
+            CHECK(mine["top_logprobs"][0]["logprob"] == mine["logprob"]);
+            const double lse = step["lse"].get<double>();
+            double least = 0.0, mass = 0.0;
+            for (const json& t : mine["top_logprobs"]) {
+                least = std::min(least, t["logprob"].get<double>());
+                mass += std::exp(t["logprob"].get<double>());
+            }
+            CHECK(mass <= 1.0 + 1e-6);
+            for (const json& entry : step["top"]) {
+                const int id = entry[0].get<int>();
+                const double want = entry[1].get<double>() - lse;
+                bool found = false;
+                for (const json& t : mine["top_logprobs"]) {
+                    if (t["id"] != id) continue;
+                    found = true;
+                    const double d = std::fabs(t["logprob"].get<double>() - want);
+                    worst = std::max(worst, d);
+                    CHECK_MESSAGE(d <= kTolerance, "token " << id << ": " << t["logprob"] << " vs " << want);
+                }
+                if (!found) CHECK_MESSAGE(want <= least + kTolerance, "token " << id << " missing from tern's top 12");
+            }
+            ++gen;
+        }
+        CHECK(gen == steps.size());
+        MESSAGE(slug << ": max |logprob - llama.cpp| " << worst);
+    }
+}
+
+TEST_CASE("--logprobs: only with --json, at most 100, and not with --batch") {
+    if (!shared_available()) return;
+    const CommandResult plain = run({"-p", "hi", "-n", "2", "--logprobs", "3"});
+    CHECK(plain.exit_code == 1);
+    CHECK(plain.err.find("--logprobs") != std::string::npos);
+    CHECK(plain.err.find("--json") != std::string::npos);
+    CHECK(plain.out.empty());
+    CHECK(run({"-p", "hi", "-n", "2", "--json", "--logprobs", "101"}).exit_code == 1);
+    CHECK(run({"-p", "hi", "-n", "2", "--json", "--logprobs", "-1"}).exit_code == 1);
+    const CommandResult batch = run({"--batch", "-", "--logprobs", "3"}, "{\"prompt\": \"hi\"}\n");
+    CHECK(batch.exit_code == 1);
+    CHECK(batch.err.find("--logprobs") != std::string::npos);
+    // Without the flag the document has no logprobs field; --logprobs 0 is the same as none.
+    CHECK_FALSE(run_json({"-p", "hi", "-n", "2"}).contains("logprobs"));
+    CHECK_FALSE(run_json({"-p", "hi", "-n", "2", "--logprobs", "0"}).contains("logprobs"));
 }
 
 TEST_CASE("plain output is exactly the completion; --echo adds the prompt") {

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -150,6 +151,34 @@ TEST_CASE("an end-of-generation token stops and is not part of the output") {
     CHECK(r.tokens == std::vector<int32_t>{4, 5});
     CHECK(r.text == "bc");
     CHECK(r.stop_reason == StopReason::eos);
+}
+
+TEST_CASE("logprobs: one entry per generated token, from the raw row, the end-of-generation token excluded") {
+    Fixture fx;
+    fx.backend->jumps[6] = 2;   // after "d" comes EOS
+    GenerateOptions o = greedy(-1);
+    o.logprobs = 3;
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3}, o);
+    REQUIRE(r.tokens == std::vector<int32_t>{4, 5, 6});
+    REQUIRE(r.logprobs.size() == r.tokens.size());
+    // One logit of 10 among 16 zeros: log(e^10 / (e^10 + 15)).
+    const double peak = 10.0 - std::log(std::exp(10.0) + 15.0), rest = -std::log(std::exp(10.0) + 15.0);
+    for (size_t i = 0; i < r.tokens.size(); ++i) {
+        CAPTURE(i);
+        CHECK(r.logprobs[i].token == r.tokens[i]);
+        CHECK(r.logprobs[i].logprob == doctest::Approx(peak));
+        REQUIRE(r.logprobs[i].top.size() == 3);
+        CHECK(r.logprobs[i].top[0].id == r.tokens[i]);
+        CHECK(r.logprobs[i].top[1].logprob == doctest::Approx(rest));
+        CHECK(r.logprobs[i].top[1].id == (r.tokens[i] == 0 ? 1 : 0));   // ties: the lowest id first
+    }
+    // Off (the default): nothing recorded, and the greedy path reads no logit row.
+    Fixture off;
+    off.backend->jumps[6] = 2;
+    const GenerateResult plain = off.session->generate(std::vector<int32_t>{1, 3}, greedy(-1));
+    CHECK(plain.tokens == r.tokens);
+    CHECK(plain.logprobs.empty());
+    CHECK(off.backend->logits_calls == 0);
 }
 
 TEST_CASE("a stop string ends generation and is trimmed, even across tokens") {
