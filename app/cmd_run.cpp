@@ -198,7 +198,7 @@ int run(const RunFlags& f) {
         };
     }
     opts.repeat_guard = f.repeat_guard;
-    opts.logprobs = f.logprobs;
+    opts.logprobs = f.logprobs > 0 ? f.logprobs : -1;
 
     bool stdout_ok = true;
     if (f.echo && !f.json) stdout_ok = write_stdout(prompt);

@@ -155,7 +155,7 @@ TEST_CASE("sampling fields: types, ranges, aliases, defaults and seeds") {
 
 TEST_CASE("features tern cannot honour are refused, neutral values accepted, unknown fields ignored") {
     for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
-             {"n", 2}, {"logprobs", true}, {"top_logprobs", 2}, {"tools", json::array({{{"type", "function"}}})},
+             {"n", 2}, {"tools", json::array({{{"type", "function"}}})},
              {"response_format", {{"type", "json_object"}}}, {"logit_bias", {{"50256", -100}}}}) {
         const ApiError e = error_of([&] { chat({{"messages", hi()}, {key, value}}); });
         CHECK_MESSAGE(e.status == 400, key);
@@ -163,6 +163,63 @@ TEST_CASE("features tern cannot honour are refused, neutral values accepted, unk
     }
     CHECK_NOTHROW(chat({{"messages", hi()}, {"n", 1}, {"logprobs", false}, {"tools", json::array()},
                         {"response_format", {{"type", "text"}}}, {"user", "me"}, {"some_future_field", 1}}));
+}
+
+TEST_CASE("logprobs: chat's logprobs and top_logprobs, completions' logprobs count; not streamed, not in batch lines") {
+    CHECK(chat({{"messages", hi()}}).logprobs == -1);
+    CHECK(chat({{"messages", hi()}, {"logprobs", false}}).logprobs == -1);
+    CHECK(chat({{"messages", hi()}, {"logprobs", true}}).logprobs == 0);
+    CHECK(chat({{"messages", hi()}, {"logprobs", true}, {"top_logprobs", 5}}).logprobs == 5);
+    CHECK(chat({{"messages", hi()}, {"logprobs", false}, {"top_logprobs", 0}}).logprobs == -1);
+    ApiError e = error_of([] { chat({{"messages", hi()}, {"top_logprobs", 2}}); });
+    CHECK(e.param == "top_logprobs");
+    CHECK(e.message.find("\"logprobs\": true") != std::string::npos);
+    CHECK(error_of([] { chat({{"messages", hi()}, {"logprobs", true}, {"top_logprobs", 21}}); }).param == "top_logprobs");
+    CHECK(error_of([] { chat({{"messages", hi()}, {"logprobs", 3}}); }).param == "logprobs");   // chat: a boolean
+    CHECK(completion({{"prompt", "a"}}).logprobs == -1);
+    CHECK(completion({{"prompt", "a"}, {"logprobs", 0}}).logprobs == 0);
+    CHECK(completion({{"prompt", "a"}, {"logprobs", 3}}).logprobs == 3);
+    CHECK(error_of([] { completion({{"prompt", "a"}, {"logprobs", true}}); }).param == "logprobs");
+    CHECK(error_of([] { completion({{"prompt", "a"}, {"logprobs", -1}}); }).param == "logprobs");
+    CHECK(error_of([] { completion({{"prompt", "a"}, {"top_logprobs", 2}}); }).param == "top_logprobs");
+    e = error_of([] { chat({{"messages", hi()}, {"logprobs", true}, {"stream", true}}); });
+    CHECK(e.status == 400);
+    CHECK(e.code == "unsupported_parameter");
+    CHECK(e.param == "logprobs");
+    CHECK(error_of([] { batch({{"prompt", "a"}, {"logprobs", 2}}); }).code == "unknown_field");
+}
+
+TEST_CASE("logprobs responses: OpenAI's chat and legacy completion shapes") {
+    std::vector<TokenLogprobs> steps(2);
+    steps[0].token = 7;
+    steps[0].logprob = -0.5f;
+    steps[0].top = {{7, -0.5f}, {9, -1.5f}, {4, -2.0f}};
+    steps[1].token = 9;
+    steps[1].logprob = -0.25f;
+    steps[1].top = {{9, -0.25f}};
+    // Ids 7 and 4 have the same text: the completion's map keeps the likelier.
+    const TokenText text = [](int32_t id) { return id == 9 ? std::string("\xc3\xa9") : std::string(" a"); };
+    const json c = chat_logprobs_json(steps, text);
+    REQUIRE(c["content"].size() == 2);
+    CHECK(c["refusal"].is_null());
+    CHECK(c["content"][0]["token"] == " a");
+    CHECK(c["content"][0]["logprob"] == -0.5);
+    CHECK(c["content"][0]["bytes"] == json::array({32, 97}));
+    REQUIRE(c["content"][0]["top_logprobs"].size() == 3);
+    CHECK(c["content"][0]["top_logprobs"][1]["bytes"] == json::array({0xc3, 0xa9}));
+    CHECK(c["content"][0]["top_logprobs"][1]["logprob"] == -1.5);
+    CHECK(c["content"][1]["top_logprobs"].size() == 1);
+    const json t = completion_logprobs_json(steps, text, 10);
+    CHECK(t["tokens"] == json::array({" a", "\xc3\xa9"}));
+    CHECK(t["token_logprobs"] == json::array({-0.5, -0.25}));
+    CHECK(t["text_offset"] == json::array({10, 12}));
+    CHECK(t["top_logprobs"][0].size() == 2);
+    CHECK(t["top_logprobs"][0][" a"] == -0.5);
+    BatchResult r;
+    r.text = " a\xc3\xa9";
+    CHECK(chat_completion_json({"id", "m", 1}, r, c)["choices"][0]["logprobs"] == c);
+    CHECK(chat_completion_json({"id", "m", 1}, r)["choices"][0]["logprobs"].is_null());
+    CHECK(text_completion_json({"id", "m", 1}, r, r.text, t)["choices"][0]["logprobs"] == t);
 }
 
 TEST_CASE("completions: a prompt string or a list of one; echo") {

@@ -28,22 +28,67 @@ json base(const ResponseHeader& h, const char* object) {
 
 } // namespace
 
-json chat_completion_json(const ResponseHeader& h, const BatchResult& r) {
+json chat_completion_json(const ResponseHeader& h, const BatchResult& r, const json& logprobs) {
     json j = base(h, "chat.completion");
     j["choices"] = json::array({{{"index", 0},
                                  {"message", {{"role", "assistant"}, {"content", r.text}}},
-                                 {"logprobs", nullptr},
+                                 {"logprobs", logprobs},
                                  {"finish_reason", finish_reason(r.stop_reason)}}});
     j["usage"] = usage_json(r.n_prompt, r.n_gen());
     return j;
 }
 
-json text_completion_json(const ResponseHeader& h, const BatchResult& r, std::string_view text) {
+json text_completion_json(const ResponseHeader& h, const BatchResult& r, std::string_view text, const json& logprobs) {
     json j = base(h, "text_completion");
     j["choices"] = json::array(
-        {{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r.stop_reason)}}});
+        {{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason(r.stop_reason)}}});
     j["usage"] = usage_json(r.n_prompt, r.n_gen());
     return j;
+}
+
+namespace {
+
+json bytes_of(const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+}
+
+} // namespace
+
+json chat_logprobs_json(const std::vector<TokenLogprobs>& steps, const TokenText& text) {
+    json content = json::array();
+    for (const TokenLogprobs& s : steps) {
+        json top = json::array();
+        for (const TokenLogprob& t : s.top) {
+            const std::string piece = text(t.id);
+            top.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes_of(piece)}});
+        }
+        const std::string piece = text(s.token);
+        content.push_back(
+            {{"token", piece}, {"logprob", s.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json completion_logprobs_json(const std::vector<TokenLogprobs>& steps, const TokenText& text, size_t offset0) {
+    json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+    size_t offset = offset0;
+    for (const TokenLogprobs& s : steps) {
+        const std::string piece = text(s.token);
+        tokens.push_back(piece);
+        token_logprobs.push_back(s.logprob);
+        json top = json::object();
+        for (const TokenLogprob& t : s.top) {
+            const std::string p = text(t.id);
+            if (!top.contains(p)) top[p] = t.logprob;   // two ids with the same text: the likelier one
+        }
+        top_logprobs.push_back(std::move(top));
+        offsets.push_back(offset);
+        offset += piece.size();
+    }
+    return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
+            {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
 }
 
 json chat_role_chunk(const ResponseHeader& h) {

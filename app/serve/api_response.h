@@ -3,6 +3,7 @@
 // streamed chunks as server-sent events, usage counts, the model list. Pure functions of their
 // arguments, so the tests hold the shapes the official clients parse.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -25,9 +26,22 @@ std::string_view finish_reason(StopReason reason);
 
 nlohmann::json usage_json(int32_t n_prompt, int32_t n_gen);
 
-// Non-streamed answers. `text` is the completion (with the prompt before it for echo).
-nlohmann::json chat_completion_json(const ResponseHeader& h, const BatchResult& r);
-nlohmann::json text_completion_json(const ResponseHeader& h, const BatchResult& r, std::string_view text);
+// Non-streamed answers. `text` is the completion (with the prompt before it for echo). `logprobs`: the
+// choice's "logprobs" (null when not asked for).
+nlohmann::json chat_completion_json(const ResponseHeader& h, const BatchResult& r,
+                                    const nlohmann::json& logprobs = nullptr);
+nlohmann::json text_completion_json(const ResponseHeader& h, const BatchResult& r, std::string_view text,
+                                    const nlohmann::json& logprobs = nullptr);
+
+// A token's text (the tokenizer's piece; a byte token's lone byte).
+using TokenText = std::function<std::string(int32_t id)>;
+// The log-probabilities of a choice's tokens in OpenAI's shapes. Chat: {"content": [{"token", "logprob", "bytes",
+// "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}. Completions (the legacy shape):
+// {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}, offsets counted in bytes from
+// `offset0` (the echoed prompt's length).
+nlohmann::json chat_logprobs_json(const std::vector<TokenLogprobs>& steps, const TokenText& text);
+nlohmann::json completion_logprobs_json(const std::vector<TokenLogprobs>& steps, const TokenText& text,
+                                        size_t offset0);
 
 // Streamed chunks (object "chat.completion.chunk" / "text_completion"). The first chat chunk carries
 // the role; content chunks a piece; the last one the finish reason with an empty delta. With

@@ -87,6 +87,7 @@ struct ApiServer::Exchange {
     bool stream = false;
     bool chat = false;
     bool include_usage = false;
+    bool logprobs = false;             // the answer carries its tokens' log-probabilities
     std::string echo;                  // completions with echo: the prompt, written first
     ResponseHeader header;
 };
@@ -278,6 +279,7 @@ void ApiServer::generation(const httplib::Request&, httplib::Response& res, cons
         ex->stream = g.stream;
         ex->chat = kind == RequestKind::chat_completions;
         ex->include_usage = g.include_usage;
+        ex->logprobs = g.logprobs >= 0;
         if (g.echo) ex->echo = g.prompt;
         ex->header.id = std::string(ex->chat ? "chatcmpl-" : "cmpl-") + id_tag_ + "-" + std::to_string(next_response_id_++);
         ex->header.model = options_.model_name;
@@ -289,6 +291,7 @@ void ApiServer::generation(const httplib::Request&, httplib::Response& res, cons
         br.sampling = g.sampling;
         br.stop = g.stop;
         br.repeat_guard = options_.repeat_guard;
+        br.logprobs = g.logprobs;
         br.on_text = [ex](std::string_view piece) {
             if (ex->stream) {   // a whole answer is written from the result: nothing to wake it for
                 {
@@ -343,7 +346,8 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, httplib::Response& r
         --*in_flight;
     };
     auto started = std::make_shared<bool>(false);
-    const auto provide = [ex, engine, started](size_t, httplib::DataSink& sink) -> bool {
+    const Tokenizer* tokenizer = &prompts_.tokenizer();   // read only, and it outlives every exchange
+    const auto provide = [ex, engine, started, tokenizer](size_t, httplib::DataSink& sink) -> bool {
         const auto give_up = [&] {
             ex->abandoned = true;
             engine->cancel(ex->id);   // not under ex->mutex: a waiting request's on_done runs right here
@@ -401,8 +405,14 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, httplib::Response& r
         } else if (failure) {
             out = dump_json(failure->body());
         } else {
-            out = dump_json(ex->chat ? chat_completion_json(ex->header, *done)
-                                     : text_completion_json(ex->header, *done, ex->echo + done->text));
+            json logprobs = nullptr;
+            if (ex->logprobs) {
+                const TokenText text = [tokenizer](int32_t id) { return tokenizer->token_to_piece(id); };
+                logprobs = ex->chat ? chat_logprobs_json(done->logprobs, text)
+                                    : completion_logprobs_json(done->logprobs, text, ex->echo.size());
+            }
+            out = dump_json(ex->chat ? chat_completion_json(ex->header, *done, logprobs)
+                                     : text_completion_json(ex->header, *done, ex->echo + done->text, logprobs));
         }
         if (!write(out)) return false;
         sink.done();

@@ -28,6 +28,7 @@ public:
     PreparedPrompt prepare(const GenerationRequest& request) const;
     int32_t n_ctx() const { return n_ctx_; }
     const ChatTemplate& chat_template() const { return tmpl_; }
+    const Tokenizer& tokenizer() const { return tokenizer_; }
 
 private:
     const Tokenizer& tokenizer_;

@@ -16,6 +16,7 @@ using nlohmann::json;
 
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxMessages = 4096;
+constexpr int64_t kMaxTopLogprobs = 20;   // OpenAI's limit for top_logprobs
 
 // "a string", "an array", ... for messages about a value of the wrong type.
 std::string kind_of(const json& v) {
@@ -152,10 +153,6 @@ void refuse_unsupported(const json& body) {
         unsupported("n", "more than one choice");
     if (const auto b = body.find("best_of"); b != body.end() && !b->is_null() && get_integer(*b, "best_of", 1, 1) != 1)
         unsupported("best_of", "more than one candidate");
-    if (const auto l = body.find("logprobs"); l != body.end() && !l->is_null() && !(l->is_boolean() && !l->get<bool>()))
-        unsupported("logprobs", "log probabilities");
-    if (const auto t = body.find("top_logprobs"); t != body.end() && !t->is_null())
-        unsupported("top_logprobs", "log probabilities");
     for (const char* key : {"tools", "functions"})
         if (const auto t = body.find(key); t != body.end() && !t->is_null() && !(t->is_array() && t->empty()))
             unsupported(key, "calling tools");
@@ -169,6 +166,23 @@ void refuse_unsupported(const json& body) {
         if (type != rf->end() && !(type->is_string() && type->get<std::string>() == "text"))
             unsupported("response_format", "a response format other than text");
     }
+}
+
+// OpenAI's log-probability fields, as the most likely tokens to list per generated token (-1: none asked).
+// Chat: "logprobs": true, with "top_logprobs": 0..20. Completions (the legacy API): "logprobs": 0..20.
+int32_t read_logprobs(const json& body, RequestKind kind) {
+    const auto l = body.find("logprobs");
+    const auto t = body.find("top_logprobs");
+    const bool has_l = l != body.end() && !l->is_null(), has_t = t != body.end() && !t->is_null();
+    if (kind == RequestKind::completions) {
+        if (has_t) throw_invalid("top_logprobs", "top_logprobs: a field of chat completions; here logprobs is the count");
+        return has_l ? static_cast<int32_t>(get_integer(*l, "logprobs", 0, kMaxTopLogprobs)) : -1;
+    }
+    const bool on = has_l && get_bool(*l, "logprobs");
+    if (!has_t) return on ? 0 : -1;
+    const auto n = static_cast<int32_t>(get_integer(*t, "top_logprobs", 0, kMaxTopLogprobs));
+    if (!on && n > 0) throw_invalid("top_logprobs", "top_logprobs: only with \"logprobs\": true");
+    return on ? n : -1;
 }
 
 // The batch format's fields: those of the API (the OpenAI names) and the CLI's spellings.
@@ -271,6 +285,10 @@ GenerationRequest read_generation_request(const nlohmann::json& body, RequestKin
         }
         if (kind == RequestKind::completions)
             if (const auto e = body.find("echo"); e != body.end() && !e->is_null()) r.echo = get_bool(*e, "echo");
+        r.logprobs = read_logprobs(body, kind);
+        if (r.logprobs >= 0 && r.stream)
+            throw_invalid("logprobs", "logprobs: log probabilities of a streamed answer are not supported (ask "
+                                      "without stream)", "unsupported_parameter");
     } else if (const auto id = body.find("id"); id != body.end()) {
         r.id = *id;
     }

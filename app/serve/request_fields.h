@@ -44,6 +44,9 @@ struct GenerationRequest {
     bool max_tokens_given = false;
     SamplingParams sampling;                // seed drawn when neither the request nor the defaults gave one
     std::vector<std::string> stop;
+    // >= 0: the log-probability of every generated token and those of its step's N most likely tokens (chat:
+    // "logprobs": true and "top_logprobs": N; completions: "logprobs": N). -1: not asked.
+    int32_t logprobs = -1;
 };
 
 // The most nesting a request body may have (a chat message's content parts are 4 levels deep); a

@@ -58,6 +58,7 @@ struct BatchEngine::Job {
     bool use_argmax = false;        // greedy without penalties: the backend's argmax of the row
     std::vector<LogitCandidate> top;   // the candidates the sampler needs; empty: it needs the whole row
     std::unique_ptr<CompletionStream> stream;   // made at the first admission, kept across preemptions
+    std::vector<TokenLogprobs> logprobs;        // request.logprobs >= 0: one per token pushed to the stream
     int32_t n_reused = 0;
     int32_t n_from_disk = 0;
     bool shown = false;
@@ -247,6 +248,7 @@ void BatchEngine::run_job(Job& job) {
     o.sampling = req.sampling;
     o.stop = req.stop;
     o.repeat_guard = req.repeat_guard;
+    o.logprobs = req.logprobs;
     o.cancel = &job.cancel;
 
     bool shown = false;
@@ -274,6 +276,7 @@ void BatchEngine::run_job(Job& job) {
         GenerateResult g = session_.generate(req.prompt, o, on_text);
         r.text = std::move(g.text);
         r.tokens = std::move(g.tokens);
+        r.logprobs = std::move(g.logprobs);
         r.n_reused = g.n_reused;
         r.n_from_disk = g.n_from_disk;
         r.stop_reason = g.stop_reason;
@@ -359,6 +362,8 @@ bool BatchEngine::step_batched() {
                 if (tokenizer.is_eog(token)) {
                     stop = StopReason::eos;
                 } else {
+                    if (req.logprobs >= 0)
+                        j.logprobs.push_back(token_logprobs(backend.logits(r), token, static_cast<size_t>(req.logprobs)));
                     stop = j.stream->push(token);
                     if (!stop && length_reached()) stop = StopReason::length;
                     // The token goes to position kv.size(): past the context, the request ends.
@@ -684,6 +689,9 @@ void BatchEngine::finish_job(Job& j, StopReason reason) {
         r.stop_reason = j.stream->finish(reason);
         r.tokens = j.stream->take_generated();
         r.text = j.stream->take_text();
+        // The repetition guard keeps one occurrence of a looping tail: the log-probabilities follow the tokens.
+        r.logprobs = std::move(j.logprobs);
+        if (r.logprobs.size() > r.tokens.size()) r.logprobs.resize(r.tokens.size());
     }
     const Clock::time_point done = Clock::now();
     const Clock::time_point started = j.stream ? j.started : done;

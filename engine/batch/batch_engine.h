@@ -95,6 +95,7 @@ struct BatchResult {
     std::string message;
     std::string text;                       // the completion, stop string trimmed (what on_text showed)
     std::vector<int32_t> tokens;            // generated ids, the end-of-generation token excluded
+    std::vector<TokenLogprobs> logprobs;    // BatchRequest::logprobs >= 0: one per entry of `tokens`
     int32_t n_prompt = 0;
     int32_t n_reused = 0;                   // prompt tokens whose KV was not computed (a shared prefix, the disk)
     int32_t n_from_disk = 0;                // of those, restored from the on-disk prefix cache
@@ -111,6 +112,9 @@ struct BatchRequest {
     SamplingParams sampling;        // this request's own, seed included
     std::vector<std::string> stop;  // stop strings
     RepeatGuardParams repeat_guard;
+    // >= 0: the log-probability of every generated token and those of its step's `logprobs` most likely tokens
+    // (BatchResult::logprobs; engine/generation/token_logprobs.h). -1: off.
+    int32_t logprobs = -1;
     // Each piece of final text, on the engine thread, as soon as it is known. Returns false to stop the
     // request (stop_reason cancelled). Must not block.
     std::function<bool(std::string_view piece)> on_text;

@@ -45,9 +45,10 @@ struct GenerateOptions {
     // Stop and trim a looping tail (engine/generation/repeat_guard.h). Off here, so engine-level comparisons
     // with llama.cpp see the model's raw output; the CLI turns it on.
     RepeatGuardParams repeat_guard;
-    // > 0: report the log-probabilities of every generated token and of its step's `logprobs` most likely tokens
-    // (GenerateResult::logprobs; engine/generation/token_logprobs.h). Reads each step's whole logit row.
-    int32_t logprobs = 0;
+    // >= 0: report the log-probability of every generated token and those of its step's `logprobs` most likely
+    // tokens (GenerateResult::logprobs; engine/generation/token_logprobs.h). Reads each step's whole logit row.
+    // -1: off.
+    int32_t logprobs = -1;
 };
 
 struct GenerateResult {
@@ -63,7 +64,7 @@ struct GenerateResult {
     int32_t n_drafted = 0;         // speculative decoding: tokens drafted and verified
     int32_t n_accepted = 0;        // drafted tokens that were kept
     RepeatCut repeat_cut;          // stop_reason repetition: what the guard cut (tokens/text hold one occurrence)
-    std::vector<TokenLogprobs> logprobs;   // GenerateOptions::logprobs > 0: one per entry of `tokens`
+    std::vector<TokenLogprobs> logprobs;   // GenerateOptions::logprobs >= 0: one per entry of `tokens`
 
     int32_t n_prompt() const { return static_cast<int32_t>(prompt_tokens.size()); }
     int32_t n_gen() const { return static_cast<int32_t>(tokens.size()); }

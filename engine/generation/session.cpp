@@ -78,7 +78,7 @@ ProducedToken next_token(size_t row, TargetTokens& target, CompletionStream& str
     if (length_reached(options, stream)) return {std::nullopt, StopReason::length};
     const int32_t token = target.at(row, stream.history());
     if (tokenizer.is_eog(token)) return {std::nullopt, StopReason::eos};
-    if (options.logprobs > 0) logprobs.push_back(target.logprobs(row, token, static_cast<size_t>(options.logprobs)));
+    if (options.logprobs >= 0) logprobs.push_back(target.logprobs(row, token, static_cast<size_t>(options.logprobs)));
     Verdict verdict = stream.push(token);
     if (!verdict && length_reached(options, stream)) verdict = StopReason::length;
     return {token, verdict};   // a full cache is checked where the token would be forwarded
