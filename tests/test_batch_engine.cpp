@@ -687,3 +687,66 @@ TEST_CASE("batching: a backend without sequences runs the requests one at a time
     CHECK(c.order == ids);
     CHECK(engine.stats().kv_capacity == 256);
 }
+
+TEST_CASE("batching: log-probabilities equal a plain Session's, scheduled (parallel 3) or one at a time") {
+    if (!test::shared_available()) return;
+    auto reference = model_session(kStories, 256);
+    std::vector<Spec> specs = mixed_specs();
+    specs.resize(5);
+    const std::vector<int32_t> asked = {4, 0, -1, 2, 7};   // top N per token; -1: none
+    const auto check = [&](Collector& c, const std::vector<RequestId>& ids) {
+        for (size_t i = 0; i < specs.size(); ++i) {
+            CAPTURE(i);
+            reference->reset();
+            GenerateOptions o;
+            o.n_predict = specs[i].n_predict;
+            o.sampling = specs[i].sampling;
+            o.stop = specs[i].stop;
+            o.logprobs = asked[i];
+            const GenerateResult want = reference->generate(encode(*reference, specs[i].prompt), o);
+            const BatchResult& got = c.results[ids[i]];
+            REQUIRE(got.tokens == want.tokens);
+            REQUIRE(got.logprobs.size() == (asked[i] < 0 ? 0 : got.tokens.size()));
+            for (size_t k = 0; k < got.logprobs.size(); ++k) {
+                CHECK(got.logprobs[k].token == got.tokens[k]);
+                CHECK(got.logprobs[k].logprob == want.logprobs[k].logprob);   // the same bits as alone
+                REQUIRE(got.logprobs[k].top.size() == static_cast<size_t>(asked[i]));
+                for (size_t t = 0; t < got.logprobs[k].top.size(); ++t) {
+                    CHECK(got.logprobs[k].top[t].id == want.logprobs[k].top[t].id);
+                    CHECK(got.logprobs[k].top[t].logprob == want.logprobs[k].top[t].logprob);
+                }
+            }
+        }
+    };
+    {
+        auto session = model_session(kStories, 256, 3 * 256);
+        Collector c;
+        BatchEngine engine(*session, {.parallel = 3, .max_waiting = 64, .step_tokens = 24});
+        std::vector<RequestId> ids;
+        for (size_t i = 0; i < specs.size(); ++i) {
+            BatchRequest r = to_request(c, *session, specs[i]);
+            r.logprobs = asked[i];
+            ids.push_back(engine.submit(std::move(r)).id);
+        }
+        step_until_idle(engine);
+        check(c, ids);
+    }
+    {
+        auto model = std::make_shared<Model>(load_model(test::stories()));
+        RunOptions run;
+        run.n_ctx = 256;
+        auto backend = std::make_unique<OneSequence>(make_backend("cpu", CpuOptions{1}));
+        backend->load(model->config, model->weights, run);
+        Session session(std::move(backend), Tokenizer::from_gguf(model->file), 256, model);
+        Collector c;
+        BatchEngine engine(session, {.parallel = 4, .max_waiting = 16});
+        std::vector<RequestId> ids;
+        for (size_t i = 0; i < specs.size(); ++i) {
+            BatchRequest r = to_request(c, session, specs[i]);
+            r.logprobs = asked[i];
+            ids.push_back(engine.submit(std::move(r)).id);
+        }
+        step_until_idle(engine);
+        check(c, ids);
+    }
+}
