@@ -8,6 +8,9 @@ in f32), and both decode 3 prompts greedily. Compared per prompt:
   - the greedy ids over -n tokens. Where they first differ, llama.cpp's own top-1/top-2 logit margin at that
     step says whether it is a near-tie (shared/reference/README.md: greedy ids agree until a step whose margin
     is within the comparison's noise, 0.05 for F16 files and 1.0 for quantized ones here).
+Both use the KV cache format --kv-type (f32 by default). --save-reference also records llama.cpp's --top most
+likely tokens with their log-probabilities at every step of its greedy path (tests/families_reference.py compares
+tern's `run --logprobs` with them, teacher-forced).
 Prints a markdown table; exit status 1 when a file does not load or a prompt differs outside a near-tie.
 """
 import argparse

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every model family tern runs, against llama.cpp on tiny `tern synth` files: prompt tokens and greedy ids over
 # 32 tokens on 3 prompts, a first difference judged by llama.cpp's own margin there (bench/family_vs_llamacpp.py).
+# Both sides run an F32 KV cache (--kv-type f16 for llama.cpp's default). The references it saves also hold
+# llama.cpp's top-10 log-probabilities per step, which tests/families_reference.py compares teacher-forced.
 # The peer is llama-server from bench/llamacpp_cpu_peer.sh (the llama.cpp of the llama-cpp-python sdist).
 #
 # Usage: bench/family_vs_llamacpp.sh [--shapes "tiny tiny-qwen2 ..."] [--types "f16 q4_k_m"] [-n N] [--out FILE]
