@@ -2,12 +2,17 @@
 # tern quantize against llama.cpp's llama-quantize on every family's tiny `tern synth` file, expert tensors
 # included: both quantize the same synth source (F16 and F32), and every tensor's type and bytes are compared
 # (tests/gguf_tensor_digest.py: type id and SHA-256 per tensor, in file order).
+# Then the rules that depend on the layer count, the layer and the expert count, which two layers cannot show: the
+# tiny-qwen3moe F16 file scaled to deeper and wider mixtures (tests/gguf_scaled_header.py: N layers of E experts,
+# sparse zero data) is planned by both with --dry-run for every --deep-types type, and the type of every tensor
+# compared.
 #
 # Usage: bench/quantize_families_vs_llamacpp.sh [--shapes "tiny tiny-qwen3moe ..."] [--types "q4_k_m q8_0"]
-#                                               [--sources "f16 f32"] [--save-reference DIR]
+#                                               [--sources "f16 f32"] [--deep "48x128 24x8 16x4"]
+#                                               [--deep-types "q4_k_m q8_0 ..."] [--save-reference DIR]
 #   --save-reference DIR writes llama-quantize's digests to DIR/<shape>-<source>-<type>.txt (tests/data/quantize
 #   is the one the CI test tests/quantize_reference.py checks tern against: refresh it after a change of the
-#   synth shapes or of the peer).
+#   synth shapes or of the peer), and the deep mixtures' type plans to DIR/deep-qwen3moe-LxE.types.
 #   TERN: the tern binary (default build/bin/tern); LLAMA_QUANTIZE: a llama-quantize binary (default: built by
 #   llamacpp_cpu_bin from bench/llamacpp_cpu_peer.sh). Exit status 1 when a file differs.
 set -euo pipefail
@@ -15,12 +20,16 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 shapes="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe"
 types="q4_k_m q8_0"
 sources="f16 f32"
+deep="48x128 24x8 16x4"
+deep_types="q4_k_m q8_0 q5_k_m q3_k_m q2_k q4_k_s q3_k_s q6_k"
 save=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --shapes) shapes=$2; shift ;;
     --types) types=$2; shift ;;
     --sources) sources=$2; shift ;;
+    --deep) deep=$2; shift ;;
+    --deep-types) deep_types=$2; shift ;;
     --save-reference) save=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quantize_families_vs_llamacpp.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -86,6 +95,49 @@ PY
         done
     done
 done
+
+# The deep mixtures: per tensor, the type each tool's --dry-run plans.
+plan_llama() {   # FILE TYPE -> "name type" lines
+    "$LLAMA_QUANTIZE" --dry-run "$1" "$work/x.gguf" "${2^^}" 2>&1 | python3 -c '
+import re, sys
+for l in sys.stdin:
+    m = re.search(r"\] (\S+)\s+- .*type =\s+(\w+),.*?(?:\((\w+)\))?\s*$", l)
+    if m: print(m.group(1), (m.group(3) or m.group(2)).lower())'
+}
+plan_tern() {
+    "$TERN" quantize "$1" "$work/x.gguf" --type "$2" --dry-run --json 2>/dev/null |
+        python3 -c 'import json, sys; [print(t["name"], t["to"].lower()) for t in json.load(sys.stdin)["tensors"]]'
+}
+if [ -n "$deep" ]; then
+    echo
+    echo "| mixture (from tiny-qwen3moe f16) | type | tensors | same type | differing tensors |"
+    echo "|---|---|---:|---:|---|"
+    "$TERN" synth "$work/moe.gguf" --shape tiny-qwen3moe --type f16 --seed 1 -t 2 > /dev/null 2>&1
+    for le in $deep; do
+        D=$work/deep-$le.gguf
+        python3 "$here/tests/gguf_scaled_header.py" "$work/moe.gguf" "$D" "${le%x*}" "${le#*x}"
+        cols=()
+        for ty in $deep_types; do
+            plan_llama "$D" "$ty" > "$work/pl-$ty.txt"; plan_tern "$D" "$ty" > "$work/pt-$ty.txt"
+            n=$(wc -l < "$work/pl-$ty.txt")
+            differ=$(diff "$work/pl-$ty.txt" "$work/pt-$ty.txt" | grep '^<' | cut -c3- | awk '{print $1}' | head -4 | tr '\n' ' ' || true)
+            same=$(python3 -c 'import sys; a=open(sys.argv[1]).read().split("\n"); b=open(sys.argv[2]).read().split("\n"); print(sum(1 for x, y in zip(a, b) if x == y and x))' "$work/pl-$ty.txt" "$work/pt-$ty.txt")
+            { [ "$n" -gt 0 ] && cmp -s "$work/pl-$ty.txt" "$work/pt-$ty.txt"; } || fail=1
+            echo "| ${le%x*} layers x ${le#*x} experts | $ty | $n | $same | $differ |"
+            cols+=("$work/pl-$ty.txt")
+        done
+        if [ -n "$save" ]; then
+            {
+                echo "# llama-quantize --dry-run (llama.cpp $(grep -m1 -o 'commit [0-9a-f]*' "$work/lq.log" || echo 'commit ?')) of"
+                echo "# \`tern synth --shape tiny-qwen3moe --type f16 --seed 1\` scaled by tests/gguf_scaled_header.py: per tensor, its type for each type"
+                echo "source_sha256 $(sha256sum "$work/moe.gguf" | cut -d' ' -f1)"
+                echo "scaled tiny-qwen3moe f16 seed 1 layers ${le%x*} experts ${le#*x}"
+                echo "name $deep_types"
+                paste -d' ' "${cols[@]}" | awk '{ printf "%s", $1; for (i = 2; i <= NF; i += 2) printf " %s", $i; print "" }'
+            } > "$save/deep-qwen3moe-$le.types"
+        fi
+    done
+fi
 echo
 [ $fail = 0 ] && echo "Every tensor of every file: the same type and the same bytes as llama-quantize's." ||
     echo "SOME FILES DIFFER (see the table)."
