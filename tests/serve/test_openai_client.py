@@ -194,6 +194,34 @@ class Api(unittest.TestCase):
         e = c.completions.create(model=MODEL, prompt="Once", max_tokens=4, temperature=0, echo=True)
         self.assertTrue(e.choices[0].text.startswith("Once"))
 
+    def test_logprobs_equal_tern_run(self):
+        c = SERVER.client()
+        model_path = os.path.join(ARGS.shared, "models", "gguf", MODEL_FILE)
+        run = subprocess.run([ARGS.tern, "run", "-m", model_path, "-p", "Once upon a time", "-n", "8", "--temp", "0",
+                              "--device", "cpu", "-t", "1", "-c", str(CTX), "--no-repeat-guard", "--no-prompt-cache",
+                              "--json", "--logprobs", "3"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        want = json.loads(run.stdout)["logprobs"]
+        r = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=3)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), 8)
+        self.assertEqual(lp.token_logprobs, [w["logprob"] for w in want])
+        self.assertEqual(sorted(lp.top_logprobs[0].values(), reverse=True)[:1], [want[0]["logprob"]])
+        self.assertEqual(lp.text_offset[0], 0)
+        ch = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=6,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+        content = ch.choices[0].logprobs.content
+        self.assertEqual(len(content), ch.usage.completion_tokens)
+        for t in content:
+            self.assertEqual(len(t.top_logprobs), 2)
+            self.assertEqual(t.logprob, t.top_logprobs[0].logprob)   # greedy: the chosen token is the likeliest
+            self.assertTrue(t.bytes and all(0 <= x < 256 for x in t.bytes))
+        plain = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=2)
+        self.assertIsNone(plain.choices[0].logprobs)
+        with self.assertRaises(openai.BadRequestError):
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True,
+                                      stream=True)
+
     def test_bad_requests_get_openai_errors(self):
         c = SERVER.client()
         status, body = SERVER.raw("POST", "/v1/chat/completions", '{"model": "x", "messages": [')
