@@ -12,7 +12,8 @@
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 6> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe"};
+constexpr std::array<std::string_view, 7> kArchNames = {"llama",  "qwen2",    "qwen3",  "gemma2",
+                                                        "gemma3", "qwen3moe", "gpt-oss"};
 
 std::string supported_list() {
     std::string s;
@@ -48,6 +49,9 @@ constexpr ArchTraits kTraits[] = {
     // qwen3moe: qwen3's attention, softmax routing, top-k weights normalised (llama.cpp's build_moe_ffn norm_w).
     {Arch::qwen3moe, RopeStyle::neox, false, true, false, FfnActivation::silu, false, true, ExpertGating::softmax,
      true},
+    // gpt-oss: neox rope, clamped SwiGLU experts, top-k by logit then a softmax over the k (softmax_weight).
+    {Arch::gpt_oss, RopeStyle::neox, false, false, false, FfnActivation::swiglu_oai, false, true,
+     ExpertGating::softmax_weight, false},
 };
 
 class MetaReader {
@@ -92,7 +96,7 @@ void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_
         if (meta.has("expert_count") && meta.get_int("expert_count") > 0)
             meta.fail("expert_count", "value " + std::to_string(meta.get_int("expert_count")) +
                                           ": mixture-of-experts " + std::string(arch) +
-                                          " models are not supported yet (supported: qwen3moe)");
+                                          " models are not supported yet (supported: qwen3moe, gpt-oss)");
         return;
     }
     c.n_expert = meta.checked_count("expert_count", meta.get_int("expert_count"), kMaxExperts);
@@ -250,8 +254,14 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     int32_t window = 0;
     if (c.arch == Arch::gemma2)
         window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window", 4096));
-    if (c.arch == Arch::gemma3)
+    if (c.arch == Arch::gemma3 || c.arch == Arch::gpt_oss)
         window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window"));
+    // gpt-oss alternates like gemma2 (even layers local); another pattern in the file is refused, not ignored.
+    if (c.arch == Arch::gpt_oss && meta.has("attention.sliding_window_pattern")) {
+        const GgufValue* v = file.find(meta.key("attention.sliding_window_pattern"));
+        if (v->type == GgufType::array || meta.get_int("attention.sliding_window_pattern") != 2)
+            meta.fail("attention.sliding_window_pattern", "only the pattern 2 (even layers local) is supported");
+    }
 
     c.layers.resize(static_cast<size_t>(c.n_layers));
     for (int32_t l = 0; l < c.n_layers; ++l) {
@@ -266,7 +276,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
                                                      " query heads");
         lc.rope_base = rope_base;
         lc.rope_freq_scale = rope_freq_scale;
-        if (c.arch == Arch::gemma2 && l % 2 == 0) lc.sliding_window = window;
+        if ((c.arch == Arch::gemma2 || c.arch == Arch::gpt_oss) && l % 2 == 0) lc.sliding_window = window;
         if (c.arch == Arch::gemma3 && l % 6 < 5) {
             // Local layers ignore the rope.* keys: base 10000, no scaling.
             lc.sliding_window = window;
@@ -284,6 +294,16 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (c.arch == Arch::gemma2) {
         c.attn_softcap = meta.get_f32("attn_logit_softcapping", 50.0f);
         c.final_softcap = meta.get_f32("final_logit_softcapping", 30.0f);
+    }
+
+    if (c.arch == Arch::gpt_oss) {
+        // gpt-oss: the FFN's norm is named post_attention_norm, every softmax has a sink, biases everywhere.
+        c.ffn_norm_post_attention = true;
+        c.attn_sinks = true;
+        c.expert_bias = true;
+        c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_rot)); // llama.cpp scales by the rotated width
+        if (meta.has("rope.freq_base_swa") && meta.get_f32("rope.freq_base_swa") != rope_base)
+            meta.fail("rope.freq_base_swa", "a separate rope base for the sliding-window layers is not supported");
     }
 
     c.tied_output = file.find_tensor("output.weight") == nullptr;

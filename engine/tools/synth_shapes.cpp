@@ -73,7 +73,17 @@ SynthShape gemma3(SynthShape s) {
     return s;
 }
 
-const std::array<SynthShape, 15> kShapes = {
+// gpt-oss: n_expert experts of width expert_ffn_dim, n_used per token, a window on every even layer.
+SynthShape gpt_oss(SynthShape s, int32_t n_expert, int32_t n_used, int32_t expert_ffn_dim, int32_t window) {
+    s.gpt_oss = true;
+    s.n_expert = n_expert;
+    s.n_expert_used = n_used;
+    s.expert_ffn_dim = expert_ffn_dim;
+    s.sliding_window = window;
+    return s;
+}
+
+const std::array<SynthShape, 17> kShapes = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
@@ -86,6 +96,10 @@ const std::array<SynthShape, 15> kShapes = {
     // A 16-token window, so that a 32-token test run leaves it on the local layers.
     gemma2(make("tiny-gemma2", "gemma2", "tern tiny test model", 256, 4, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-6f),
            16),
+    // 8 experts of width 256, 4 used; a 16-token window on layers 0 and 2, so a 32-token test run leaves it.
+    gpt_oss(make("tiny-gpt-oss", "gpt-oss", "tern tiny test model", 256, 4, 4, 2, 64, 256, 512, 2048, 150000.0f,
+                 1e-5f),
+            8, 4, 256, 16),
     tied(make("llama-1b", "llama", "Llama 3.2 1B", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f)),
     tied(make("llama-3b", "llama", "Llama 3.2 3B", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000.0f, 1e-5f)),
     make("llama-8b", "llama", "Llama 3.1 8B", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f),
@@ -100,6 +114,11 @@ const std::array<SynthShape, 15> kShapes = {
     qwen3moe(make("qwen3moe-30b-a3b", "qwen3moe", "Qwen3 30B-A3B", 2048, 48, 32, 4, 128, 6144, 151936, 40960,
                   1000000.0f, 1e-6f),
              128, 8, 768),
+    // 32 experts of width 2880, 4 used: 20.9B parameters, 3.6B active per token. 2880 is no multiple of 256, so
+    // the k-quant types fall back to 32-blocks on the 2880-wide inputs (as llama-quantize does).
+    gpt_oss(make("gpt-oss-20b", "gpt-oss", "gpt-oss 20B", 2880, 24, 64, 8, 64, 2880, 201088, 131072, 150000.0f,
+                 1e-5f),
+            32, 4, 2880, 128),
 };
 
 } // namespace

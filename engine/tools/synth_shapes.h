@@ -30,6 +30,9 @@ struct SynthShape {
     int32_t n_expert = 0;           // qwen3moe: routed experts per layer (0: a dense FFN)
     int32_t n_expert_used = 0;
     int32_t expert_ffn_dim = 0;     // expert_feed_forward_length
+    // gpt-oss: attention sinks, biases on q/k/v/o, on the router and on the experts, the FFN norm stored as
+    // post_attention_norm, a window on the even layers
+    bool gpt_oss = false;
 };
 
 std::span<const SynthShape> synth_shapes();

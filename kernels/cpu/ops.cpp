@@ -82,11 +82,11 @@ void rope_rotate_f32(float* x, bool neox, int64_t n_rot, const float* cos, const
     }
 }
 
-void softmax_f32(float* x, int64_t n) {
-    float max = -INFINITY;
+void softmax_f32(float* x, int64_t n, const float* sink) {
+    float max = sink ? *sink : -INFINITY;
     for (int64_t i = 0; i < n; ++i)
         max = std::max(max, x[i]);
-    double sum = 0.0;
+    double sum = sink ? std::exp(*sink - max) : 0.0;
     for (int64_t i = 0; i < n; ++i) {
         x[i] = std::exp(x[i] - max);
         sum += x[i];
@@ -122,6 +122,16 @@ void geglu_tanh_f32(const float* gate, const float* up, float* y, int64_t n, int
     parallel_for((n + 15) / 16, threads_for_elems(n, n_threads), 64, [&](int64_t l0, int64_t l1) {
         for (int64_t i = l0 * 16, end = std::min<int64_t>(n, l1 * 16); i < end; ++i)
             y[i] = gelu_tanh_f32(gate[i]) * up[i];
+    });
+}
+
+void swiglu_oai_f32(const float* gate, const float* up, float* y, int64_t n, float alpha, float limit, int n_threads) {
+    parallel_for((n + 15) / 16, threads_for_elems(n, n_threads), 64, [&](int64_t l0, int64_t l1) {
+        for (int64_t i = l0 * 16, end = std::min<int64_t>(n, l1 * 16); i < end; ++i) {
+            const float g = std::min(gate[i], limit);
+            const float u = std::clamp(up[i], -limit, limit);
+            y[i] = g / (1.0f + std::exp(-alpha * g)) * (u + 1.0f);
+        }
     });
 }
 
@@ -283,7 +293,7 @@ template <KvElem E> inline float kv_load(const void* base, int64_t i) {
 
 template <KvElem E>
 void attention_head_impl(const float* q, const void* k, const void* v, int64_t n_keys, int64_t head_dim,
-                         int64_t head_dim_v, float scale, float softcap, float* scores, float* out) {
+                         int64_t head_dim_v, float scale, float softcap, float* scores, float* out, const float* sink) {
     for (int64_t j = 0; j < n_keys; ++j) {
         float s;
         if constexpr (E == KvElem::f32) {
@@ -297,7 +307,7 @@ void attention_head_impl(const float* q, const void* k, const void* v, int64_t n
         if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
         scores[j] = s;
     }
-    softmax_f32(scores, n_keys);
+    softmax_f32(scores, n_keys, sink);
     for (int64_t d = 0; d < head_dim_v; ++d)
         out[d] = 0.0f;
     for (int64_t j = 0; j < n_keys; ++j) {
@@ -310,14 +320,14 @@ void attention_head_impl(const float* q, const void* k, const void* v, int64_t n
 } // namespace
 
 void attention_head(const float* q, const void* k, const void* v, KvElem elem, int64_t n_keys, int64_t head_dim,
-                    int64_t head_dim_v, float scale, float softcap, float* scores, float* out) {
+                    int64_t head_dim_v, float scale, float softcap, float* scores, float* out, const float* sink) {
     switch (elem) {
     case KvElem::f32:
-        return attention_head_impl<KvElem::f32>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out);
+        return attention_head_impl<KvElem::f32>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out, sink);
     case KvElem::f16:
-        return attention_head_impl<KvElem::f16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out);
+        return attention_head_impl<KvElem::f16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out, sink);
     case KvElem::bf16:
-        return attention_head_impl<KvElem::bf16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out);
+        return attention_head_impl<KvElem::bf16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out, sink);
     }
 }
 

@@ -38,8 +38,14 @@ void rope_cos_sin(int64_t n_rot, int32_t pos, float base, float freq_scale, cons
 // One head's first n_rot dims rotated by a rope_cos_sin table: pairs (i, i + n_rot/2) when neox, else (2i, 2i+1).
 void rope_rotate_f32(float* x, bool neox, int64_t n_rot, const float* cos, const float* sin);
 
-// In-place softmax over n floats (max-subtracted; the sum of exponentials in double).
-void softmax_f32(float* x, int64_t n);
+// In-place softmax over n floats (max-subtracted; the sum of exponentials in double). With a sink (non-null), its
+// value joins the maximum and its exponential the sum, and it gets no output of its own.
+void softmax_f32(float* x, int64_t n, const float* sink = nullptr);
+
+// gpt-oss's clamped SwiGLU, elementwise: g = min(gate, limit), u = clamp(up, -limit, limit),
+// y = g * sigmoid(alpha * g) * (u + 1) (alpha 1.702, limit 7 in gpt-oss).
+void swiglu_oai_f32(const float* gate, const float* up, float* y, int64_t n, float alpha, float limit,
+                    int n_threads = 1);
 
 // x / (1 + exp(-x)) and the tanh approximation of GELU, elementwise.
 float silu_f32(float x);
@@ -87,8 +93,10 @@ enum class KvElem { f32, f16, bf16 };
 //   scores: n_keys f32 scratch;  out: head_dim_v f32
 // score_j = (q . k_j) * scale, then c * tanh(score_j / c) when softcap > 0, softmax, out = sum_j p_j v_j.
 // The caller chooses which positions are visible (causal mask, sliding window) by where k/v start
-// and n_keys.
+// and n_keys. sink (gpt-oss's attention sink, or nullptr): one more logit in the softmax's denominator, with no
+// value row.
 void attention_head(const float* q, const void* k, const void* v, KvElem elem, int64_t n_keys, int64_t head_dim,
-                    int64_t head_dim_v, float scale, float softcap, float* scores, float* out);
+                    int64_t head_dim_v, float scale, float softcap, float* scores, float* out,
+                    const float* sink = nullptr);
 
 } // namespace tern
