@@ -227,6 +227,9 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     loaded_ = false;
     reset_graph();
+    if (config.attn_sinks || config.expert_bias || config.ffn_act == FfnActivation::swiglu_oai)
+        throw UsageError("the CUDA backend does not run gpt-oss (attention sinks, expert biases, clamped SwiGLU) yet; "
+                         "run it on the CPU");
     if (config.moe())
         throw UsageError("the CUDA backend does not run mixture-of-experts models (" + std::string(arch_name(config.arch)) +
                          ") yet; run them on the CPU");
