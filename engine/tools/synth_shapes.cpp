@@ -73,11 +73,23 @@ SynthShape gemma3(SynthShape s) {
     return s;
 }
 
-const std::array<SynthShape, 15> kShapes = {
+// YaRN rope scaling by `factor` over an original context of n_ctx_orig tokens (Qwen3's published long-context
+// setting: factor 4 over 32768).
+SynthShape yarn(SynthShape s, float factor, int32_t n_ctx_orig) {
+    s.yarn_factor = factor;
+    s.yarn_n_ctx_orig = n_ctx_orig;
+    return s;
+}
+
+const std::array<SynthShape, 16> kShapes = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
                     1e-6f))),
+    // tiny-qwen3 with YaRN: factor 4 over a 512-token original context puts the ramp on pairs 4..21 of 64.
+    yarn(tied(qwen3(make("tiny-qwen3-yarn", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048,
+                         1000000.0f, 1e-6f))),
+         4.0f, 512),
     qwen3moe(make("tiny-qwen3moe", "qwen3moe", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f,
                   1e-6f),
              8, 2, 256),
