@@ -32,6 +32,12 @@ struct LayerConfig {
     int32_t sliding_window = 0; // 0: global attention; w: a query at q sees keys k with q - k < w
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f; // angle multiplier (1 / linear scaling factor)
+    // YaRN (rope.scaling.type "yarn"; kernels/cpu/ops.h RopeYarn): ext_factor 0 is off; pairs below corr_low
+    // keep their unscaled angle, pairs above corr_high get rope_freq_scale, a ramp between. rope_mscale
+    // multiplies every rotated q/k value (YaRN's attention factor, 0.1 ln(factor) + 1 by default).
+    float yarn_ext_factor = 0.0f;
+    float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
+    float rope_mscale = 1.0f;
 };
 
 struct ModelConfig {
@@ -45,6 +51,7 @@ struct ModelConfig {
     int32_t head_dim = 0;   // key_length
     int32_t head_dim_v = 0; // value_length
     int32_t n_rot = 0;      // rotated dims per head (rope.dimension_count)
+    int32_t rope_n_ctx_orig = 0; // rope.scaling.original_context_length (n_ctx_train when absent)
     float rms_eps = 1e-5f;
     std::vector<LayerConfig> layers; // n_layers entries
 

@@ -206,7 +206,15 @@ TEST_CASE("gpt-oss metadata and tensors: read, and one-line errors naming the fi
     CHECK(c.n_expert_used == 4);
     CHECK(c.attn_scale == doctest::Approx(0.125f));
     REQUIRE(c.n_layers == 4);
-    for (int32_t l = 0; l < 4; ++l) CHECK(c.layers[size_t(l)].sliding_window == (l % 2 == 0 ? 16 : 0));
+    for (int32_t l = 0; l < 4; ++l) {
+        const LayerConfig& lc = c.layers[size_t(l)];
+        CHECK(lc.sliding_window == (l % 2 == 0 ? 16 : 0));
+        // YaRN, factor 32 over 64 tokens, on every layer (the windowed ones too, as llama.cpp does).
+        CHECK(lc.rope_freq_scale == doctest::Approx(1.0f / 32.0f));
+        CHECK(lc.yarn_ext_factor == 1.0f);
+        CHECK(lc.rope_mscale == doctest::Approx(1.0f + 0.1f * std::log(32.0f)));
+    }
+    CHECK(c.rope_n_ctx_orig == 64);
     const LayerWeights& lw = m.weights.layers[1];
     CHECK(lw.attn_sinks.present());
     CHECK(lw.attn_sinks.n_in() == 4);

@@ -121,6 +121,12 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
     }
     if (s.sliding_window > 0)
         kv.push_back({a + "attention.sliding_window", GgufValue::make_u32(static_cast<uint32_t>(s.sliding_window))});
+    if (s.yarn_factor > 0.0f) {   // as the converter writes a config.json's rope_scaling of type yarn
+        kv.push_back({a + "rope.scaling.type", GgufValue::make_string("yarn")});
+        kv.push_back({a + "rope.scaling.factor", GgufValue::make_f32(s.yarn_factor)});
+        kv.push_back({a + "rope.scaling.original_context_length",
+                      GgufValue::make_u32(static_cast<uint32_t>(s.yarn_n_ctx_orig))});
+    }
     if (s.arch == "gemma2") {   // Gemma 2's configs: tanh caps on the attention scores and the logits
         kv.push_back({a + "attn_logit_softcapping", GgufValue::make_f32(50.0f)});
         kv.push_back({a + "final_logit_softcapping", GgufValue::make_f32(30.0f)});

@@ -33,6 +33,8 @@ struct SynthShape {
     // gpt-oss: attention sinks, biases on q/k/v/o, on the router and on the experts, the FFN norm stored as
     // post_attention_norm, a window on the even layers
     bool gpt_oss = false;
+    float yarn_factor = 0.0f;       // > 0: rope.scaling.type yarn with this factor (Qwen3's long-context config)
+    int32_t yarn_n_ctx_orig = 0;    // rope.scaling.original_context_length
 };
 
 std::span<const SynthShape> synth_shapes();
