@@ -605,4 +605,14 @@ TEST_CASE("cuda backend: bad batches are refused as on the CPU") {
     CHECK(o.cuda->device_name() == "cuda:0");
 }
 
+TEST_CASE("cuda backend: gpt-oss is refused in one line, before anything is uploaded") {
+    test::TempDir dir;
+    const Model model = load_model(synth_file(dir, "tiny-gpt-oss", "f16"));
+    CudaBackend cuda;
+    CHECK_THROWS_WITH_AS(cuda.load(model.config, model.weights, RunOptions{16, KvType::f32}),
+                         "the CUDA backend does not run gpt-oss (attention sinks, expert biases, clamped SwiGLU) yet; "
+                         "run it on the CPU",
+                         UsageError);
+}
+
 } // namespace tern
