@@ -42,7 +42,8 @@ void CpuBackend::attend_plain(int32_t l, int32_t seq, int32_t pos0, int64_t n, c
                     }
                 }
                 attention_head(q + i * q_dim + h * c.head_dim, k.data(), v.data(), KvElem::f32, pos - lo + 1, c.head_dim,
-                               c.head_dim_v, c.attn_scale, c.attn_softcap, scores.data(), att + i * att_dim + h * c.head_dim_v,
+                               c.head_dim_v, c.attn_scale, c.attn_softcap, scores.data(),
+                               att + i * att_dim + h * c.head_dim_v,
                                sinks.empty() ? nullptr : &sinks[static_cast<size_t>(h)]);
             }
         }

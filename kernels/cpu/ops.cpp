@@ -332,11 +332,14 @@ void attention_head(const float* q, const void* k, const void* v, KvElem elem, i
                     int64_t head_dim_v, float scale, float softcap, float* scores, float* out, const float* sink) {
     switch (elem) {
     case KvElem::f32:
-        return attention_head_impl<KvElem::f32>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out, sink);
+        return attention_head_impl<KvElem::f32>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out,
+                                                 sink);
     case KvElem::f16:
-        return attention_head_impl<KvElem::f16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out, sink);
+        return attention_head_impl<KvElem::f16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out,
+                                                 sink);
     case KvElem::bf16:
-        return attention_head_impl<KvElem::bf16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out, sink);
+        return attention_head_impl<KvElem::bf16>(q, k, v, n_keys, head_dim, head_dim_v, scale, softcap, scores, out,
+                                                 sink);
     }
 }
 
