@@ -12,7 +12,8 @@
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 6> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe"};
+constexpr std::array<std::string_view, 7> kArchNames = {"llama",  "qwen2",    "qwen3",  "gemma2",
+                                                        "gemma3", "qwen3moe", "gpt-oss"};
 
 std::string supported_list() {
     std::string s;
@@ -48,7 +49,36 @@ constexpr ArchTraits kTraits[] = {
     // qwen3moe: qwen3's attention, softmax routing, top-k weights normalised (llama.cpp's build_moe_ffn norm_w).
     {Arch::qwen3moe, RopeStyle::neox, false, true, false, FfnActivation::silu, false, true, ExpertGating::softmax,
      true},
+    // gpt-oss: neox rope, clamped SwiGLU experts, top-k by logit then a softmax over the k (softmax_weight).
+    {Arch::gpt_oss, RopeStyle::neox, false, false, false, FfnActivation::swiglu_oai, false, true,
+     ExpertGating::softmax_weight, false},
 };
+
+// YaRN's correction range (in pairs) for one rope base: the pairs whose wavelength fits the original context
+// between beta_fast and beta_slow turns, in float as llama.cpp's ggml_rope_yarn_corr_dims computes it.
+void yarn_corr_range(int32_t n_rot, int32_t n_ctx_orig, float base, float beta_fast, float beta_slow, float& low,
+                     float& high) {
+    const auto dim_for = [&](float beta) {
+        constexpr float kTwoPi = 6.28318530717958647692f;
+        return static_cast<float>(n_rot) * std::log(static_cast<float>(n_ctx_orig) / (beta * kTwoPi)) /
+               (2.0f * std::log(base));
+    };
+    low = std::max(0.0f, std::floor(dim_for(beta_fast)));
+    high = std::min(static_cast<float>(n_rot - 1), std::ceil(dim_for(beta_slow)));
+}
+
+// The magnitude YaRN gives rotated q/k values (their cos/sin multiplier) for a scaling factor: the
+// attention factor 0.1 ln(factor) + 1 (per transformers' yarn_get_mscale), divided by the same with
+// yarn_log_multiplier when the file gives one, times rope.scaling.attn_factor. Float steps in llama.cpp's order
+// (an attention factor that cancels the kernel's 0.1 ln(1/freq_scale) + 1, then the kernel's multiply).
+float yarn_mscale(float freq_scale, float log_mul, float attn_factor) {
+    const auto get_mscale = [](float scale, float m) { return scale <= 1.0f ? 1.0f : 0.1f * m * std::log(scale) + 1.0f; };
+    const float factor = 1.0f / freq_scale;
+    float attn = log_mul != 0.0f ? get_mscale(factor, 1.0f) / get_mscale(factor, log_mul) : get_mscale(factor, 1.0f);
+    attn *= 1.0f / (1.0f + 0.1f * std::log(factor));
+    attn *= attn_factor;
+    return attn * (1.0f + 0.1f * std::log(1.0f / freq_scale));
+}
 
 class MetaReader {
 public:
@@ -92,7 +122,7 @@ void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_
         if (meta.has("expert_count") && meta.get_int("expert_count") > 0)
             meta.fail("expert_count", "value " + std::to_string(meta.get_int("expert_count")) +
                                           ": mixture-of-experts " + std::string(arch) +
-                                          " models are not supported yet (supported: qwen3moe)");
+                                          " models are not supported yet (supported: qwen3moe, gpt-oss)");
         return;
     }
     c.n_expert = meta.checked_count("expert_count", meta.get_int("expert_count"), kMaxExperts);
@@ -233,14 +263,36 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     float factor = meta.get_f32("rope.scaling.factor", 0.0f);
     if (factor == 0.0f) factor = meta.get_f32("rope.scale_linear", 0.0f); // older spelling
     float rope_freq_scale = 1.0f;
-    if (scaling == "linear") {
+    const bool yarn = scaling == "yarn";
+    if (scaling == "linear" || yarn) {
         if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
     } else if (scaling != "none") {
-        meta.fail("rope.scaling.type", "'" + printable(scaling) + "' is not supported (supported: none, linear)");
+        meta.fail("rope.scaling.type",
+                  "'" + printable(scaling) + "' is not supported (supported: none, linear, yarn)");
     }
     if (!(rope_base > 0.0f) || !(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))
         meta.fail("rope.freq_base", "rope base " + std::to_string(rope_base) + " / scaling factor " +
                                         std::to_string(factor) + " are not positive");
+    c.rope_n_ctx_orig = meta.checked_count("rope.scaling.original_context_length",
+                                           meta.get_int("rope.scaling.original_context_length", c.n_ctx_train));
+    // YaRN's parameters; absent keys take llama.cpp's defaults (ext_factor 1, betas 32 and 1, no log multiplier).
+    const float yarn_ext = yarn ? meta.get_f32("rope.scaling.yarn_ext_factor", 1.0f) : 0.0f;
+    const float beta_fast = meta.get_f32("rope.scaling.yarn_beta_fast", 32.0f);
+    const float beta_slow = meta.get_f32("rope.scaling.yarn_beta_slow", 1.0f);
+    const float log_mul = meta.get_f32("rope.scaling.yarn_log_multiplier", 0.0f);
+    const float attn_factor = meta.get_f32("rope.scaling.attn_factor", 1.0f);
+    if (yarn) {
+        if (!(yarn_ext >= 0.0f) || !std::isfinite(yarn_ext))
+            meta.fail("rope.scaling.yarn_ext_factor", "value " + std::to_string(yarn_ext) + " is not a number >= 0");
+        if (!(beta_fast > 0.0f) || !std::isfinite(beta_fast))
+            meta.fail("rope.scaling.yarn_beta_fast", "value " + std::to_string(beta_fast) + " is not positive");
+        if (!(beta_slow > 0.0f) || !std::isfinite(beta_slow))
+            meta.fail("rope.scaling.yarn_beta_slow", "value " + std::to_string(beta_slow) + " is not positive");
+        if (!std::isfinite(log_mul))
+            meta.fail("rope.scaling.yarn_log_multiplier", "value " + std::to_string(log_mul) + " is not finite");
+    }
+    if (!(attn_factor > 0.0f) || !std::isfinite(attn_factor))
+        meta.fail("rope.scaling.attn_factor", "value " + std::to_string(attn_factor) + " is not positive");
     c.rope_freq_factors = file.find_tensor("rope_freqs.weight") != nullptr;
     if (c.rope_freq_factors && c.arch != Arch::llama)
         throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama models, not " +
@@ -250,8 +302,14 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     int32_t window = 0;
     if (c.arch == Arch::gemma2)
         window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window", 4096));
-    if (c.arch == Arch::gemma3)
+    if (c.arch == Arch::gemma3 || c.arch == Arch::gpt_oss)
         window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window"));
+    // gpt-oss alternates like gemma2 (even layers local); another pattern in the file is refused, not ignored.
+    if (c.arch == Arch::gpt_oss && meta.has("attention.sliding_window_pattern")) {
+        const GgufValue* v = file.find(meta.key("attention.sliding_window_pattern"));
+        if (v->type == GgufType::array || meta.get_int("attention.sliding_window_pattern") != 2)
+            meta.fail("attention.sliding_window_pattern", "only the pattern 2 (even layers local) is supported");
+    }
 
     c.layers.resize(static_cast<size_t>(c.n_layers));
     for (int32_t l = 0; l < c.n_layers; ++l) {
@@ -266,12 +324,21 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
                                                      " query heads");
         lc.rope_base = rope_base;
         lc.rope_freq_scale = rope_freq_scale;
-        if (c.arch == Arch::gemma2 && l % 2 == 0) lc.sliding_window = window;
+        lc.rope_mscale = attn_factor;
+        if (yarn_ext != 0.0f) {
+            lc.yarn_ext_factor = yarn_ext;
+            yarn_corr_range(c.n_rot, c.rope_n_ctx_orig, rope_base, beta_fast, beta_slow, lc.yarn_corr_low,
+                            lc.yarn_corr_high);
+            lc.rope_mscale = yarn_mscale(rope_freq_scale, log_mul, attn_factor);
+        }
+        if ((c.arch == Arch::gemma2 || c.arch == Arch::gpt_oss) && l % 2 == 0) lc.sliding_window = window;
         if (c.arch == Arch::gemma3 && l % 6 < 5) {
             // Local layers ignore the rope.* keys: base 10000, no scaling.
             lc.sliding_window = window;
             lc.rope_base = 10000.0f;
             lc.rope_freq_scale = 1.0f;
+            lc.yarn_ext_factor = 0.0f;
+            lc.rope_mscale = attn_factor;
         }
     }
 
@@ -284,6 +351,16 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (c.arch == Arch::gemma2) {
         c.attn_softcap = meta.get_f32("attn_logit_softcapping", 50.0f);
         c.final_softcap = meta.get_f32("final_logit_softcapping", 30.0f);
+    }
+
+    if (c.arch == Arch::gpt_oss) {
+        // gpt-oss: the FFN's norm is named post_attention_norm, every softmax has a sink, biases everywhere.
+        c.ffn_norm_post_attention = true;
+        c.attn_sinks = true;
+        c.expert_bias = true;
+        c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_rot)); // llama.cpp scales by the rotated width
+        if (meta.has("rope.freq_base_swa") && meta.get_f32("rope.freq_base_swa") != rope_base)
+            meta.fail("rope.freq_base_swa", "a separate rope base for the sliding-window layers is not supported");
     }
 
     c.tied_output = file.find_tensor("output.weight") == nullptr;

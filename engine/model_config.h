@@ -12,10 +12,13 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe };
+enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
-enum class FfnActivation { silu, gelu_tanh }; // SwiGLU / GeGLU
-enum class ExpertGating { softmax, sigmoid };  // router logits -> expert probabilities
+// SwiGLU / GeGLU / gpt-oss's clamped SwiGLU: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1)
+enum class FfnActivation { silu, gelu_tanh, swiglu_oai };
+// Router logits -> expert weights: softmax or sigmoid over all experts, then the top k; softmax_weight (gpt-oss):
+// the top k by logit, then a softmax over those k logits only.
+enum class ExpertGating { softmax, sigmoid, softmax_weight };
 
 // The architectures tern runs, by their general.architecture spelling.
 std::span<const std::string_view> supported_architectures();
@@ -29,6 +32,12 @@ struct LayerConfig {
     int32_t sliding_window = 0; // 0: global attention; w: a query at q sees keys k with q - k < w
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f; // angle multiplier (1 / linear scaling factor)
+    // YaRN (rope.scaling.type "yarn"; kernels/cpu/ops.h RopeYarn): ext_factor 0 is off; pairs below corr_low
+    // keep their unscaled angle, pairs above corr_high get rope_freq_scale, a ramp between. rope_mscale
+    // multiplies every rotated q/k value (YaRN's attention factor, 0.1 ln(factor) + 1 by default).
+    float yarn_ext_factor = 0.0f;
+    float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
+    float rope_mscale = 1.0f;
 };
 
 struct ModelConfig {
@@ -42,6 +51,7 @@ struct ModelConfig {
     int32_t head_dim = 0;   // key_length
     int32_t head_dim_v = 0; // value_length
     int32_t n_rot = 0;      // rotated dims per head (rope.dimension_count)
+    int32_t rope_n_ctx_orig = 0; // rope.scaling.original_context_length (n_ctx_train when absent)
     float rms_eps = 1e-5f;
     std::vector<LayerConfig> layers; // n_layers entries
 
@@ -50,6 +60,9 @@ struct ModelConfig {
     bool qkv_bias = false;          // q/k/v biases required (qwen2); llama may carry them optionally
     bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     bool post_norms = false;        // post_attention_norm / post_ffw_norm before each residual add (gemma)
+    bool ffn_norm_post_attention = false; // gpt-oss: the FFN's input norm is stored as post_attention_norm.weight
+    bool attn_sinks = false;        // gpt-oss: blk.N.attn_sinks.weight, a learned logit per query head that joins
+                                    // each softmax's denominator (its exp adds to the sum; it has no value row)
     FfnActivation ffn_act = FfnActivation::silu;
     float embed_scale = 1.0f;   // gemma: sqrt(dim), applied right after the lookup
     float attn_scale = 0.0f;    // multiplies q.k (1/sqrt(head_dim) unless a model says otherwise)
@@ -68,6 +81,8 @@ struct ModelConfig {
     ExpertGating expert_gating = ExpertGating::softmax;
     bool expert_weights_norm = false; // qwen3moe: always (llama.cpp's norm_w), no key
     float expert_weights_scale = 1.0f;
+    bool expert_bias = false;         // gpt-oss: ffn_gate_inp.bias on the router logits, ffn_{gate,up,down}_exps.bias
+                                      // (one row per expert) on each expert's projections
     int32_t n_expert_shared = 0;      // shared experts beside the routed ones (none in the families run yet)
     int32_t expert_shared_ffn_dim = 0;
     bool moe() const { return n_expert > 0; }

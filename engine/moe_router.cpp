@@ -1,5 +1,6 @@
 #include "engine/moe_router.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tern {
@@ -17,8 +18,10 @@ void route_experts(const float* logits, const ModelConfig& c, float* probs, int3
         }
         const float inv = sum > 0.0 ? static_cast<float>(1.0 / sum) : 0.0f;
         for (int32_t e = 0; e < n; ++e) probs[e] *= inv;
-    } else {
+    } else if (c.expert_gating == ExpertGating::sigmoid) {
         for (int32_t e = 0; e < n; ++e) probs[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    } else {   // softmax_weight: select by the logits themselves, the softmax comes after the top k
+        std::copy(logits, logits + n, probs);
     }
     // Top-k by selection: k passes, each taking the largest probability not yet taken (the first of equals).
     for (int32_t r = 0; r < k; ++r) {
@@ -31,6 +34,17 @@ void route_experts(const float* logits, const ModelConfig& c, float* probs, int3
         }
         ids[r] = best;
         weights[r] = probs[best];
+    }
+    if (c.expert_gating == ExpertGating::softmax_weight) {
+        // A softmax over the k chosen logits, the largest first (ids are in descending order).
+        const float max = weights[0];
+        double sum = 0.0;
+        for (int32_t r = 0; r < k; ++r) {
+            weights[r] = std::exp(weights[r] - max);
+            sum += weights[r];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int32_t r = 0; r < k; ++r) weights[r] *= inv;
     }
     if (c.expert_weights_norm) {
         float sum = 0.0f;

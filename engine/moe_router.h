@@ -7,11 +7,12 @@
 
 namespace tern {
 
-// probabilities = softmax(logits) or sigmoid(logits) (config.expert_gating); ids = the n_used most probable
-// experts, most probable first, ties to the lower expert id (llama.cpp's argsort leaves the order of equal
-// values unspecified); weights = their probabilities, divided by their sum when config.expert_weights_norm
-// (the sum clamped below at 2^-14, as llama.cpp does), times config.expert_weights_scale. NaN logits are never
-// preferred to numbers. `probs` is scratch of n_expert floats.
+// probabilities = softmax(logits) or sigmoid(logits), or the logits themselves for softmax_weight
+// (config.expert_gating); ids = the n_used most probable experts, most probable first, ties to the lower expert id
+// (llama.cpp's argsort leaves the order of equal values unspecified); weights = their probabilities (softmax_weight:
+// a softmax over the n_used chosen logits), divided by their sum when config.expert_weights_norm (the sum clamped
+// below at 2^-14, as llama.cpp does), times config.expert_weights_scale. NaN logits are never preferred to
+// numbers. `probs` is scratch of n_expert floats.
 void route_experts(const float* logits, const ModelConfig& config, float* probs, int32_t* ids, float* weights);
 
 } // namespace tern

@@ -123,7 +123,9 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
         }
         lw.wo = b.matrix(p + "attn_output.weight", o_dim, c.dim, "[n_heads*head_dim_v, dim]");
         lw.bo = b.vector(p + "attn_output.bias", c.dim, "[dim]", Need::optional);
-        lw.ffn_norm = b.vector(p + "ffn_norm.weight", c.dim, "[dim]");
+        const char* ffn_norm = c.ffn_norm_post_attention ? "post_attention_norm.weight" : "ffn_norm.weight";
+        lw.ffn_norm = b.vector(p + ffn_norm, c.dim, "[dim]");
+        if (c.attn_sinks) lw.attn_sinks = b.vector(p + "attn_sinks.weight", lc.n_heads, "[n_heads]");
         if (c.moe()) {
             lw.ffn_gate_inp = b.matrix(p + "ffn_gate_inp.weight", c.dim, c.n_expert, "[dim, n_expert]");
             lw.gate_exps = b.stack(p + "ffn_gate_exps.weight", c.dim, c.expert_ffn_dim, c.n_expert,
@@ -132,6 +134,13 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
                                  "[dim, expert_ffn, n_expert]");
             lw.down_exps = b.stack(p + "ffn_down_exps.weight", c.expert_ffn_dim, c.dim, c.n_expert,
                                    "[expert_ffn, dim, n_expert]");
+            if (c.expert_bias) {
+                lw.ffn_gate_inp_b = b.vector(p + "ffn_gate_inp.bias", c.n_expert, "[n_expert]");
+                lw.gate_exps_b =
+                    b.matrix(p + "ffn_gate_exps.bias", c.expert_ffn_dim, c.n_expert, "[expert_ffn, n_expert]");
+                lw.up_exps_b = b.matrix(p + "ffn_up_exps.bias", c.expert_ffn_dim, c.n_expert, "[expert_ffn, n_expert]");
+                lw.down_exps_b = b.matrix(p + "ffn_down_exps.bias", c.dim, c.n_expert, "[dim, n_expert]");
+            }
         } else {
             lw.w_gate = b.matrix(p + "ffn_gate.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
             lw.w_up = b.matrix(p + "ffn_up.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");

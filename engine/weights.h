@@ -52,6 +52,10 @@ struct LayerWeights {
     // Mixture of experts (ModelConfig::moe(); then w_gate/w_up/w_down are absent):
     WeightRef ffn_gate_inp;                   // the router (n_expert, dim)
     WeightRef gate_exps, up_exps, down_exps;  // n_expert stacked (expert_ffn, dim), .. , (dim, expert_ffn)
+    // ModelConfig::expert_bias: the router's bias (n_expert) and one bias row per expert: (n_expert rows of
+    // expert_ffn) for gate and up, (n_expert rows of dim) for down.
+    WeightRef ffn_gate_inp_b, gate_exps_b, up_exps_b, down_exps_b;
+    WeightRef attn_sinks;                     // (n_heads) when ModelConfig::attn_sinks
 };
 
 struct ModelWeights {

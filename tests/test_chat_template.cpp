@@ -181,6 +181,35 @@ TEST_CASE("Command R (Cohere model card)") {
                       "<BOS_TOKEN>"));
 }
 
+TEST_CASE("gpt-oss: the harmony format of its GGUF's template (system, developer, final channel, return)") {
+    // The system turn carries today's date: replace it by a placeholder before comparing.
+    const auto undated = [](std::string text) {
+        const std::string key = "Current date: ";
+        const size_t at = text.find(key);
+        REQUIRE(at != std::string::npos);
+        REQUIRE(text.size() >= at + key.size() + 10);
+        const std::string date = text.substr(at + key.size(), 10);
+        CHECK((date[4] == '-' && date[7] == '-' && std::all_of(date.begin(), date.begin() + 4, ::isdigit)));
+        return text.replace(at + key.size(), 10, "YYYY-MM-DD");
+    };
+    const std::string system = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+                               "Knowledge cutoff: 2024-06\nCurrent date: YYYY-MM-DD\n\nReasoning: medium\n\n"
+                               "# Valid channels: analysis, commentary, final. Channel must be included for every "
+                               "message.<|end|>";
+    const ChatTemplate t = named("gpt-oss");
+    CHECK(undated(t.render({{"user", "Hello"}})) == system + "<|start|>user<|message|>Hello<|end|><|start|>assistant");
+    const Chat chat = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
+    CHECK(undated(t.render(chat)) == system +
+                                         "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+                                         "<|start|>user<|message|>Hi<|end|>"
+                                         "<|start|>assistant<|channel|>final<|message|>Hello!<|end|>"
+                                         "<|start|>user<|message|>2+2?<|end|><|start|>assistant");
+    // A finished conversation: the model's last answer ends with <|return|>.
+    CHECK(undated(t.render({{"user", "Hi"}, {"assistant", "Hello!"}}, false)) ==
+          system + "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|return|>");
+    CHECK(named("harmony").name() == "gpt-oss");
+}
+
 TEST_CASE("detection from real tokenizer.chat_template texts") {
     struct Case {
         const char* jinja;
@@ -239,6 +268,11 @@ TEST_CASE("detection from real tokenizer.chat_template texts") {
          "content + '<｜end▁of▁sentence｜>'}}",
          "deepseek3"},
         {"{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + content.strip() + '<|END_OF_TURN_TOKEN|>' }}", "command-r"},
+        // gpt-oss (harmony): excerpts of its GGUF's template
+        {"{%- if add_generation_prompt -%}\n<|start|>assistant\n{%- endif -%}{{- \"<|start|>assistant<|channel|>final"
+         "<|message|>\" + message.content + \"<|end|>\" }}{{- \"<|start|>user<|message|>\" + message.content + "
+         "\"<|end|>\" }}",
+         "gpt-oss"},
     };
     for (const Case& c : cases) {
         CAPTURE(c.family);

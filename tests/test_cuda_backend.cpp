@@ -280,9 +280,10 @@ TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the t
     }
 }
 
-TEST_CASE("cuda backend: qwen3 and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding scale)") {
+TEST_CASE("cuda backend: qwen3, qwen3 with YaRN and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding "
+          "scale)") {
     test::TempDir dir;
-    for (const char* shape : {"tiny-qwen3", "tiny-gemma3"}) {
+    for (const char* shape : {"tiny-qwen3", "tiny-qwen3-yarn", "tiny-gemma3"}) {
         for (const char* type : {"f16", "q4_k_m"}) {
             CAPTURE(shape);
             CAPTURE(type);
@@ -361,6 +362,21 @@ TEST_CASE("cuda backend: the context shift moves and turns the cache as the CPU'
         o.cuda->forward({next, 28, LogitsWanted::all});
         for (int r = 0; r < 2; ++r) CHECK(row_error(o.cuda->logits(r), o.cpu->logits(r)) < kLogitTolerance);
     }
+}
+
+TEST_CASE("cuda backend: the context shift of a YaRN model turns the cache as the CPU's does") {
+    test::TempDir dir;
+    Opened o = open_both(synth_file(dir, "tiny-qwen3-yarn", "f16"), 64, KvType::f16);
+    REQUIRE(o.model.config.layers[0].yarn_ext_factor == 1.0f);
+    const std::vector<int32_t> prompt = ramp_tokens(40, o.model.config.vocab);
+    o.cpu->forward({prompt, 0, LogitsWanted::last});
+    o.cuda->forward({prompt, 0, LogitsWanted::last});
+    o.cpu->kv_erase(5, 17);
+    o.cuda->kv_erase(5, 17);
+    const std::vector<int32_t> next = {11, 12};
+    o.cpu->forward({next, 28, LogitsWanted::all});
+    o.cuda->forward({next, 28, LogitsWanted::all});
+    for (int r = 0; r < 2; ++r) CHECK(row_error(o.cuda->logits(r), o.cpu->logits(r)) < kLogitTolerance);
 }
 
 TEST_CASE("cuda backend: decode steps replayed from a captured graph equal the steps launched one by one") {
@@ -587,6 +603,16 @@ TEST_CASE("cuda backend: bad batches are refused as on the CPU") {
     CHECK_THROWS_AS(o.cuda->logits(0), UsageError);
     CHECK(o.cuda->device_kind() == DeviceKind::cuda);
     CHECK(o.cuda->device_name() == "cuda:0");
+}
+
+TEST_CASE("cuda backend: gpt-oss is refused in one line, before anything is uploaded") {
+    test::TempDir dir;
+    const Model model = load_model(synth_file(dir, "tiny-gpt-oss", "f16"));
+    CudaBackend cuda;
+    CHECK_THROWS_WITH_AS(cuda.load(model.config, model.weights, RunOptions{16, KvType::f32}),
+                         "the CUDA backend does not run gpt-oss (attention sinks, expert biases, clamped SwiGLU) yet; "
+                         "run it on the CPU",
+                         UsageError);
 }
 
 } // namespace tern

@@ -4,6 +4,7 @@
 // for any thread count.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -187,6 +188,112 @@ TEST_CASE("flash attention: a token's output is the same bits alone, in any batc
                     if (pos >= 450 && pos < 570)
                         CHECK(std::memcmp(tail.data() + (pos - 450) * q_stride, batched,
                                           sizeof(float) * size_t(q_stride)) == 0);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("attention sinks (gpt-oss): flash (AVX2 and scalar kernels, batch and decode) and two-pass match a "
+          "double-precision softmax with the sink in its denominator") {
+    const CpuKernels* avx2_set = cpu_kernels_for(CpuIsa::avx2);
+    const AttnChunkFn avx2 = avx2_set ? avx2_set->attn_chunk : nullptr;
+    const int64_t head_dim = 64, group = 4;
+    for (KvType f : {KvType::f32, KvType::f16}) {
+        for (int64_t n_kv_heads : {1, 2}) {
+            for (int64_t n_ctx : {1, 7, 64, 65, 300}) {
+                for (int32_t window : {0, 16}) {
+                    CAPTURE(format_name(f));
+                    CAPTURE(n_kv_heads);
+                    CAPTURE(n_ctx);
+                    CAPTURE(window);
+                    const int64_t n_heads = n_kv_heads * group, q_stride = n_heads * head_dim;
+                    // Sinks around the scores' scale, one far above them and one far below.
+                    std::vector<float> sinks = test::random_normal(size_t(n_heads), 41, 2.0f);
+                    sinks[0] = 40.0f;
+                    sinks[size_t(n_heads - 1)] = -40.0f;
+                    AttnParams p;
+                    p.format = f;
+                    p.head_dim = p.head_dim_v = head_dim;
+                    p.group = group;
+                    p.scale = 0.125f;
+                    p.sinks = sinks.data();
+                    const StoredRows k = store_rows(f, n_kv_heads * n_ctx, head_dim, 42, 1.0f);
+                    const StoredRows v = store_rows(f, n_kv_heads * n_ctx, head_dim, 43, 1.0f);
+                    const size_t head_bytes = kv_row_bytes(f, head_dim) * size_t(n_ctx);
+                    std::vector<const void*> kh, vh;
+                    for (int64_t g = 0; g < n_kv_heads; ++g) {
+                        kh.push_back(k.bytes.data() + size_t(g) * head_bytes);
+                        vh.push_back(v.bytes.data() + size_t(g) * head_bytes);
+                    }
+                    const auto q = test::random_normal(size_t(n_ctx * q_stride), 44, 3.0f);
+                    // Oracle in double over the decoded rows: exp(s_j - M) / (sum_j exp(s_j - M) + exp(sink - M)).
+                    std::vector<double> ref(static_cast<size_t>(n_ctx * q_stride));
+                    double moved = 0.0;   // how far the sinks move the outputs: the test must see them
+                    for (int64_t i = 0; i < n_ctx; ++i)
+                        for (int64_t h = 0; h < n_heads; ++h) {
+                            const int64_t g = h / group, lo = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+                            std::vector<double> sc;
+                            double mx = sinks[size_t(h)];
+                            for (int64_t j = lo; j <= i; ++j) {
+                                double d = 0.0;
+                                for (int64_t e = 0; e < head_dim; ++e)
+                                    d += double(q[size_t(i * q_stride + h * head_dim + e)]) *
+                                         k.values[size_t((g * n_ctx + j) * head_dim + e)];
+                                sc.push_back(d * p.scale);
+                                mx = std::max(mx, sc.back());
+                            }
+                            double sum = std::exp(double(sinks[size_t(h)]) - mx), plain = 0.0;
+                            for (double& x : sc) {
+                                x = std::exp(x - mx);
+                                sum += x;
+                                plain += x;
+                            }
+                            for (int64_t e = 0; e < head_dim; ++e) {
+                                double acc = 0.0;
+                                for (int64_t j = lo; j <= i; ++j)
+                                    acc += sc[size_t(j - lo)] * v.values[size_t((g * n_ctx + j) * head_dim + e)];
+                                ref[size_t(i * q_stride + h * head_dim + e)] = acc / sum;
+                                moved = std::max(moved, std::fabs(acc / sum - acc / plain));
+                            }
+                        }
+                    CHECK(moved > 0.1);
+                    const auto worst = [&](const std::vector<float>& out, int64_t first, int64_t n) {
+                        double w = 0.0;
+                        for (int64_t x = 0; x < n * q_stride; ++x)
+                            w = std::max(w, std::fabs(out[size_t(x)] - ref[size_t(first * q_stride + x)]));
+                        return w;
+                    };
+                    for (AttnChunkFn kernel : {AttnChunkFn(attn_chunk_scalar), avx2}) {
+                        if (kernel == nullptr) continue;
+                        CAPTURE(kernel == avx2);
+                        std::vector<float> all(static_cast<size_t>(n_ctx * q_stride));
+                        attend_tokens(p, kernel, n_kv_heads, kh.data(), vh.data(), 0, n_ctx, window, q.data(), q_stride,
+                                      all.data(), q_stride, 2);
+                        CHECK(worst(all, 0, n_ctx) < 1e-5);
+                        // Decode of the last position, on one and two threads (its chunks split among them).
+                        for (int threads : {1, 2}) {
+                            std::vector<float> last(static_cast<size_t>(q_stride));
+                            attend_tokens(p, kernel, n_kv_heads, kh.data(), vh.data(), int32_t(n_ctx - 1), 1, window,
+                                          q.data() + (n_ctx - 1) * q_stride, q_stride, last.data(), q_stride, threads);
+                            CHECK(std::memcmp(last.data(), all.data() + (n_ctx - 1) * q_stride,
+                                              sizeof(float) * size_t(q_stride)) == 0);
+                        }
+                    }
+                    // The two-pass reference path (exact_matmul over an f32 cache) with its sink.
+                    if (f == KvType::f32) {
+                        std::vector<float> out(static_cast<size_t>(n_ctx * q_stride)), scores(static_cast<size_t>(n_ctx));
+                        for (int64_t i = 0; i < n_ctx; ++i)
+                            for (int64_t h = 0; h < n_heads; ++h) {
+                                const int64_t g = h / group, lo = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+                                attention_head(q.data() + i * q_stride + h * head_dim,
+                                               k.values.data() + (g * n_ctx + lo) * head_dim,
+                                               v.values.data() + (g * n_ctx + lo) * head_dim, KvElem::f32, i - lo + 1,
+                                               head_dim, head_dim, p.scale, 0.0f, scores.data(),
+                                               out.data() + i * q_stride + h * head_dim, &sinks[size_t(h)]);
+                            }
+                        CHECK(worst(out, 0, n_ctx) < 1e-5);
+                    }
                 }
             }
         }

@@ -210,15 +210,76 @@ TEST_CASE("gemma2 soft-caps and alternating windows; qwen2 biases; per-layer hea
     }
 }
 
+TEST_CASE("YaRN rope scaling: the correction range, mscale and defaults from the rope.scaling keys") {
+    test::TempDir dir;
+    TinySpec s;
+    s.head_dim = 64;
+    s.n_heads = 2;
+    s.n_kv_heads = 1;
+    s.dim = 128;
+    {
+        // factor 4, original context 4096, base 10000, n_rot 64, default betas 32 / 1:
+        // 64 ln(4096 / (32 * 2 pi)) / (2 ln 10000) = 10.47 -> floor 10; 64 ln(4096 / 2 pi) / (2 ln 10000) = 22.5 -> 23.
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
+        w.set("llama.rope.scaling.factor", GgufValue::make_f32(4.0f));
+        w.set("llama.rope.scaling.original_context_length", GgufValue::make_u32(4096));
+        const ModelConfig c = load_model(write_tiny(dir, w, "yarn.gguf")).config;
+        CHECK(c.rope_n_ctx_orig == 4096);
+        for (const LayerConfig& lc : c.layers) {
+            CHECK(lc.rope_freq_scale == 0.25f);
+            CHECK(lc.yarn_ext_factor == 1.0f);
+            CHECK(lc.yarn_corr_low == 10.0f);
+            CHECK(lc.yarn_corr_high == 23.0f);
+            CHECK(lc.rope_mscale == doctest::Approx(1.0 + 0.1 * std::log(4.0)).epsilon(1e-6));
+        }
+    }
+    {
+        // Explicit betas, a log multiplier equal to 1 (Ministral 3: mscale / mscale_all_dims = 1) and an
+        // attention factor; the original context falls back to context_length (256 in the tiny spec).
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
+        w.set("llama.rope.scaling.factor", GgufValue::make_f32(16.0f));
+        w.set("llama.rope.scaling.yarn_beta_fast", GgufValue::make_f32(16.0f));
+        w.set("llama.rope.scaling.yarn_beta_slow", GgufValue::make_f32(2.0f));
+        w.set("llama.rope.scaling.yarn_log_multiplier", GgufValue::make_f32(1.0f));
+        w.set("llama.rope.scaling.attn_factor", GgufValue::make_f32(0.5f));
+        const ModelConfig c = load_model(write_tiny(dir, w, "yarn2.gguf")).config;
+        CHECK(c.rope_n_ctx_orig == c.n_ctx_train);
+        const double lo = 64.0 * std::log(double(c.n_ctx_train) / (16.0 * 2.0 * M_PI)) / (2.0 * std::log(10000.0));
+        const double hi = 64.0 * std::log(double(c.n_ctx_train) / (2.0 * 2.0 * M_PI)) / (2.0 * std::log(10000.0));
+        CHECK(c.layers[0].yarn_corr_low == float(std::max(0.0, std::floor(lo))));
+        CHECK(c.layers[0].yarn_corr_high == float(std::min(63.0, std::ceil(hi))));
+        CHECK(c.layers[0].rope_mscale == doctest::Approx(0.5).epsilon(1e-6));
+    }
+    {
+        // Linear scaling keeps YaRN off.
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("linear"));
+        w.set("llama.rope.scaling.factor", GgufValue::make_f32(4.0f));
+        const ModelConfig c = load_model(write_tiny(dir, w, "lin.gguf")).config;
+        CHECK(c.layers[0].yarn_ext_factor == 0.0f);
+        CHECK(c.layers[0].rope_mscale == 1.0f);
+    }
+}
+
 TEST_CASE("missing and mis-shaped tensors, unsupported rope scaling: precise errors") {
     test::TempDir dir;
     TinySpec s;
     {
         GgufWriter w = tiny_writer(s);
-        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
-        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "yarn.gguf")); });
+        w.set("llama.rope.scaling.type", GgufValue::make_string("dynamic"));
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "dyn.gguf")); });
         CHECK(msg.find("llama.rope.scaling.type") != std::string::npos);
-        CHECK(msg.find("'yarn' is not supported") != std::string::npos);
+        CHECK(msg.find("'dynamic' is not supported") != std::string::npos);
+    }
+    {
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
+        w.set("llama.rope.scaling.yarn_beta_fast", GgufValue::make_f32(-1.0f));
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "yarnbeta.gguf")); });
+        CHECK(msg.find("yarnbeta.gguf") != std::string::npos);
+        CHECK(msg.find("llama.rope.scaling.yarn_beta_fast") != std::string::npos);
     }
     {
         TinySpec bad = s;

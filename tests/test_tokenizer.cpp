@@ -354,6 +354,25 @@ TEST_CASE("SentencePiece: space prefix, byte fallback, UNK, BOS/EOS rules") {
     CHECK(tiny->token_to_piece(1, true) == "<s>");                              // ... unless asked
 }
 
+TEST_CASE("harmony (gpt-oss): <|return|> and <|call|> end generation, <|end|> only closes a message") {
+    VocabSpec spec;
+    spec.source = "harmony";
+    spec.model = "gpt2";
+    spec.tokens = {"a", "b", "<|return|>", "<|end|>", "<|call|>", "<|start|>", "<|endoftext|>", "ab"};
+    spec.merges = {"a b"};
+    spec.eos = 2;
+    auto tok = Tokenizer::from_vocab(spec);
+    CHECK(tok->is_eog(2));
+    CHECK(tok->is_eog(4));
+    CHECK(tok->is_eog(6));
+    CHECK_FALSE(tok->is_eog(3));   // the analysis channel's message ends with it; the final one follows
+    CHECK_FALSE(tok->is_eog(5));
+    // Without <|return|> and <|call|> (phi-3), <|end|> ends the turn as before.
+    spec.tokens = {"a", "b", "</s>", "<|end|>", "ab"};
+    spec.eos = 2;
+    CHECK(Tokenizer::from_vocab(spec)->is_eog(3));
+}
+
 TEST_CASE("special tokens are parsed from text only when asked; user-defined ones always") {
     if (!test::shared_available()) return;
     auto spm = load_vocab("llama-spm");

@@ -1,6 +1,7 @@
 #include "engine/chat/chat_template.h"
 
 #include <array>
+#include <ctime>
 
 namespace tern {
 
@@ -11,7 +12,7 @@ struct FamilyName {
     const char* name;
 };
 
-constexpr std::array<FamilyName, 16> kFamilies = {{
+constexpr std::array<FamilyName, 17> kFamilies = {{
     {ChatTemplate::Family::chatml, "chatml"},
     {ChatTemplate::Family::qwen, "qwen"},
     {ChatTemplate::Family::llama2, "llama2"},
@@ -28,6 +29,7 @@ constexpr std::array<FamilyName, 16> kFamilies = {{
     {ChatTemplate::Family::deepseek, "deepseek"},
     {ChatTemplate::Family::deepseek3, "deepseek3"},
     {ChatTemplate::Family::command_r, "command-r"},
+    {ChatTemplate::Family::gpt_oss, "gpt-oss"},
 }};
 
 bool has(std::string_view text, std::string_view what) {
@@ -94,6 +96,42 @@ std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& messages, b
     return out;
 }
 
+// gpt-oss's harmony format as its GGUF's template writes it for a plain conversation (no tools, no reasoning
+// history): a system turn naming the model, its knowledge cutoff, today's date, the reasoning effort and the
+// channels; the caller's system prompt as the developer's instructions; user turns; earlier answers on the final
+// channel; the generation prompt opens an assistant turn and leaves the channel to the model.
+std::string render_harmony(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char today[16];
+    std::strftime(today, sizeof today, "%Y-%m-%d", &utc);
+    std::string out = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+                      "Knowledge cutoff: 2024-06\nCurrent date: " +
+                      std::string(today) +
+                      "\n\nReasoning: medium\n\n"
+                      "# Valid channels: analysis, commentary, final. Channel must be included for every message."
+                      "<|end|>";
+    std::string developer;
+    for (const ChatMessage& m : messages)
+        if (m.role == "system" || m.role == "developer") developer += (developer.empty() ? "" : "\n\n") + m.content;
+    if (!developer.empty()) out += "<|start|>developer<|message|># Instructions\n\n" + developer + "\n\n<|end|>";
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "system" || m.role == "developer") continue;
+        if (m.role == "assistant") {
+            // The last message of a finished conversation ends with <|return|>, as the model wrote it; an answer
+            // in the history ends its turn with <|end|>.
+            const bool last = i + 1 == messages.size() && !add_generation_prompt;
+            out += "<|start|>assistant<|channel|>final<|message|>" + m.content + (last ? "<|return|>" : "<|end|>");
+        } else {
+            out += "<|start|>" + m.role + "<|message|>" + m.content + "<|end|>";
+        }
+    }
+    if (add_generation_prompt) out += "<|start|>assistant";
+    return out;
+}
+
 } // namespace
 
 const std::vector<std::string>& ChatTemplate::names() {
@@ -115,6 +153,7 @@ std::optional<ChatTemplate> ChatTemplate::from_name(std::string_view name) {
     if (name == "qwen2" || name == "qwen2.5") return ChatTemplate(Family::chatml);
     if (name == "deepseek2") return ChatTemplate(Family::deepseek);
     if (name == "deepseek-r1") return ChatTemplate(Family::deepseek3);
+    if (name == "harmony") return ChatTemplate(Family::gpt_oss);
     return std::nullopt;
 }
 
@@ -129,6 +168,7 @@ ChatTemplate::Detection ChatTemplate::detect(std::string_view t) {
     if (trim(t).empty()) return {ChatTemplate(Family::chatml), Detection::Fallback::no_template};
     // Most specific markers first: Phi-4 also uses <|im_start|>, Llama 2 also uses [INST].
     if (has(t, "<|im_sep|>")) return found(Family::phi4);
+    if (has(t, "<|start|>") && has(t, "<|channel|>")) return found(Family::gpt_oss);
     if (has(t, "<|im_start|>")) {
         ChatTemplate c(Family::chatml);
         c.default_system_ = literal_default_system(t);
@@ -290,6 +330,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
         }
         if (add_generation_prompt) out += "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>";
         break;
+    case Family::gpt_oss: out = render_harmony(messages, add_generation_prompt); break;
     }
     return out;
 }

@@ -36,6 +36,7 @@ public:
         deepseek,
         deepseek3,
         command_r,
+        gpt_oss,   // OpenAI's harmony format
     };
 
     // Every name from_name accepts, in a stable order (for --help and error messages).

@@ -33,7 +33,26 @@ void rmsnorm_rows(const float* x, const std::vector<float>& w, float* y, int64_t
         rmsnorm_f32(x + i * width, w.data(), y + i * width, width, eps);
 }
 
+// A matrix's rows as f32 vectors (empty when the optional tensor is absent): the per-expert bias rows.
+std::vector<std::vector<float>> rows_f32(const WeightRef& w) {
+    std::vector<std::vector<float>> rows;
+    for (int64_t r = 0; w.present() && r < w.n_out(); ++r) {
+        rows.emplace_back(static_cast<size_t>(w.n_in()));
+        dequantize_row(w.type, w.row(r), rows.back().data(), w.n_in());
+    }
+    return rows;
+}
+
 } // namespace
+
+void glu_activation(FfnActivation act, float* gate, const float* up, int64_t n, int n_threads) {
+    switch (act) {
+    case FfnActivation::silu: swiglu_f32(gate, up, gate, n, n_threads); return;
+    case FfnActivation::gelu_tanh: geglu_tanh_f32(gate, up, gate, n, n_threads); return;
+    // gpt-oss's constants (its config.json's swiglu_limit; the alpha of its reference implementation).
+    case FfnActivation::swiglu_oai: swiglu_oai_f32(gate, up, gate, n, 1.702f, 7.0f, n_threads); return;
+    }
+}
 
 CpuBackend::CpuBackend(const CpuOptions& options)
     : n_threads_(resolve_threads(options.n_threads)), exact_matmul_(options.exact_matmul) {
@@ -70,6 +89,11 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
         lv.b_up = vector_f32(lw.b_up);
         lv.b_down = vector_f32(lw.b_down);
         lv.post_ffn_norm = vector_f32(lw.post_ffn_norm);
+        lv.attn_sinks = vector_f32(lw.attn_sinks);
+        lv.router_b = vector_f32(lw.ffn_gate_inp_b);
+        lv.gate_exps_b = rows_f32(lw.gate_exps_b);
+        lv.up_exps_b = rows_f32(lw.up_exps_b);
+        lv.down_exps_b = rows_f32(lw.down_exps_b);
     }
     output_norm_ = vector_f32(weights.output_norm);
     rope_freqs_ = vector_f32(weights.rope_freqs);
@@ -195,7 +219,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         // norm, residual.
         if (c.moe()) {
             norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.router);
-            moe_ffn(pl, n, out.data());
+            moe_ffn(pl, lv, n, out.data());
         } else {
             const int64_t ffn_dim = lc.ffn_dim;
             gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
@@ -203,10 +227,7 @@ void CpuBackend::forward(const ForwardBatch& batch) {
             norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.gate); // gate and up share one quantized input
             if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_gate_up, xn.data(), n, dim);
             project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
-            if (c.ffn_act == FfnActivation::silu)
-                swiglu_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
-            else
-                geglu_tanh_f32(gate.data(), up.data(), gate.data(), n * ffn_dim, nt);
+            glu_activation(c.ffn_act, gate.data(), up.data(), n * ffn_dim, nt);
             if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_down, gate.data(), n, ffn_dim);
             input_.reset(gate.data(), ffn_dim, n);
             project(pl.down, lv.b_down, input_, out.data());

@@ -22,6 +22,9 @@
 
 namespace tern {
 
+// gate = act(gate) * up over n elements, for the model's FFN activation (dense and expert FFNs alike).
+void glu_activation(FfnActivation act, float* gate, const float* up, int64_t n, int n_threads);
+
 class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(const CpuOptions& options = {});
@@ -67,6 +70,8 @@ private:
     struct LayerVectors {
         std::vector<float> attn_norm, bq, bk, bv, q_norm, k_norm, bo, post_attn_norm;
         std::vector<float> ffn_norm, b_gate, b_up, b_down, post_ffn_norm;
+        std::vector<float> attn_sinks, router_b;                            // gpt-oss: (n_heads), (n_expert)
+        std::vector<std::vector<float>> gate_exps_b, up_exps_b, down_exps_b; // gpt-oss: one row per expert
     };
 
     ModelConfig config_;
@@ -108,7 +113,7 @@ private:
                         std::initializer_list<float*> ys);
     // out (n, dim) = the mixture-of-experts FFN of layer pl over input_ (the normed rows, quantized for pl.router
     // by norm_input). Defined in backend_cpu_moe.cpp.
-    void moe_ffn(const PreparedLayer& pl, int64_t n, float* out);
+    void moe_ffn(const PreparedLayer& pl, const LayerVectors& lv, int64_t n, float* out);
     // att (n, n_heads, head_dim_v) = attention of q (n, n_heads, head_dim) at positions pos0.. over layer
     // l's cache of sequence seq, which already holds those positions. Defined in backend_cpu_attention.cpp.
     void attend(int32_t l, int32_t seq, int32_t pos0, int64_t n, const float* q, float* att);

@@ -15,14 +15,14 @@
 
 namespace tern {
 
-void CpuBackend::moe_ffn(const PreparedLayer& pl, int64_t n, float* out) {
+void CpuBackend::moe_ffn(const PreparedLayer& pl, const LayerVectors& lv, int64_t n, float* out) {
     const ModelConfig& c = config_;
     const int64_t dim = c.dim, n_expert = c.n_expert, k = c.n_expert_used, ffn = c.expert_ffn_dim;
     const float* xn = input_.x;   // (n, dim): the normed input, quantized for the router by norm_input
 
     // Router logits (n, n_expert), then each token's experts and weights (n, k).
     std::vector<float> logits(static_cast<size_t>(n * n_expert)), probs(static_cast<size_t>(n_expert));
-    project(pl.router, {}, input_, logits.data());
+    project(pl.router, lv.router_b, input_, logits.data());
     std::vector<int32_t> ids(static_cast<size_t>(n * k));
     std::vector<float> weights(static_cast<size_t>(n * k));
     for (int64_t i = 0; i < n; ++i)
@@ -54,14 +54,14 @@ void CpuBackend::moe_ffn(const PreparedLayer& pl, int64_t n, float* out) {
         ye.resize(static_cast<size_t>(m * dim));
         const auto ue = static_cast<size_t>(e);
         input_.reset(xe.data(), dim, m);
-        project_shared(pl.gate_up_exps[ue], {&pl.gate_exps[ue], &pl.up_exps[ue]}, {&kNoBias, &kNoBias}, input_,
-                       {gate.data(), up.data()});
-        if (c.ffn_act == FfnActivation::silu)
-            swiglu_f32(gate.data(), up.data(), gate.data(), m * ffn, n_threads_);
-        else
-            geglu_tanh_f32(gate.data(), up.data(), gate.data(), m * ffn, n_threads_);
+        const auto bias = [&](const std::vector<std::vector<float>>& rows) -> const std::vector<float>& {
+            return rows.empty() ? kNoBias : rows[ue];
+        };
+        project_shared(pl.gate_up_exps[ue], {&pl.gate_exps[ue], &pl.up_exps[ue]},
+                       {&bias(lv.gate_exps_b), &bias(lv.up_exps_b)}, input_, {gate.data(), up.data()});
+        glu_activation(c.ffn_act, gate.data(), up.data(), m * ffn, n_threads_);
         input_.reset(gate.data(), ffn, m);
-        project(pl.down_exps[ue], kNoBias, input_, ye.data());
+        project(pl.down_exps[ue], bias(lv.down_exps_b), input_, ye.data());
         for (int64_t j = 0; j < m; ++j)
             std::memcpy(expert_out.data() + slots[static_cast<size_t>(s0 + j)] * dim, ye.data() + j * dim,
                         static_cast<size_t>(dim) * sizeof(float));

@@ -227,6 +227,9 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     loaded_ = false;
     reset_graph();
+    if (config.attn_sinks || config.expert_bias || config.ffn_act == FfnActivation::swiglu_oai)
+        throw UsageError("the CUDA backend does not run gpt-oss (attention sinks, expert biases, clamped SwiGLU) yet; "
+                         "run it on the CPU");
     if (config.moe())
         throw UsageError("the CUDA backend does not run mixture-of-experts models (" + std::string(arch_name(config.arch)) +
                          ") yet; run them on the CPU");
@@ -568,6 +571,10 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         rope.base = lc.rope_base;
         rope.freq_scale = lc.rope_freq_scale;
         rope.freq_factors = rope_freqs_;
+        rope.yarn_ext_factor = lc.yarn_ext_factor;
+        rope.yarn_corr_low = lc.yarn_corr_low;
+        rope.yarn_corr_high = lc.yarn_corr_high;
+        rope.mscale = lc.rope_mscale;
         const float* q_norm = c.qk_norm ? d.q_norm : nullptr;
         const float* k_norm = c.qk_norm ? d.k_norm : nullptr;
         if (decode) {   // q, k and v in one launch; the rotated k and v stored by the rope kernel
@@ -802,6 +809,9 @@ void CudaBackend::kv_erase(int32_t begin, int32_t end) {
             rope.base = lc.rope_base;
             rope.freq_scale = lc.rope_freq_scale;
             rope.freq_factors = rope_freqs_;
+            rope.yarn_ext_factor = lc.yarn_ext_factor;
+            rope.yarn_corr_low = lc.yarn_corr_low;
+            rope.yarn_corr_high = lc.yarn_corr_high;
             cuda::kv_erase(kv_.layer(l), begin, end, kv_.n_past(), rope, stream_);
         }
     } catch (const cuda::Error& e) {

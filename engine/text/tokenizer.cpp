@@ -118,6 +118,10 @@ VocabTokenizer::VocabTokenizer(VocabSpec spec) : spec_(std::move(spec)) {
             eog_.push_back(id);
         }
     }
+    // Harmony (gpt-oss): <|end|> closes a message, not the answer (the analysis channel's message ends with it and
+    // the final channel follows); <|return|> and <|call|> end generation. llama.cpp drops it from its list alike.
+    if (const int32_t end = token_id("<|end|>"); end >= 0 && token_id("<|return|>") >= 0 && token_id("<|call|>") >= 0)
+        std::erase(eog_, end);
     std::sort(eog_.begin(), eog_.end());
     eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
 

@@ -57,7 +57,7 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
         t.push_back({p + "attn_q.weight", s.dim, q_dim, Role::matrix});
         t.push_back({p + "attn_k.weight", s.dim, kv_dim, Role::matrix});
         t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
-        if (s.qkv_bias) {
+        if (s.qkv_bias || s.gpt_oss) {
             t.push_back({p + "attn_q.bias", q_dim, 1, Role::bias});
             t.push_back({p + "attn_k.bias", kv_dim, 1, Role::bias});
             t.push_back({p + "attn_v.bias", kv_dim, 1, Role::bias});
@@ -67,13 +67,24 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
             t.push_back({p + "attn_k_norm.weight", s.head_dim, 1, Role::norm});
         }
         t.push_back({p + "attn_output.weight", q_dim, s.dim, Role::matrix});
-        if (s.post_norms) t.push_back({p + "post_attention_norm.weight", s.dim, 1, Role::norm});
-        t.push_back({p + "ffn_norm.weight", s.dim, 1, Role::norm});
+        if (s.gpt_oss) {
+            t.push_back({p + "attn_output.bias", s.dim, 1, Role::bias});
+            // Sinks near the scores' scale (a few units), so that they take a real share of each softmax.
+            t.push_back({p + "attn_sinks.weight", s.n_heads, 1, Role::bias, 10.0f});
+        }
+        if (s.post_norms || s.gpt_oss) t.push_back({p + "post_attention_norm.weight", s.dim, 1, Role::norm});
+        if (!s.gpt_oss) t.push_back({p + "ffn_norm.weight", s.dim, 1, Role::norm});
         if (s.n_expert > 0) {
             t.push_back({p + "ffn_gate_inp.weight", s.dim, s.n_expert, Role::matrix});
             t.push_back({p + "ffn_gate_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
             t.push_back({p + "ffn_up_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
             t.push_back({p + "ffn_down_exps.weight", s.expert_ffn_dim, s.dim, Role::matrix, 1.0f, s.n_expert});
+            if (s.gpt_oss) {
+                t.push_back({p + "ffn_gate_inp.bias", s.n_expert, 1, Role::bias});
+                t.push_back({p + "ffn_gate_exps.bias", s.expert_ffn_dim, s.n_expert, Role::bias});
+                t.push_back({p + "ffn_up_exps.bias", s.expert_ffn_dim, s.n_expert, Role::bias});
+                t.push_back({p + "ffn_down_exps.bias", s.dim, s.n_expert, Role::bias});
+            }
         } else {
             t.push_back({p + "ffn_gate.weight", s.dim, s.ffn_dim, Role::matrix});
             t.push_back({p + "ffn_up.weight", s.dim, s.ffn_dim, Role::matrix});
@@ -110,6 +121,12 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
     }
     if (s.sliding_window > 0)
         kv.push_back({a + "attention.sliding_window", GgufValue::make_u32(static_cast<uint32_t>(s.sliding_window))});
+    if (s.yarn_factor > 0.0f) {   // as the converter writes a config.json's rope_scaling of type yarn
+        kv.push_back({a + "rope.scaling.type", GgufValue::make_string("yarn")});
+        kv.push_back({a + "rope.scaling.factor", GgufValue::make_f32(s.yarn_factor)});
+        kv.push_back({a + "rope.scaling.original_context_length",
+                      GgufValue::make_u32(static_cast<uint32_t>(s.yarn_n_ctx_orig))});
+    }
     if (s.arch == "gemma2") {   // Gemma 2's configs: tanh caps on the attention scores and the logits
         kv.push_back({a + "attn_logit_softcapping", GgufValue::make_f32(50.0f)});
         kv.push_back({a + "final_logit_softcapping", GgufValue::make_f32(30.0f)});

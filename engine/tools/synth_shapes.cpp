@@ -73,11 +73,33 @@ SynthShape gemma3(SynthShape s) {
     return s;
 }
 
-const std::array<SynthShape, 15> kShapes = {
+// gpt-oss: n_expert experts of width expert_ffn_dim, n_used per token, a window on every even layer.
+SynthShape gpt_oss(SynthShape s, int32_t n_expert, int32_t n_used, int32_t expert_ffn_dim, int32_t window) {
+    s.gpt_oss = true;
+    s.n_expert = n_expert;
+    s.n_expert_used = n_used;
+    s.expert_ffn_dim = expert_ffn_dim;
+    s.sliding_window = window;
+    return s;
+}
+
+// YaRN rope scaling by `factor` over an original context of n_ctx_orig tokens (Qwen3's published long-context
+// setting: factor 4 over 32768).
+SynthShape yarn(SynthShape s, float factor, int32_t n_ctx_orig) {
+    s.yarn_factor = factor;
+    s.yarn_n_ctx_orig = n_ctx_orig;
+    return s;
+}
+
+const std::array<SynthShape, 18> kShapes = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
                     1e-6f))),
+    // tiny-qwen3 with YaRN: factor 4 over a 512-token original context puts the ramp on pairs 4..21 of 64.
+    yarn(tied(qwen3(make("tiny-qwen3-yarn", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048,
+                         1000000.0f, 1e-6f))),
+         4.0f, 512),
     qwen3moe(make("tiny-qwen3moe", "qwen3moe", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f,
                   1e-6f),
              8, 2, 256),
@@ -86,6 +108,12 @@ const std::array<SynthShape, 15> kShapes = {
     // A 16-token window, so that a 32-token test run leaves it on the local layers.
     gemma2(make("tiny-gemma2", "gemma2", "tern tiny test model", 256, 4, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-6f),
            16),
+    // 8 experts of width 256, 4 used; a 16-token window on layers 0 and 2, so a 32-token test run leaves it.
+    // YaRN as in gpt-oss (factor 32), over a 64-token original context so that the 2048 trained ones are 32 times it.
+    yarn(gpt_oss(make("tiny-gpt-oss", "gpt-oss", "tern tiny test model", 256, 4, 4, 2, 64, 256, 512, 2048, 150000.0f,
+                      1e-5f),
+                 8, 4, 256, 16),
+         32.0f, 64),
     tied(make("llama-1b", "llama", "Llama 3.2 1B", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f)),
     tied(make("llama-3b", "llama", "Llama 3.2 3B", 3072, 28, 24, 8, 128, 8192, 128256, 131072, 500000.0f, 1e-5f)),
     make("llama-8b", "llama", "Llama 3.1 8B", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f),
@@ -100,6 +128,12 @@ const std::array<SynthShape, 15> kShapes = {
     qwen3moe(make("qwen3moe-30b-a3b", "qwen3moe", "Qwen3 30B-A3B", 2048, 48, 32, 4, 128, 6144, 151936, 40960,
                   1000000.0f, 1e-6f),
              128, 8, 768),
+    // 32 experts of width 2880, 4 used: 20.9B parameters, 3.6B active per token. 2880 is no multiple of 256, so
+    // the k-quant types fall back to 32-blocks on the 2880-wide inputs (as llama-quantize does).
+    yarn(gpt_oss(make("gpt-oss-20b", "gpt-oss", "gpt-oss 20B", 2880, 24, 64, 8, 64, 2880, 201088, 131072, 150000.0f,
+                      1e-5f),
+                 32, 4, 2880, 128),
+         32.0f, 4096),
 };
 
 } // namespace

@@ -30,6 +30,11 @@ struct SynthShape {
     int32_t n_expert = 0;           // qwen3moe: routed experts per layer (0: a dense FFN)
     int32_t n_expert_used = 0;
     int32_t expert_ffn_dim = 0;     // expert_feed_forward_length
+    // gpt-oss: attention sinks, biases on q/k/v/o, on the router and on the experts, the FFN norm stored as
+    // post_attention_norm, a window on the even layers
+    bool gpt_oss = false;
+    float yarn_factor = 0.0f;       // > 0: rope.scaling.type yarn with this factor (Qwen3's long-context config)
+    int32_t yarn_n_ctx_orig = 0;    // rope.scaling.original_context_length
 };
 
 std::span<const SynthShape> synth_shapes();

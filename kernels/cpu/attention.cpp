@@ -113,6 +113,23 @@ void attn_merge(const AttnParams& p, float* m, float* l, float* acc, const float
     }
 }
 
+void attn_finish(const AttnParams& p, int64_t g, const float* m, const float* l, const float* acc, float* out,
+                 int64_t out_stride) {
+    for (int64_t h = 0; h < p.group; ++h) {
+        float inv = 1.0f / l[h];
+        if (p.sinks) {
+            // The sink as one more score with a zero value row: rescale to the larger of the two maxima so that
+            // neither exponential overflows (a sink far above every score leaves the output near zero).
+            const float sink = p.sinks[g * p.group + h];
+            const float mx = std::max(m[h], sink);
+            const float a = std::exp(m[h] - mx);
+            inv = a / (l[h] * a + std::exp(sink - mx));
+        }
+        for (int64_t d = 0; d < p.head_dim_v; ++d)
+            out[h * out_stride + d] = acc[h * p.head_dim_v + d] * inv;
+    }
+}
+
 namespace {
 
 // Chunk states: m (group), l (group), acc (group * head_dim_v), packed.
@@ -172,14 +189,8 @@ void run_chunk(const AttnParams& p, AttnChunkFn kernel, const float* q, int64_t 
 }
 
 // state (already holding chunks 0..c) / l -> out.
-void finish(const AttnParams& p, const float* state, float* out, int64_t out_stride) {
-    const float* l = state + p.group;
-    const float* acc = state + 2 * p.group;
-    for (int64_t h = 0; h < p.group; ++h) {
-        const float inv = 1.0f / l[h];
-        for (int64_t d = 0; d < p.head_dim_v; ++d)
-            out[h * out_stride + d] = acc[h * p.head_dim_v + d] * inv;
-    }
+void finish(const AttnParams& p, int64_t g, const float* state, float* out, int64_t out_stride) {
+    attn_finish(p, g, state, state + p.group, state + 2 * p.group, out, out_stride);
 }
 
 void merge_state(const AttnParams& p, float* running, const float* chunk) {
@@ -210,7 +221,7 @@ void attend_group_rows(const AttnParams& p, AttnChunkFn kernel, const float* q, 
         run_chunk(p, kernel, q, q_stride, rows(g, c0 + c), chunk_range(lo, hi, c), scores, chunk);
         merge_state(p, running, chunk);
     }
-    finish(p, running, out, out_stride);
+    finish(p, g, running, out, out_stride);
 }
 
 template <class Rows>
@@ -269,7 +280,7 @@ void attend_tokens_rows(const AttnParams& p, AttnChunkFn kernel, int64_t n_kv_he
         float* running = states.data() + static_cast<size_t>(first[static_cast<size_t>(t)]) * sf;
         for (int64_t c = first[static_cast<size_t>(t)] + 1; c < first[static_cast<size_t>(t) + 1]; ++c)
             merge_state(p, running, states.data() + static_cast<size_t>(c) * sf);
-        finish(p, running, out + i * out_token_stride + g * p.group * p.head_dim_v, p.head_dim_v);
+        finish(p, g, running, out + i * out_token_stride + g * p.group * p.head_dim_v, p.head_dim_v);
     }
 }
 

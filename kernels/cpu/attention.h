@@ -35,6 +35,11 @@ struct AttnParams {
     int64_t group = 1;    // query heads per KV head
     float scale = 1.0f;   // score = (q . k) * scale
     float softcap = 0.0f; // > 0: score = softcap * tanh(score / softcap) (gemma2)
+    // Attention sinks (gpt-oss), or nullptr: one logit per query head that joins the softmax's denominator with
+    // no value row, so out = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sink)). Query head r of KV head g reads
+    // sinks[g * group + r] (attend_group: sinks[r]). Applied once, when the merged state is turned into the
+    // output, so the chunk kernels and the merge are the same with or without it.
+    const float* sinks = nullptr;
 };
 
 // The softmax state of one chunk for `group` heads: m[h] the largest score, l[h] = sum_j exp(s_j - m[h]),
@@ -55,6 +60,10 @@ AttnChunkFn attn_chunk_kernel(const AttnParams& p, const CpuKernels* k = nullptr
 // compiled once, so every path merges the same way.
 void attn_merge(const AttnParams& p, float* m, float* l, float* acc, const float* mc, const float* lc,
                 const float* accc);
+
+// The output of a merged state for one group: acc / l, with the group's sinks (p.sinks + g * group) joining l.
+void attn_finish(const AttnParams& p, int64_t g, const float* m, const float* l, const float* acc, float* out,
+                 int64_t out_stride);
 
 // Full attention for one query group over visible positions [lo, hi] of one KV head:
 // k_head / v_head point at row 0 (position 0); out row h at out + h * out_stride (head_dim_v f32).
