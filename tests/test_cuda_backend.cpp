@@ -29,6 +29,7 @@
 #include "base/error.h"
 #include "engine/cpu/backend_cpu.h"
 #include "engine/cuda/backend_cuda.h"
+#include "engine/load_errors.h"
 #include "engine/logit_candidates.h"
 #include "engine/model.h"
 #include "engine/split_backend.h"
@@ -336,6 +337,30 @@ TEST_CASE("cuda backend: a mixture of experts with int8 activations (the default
                                                << ", " << ggml_decode);
     CHECK(prefill < std::max(3.0 * ggml, 1e-3));
     CHECK(decode < std::max(3.0 * ggml_decode, 1e-3));
+}
+
+TEST_CASE("cuda backend: a mixture of experts it does not run is refused in one line at load") {
+    test::TempDir dir;
+    const Model model = load_model(synth_file(dir, "tiny-qwen3moe", "f16"));
+    auto refusal = [&](const ModelConfig& c) -> std::string {
+        CudaBackend cuda(exact());
+        try {
+            cuda.load(c, model.weights, RunOptions{64, KvType::f32});
+        } catch (const DeviceCannotRun& e) {
+            return e.what();
+        }
+        return "";
+    };
+    ModelConfig shared = model.config;
+    shared.n_expert_shared = 1;
+    shared.expert_shared_ffn_dim = 256;
+    const std::string said = refusal(shared);
+    CHECK(said.find("1 shared experts") != std::string::npos);
+    CHECK(said.find('\n') == std::string::npos);
+    ModelConfig too_many = model.config;
+    too_many.n_expert_used = 65;   // past the router kernel's 64 (and the model's 8)
+    CHECK(refusal(too_many).find("65 of 8 experts") != std::string::npos);
+    CHECK(refusal(model.config).empty());
 }
 
 TEST_CASE("cuda backend: every KV cache format") {

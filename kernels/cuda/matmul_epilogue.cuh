@@ -105,9 +105,9 @@ template <bool kIndexed> __device__ __forceinline__ int64_t pass_weight_offset(c
 
 // Reduces the warp's column sums (acc_up: the up projection's, GLU only) and finishes each column of pass
 // blockIdx.y (columns kMaxColumns * blockIdx.y ..; an expert launch passes kMaxColumns 1: y's column is the
-// slot) as the launch's epilogue says. The warp's matrix and row
-// are worked out again here from the kernel parameters rather than kept live through the row's loop: a few
-// compares cost less than the registers they would hold (measured with ptxas -v on the q8 kernels).
+// slot) as the launch's epilogue says. The warp's matrix and row are worked out again here from the kernel
+// parameters rather than kept live through the row's loop: a few compares cost less than the registers they
+// would hold (measured with ptxas -v on the q8 kernels).
 template <Kind K, int NC, int kRowsPerBlock, int kMaxColumns>
 __device__ __forceinline__ void finish_columns(const float (&acc)[NC], const float (&acc_up)[NC], int lane,
                                                const LaunchRows& r) {
