@@ -103,13 +103,17 @@ __device__ __forceinline__ void accumulate_unit(const uint8_t* __restrict__ wr, 
 // no spills: ptxas -v on sm_75 .. sm_120). Left to themselves, ptxas aims some of the others a few bytes short
 // and spills (since the Q4_K head is one 16-byte load: Q4_K at 3 columns on sm_90, Q5_K's q/k/v launch on
 // sm_120), so the other one-matrix and one-column kernels say 4 blocks (up to 128 registers) and the wider
-// multi-matrix and GLU kernels 1 (more registers for more loads in flight).
-template <Kind K, int NC> constexpr int min_blocks_per_sm() {
+// multi-matrix and GLU kernels 1 (more registers for more loads in flight). The expert launches (kIndexed, one
+// column) say 8 (up to 64 registers, where the plain one-column kernels settle at 32 to 48): left to itself
+// ptxas gave the Q4_K expert GLU kernel 40 registers and spilled (sm_90, sm_120), and with room to spare (4 or
+// 3 blocks) it hoisted loads up to 127 / 168 registers and still spilled in the Q3_K one (sm_90).
+template <Kind K, int NC, bool kIndexed> constexpr int min_blocks_per_sm() {
+    if (kIndexed) return 8;
     if (NC == 1 && K != Kind::several) return 0;
     return K == Kind::one || NC == 1 ? 4 : 1;
 }
 template <GgmlType T, int NC, Kind K, bool kIndexed>
-__global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC>())
+__global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC, kIndexed>())
     matmul_q8_units(LaunchRows rows, int n_in, const uint8_t* __restrict__ xq) {
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
