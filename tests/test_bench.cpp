@@ -16,6 +16,7 @@
 
 #include "engine/backend_factory.h"
 #include "engine/tools/bench.h"
+#include "engine/tools/synth.h"
 #include "engine/model.h"
 #include "base/error.h"
 #include "kernels/cpu/attention.h"
@@ -319,4 +320,34 @@ TEST_CASE("tern bench --synthetic: Ctrl-C while the model is written removes it"
     tern::test::write_file(scripts / "interrupt.sh", script);
     CHECK(std::system(("bash '" + (scripts / "interrupt.sh").string() + "'").c_str()) == 0);
     CHECK(dir_empty(tmp.path()));
+}
+
+TEST_CASE("weight bytes per token: a mixture of experts counts the router and only the used experts") {
+    // tiny-qwen3moe: 8 experts of width 256, 2 used per token. The same count on every device: decode reads
+    // the used experts' matrices alone on the CPU and on CUDA (engine/cuda/backend_cuda_moe.cpp).
+    tern::test::TempDir dir;
+    const std::string path = (dir / "moe.gguf").string();
+    tern::SynthOptions o;
+    o.shape = "tiny-qwen3moe";
+    o.type = "f16";
+    o.n_threads = 1;
+    o.on_warning = [](const std::string&) {};
+    tern::write_synth_model(o, path);
+    const tern::Model m = tern::load_model(path);
+    REQUIRE(m.config.moe());
+    REQUIRE(m.config.n_expert == 8);
+    REQUIRE(m.config.n_expert_used == 2);
+    // Every tensor of the file in full, then three quarters of each expert stack (6 of 8 experts unread),
+    // and of the untied token_embd all but one row.
+    uint64_t all = 0, unread_experts = 0;
+    for (const tern::LayerWeights& l : m.weights.layers) {
+        for (const tern::WeightRef* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.q_norm, &l.k_norm, &l.wo, &l.ffn_norm,
+                                         &l.ffn_gate_inp, &l.gate_exps, &l.up_exps, &l.down_exps})
+            if (t->present()) all += t->n_bytes();
+        for (const tern::WeightRef* t : {&l.gate_exps, &l.up_exps, &l.down_exps}) unread_experts += t->n_bytes() / 8 * 6;
+    }
+    REQUIRE_FALSE(m.config.tied_output);
+    all += m.weights.output_norm.n_bytes() + m.weights.output.n_bytes() + m.weights.token_embd.row_size();
+    CHECK(unread_experts > 0);
+    CHECK(tern::weight_bytes_per_token(m.weights, m.config) == all - unread_experts);
 }

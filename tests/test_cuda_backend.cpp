@@ -1,5 +1,5 @@
 // The whole CUDA backend (engine/cuda) against the CPU backend, on every file of ../shared/models/gguf, a
-// few of ../shared/models/synth and tiny synthetic qwen3 / gemma3 files. Under the CUDA emulator in CI
+// few of ../shared/models/synth and tiny synthetic qwen3 / gemma3 / qwen3moe files. Under the CUDA emulator in CI
 // (the kernels run on the CPU), on a GPU with TERN_CUDA_TESTS=device.
 //
 // The CPU side runs with exact_matmul (dequantized weights x f32 activations, the arithmetic the CUDA
@@ -29,6 +29,7 @@
 #include "base/error.h"
 #include "engine/cpu/backend_cpu.h"
 #include "engine/cuda/backend_cuda.h"
+#include "engine/load_errors.h"
 #include "engine/logit_candidates.h"
 #include "engine/model.h"
 #include "engine/split_backend.h"
@@ -295,6 +296,72 @@ TEST_CASE("cuda backend: qwen3, qwen3 with YaRN and gemma3 (q/k norms, post-norm
             CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
         }
     }
+}
+
+TEST_CASE("cuda backend: a mixture of experts (qwen3moe) routes and sums the CPU's experts, by slot and grouped") {
+    // 24 tokens in one batch: the experts grouped by expert (backend_cuda_moe.cpp's prefill way, GEMM paths
+    // beside the per-column ones); 5 tokens: by slot, several columns in a launch; then greedy decode, one
+    // token a step through the captured graph (the expert ids read from device memory at each replay).
+    test::TempDir dir;
+    for (const char* type : {"f16", "q4_k_m"}) {
+        CAPTURE(type);
+        Opened o = open_both(synth_file(dir, "tiny-qwen3moe", type), 64);
+        const std::vector<int32_t> tokens = ramp_tokens(24, o.model.config.vocab);
+        CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+        const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 5);
+        for (Backend* b : {o.cpu.get(), o.cuda.get()}) b->kv_truncate(0);
+        CHECK(max_row_error(batch_logits(*o.cuda, prompt), batch_logits(*o.cpu, prompt)) < kLogitTolerance);
+        for (Backend* b : {o.cpu.get(), o.cuda.get()}) b->kv_truncate(0);
+        std::vector<bool> ties;
+        const std::vector<int32_t> cpu_ids = greedy(*o.cpu, prompt, &ties);
+        check_greedy(greedy(*o.cuda, prompt), cpu_ids, ties);
+    }
+}
+
+TEST_CASE("cuda backend: a mixture of experts with int8 activations (the default) stays within their rounding") {
+    test::TempDir dir;
+    const Model model = load_model(synth_file(dir, "tiny-qwen3moe", "q4_k_m"));
+    Int8Comparison on(model);
+    const std::vector<int32_t> tokens = ramp_tokens(20, model.config.vocab);
+    const std::vector<std::vector<float>> exact_rows = batch_logits(on.exact_cpu, tokens);
+    const double prefill = max_row_error(batch_logits(on.cuda, tokens), exact_rows);
+    const double ggml = max_row_error(batch_logits(on.ggml_cpu, tokens), exact_rows);
+    double decode = 0.0, ggml_decode = 0.0;
+    for (Backend* b : on.all()) b->kv_truncate(0);
+    for (int32_t i = 0; i < 8; ++i) {
+        const std::vector<int32_t> one = {tokens[static_cast<size_t>(i)]};
+        for (Backend* b : on.all()) b->forward({one, i, LogitsWanted::last});
+        decode = std::max(decode, row_error(on.cuda.logits(0), on.exact_cpu.logits(0)));
+        ggml_decode = std::max(ggml_decode, row_error(on.ggml_cpu.logits(0), on.exact_cpu.logits(0)));
+    }
+    MESSAGE("qwen3moe int8: prefill vs exact " << prefill << ", decode " << decode << "; the CPU's int8 " << ggml
+                                               << ", " << ggml_decode);
+    CHECK(prefill < std::max(3.0 * ggml, 1e-3));
+    CHECK(decode < std::max(3.0 * ggml_decode, 1e-3));
+}
+
+TEST_CASE("cuda backend: a mixture of experts it does not run is refused in one line at load") {
+    test::TempDir dir;
+    const Model model = load_model(synth_file(dir, "tiny-qwen3moe", "f16"));
+    auto refusal = [&](const ModelConfig& c) -> std::string {
+        CudaBackend cuda(exact());
+        try {
+            cuda.load(c, model.weights, RunOptions{64, KvType::f32});
+        } catch (const DeviceCannotRun& e) {
+            return e.what();
+        }
+        return "";
+    };
+    ModelConfig shared = model.config;
+    shared.n_expert_shared = 1;
+    shared.expert_shared_ffn_dim = 256;
+    const std::string said = refusal(shared);
+    CHECK(said.find("1 shared experts") != std::string::npos);
+    CHECK(said.find('\n') == std::string::npos);
+    ModelConfig too_many = model.config;
+    too_many.n_expert_used = 65;   // past the router kernel's 64 (and the model's 8)
+    CHECK(refusal(too_many).find("65 of 8 experts") != std::string::npos);
+    CHECK(refusal(model.config).empty());
 }
 
 TEST_CASE("cuda backend: every KV cache format") {

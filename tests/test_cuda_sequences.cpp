@@ -2,8 +2,9 @@
 // emulator: the same script of multi-sequence forwards (interleaved sequences of different lengths across
 // page boundaries, a fork with copy on write, truncate, free and reuse of pages) against the CPU backend's
 // sequences; batch invariance bit for bit (a sequence's logits alone and among others, in forwards of fewer
-// and of more than 16 tokens, where a single-sequence forward would switch to the GEMM kernels); and the
-// batching engine giving each request the tokens it gets alone.
+// and of more than 16 tokens, where a single-sequence forward would switch to the GEMM kernels, a mixture of
+// experts' two ways to run its experts included); and the batching engine giving each request the tokens it
+// gets alone.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "engine/generation/session.h"
 #include "engine/model.h"
 #include "engine/text/tokenizer.h"
+#include "engine/tools/synth.h"
 #include "tests/sequence_test_data.h"
 #include "tests/test_support.h"
 
@@ -199,6 +201,38 @@ TEST_CASE("CUDA sequences: a sequence's logits are the same bits alone and among
     CHECK(same_bits(s2[2], rb[1]));
     CHECK(same_bits(s3[0], rc[1]));
     CHECK(same_bits(s3[1], ra[2]));
+}
+
+TEST_CASE("CUDA sequences: a mixture of experts gives a sequence the same bits alone and among others") {
+    // Alone, 10 tokens then 1 run the experts by slot (backend_cuda_moe.cpp); among others the same spans share
+    // a forward of 40 tokens, which groups the slots by expert: both on per-column kernels, so the same bits.
+    test::TempDir dir;
+    const std::string path = (dir / "moe.gguf").string();
+    SynthOptions so;
+    so.shape = "tiny-qwen3moe";
+    so.type = "q4_k_m";
+    so.n_threads = 1;
+    so.on_warning = [](const std::string&) {};
+    write_synth_model(so, path);
+    const Model m = load_model(path);
+    const std::vector<int32_t> a = test::random_tokens(m, 11, 7);
+    const std::vector<int32_t> bt = test::random_tokens(m, 30, 8);
+    const std::vector<int32_t> a0(a.begin(), a.begin() + 10);
+    for (const bool exact : {false, true}) {
+        CAPTURE(exact);
+        std::vector<std::vector<float>> ra;
+        {
+            auto b = cuda_backend(m, exact, 256, 256);
+            ra.push_back(forward_parts(*b, {{0, a0}})[0]);
+            ra.push_back(forward_parts(*b, {{0, {a[10]}}})[0]);
+        }
+        auto b = cuda_backend(m, exact, 256, 2 * 256);
+        b->seq_create(1);
+        const auto s1 = forward_parts(*b, {{1, bt}, {0, a0}});
+        const auto s2 = forward_parts(*b, {{0, {a[10]}}, {1, {bt[0]}}});
+        CHECK(same_bits(s1[1], ra[0]));
+        CHECK(same_bits(s2[0], ra[1]));
+    }
 }
 
 TEST_CASE("CUDA sequences: the batching engine gives each request the tokens it gets alone") {

@@ -35,14 +35,17 @@ constexpr int64_t kGemmScratchBytes = 64ll << 20;
 
 uint64_t tensor_bytes(const WeightRef& w) {
     if (!w.present()) return 0;
-    return static_cast<uint64_t>(w.row_size()) * static_cast<uint64_t>(std::max<int64_t>(w.n_out(), 1));
+    return static_cast<uint64_t>(w.row_size()) * static_cast<uint64_t>(std::max<int64_t>(w.n_out(), 1)) *
+           static_cast<uint64_t>(std::max<int64_t>(w.n_mats, 1));   // every expert of a stack
 }
 
 // The matrices of a model, token_embd and the output included (once when tied).
 std::vector<const WeightRef*> matrices(const ModelWeights& w) {
     std::vector<const WeightRef*> m = {&w.token_embd, &w.output};
     for (const LayerWeights& l : w.layers)
-        for (const WeightRef* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) m.push_back(p);
+        for (const WeightRef* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ffn_gate_inp,
+                                   &l.gate_exps, &l.up_exps, &l.down_exps})
+            m.push_back(p);
     return m;
 }
 
@@ -58,16 +61,24 @@ std::vector<const WeightRef*> vectors(const ModelWeights& w) {
 
 // f32 elements of one forward's activations per token (engine/cuda/backend_cuda.cpp forward), and the
 // widths the scratch buffers are sized by.
+// A mixture of experts' FFN runs k slots a token: its gate / up widths are k expert widths, and it adds the
+// router's logits, ids and weights and two sets of k rows of dim (the slots' outputs, the grouped inputs).
 struct ActivationWidths {
     int64_t q = 0, kv = 0, att = 0, ffn = 0;
+    int64_t router = 0, slots = 0;   // floats per token: n_expert + 2 k, k * dim
 };
 ActivationWidths activation_widths(const ModelConfig& c) {
     ActivationWidths w;
+    const int64_t k = c.moe() ? c.n_expert_used : 1;
     for (const LayerConfig& l : c.layers) {
         w.q = std::max<int64_t>(w.q, static_cast<int64_t>(l.n_heads) * c.head_dim);
         w.kv = std::max<int64_t>(w.kv, static_cast<int64_t>(l.n_kv_heads) * std::max(c.head_dim, c.head_dim_v));
         w.att = std::max<int64_t>(w.att, static_cast<int64_t>(l.n_heads) * c.head_dim_v);
-        w.ffn = std::max<int64_t>(w.ffn, l.ffn_dim);
+        w.ffn = std::max<int64_t>(w.ffn, k * l.ffn_dim);
+    }
+    if (c.moe()) {
+        w.router = c.n_expert + 2 * k;
+        w.slots = k * c.dim;
     }
     return w;
 }
@@ -100,8 +111,9 @@ MemoryNeed CudaBackend::plan_memory(const ModelConfig& c, const ModelWeights& w,
     need.copies = need.weights;   // all of it is copied to the GPU
     need.kv = kv_cache_bytes(c, r.kv_type, std::max(r.kv_pool_positions, r.n_ctx));   // the pool's pages
     const ActivationWidths aw = activation_widths(c);
-    const uint64_t per_token = 4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn) + 4 +
-                               static_cast<uint64_t>(cuda::q8_column_bytes(std::max<int64_t>({c.dim, aw.att, aw.ffn})));
+    const uint64_t per_token =
+        4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn + aw.router + 2 * aw.slots) + 4 +
+        static_cast<uint64_t>(cuda::q8_column_bytes(std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots})));
     const uint64_t batch = static_cast<uint64_t>(std::max(1, std::min(r.n_batch, std::max(r.n_ctx, 1))));
     const uint64_t logit_rows = static_cast<uint64_t>(std::max(1, r.n_logit_rows));
     need.buffers = batch * per_token + logit_rows * 4ull * static_cast<uint64_t>(c.vocab) + kFixedOverhead +
@@ -196,6 +208,10 @@ void CudaBackend::upload_weights(const ModelWeights& w,
         d.w_gate = device_weight(lw.w_gate);
         d.w_up = device_weight(lw.w_up);
         d.w_down = device_weight(lw.w_down);
+        d.router = device_weight(lw.ffn_gate_inp);
+        d.gate_exps = device_weight(lw.gate_exps);
+        d.up_exps = device_weight(lw.up_exps);
+        d.down_exps = device_weight(lw.down_exps);
         d.attn_norm = device_vector(lw.attn_norm);
         d.bq = device_vector(lw.bq);
         d.bk = device_vector(lw.bk);
@@ -230,9 +246,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     if (config.attn_sinks || config.expert_bias || config.ffn_act == FfnActivation::swiglu_oai)
         throw UsageError("the CUDA backend does not run gpt-oss (attention sinks, expert biases, clamped SwiGLU) yet; "
                          "run it on the CPU");
-    if (config.moe())
-        throw UsageError("the CUDA backend does not run mixture-of-experts models (" + std::string(arch_name(config.arch)) +
-                         ") yet; run them on the CPU");
+    if (config.moe()) check_moe_runs(config, weights);
     // Shapes the kernels cannot run are refused before anything is uploaded: the block KV formats' head
     // dims (worded with the flag by the app), then what the attention kernel takes (head dims, group size).
     const int64_t kv_block = kv_block_elems(options.kv_type);
@@ -433,7 +447,8 @@ std::vector<int64_t> CudaBackend::graph_key(int32_t pos0) {
         const LayerConfig& lc = config_.layers[static_cast<size_t>(l)];
         key.push_back(cuda::attention_plan(kv_.layer(l), 1, lc.n_heads, pos0, lc.sliding_window).splits);
     }
-    for (const DeviceScratch* b : {&tokens_, &x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &out_, &logits_, &q8_acts_})
+    for (const DeviceScratch* b : {&tokens_, &x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &out_, &logits_, &q8_acts_,
+                                   &moe_logits_, &moe_ids_, &moe_weights_, &moe_out_})
         key.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(b->data())));
     return key;
 }
@@ -483,10 +498,17 @@ void CudaBackend::reserve_buffers(int64_t n, int64_t logit_rows) {
     gate_.floats(un * static_cast<size_t>(aw.ffn), "activations");
     up_.floats(un * static_cast<size_t>(aw.ffn), "activations");
     logits_.floats(static_cast<size_t>(logit_rows) * static_cast<size_t>(c.vocab), "logits");
+    if (c.moe()) {
+        const auto slots = un * static_cast<size_t>(c.n_expert_used);
+        moe_logits_.floats(un * static_cast<size_t>(c.n_expert), "router logits");
+        moe_ids_.reserve(slots * sizeof(int32_t), "expert ids");
+        moe_weights_.floats(slots, "expert weights");
+        moe_out_.floats(slots * dim, "expert outputs");
+    }
     // Every projection's int8 input fits from the start: a buffer replaced in the middle of a captured
     // step would leave the step's earlier launches pointing at freed memory.
     if (n < kGemmMinColumns || (int8_gemm_ && !exact_))
-        q8_acts_.reserve(cuda::quantized_activation_bytes(n, std::max<int64_t>({c.dim, aw.att, aw.ffn})),
+        q8_acts_.reserve(cuda::quantized_activation_bytes(n, std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots})),
                          "quantized activations");
 }
 
@@ -610,7 +632,17 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
             cuda::add_residual(x, out, c.post_norms ? d.post_attn_norm : nullptr, n, dim, c.rms_eps, stream_);
         }
 
-        // FFN block: down(act(gate x) * (up x)), gemma's post-FFN norm, residual.
+        // FFN block: down(act(gate x) * (up x)), or the routed experts' (backend_cuda_moe.cpp); gemma's post-FFN
+        // norm, residual.
+        if (c.moe()) {
+            if (decode)
+                norm_for(x, d.ffn_norm, xn, n, c.rms_eps, d.router);
+            else
+                cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
+            moe_ffn(d, xn, n, out, !decode);
+            cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
+            continue;
+        }
         if (decode)
             norm_for(x, d.ffn_norm, xn, n, c.rms_eps, d.w_gate);
         else

@@ -87,6 +87,9 @@ private:
     };
     struct DeviceLayer {
         DeviceWeight wq, wk, wv, wo, w_gate, w_up, w_down;
+        // Mixture of experts: the router (n_expert, dim) and the stacked experts, n_out one expert's rows
+        // (engine/cuda/backend_cuda_moe.cpp).
+        DeviceWeight router, gate_exps, up_exps, down_exps;
         // f32 vectors (device), null when absent.
         const float *attn_norm = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr,
                     *k_norm = nullptr, *bo = nullptr, *post_attn_norm = nullptr, *ffn_norm = nullptr,
@@ -122,6 +125,13 @@ private:
     // Whether decode multiplies w by int8 activations (else by f32 ones), and x (n, n_in) in that form.
     bool uses_q8(const DeviceWeight& w) const;
     const void* q8_input(const float* x, int64_t n, int64_t n_in);
+    // out (n, dim) = the routed experts' FFN of the normed input xn (ModelConfig::moe(); backend_cuda_moe.cpp).
+    // new_input false: xn came from norm_for.
+    // Refuses (DeviceCannotRun, one line) a mixture of experts this backend's forward does not run.
+    void check_moe_runs(const ModelConfig& config, const ModelWeights& weights) const;
+    void moe_ffn(const DeviceLayer& d, const float* xn, int64_t n, float* out, bool new_input);
+    void moe_experts_by_slot(const DeviceLayer& d, const float* xn, int64_t n, const int32_t* ids, float* expert_out);
+    void moe_experts_grouped(const DeviceLayer& d, const float* xn, int64_t n, const int32_t* ids, float* expert_out);
     void observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width);
     // A batch of several sequences as the kernels take it: each span's first position, and where every token
     // goes (uploaded by the KV cache), with the largest position.
@@ -173,6 +183,10 @@ private:
 
     // One forward's activations, grown to the largest batch seen.
     DeviceScratch tokens_, x_, xn_, q_, k_, v_, att_, gate_, up_, out_, logits_, ids_;
+    // Mixture of experts: a batch's router logits, expert ids and weights; the slots' expert outputs (n * k rows
+    // of dim) and the prefill's inputs grouped by expert; the grouping's row lists (host and device).
+    DeviceScratch moe_logits_, moe_ids_, moe_weights_, moe_out_, moe_grouped_, moe_rows_;
+    std::vector<int32_t> moe_host_ids_, moe_host_rows_;
     DeviceScratch gemm_scratch_;   // a block of dequantized weight rows (the prefill path)
     DeviceScratch q8_acts_;        // a projection input as int8 (kernels/cuda/matmul_q8.h) ...
     const float* q8_of_ = nullptr; // ... of this f32 input

@@ -15,6 +15,9 @@
 // row together (two sets of accumulators fed by the same slices of x), the writing lane then adding its
 // sum to y or combining gate and up. matmul itself is a launch of one matrix that stores.
 //
+// matmul_experts and matmul_experts_glu are the same kernels again with kIndexed (matmul_epilogue.cuh): one
+// column per pass, each pass a slot whose weights are its expert's matrix of the stack.
+//
 // Plain float rows whose length is not a multiple of 8 (only those formats allow it) take a scalar
 // element-per-lane path, still one coalesced pass.
 #include <cstdint>
@@ -86,18 +89,20 @@ __device__ __forceinline__ void accumulate_slice(const uint8_t* __restrict__ wr,
 
 // y (NC columns of n_out) = x (NC columns of n_in) W^T for the warp's matrix and row (matmul_epilogue.cuh),
 // a row's slices spread over a warp, finished by the launch's epilogue; with kGlu the warp reads the gate
-// and the up row together. blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..). Rows are
-// warp-uniform, so a warp past its matrix's n_out leaves whole.
-template <GgmlType T, int NC, Kind K>
+// and the up row together. blockIdx.y is the pass (columns kMaxColumns * blockIdx.y ..; with kIndexed the
+// slot, its expert's matrix and column). Rows are warp-uniform, so a warp past its matrix's n_out leaves whole.
+template <GgmlType T, int NC, Kind K, bool kIndexed>
 __global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
     matmul_slices(LaunchRows rows, int n_in, const float* __restrict__ x) {
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
+    constexpr int kPassColumns = kIndexed ? 1 : kMaxColumns;
     const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
     if (r.row >= r.n_out) return;
-    const uint8_t* wr = row_weights(rows, r.m, r.row);
-    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
-    x += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_in;
+    const int64_t expert = matmul_epilogue::pass_weight_offset<kIndexed>(rows);
+    const uint8_t* wr = row_weights(rows, r.m, r.row) + expert;
+    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) + expert : nullptr;
+    x += matmul_epilogue::pass_x_column<kIndexed, kMaxColumns>(rows) * n_in;
     const int n_slices = n_in / 8;
     float acc[NC], acc_up[NC];
     TERN_UNROLL
@@ -118,7 +123,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
     }
     TERN_NO_UNROLL
     for (; q < n_slices; q += 32) accumulate_slice<T, NC, kGlu>(wr, wr_up, q, x, n_in, acc, acc_up);
-    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
+    finish_columns<K, NC, kRowsPerBlock, kPassColumns>(acc, acc_up, lane, rows);
 }
 
 // Element i of a plain float row times NC columns of x into acc (with kGlu: and of the up row into acc_up).
@@ -137,21 +142,23 @@ __device__ __forceinline__ void accumulate_element(const uint8_t* __restrict__ w
 }
 
 // The same for plain float rows of any length: lane l takes elements l, l + 32, ...
-template <GgmlType T, int NC, Kind K>
+template <GgmlType T, int NC, Kind K, bool kIndexed>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     matmul_plain_ragged(LaunchRows rows, int n_in, const float* __restrict__ x) {
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
+    constexpr int kPassColumns = kIndexed ? 1 : kMaxColumns;
     const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
     if (r.row >= r.n_out) return;
-    const uint8_t* wr = row_weights(rows, r.m, r.row);
-    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
-    x += static_cast<int64_t>(blockIdx.y) * kMaxColumns * n_in;
+    const int64_t expert = matmul_epilogue::pass_weight_offset<kIndexed>(rows);
+    const uint8_t* wr = row_weights(rows, r.m, r.row) + expert;
+    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) + expert : nullptr;
+    x += matmul_epilogue::pass_x_column<kIndexed, kMaxColumns>(rows) * n_in;
     float acc[NC], acc_up[NC];
     TERN_UNROLL
     for (int c = 0; c < NC; ++c) acc[c] = acc_up[c] = 0.0f;
     for (int i = lane; i < n_in; i += 32) accumulate_element<T, NC, kGlu>(wr, wr_up, i, x, n_in, acc, acc_up);
-    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
+    finish_columns<K, NC, kRowsPerBlock, kPassColumns>(acc, acc_up, lane, rows);
 }
 
 // x row blockIdx.x = table row tokens[blockIdx.x], one slice per thread; scale 1 multiplies nothing, as
@@ -198,15 +205,16 @@ struct F32Family {
                                GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
                                GgmlType::F8_E4M3>;
 
-    // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
-    template <GgmlType T, int NC, Kind K>
+    // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on (kIndexed:
+    // a pass per slot).
+    template <GgmlType T, int NC, Kind K, bool kIndexed = false>
     static void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const float* x, unsigned passes,
                               cudaStream_t stream) {
         const dim3 grid(blocks, passes), block(kRowsPerBlock * 32);
         if (by_slices(n_in))
-            launch(matmul_slices<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
+            launch(matmul_slices<T, NC, K, kIndexed>, grid, block, 0, stream, rows, n_in, x);
         else if constexpr (dequant::is_plain(T))
-            launch(matmul_plain_ragged<T, NC, K>, grid, block, 0, stream, rows, n_in, x);
+            launch(matmul_plain_ragged<T, NC, K, kIndexed>, grid, block, 0, stream, rows, n_in, x);
     }
 };
 
@@ -254,6 +262,22 @@ void matmul_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, 
                 const float* b_up, GluActivation act, const float* x, int64_t n_cols, float* y, cudaStream_t stream) {
     const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
     run_matmul("matmul_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), x, n_cols, stream);
+}
+
+void matmul_experts(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const ExpertSlots& slots,
+                    const float* x, float* y, cudaStream_t stream) {
+    check_format("matmul_experts", type, n_in, "n_in");
+    const MatmulOutput output{w, n_out, nullptr, y};
+    matmul_epilogue::launch_matmul_experts<F32Family, kRowsPerBlock>("matmul_experts", type, n_in, &output, 1,
+                                                                     Epilogue::store, slots, x, "x", stream);
+}
+
+void matmul_experts_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const void* w_up,
+                        GluActivation act, const ExpertSlots& slots, const float* x, float* y, cudaStream_t stream) {
+    check_format("matmul_experts_glu", type, n_in, "n_in");
+    const MatmulOutput outputs[2] = {{w_gate, n_out, nullptr, y}, {w_up, n_out, nullptr, nullptr}};
+    matmul_epilogue::launch_matmul_experts<F32Family, kRowsPerBlock>(
+        "matmul_experts_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), slots, x, "x", stream);
 }
 
 void embed_rows(GgmlType type, const void* table, int64_t dim, const int32_t* tokens, int64_t n, float scale,

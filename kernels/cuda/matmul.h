@@ -57,6 +57,29 @@ void matmul_outputs(GgmlType type, int64_t n_in, const MatmulOutput* outputs, in
 void matmul_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate, const void* w_up,
                 const float* b_up, GluActivation act, const float* x, int64_t n_cols, float* y, cudaStream_t stream);
 
+// ---- mixture-of-experts projections ------------------------------------------------------------------
+// A layer's experts are one stacked tensor: n_expert matrices of n_out rows of n_in, each right after the one
+// before. A token's (token, rank) slots each run one expert; these launches read, per slot, only its expert's
+// matrix, the expert ids taken from device memory (the router's output: no host round trip, so a decode step
+// stays capturable in a graph). Slot s reads column s / slots_per_column of x (the token's input for gate and
+// up, k slots a token; its own column for down) and writes column s of y.
+struct ExpertSlots {
+    const int32_t* ids = nullptr;    // device, n_slots expert ids, each naming a matrix of the stack
+    int64_t n_slots = 0;             // at most 65535
+    int64_t slots_per_column = 1;
+};
+
+// y (n_slots, n_out) = per slot s, x's column s / slots_per_column times the transpose of matrix ids[s] of the
+// stack at w: bit for bit matmul() of that matrix and column. No bias. The stack's matrices must be 16-byte
+// aligned (w is, and an expert's bytes are a multiple of 16). Refusals as matmul()'s, and a bad slot count.
+void matmul_experts(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const ExpertSlots& slots,
+                    const float* x, float* y, cudaStream_t stream);
+
+// y (n_slots, n_out) = act(x W_gate[ids[s]]^T) * (x W_up[ids[s]]^T) per slot: matmul_glu() of the slot's expert,
+// bit for bit.
+void matmul_experts_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const void* w_up,
+                        GluActivation act, const ExpertSlots& slots, const float* x, float* y, cudaStream_t stream);
+
 // x (n, dim) = scale * row tokens[i] of `table` (rows of dim elements in `type`), tokens on the device and
 // each a row of the table. Bit for bit dequantize_row (quant/reference.h) times the scale; scale 1 leaves
 // the values untouched, as the CPU's embedding does. table and x 16-byte aligned, as for matmul.

@@ -8,6 +8,11 @@
 // [first_block[i], first_block[i + 1]), a whole number of blocks each, so a warp's matrix and row follow from
 // blockIdx.x alone and every warp of a block reads the same matrix. The kernels pick the matrix with
 // comparisons and selects (an indexed kernel parameter would be copied to local memory).
+//
+// Expert launches (matmul_experts and matmul_q8_experts: a mixture-of-experts layer's slots) are the same
+// kernels with kIndexed: each matrix is a stack of experts, pass blockIdx.y is slot p of one column, whose
+// weights are the stack's matrix expert_ids[p] (read from device memory, so a captured decode step replays with
+// the router's new choice) and whose input is column p / x_group of x.
 #include <cstdint>
 #include <string>
 
@@ -56,6 +61,11 @@ struct LaunchRows {
     unsigned first_block[kMaxMatmulOutputs];   // past the last matrix: ~0u
     int64_t row_bytes;                         // every matrix has rows of n_in in one format
     Epilogue epilogue;
+    // Expert launches only: the slots' experts (device memory), the bytes from one expert of a stack to the
+    // next, and how many consecutive slots read one column of x.
+    const int32_t* expert_ids;
+    int64_t expert_bytes;
+    int x_group;
 };
 
 // Matrix m's entry of one of LaunchRows' arrays, picked by selects.
@@ -82,10 +92,22 @@ __device__ __forceinline__ const uint8_t* row_weights(const LaunchRows& r, int m
     return pick(r.w, m) + row * r.row_bytes;
 }
 
+// Where pass blockIdx.y starts: its first column of x (an expert launch: the slot's column, slot / x_group),
+// and the offset of its weights from the stacks' first matrices (the slot's expert; 0 for a plain launch).
+template <bool kIndexed, int kMaxColumns> __device__ __forceinline__ int64_t pass_x_column(const LaunchRows& r) {
+    if constexpr (kIndexed) return static_cast<int64_t>(blockIdx.y / static_cast<unsigned>(r.x_group));
+    return static_cast<int64_t>(blockIdx.y) * kMaxColumns;
+}
+template <bool kIndexed> __device__ __forceinline__ int64_t pass_weight_offset(const LaunchRows& r) {
+    if constexpr (kIndexed) return static_cast<int64_t>(r.expert_ids[blockIdx.y]) * r.expert_bytes;
+    return 0;
+}
+
 // Reduces the warp's column sums (acc_up: the up projection's, GLU only) and finishes each column of pass
-// blockIdx.y (columns kMaxColumns * blockIdx.y ..) as the launch's epilogue says. The warp's matrix and row
-// are worked out again here from the kernel parameters rather than kept live through the row's loop: a few
-// compares cost less than the registers they would hold (measured with ptxas -v on the q8 kernels).
+// blockIdx.y (columns kMaxColumns * blockIdx.y ..; an expert launch passes kMaxColumns 1: y's column is the
+// slot) as the launch's epilogue says. The warp's matrix and row are worked out again here from the kernel
+// parameters rather than kept live through the row's loop: a few compares cost less than the registers they
+// would hold (measured with ptxas -v on the q8 kernels).
 template <Kind K, int NC, int kRowsPerBlock, int kMaxColumns>
 __device__ __forceinline__ void finish_columns(const float (&acc)[NC], const float (&acc_up)[NC], int lane,
                                                const LaunchRows& r) {
@@ -185,6 +207,41 @@ void launch_matmul(const char* fn, GgmlType type, int64_t n_in, const MatmulOutp
             case Kind::glu: Family::template launch_passes<T, NC, Kind::glu>(at, blocks, n, xc, passes, stream); break;
             }
         });
+    });
+}
+
+// The expert launches (matmul_experts, matmul_q8_experts and their GLU forms): the same matrices and checks as
+// launch_matmul, each `outputs[i].w` the first matrix of a stack of experts (expert_bytes apart), then one
+// launch of slots.n_slots passes of one column each: Family::launch_passes<T, 1, K, true>.
+template <class Family, int kRowsPerBlock, class X>
+void launch_matmul_experts(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs,
+                           Epilogue e, const ExpertSlots& slots, const X* x, const char* x_name, cudaStream_t stream) {
+    using column_passes::refuse;
+    if (is_glu(e) ? n_outputs != 2 : n_outputs != 1) refuse(std::string(fn) + ": one matrix or a GLU pair");
+    if (slots.n_slots < 0 || slots.n_slots > column_passes::kMaxGridY || slots.slots_per_column < 1 ||
+        slots.slots_per_column > column_passes::kIntMax)
+        refuse(std::string(fn) + ": n_slots = " + std::to_string(slots.n_slots) + ", slots_per_column = " +
+               std::to_string(slots.slots_per_column) + " out of range");
+    if (slots.n_slots > 0 && !slots.ids) refuse(std::string(fn) + ": no expert ids");
+    unsigned blocks = 0;
+    const auto rb = static_cast<int64_t>(row_bytes(type, n_in));
+    LaunchRows rows = launch_rows(fn, outputs, n_outputs, rb, e, kRowsPerBlock, 1, &blocks);
+    if (blocks == 0 || slots.n_slots == 0) return;
+    rows.expert_ids = slots.ids;
+    rows.expert_bytes = rb * outputs[0].n_out;
+    rows.x_group = static_cast<int>(slots.slots_per_column);
+    // Every expert of a stack starts 16-byte aligned when the first does.
+    if (rows.expert_bytes % 16 != 0) refuse(std::string(fn) + ": an expert's bytes are not a multiple of 16");
+    check_weights_aligned(fn, outputs, n_outputs);
+    column_passes::check_aligned(fn, x, x_name);
+    const int n = static_cast<int>(n_in);
+    const auto passes = static_cast<unsigned>(slots.n_slots);
+    Family::Formats::visit(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        if (is_glu(e))
+            Family::template launch_passes<T, 1, Kind::glu, true>(rows, blocks, n, x, passes, stream);
+        else
+            Family::template launch_passes<T, 1, Kind::one, true>(rows, blocks, n, x, passes, stream);
     });
 }
 

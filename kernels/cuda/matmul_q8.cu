@@ -13,7 +13,8 @@
 // formats), an exact int -> float conversion and two or three f32 operations into a register accumulator.
 // The warp's column sums are reduced and finished (stored, added to y, or gate and up combined) as
 // matmul_epilogue.cuh says; matmul_q8_outputs and matmul_q8_glu are the same kernel over several matrices,
-// as matmul.cu describes for the f32 path.
+// as matmul.cu describes for the f32 path, and matmul_q8_experts(_glu) the kernel with kIndexed (a pass per
+// mixture-of-experts slot, its weights the slot's expert's matrix).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -102,22 +103,28 @@ __device__ __forceinline__ void accumulate_unit(const uint8_t* __restrict__ wr, 
 // no spills: ptxas -v on sm_75 .. sm_120). Left to themselves, ptxas aims some of the others a few bytes short
 // and spills (since the Q4_K head is one 16-byte load: Q4_K at 3 columns on sm_90, Q5_K's q/k/v launch on
 // sm_120), so the other one-matrix and one-column kernels say 4 blocks (up to 128 registers) and the wider
-// multi-matrix and GLU kernels 1 (more registers for more loads in flight).
-template <Kind K, int NC> constexpr int min_blocks_per_sm() {
+// multi-matrix and GLU kernels 1 (more registers for more loads in flight). The expert launches (kIndexed, one
+// column) say 8 (up to 64 registers, where the plain one-column kernels settle at 32 to 48): left to itself
+// ptxas gave the Q4_K expert GLU kernel 40 registers and spilled (sm_90, sm_120), and with room to spare (4 or
+// 3 blocks) it hoisted loads up to 127 / 168 registers and still spilled in the Q3_K one (sm_90).
+template <Kind K, int NC, bool kIndexed> constexpr int min_blocks_per_sm() {
+    if (kIndexed) return 8;
     if (NC == 1 && K != Kind::several) return 0;
     return K == Kind::one || NC == 1 ? 4 : 1;
 }
-template <GgmlType T, int NC, Kind K>
-__global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC>())
+template <GgmlType T, int NC, Kind K, bool kIndexed>
+__global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC, kIndexed>())
     matmul_q8_units(LaunchRows rows, int n_in, const uint8_t* __restrict__ xq) {
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
+    constexpr int kPassColumns = kIndexed ? 1 : kMaxColumns;
     const WarpRow r = warp_row<K, kRowsPerBlock>(rows);
     if (r.row >= r.n_out) return;
-    const uint8_t* wr = row_weights(rows, r.m, r.row);
-    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) : nullptr;
+    const int64_t expert = matmul_epilogue::pass_weight_offset<kIndexed>(rows);
+    const uint8_t* wr = row_weights(rows, r.m, r.row) + expert;
+    const uint8_t* wr_up = kGlu ? row_weights(rows, 1, r.row) + expert : nullptr;
     const int column_bytes = n_in + n_in / 2;
-    xq += static_cast<int64_t>(blockIdx.y) * kMaxColumns * column_bytes;
+    xq += matmul_epilogue::pass_x_column<kIndexed, kMaxColumns>(rows) * column_bytes;
     const int n_units = n_in / 16;
     float acc[NC], acc_up[NC];
     TERN_UNROLL
@@ -137,7 +144,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC>()
     TERN_NO_UNROLL
     for (; u < n_units; u += 32)
         accumulate_unit<T, NC, kGlu>(wr, wr_up, u, xq, n_in, column_bytes, acc, acc_up);
-    finish_columns<K, NC, kRowsPerBlock, kMaxColumns>(acc, acc_up, lane, rows);
+    finish_columns<K, NC, kRowsPerBlock, kPassColumns>(acc, acc_up, lane, rows);
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -146,11 +153,12 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC>()
 struct Q8Family {
     using Formats = q8dot::Formats;
 
-    // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on.
-    template <GgmlType T, int NC, Kind K>
+    // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on (kIndexed:
+    // a pass per slot).
+    template <GgmlType T, int NC, Kind K, bool kIndexed = false>
     static void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const uint8_t* x, unsigned passes,
                               cudaStream_t stream) {
-        launch(matmul_q8_units<T, NC, K>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
+        launch(matmul_q8_units<T, NC, K, kIndexed>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
     }
 };
 
@@ -168,13 +176,18 @@ void check_n_in(const char* fn, int64_t n_in, int64_t block, const std::string& 
         refuse(std::string(fn) + ": n_in = " + std::to_string(n_in) + " out of range");
 }
 
+// The format and n_in checks of every quantized-column launch.
+void check_q8_format(const char* fn, GgmlType type, int64_t n_in) {
+    if (!Q8Family::Formats::contains(type))
+        refuse(std::string(fn) + ": format " + std::string(type_name(type)) + " is not read");
+    check_n_in(fn, n_in, block_elems(type), std::string(type_name(type)) + "'s block");
+}
+
 // Every launch of matmul_q8, matmul_q8_outputs and matmul_q8_glu: the format and size checks of quantized
 // columns, then the launches (matmul_epilogue::launch_matmul).
 void run_matmul_q8(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs,
                    Epilogue e, const void* x_q, int64_t n_cols, cudaStream_t stream) {
-    if (!matmul_q8_supports(type))
-        refuse(std::string(fn) + ": format " + std::string(type_name(type)) + " is not read");
-    check_n_in(fn, n_in, block_elems(type), std::string(type_name(type)) + "'s block");
+    check_q8_format(fn, type, n_in);
     if (n_cols < 0) refuse(std::string(fn) + ": n_cols = " + std::to_string(n_cols) + " out of range");
     matmul_epilogue::launch_matmul<Q8Family, kRowsPerBlock, kMaxColumns>(fn, type, n_in, outputs, n_outputs, e,
                                                                          static_cast<const uint8_t*>(x_q), "x_q",
@@ -220,6 +233,25 @@ void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gat
                    cudaStream_t stream) {
     const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
     run_matmul_q8("matmul_q8_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), x_q, n_cols, stream);
+}
+
+void matmul_q8_experts(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const ExpertSlots& slots,
+                       const void* x_q, float* y, cudaStream_t stream) {
+    check_q8_format("matmul_q8_experts", type, n_in);
+    const MatmulOutput output{w, n_out, nullptr, y};
+    matmul_epilogue::launch_matmul_experts<Q8Family, kRowsPerBlock>("matmul_q8_experts", type, n_in, &output, 1,
+                                                                    Epilogue::store, slots,
+                                                                    static_cast<const uint8_t*>(x_q), "x_q", stream);
+}
+
+void matmul_q8_experts_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const void* w_up,
+                           GluActivation act, const ExpertSlots& slots, const void* x_q, float* y,
+                           cudaStream_t stream) {
+    check_q8_format("matmul_q8_experts_glu", type, n_in);
+    const MatmulOutput outputs[2] = {{w_gate, n_out, nullptr, y}, {w_up, n_out, nullptr, nullptr}};
+    matmul_epilogue::launch_matmul_experts<Q8Family, kRowsPerBlock>(
+        "matmul_q8_experts_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), slots,
+        static_cast<const uint8_t*>(x_q), "x_q", stream);
 }
 
 } // namespace TERN_CUDA_ABI

@@ -65,5 +65,14 @@ void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gat
                    const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
                    cudaStream_t stream);
 
+// The expert projections of matmul.h (matmul_experts, matmul_experts_glu) on quantized activations: x_q holds
+// the columns the slots read (quantize_activations' layout), each slot matmul_q8() / matmul_q8_glu() of its
+// expert's matrix and column, bit for bit. Refusals as matmul_q8()'s and matmul_experts()'.
+void matmul_q8_experts(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const ExpertSlots& slots,
+                       const void* x_q, float* y, cudaStream_t stream);
+void matmul_q8_experts_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const void* w_up,
+                           GluActivation act, const ExpertSlots& slots, const void* x_q, float* y,
+                           cudaStream_t stream);
+
 } // namespace TERN_CUDA_ABI
 } // namespace tern::cuda
