@@ -260,11 +260,12 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (factor == 0.0f) factor = meta.get_f32("rope.scale_linear", 0.0f); // older spelling
     float rope_freq_scale = 1.0f;
     const bool yarn = scaling == "yarn";
-    if (scaling == "linear" || yarn) {
+    c.rope_longrope = scaling == "longrope";
+    if (scaling == "linear" || yarn || c.rope_longrope) {
         if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
     } else if (scaling != "none") {
         meta.fail("rope.scaling.type",
-                  "'" + printable(scaling) + "' is not supported (supported: none, linear, yarn)");
+                  "'" + printable(scaling) + "' is not supported (supported: none, linear, yarn, longrope)");
     }
     if (!(rope_base > 0.0f) || !(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))
         meta.fail("rope.freq_base", "rope base " + std::to_string(rope_base) + " / scaling factor " +
@@ -290,6 +291,9 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (!(attn_factor > 0.0f) || !std::isfinite(attn_factor))
         meta.fail("rope.scaling.attn_factor", "value " + std::to_string(attn_factor) + " is not positive");
     c.rope_freq_factors = file.find_tensor("rope_freqs.weight") != nullptr;
+    if (c.rope_freq_factors && c.rope_longrope)
+        throw InputError(file.path() + ": tensor rope_freqs.weight cannot go with rope.scaling.type longrope "
+                                       "(its factors are rope_factors_long / rope_factors_short)");
     if (c.rope_freq_factors && c.arch != Arch::llama)
         throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama models, not " +
                          arch_str);

@@ -54,6 +54,11 @@ struct ModelConfig {
 
     RopeStyle rope_style = RopeStyle::normal;
     bool rope_freq_factors = false; // rope_freqs.weight present (Llama 3.1): angle i divided by factor i
+    // LongRoPE (rope.scaling.type "longrope", Phi-3 / Phi-4): the angles are divided by the factors of
+    // rope_factors_long.weight when the context exceeds rope_n_ctx_orig, else rope_factors_short.weight
+    // (engine/weights.h rope_factors_for); its attention factor is rope.scaling.attn_factor (rope_mscale).
+    bool rope_longrope = false;
+    bool rope_long_factors(int32_t n_ctx) const { return rope_longrope && n_ctx > rope_n_ctx_orig; }
     bool qkv_bias = false;          // q/k/v biases required (qwen2); llama may carry them optionally
     bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     bool post_norms = false;        // post_attention_norm / post_ffw_norm before each residual add (gemma)

@@ -280,10 +280,10 @@ TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the t
     }
 }
 
-TEST_CASE("cuda backend: qwen3, qwen3 with YaRN and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding "
+TEST_CASE("cuda backend: qwen3, qwen3 with YaRN, llama with LongRoPE and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding "
           "scale)") {
     test::TempDir dir;
-    for (const char* shape : {"tiny-qwen3", "tiny-qwen3-yarn", "tiny-gemma3"}) {
+    for (const char* shape : {"tiny-qwen3", "tiny-qwen3-yarn", "tiny-longrope", "tiny-gemma3"}) {
         for (const char* type : {"f16", "q4_k_m"}) {
             CAPTURE(shape);
             CAPTURE(type);

@@ -72,7 +72,7 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
         lv.post_ffn_norm = vector_f32(lw.post_ffn_norm);
     }
     output_norm_ = vector_f32(weights.output_norm);
-    rope_freqs_ = vector_f32(weights.rope_freqs);
+    rope_freqs_ = vector_f32(rope_factors_for(weights, config, options.n_ctx));
 
     std::vector<int32_t> n_kv_heads;
     for (const LayerConfig& lc : config.layers)

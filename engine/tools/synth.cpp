@@ -51,6 +51,10 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
     std::vector<SynthTensor> t = {{"token_embd.weight", s.dim, vocab, Role::matrix, embd_gain},
                                   {"output_norm.weight", s.dim, 1, Role::norm, 1.0f / embd_gain}};
     if (!s.tied_output) t.push_back({"output.weight", s.dim, vocab, Role::matrix});
+    if (s.longrope_n_ctx_orig > 0) {   // positive factors: long ones around 4, short ones around 1
+        t.push_back({"rope_factors_long.weight", s.head_dim / 2, 1, Role::norm, 4.0f});
+        t.push_back({"rope_factors_short.weight", s.head_dim / 2, 1, Role::norm, 1.0f});
+    }
     for (int32_t l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         t.push_back({p + "attn_norm.weight", s.dim, 1, Role::norm});
@@ -115,6 +119,14 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         kv.push_back({a + "rope.scaling.factor", GgufValue::make_f32(s.yarn_factor)});
         kv.push_back({a + "rope.scaling.original_context_length",
                       GgufValue::make_u32(static_cast<uint32_t>(s.yarn_n_ctx_orig))});
+    }
+    if (s.longrope_n_ctx_orig > 0) {   // as the converter writes Phi-3's long-context rope
+        const double scale = static_cast<double>(s.n_ctx_train) / s.longrope_n_ctx_orig;
+        const double attn_factor = std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.longrope_n_ctx_orig)));
+        kv.push_back({a + "rope.scaling.type", GgufValue::make_string("longrope")});
+        kv.push_back({a + "rope.scaling.original_context_length",
+                      GgufValue::make_u32(static_cast<uint32_t>(s.longrope_n_ctx_orig))});
+        kv.push_back({a + "rope.scaling.attn_factor", GgufValue::make_f32(static_cast<float>(attn_factor))});
     }
     if (s.arch == "gemma2") {   // Gemma 2's configs: tanh caps on the attention scores and the logits
         kv.push_back({a + "attn_logit_softcapping", GgufValue::make_f32(50.0f)});

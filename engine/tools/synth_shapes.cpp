@@ -81,7 +81,14 @@ SynthShape yarn(SynthShape s, float factor, int32_t n_ctx_orig) {
     return s;
 }
 
-const std::array<SynthShape, 16> kShapes = {
+// LongRoPE as Phi-3's converted files carry it: long and short factor tensors, the original context, and the
+// attention factor sqrt(1 + ln(n_ctx_train / n_ctx_orig) / ln(n_ctx_orig)) (synth.cpp writes them).
+SynthShape longrope(SynthShape s, int32_t n_ctx_orig) {
+    s.longrope_n_ctx_orig = n_ctx_orig;
+    return s;
+}
+
+const std::array<SynthShape, 17> kShapes = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
@@ -90,6 +97,10 @@ const std::array<SynthShape, 16> kShapes = {
     yarn(tied(qwen3(make("tiny-qwen3-yarn", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048,
                          1000000.0f, 1e-6f))),
          4.0f, 512),
+    // A llama with LongRoPE over a 64-token original context: any run context (512 in the comparisons) takes the
+    // long factors.
+    longrope(make("tiny-longrope", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f),
+             64),
     qwen3moe(make("tiny-qwen3moe", "qwen3moe", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f,
                   1e-6f),
              8, 2, 256),

@@ -32,6 +32,7 @@ struct SynthShape {
     int32_t expert_ffn_dim = 0;     // expert_feed_forward_length
     float yarn_factor = 0.0f;       // > 0: rope.scaling.type yarn with this factor (Qwen3's long-context config)
     int32_t yarn_n_ctx_orig = 0;    // rope.scaling.original_context_length
+    int32_t longrope_n_ctx_orig = 0; // > 0: LongRoPE over this original context (rope_factors_long/short tensors)
 };
 
 std::span<const SynthShape> synth_shapes();
