@@ -12,7 +12,8 @@
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 6> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe"};
+constexpr std::array<std::string_view, 7> kArchNames = {"llama",  "qwen2",    "qwen3",   "gemma2",
+                                                        "gemma3", "qwen3moe", "mistral3"};
 
 std::string supported_list() {
     std::string s;
@@ -48,6 +49,10 @@ constexpr ArchTraits kTraits[] = {
     // qwen3moe: qwen3's attention, softmax routing, top-k weights normalised (llama.cpp's build_moe_ffn norm_w).
     {Arch::qwen3moe, RopeStyle::neox, false, true, false, FfnActivation::silu, false, true, ExpertGating::softmax,
      true},
+    // mistral3 (Ministral 3): llama's layers (the converter permutes q/k for adjacent pairs), usually with YaRN
+    // and an attention temperature (read below).
+    {Arch::mistral3, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax,
+     false},
 };
 
 // YaRN's correction range (in pairs) for one rope base: the pairs whose wavelength fits the original context
@@ -197,6 +202,13 @@ int32_t ModelConfig::max_ffn_dim() const {
     return m;
 }
 
+float ModelConfig::attn_temperature(int32_t pos) const {
+    if (attn_temp_scale == 0.0f) return 1.0f;
+    // llama.cpp's float position and float division, then its double log.
+    const float steps = std::floor(static_cast<float>(pos) / static_cast<float>(attn_temp_floor));
+    return static_cast<float>(std::log(static_cast<double>(steps) + 1.0) * attn_temp_scale + 1.0);
+}
+
 bool ModelConfig::uniform_kv_heads() const {
     for (const LayerConfig& l : layers)
         if (l.n_kv_heads != layers.front().n_kv_heads) return false;
@@ -294,9 +306,9 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (c.rope_freq_factors && c.rope_longrope)
         throw InputError(file.path() + ": tensor rope_freqs.weight cannot go with rope.scaling.type longrope "
                                        "(its factors are rope_factors_long / rope_factors_short)");
-    if (c.rope_freq_factors && c.arch != Arch::llama)
-        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama models, not " +
-                         arch_str);
+    if (c.rope_freq_factors && c.arch != Arch::llama && c.arch != Arch::mistral3)
+        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama and mistral3 models, "
+                                       "not " + arch_str);
 
     // Sliding-window layers: gemma2 alternates (even layers local), gemma3 has 5 local : 1 global.
     int32_t window = 0;
@@ -345,6 +357,13 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (c.arch == Arch::gemma2) {
         c.attn_softcap = meta.get_f32("attn_logit_softcapping", 50.0f);
         c.final_softcap = meta.get_f32("final_logit_softcapping", 30.0f);
+    }
+
+    if (c.arch == Arch::mistral3) {   // llama.cpp reads the temperature for mistral3 only
+        c.attn_temp_scale = meta.get_f32("attention.temperature_scale", 0.0f);
+        if (!std::isfinite(c.attn_temp_scale))
+            meta.fail("attention.temperature_scale", "value " + std::to_string(c.attn_temp_scale) + " is not finite");
+        if (c.attn_temp_scale != 0.0f) c.attn_temp_floor = c.rope_n_ctx_orig;   // its floor: the original context
     }
 
     c.tied_output = file.find_tensor("output.weight") == nullptr;

@@ -12,7 +12,7 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe };
+enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, mistral3 };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 enum class FfnActivation { silu, gelu_tanh }; // SwiGLU / GeGLU
 enum class ExpertGating { softmax, sigmoid };  // router logits -> expert probabilities
@@ -68,6 +68,12 @@ struct ModelConfig {
     float attn_softcap = 0.0f;  // gemma2: scores -> c * tanh(s / c); 0 = off
     float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off
     bool tied_output = false;   // no output.weight: token_embd.weight is the lm_head
+    // Llama 4's attention temperature (mistral3's attention.temperature_scale): after RoPE, q at position p is
+    // multiplied by attn_temperature(p) = 1 + attn_temp_scale * ln(floor(p / attn_temp_floor) + 1), 1 below
+    // attn_temp_floor (the original context length). attn_temp_scale 0: off.
+    float attn_temp_scale = 0.0f;
+    int32_t attn_temp_floor = 0;
+    float attn_temperature(int32_t pos) const;
 
     // Mixture of experts (n_expert > 0: every layer's FFN is routed; LayerConfig::ffn_dim is then the expert
     // FFN width). Per token: router logits = ffn_gate_inp x, probabilities by `expert_gating`, the

@@ -346,6 +346,75 @@ TEST_CASE("LongRoPE: the long factors past the original context, the short ones 
     }
 }
 
+TEST_CASE("mistral3: llama layers, YaRN keys and the attention temperature of q past the original context") {
+    test::TempDir dir;
+    g_random_weights = true;
+    TinySpec s;
+    s.arch = "mistral3";
+    s.n_layers = 1;
+    s.tied = true;
+    GgufWriter w = tiny_writer(s);
+    g_random_weights = false;
+    w.set("mistral3.rope.scaling.type", GgufValue::make_string("yarn"));
+    w.set("mistral3.rope.scaling.factor", GgufValue::make_f32(16.0f));
+    w.set("mistral3.rope.scaling.original_context_length", GgufValue::make_u32(4));
+    w.set("mistral3.rope.scaling.yarn_beta_fast", GgufValue::make_f32(32.0f));
+    w.set("mistral3.rope.scaling.yarn_beta_slow", GgufValue::make_f32(1.0f));
+    w.set("mistral3.rope.scaling.yarn_log_multiplier", GgufValue::make_f32(1.0f));
+    w.set("mistral3.attention.temperature_scale", GgufValue::make_f32(0.1f));
+    const Model m = load_model(write_tiny(dir, w, "m3.gguf"));
+    const ModelConfig& c = m.config;
+    CHECK(c.arch == Arch::mistral3);
+    CHECK(c.rope_style == RopeStyle::normal);
+    CHECK_FALSE(c.qk_norm);
+    CHECK(c.tied_output);
+    CHECK(c.layers[0].yarn_ext_factor == 1.0f);
+    // yarn_log_multiplier 1 = mscale_all_dim 1: the attention factor cancels to 1.
+    CHECK(c.layers[0].rope_mscale == doctest::Approx(1.0f).epsilon(1e-6));
+    CHECK(c.attn_temp_scale == 0.1f);
+    CHECK(c.attn_temp_floor == 4);
+    // 1 + 0.1 ln(floor(p / 4) + 1)
+    CHECK(c.attn_temperature(0) == 1.0f);
+    CHECK(c.attn_temperature(3) == 1.0f);
+    CHECK(c.attn_temperature(4) == doctest::Approx(1.0 + 0.1 * std::log(2.0)));
+    CHECK(c.attn_temperature(7) == doctest::Approx(1.0 + 0.1 * std::log(2.0)));
+    CHECK(c.attn_temperature(12) == doctest::Approx(1.0 + 0.1 * std::log(4.0)));
+
+    // One layer: the last token's logits (position 5, temperature t) equal those of the same model without the
+    // temperature but with its attention scale multiplied by t, up to rounding; without either they differ.
+    const std::vector<int32_t> tokens = {3, 7, 1, 12, 5, 9};
+    const auto last_logits = [&](const ModelConfig& config) {
+        CpuBackend b(CpuOptions{1});
+        b.load(config, m.weights, RunOptions{32, KvType::f32});
+        b.forward(ForwardBatch{tokens, 0, LogitsWanted::last});
+        const std::span<const float> l = b.logits(0);
+        return std::vector<float>(l.begin(), l.end());
+    };
+    const float t = c.attn_temperature(5);
+    ModelConfig scaled = c, plain = c;
+    scaled.attn_temp_scale = plain.attn_temp_scale = 0.0f;
+    scaled.attn_scale *= t;
+    const std::vector<float> got = last_logits(c), want = last_logits(scaled), without = last_logits(plain);
+    double d_scaled = 0.0, d_plain = 0.0;
+    for (size_t v = 0; v < got.size(); ++v) {
+        d_scaled = std::max(d_scaled, double(std::fabs(got[v] - want[v])));
+        d_plain = std::max(d_plain, double(std::fabs(got[v] - without[v])));
+    }
+    CHECK(d_scaled < 1e-4);
+    CHECK(d_plain > 1e-3);
+    MESSAGE("temperature " << t << ": max |Δ| vs the scaled attention " << d_scaled << ", vs none " << d_plain);
+
+    // A mixture-of-experts mistral3 is refused in one line.
+    {
+        TinySpec e;
+        e.arch = "mistral3";
+        GgufWriter we = tiny_writer(e);
+        we.set("mistral3.expert_count", GgufValue::make_u32(8));
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, we, "m3moe.gguf")); });
+        CHECK(msg.find("mistral3.expert_count") != std::string::npos);
+    }
+}
+
 TEST_CASE("missing and mis-shaped tensors, unsupported rope scaling: precise errors") {
     test::TempDir dir;
     TinySpec s;

@@ -572,6 +572,8 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         rope.yarn_corr_low = lc.yarn_corr_low;
         rope.yarn_corr_high = lc.yarn_corr_high;
         rope.mscale = lc.rope_mscale;
+        rope.q_temp_scale = c.attn_temp_scale;
+        rope.q_temp_floor = c.attn_temp_floor;
         const float* q_norm = c.qk_norm ? d.q_norm : nullptr;
         const float* k_norm = c.qk_norm ? d.k_norm : nullptr;
         if (decode) {   // q, k and v in one launch; the rotated k and v stored by the rope kernel

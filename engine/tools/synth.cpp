@@ -103,7 +103,7 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         {a + "attention.layer_norm_rms_epsilon", GgufValue::make_f32(s.rms_eps)},
         {a + "rope.freq_base", GgufValue::make_f32(s.rope_base)},
     };
-    if (s.arch == "llama") {
+    if (s.arch == "llama" || s.arch == "mistral3") {
         kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))});
         kv.push_back({a + "vocab_size", GgufValue::make_u32(static_cast<uint32_t>(vocab))});
     }
@@ -119,7 +119,13 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         kv.push_back({a + "rope.scaling.factor", GgufValue::make_f32(s.yarn_factor)});
         kv.push_back({a + "rope.scaling.original_context_length",
                       GgufValue::make_u32(static_cast<uint32_t>(s.yarn_n_ctx_orig))});
+        if (s.yarn_beta_fast > 0.0f) kv.push_back({a + "rope.scaling.yarn_beta_fast", GgufValue::make_f32(s.yarn_beta_fast)});
+        if (s.yarn_beta_slow > 0.0f) kv.push_back({a + "rope.scaling.yarn_beta_slow", GgufValue::make_f32(s.yarn_beta_slow)});
+        if (s.yarn_log_mul > 0.0f)
+            kv.push_back({a + "rope.scaling.yarn_log_multiplier", GgufValue::make_f32(s.yarn_log_mul)});
     }
+    if (s.attn_temp_scale > 0.0f)
+        kv.push_back({a + "attention.temperature_scale", GgufValue::make_f32(s.attn_temp_scale)});
     if (s.longrope_n_ctx_orig > 0) {   // as the converter writes Phi-3's long-context rope
         const double scale = static_cast<double>(s.n_ctx_train) / s.longrope_n_ctx_orig;
         const double attn_factor = std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.longrope_n_ctx_orig)));
