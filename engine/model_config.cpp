@@ -73,7 +73,9 @@ void yarn_corr_range(int32_t n_rot, int32_t n_ctx_orig, float base, float beta_f
 // yarn_log_multiplier when the file gives one, times rope.scaling.attn_factor. Float steps in llama.cpp's order
 // (an attention factor that cancels the kernel's 0.1 ln(1/freq_scale) + 1, then the kernel's multiply).
 float yarn_mscale(float freq_scale, float log_mul, float attn_factor) {
-    const auto get_mscale = [](float scale, float m) { return scale <= 1.0f ? 1.0f : 0.1f * m * std::log(scale) + 1.0f; };
+    const auto get_mscale = [](float scale, float m) {
+        return scale <= 1.0f ? 1.0f : 0.1f * m * std::log(scale) + 1.0f;
+    };
     const float factor = 1.0f / freq_scale;
     float attn = log_mul != 0.0f ? get_mscale(factor, 1.0f) / get_mscale(factor, log_mul) : get_mscale(factor, 1.0f);
     attn *= 1.0f / (1.0f + 0.1f * std::log(factor));

@@ -119,8 +119,10 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         kv.push_back({a + "rope.scaling.factor", GgufValue::make_f32(s.yarn_factor)});
         kv.push_back({a + "rope.scaling.original_context_length",
                       GgufValue::make_u32(static_cast<uint32_t>(s.yarn_n_ctx_orig))});
-        if (s.yarn_beta_fast > 0.0f) kv.push_back({a + "rope.scaling.yarn_beta_fast", GgufValue::make_f32(s.yarn_beta_fast)});
-        if (s.yarn_beta_slow > 0.0f) kv.push_back({a + "rope.scaling.yarn_beta_slow", GgufValue::make_f32(s.yarn_beta_slow)});
+        if (s.yarn_beta_fast > 0.0f)
+            kv.push_back({a + "rope.scaling.yarn_beta_fast", GgufValue::make_f32(s.yarn_beta_fast)});
+        if (s.yarn_beta_slow > 0.0f)
+            kv.push_back({a + "rope.scaling.yarn_beta_slow", GgufValue::make_f32(s.yarn_beta_slow)});
         if (s.yarn_log_mul > 0.0f)
             kv.push_back({a + "rope.scaling.yarn_log_multiplier", GgufValue::make_f32(s.yarn_log_mul)});
     }
@@ -128,7 +130,8 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         kv.push_back({a + "attention.temperature_scale", GgufValue::make_f32(s.attn_temp_scale)});
     if (s.longrope_n_ctx_orig > 0) {   // as the converter writes Phi-3's long-context rope
         const double scale = static_cast<double>(s.n_ctx_train) / s.longrope_n_ctx_orig;
-        const double attn_factor = std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.longrope_n_ctx_orig)));
+        const double attn_factor =
+            std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.longrope_n_ctx_orig)));
         kv.push_back({a + "rope.scaling.type", GgufValue::make_string("longrope")});
         kv.push_back({a + "rope.scaling.original_context_length",
                       GgufValue::make_u32(static_cast<uint32_t>(s.longrope_n_ctx_orig))});
