@@ -12,8 +12,8 @@
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 7> kArchNames = {"llama",  "qwen2",    "qwen3",  "gemma2",
-                                                        "gemma3", "qwen3moe", "gpt-oss"};
+constexpr std::array<std::string_view, 8> kArchNames = {"llama",  "qwen2",    "qwen3",   "gemma2",
+                                                        "gemma3", "qwen3moe", "gpt-oss", "mistral3"};
 
 std::string supported_list() {
     std::string s;
@@ -52,6 +52,10 @@ constexpr ArchTraits kTraits[] = {
     // gpt-oss: neox rope, clamped SwiGLU experts, top-k by logit then a softmax over the k (softmax_weight).
     {Arch::gpt_oss, RopeStyle::neox, false, false, false, FfnActivation::swiglu_oai, false, true,
      ExpertGating::softmax_weight, false},
+    // mistral3 (Ministral 3): llama's layers (the converter permutes q/k for adjacent pairs), usually with YaRN
+    // and an attention temperature (read below).
+    {Arch::mistral3, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax,
+     false},
 };
 
 // YaRN's correction range (in pairs) for one rope base: the pairs whose wavelength fits the original context
@@ -72,7 +76,9 @@ void yarn_corr_range(int32_t n_rot, int32_t n_ctx_orig, float base, float beta_f
 // yarn_log_multiplier when the file gives one, times rope.scaling.attn_factor. Float steps in llama.cpp's order
 // (an attention factor that cancels the kernel's 0.1 ln(1/freq_scale) + 1, then the kernel's multiply).
 float yarn_mscale(float freq_scale, float log_mul, float attn_factor) {
-    const auto get_mscale = [](float scale, float m) { return scale <= 1.0f ? 1.0f : 0.1f * m * std::log(scale) + 1.0f; };
+    const auto get_mscale = [](float scale, float m) {
+        return scale <= 1.0f ? 1.0f : 0.1f * m * std::log(scale) + 1.0f;
+    };
     const float factor = 1.0f / freq_scale;
     float attn = log_mul != 0.0f ? get_mscale(factor, 1.0f) / get_mscale(factor, log_mul) : get_mscale(factor, 1.0f);
     attn *= 1.0f / (1.0f + 0.1f * std::log(factor));
@@ -201,6 +207,13 @@ int32_t ModelConfig::max_ffn_dim() const {
     return m;
 }
 
+float ModelConfig::attn_temperature(int32_t pos) const {
+    if (attn_temp_scale == 0.0f) return 1.0f;
+    // llama.cpp's float position and float division, then its double log.
+    const float steps = std::floor(static_cast<float>(pos) / static_cast<float>(attn_temp_floor));
+    return static_cast<float>(std::log(static_cast<double>(steps) + 1.0) * attn_temp_scale + 1.0);
+}
+
 bool ModelConfig::uniform_kv_heads() const {
     for (const LayerConfig& l : layers)
         if (l.n_kv_heads != layers.front().n_kv_heads) return false;
@@ -264,11 +277,12 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (factor == 0.0f) factor = meta.get_f32("rope.scale_linear", 0.0f); // older spelling
     float rope_freq_scale = 1.0f;
     const bool yarn = scaling == "yarn";
-    if (scaling == "linear" || yarn) {
+    c.rope_longrope = scaling == "longrope";
+    if (scaling == "linear" || yarn || c.rope_longrope) {
         if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
     } else if (scaling != "none") {
         meta.fail("rope.scaling.type",
-                  "'" + printable(scaling) + "' is not supported (supported: none, linear, yarn)");
+                  "'" + printable(scaling) + "' is not supported (supported: none, linear, yarn, longrope)");
     }
     if (!(rope_base > 0.0f) || !(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))
         meta.fail("rope.freq_base", "rope base " + std::to_string(rope_base) + " / scaling factor " +
@@ -294,9 +308,12 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (!(attn_factor > 0.0f) || !std::isfinite(attn_factor))
         meta.fail("rope.scaling.attn_factor", "value " + std::to_string(attn_factor) + " is not positive");
     c.rope_freq_factors = file.find_tensor("rope_freqs.weight") != nullptr;
-    if (c.rope_freq_factors && c.arch != Arch::llama)
-        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama models, not " +
-                         arch_str);
+    if (c.rope_freq_factors && c.rope_longrope)
+        throw InputError(file.path() + ": tensor rope_freqs.weight cannot go with rope.scaling.type longrope "
+                                       "(its factors are rope_factors_long / rope_factors_short)");
+    if (c.rope_freq_factors && c.arch != Arch::llama && c.arch != Arch::mistral3)
+        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama and mistral3 models, "
+                                       "not " + arch_str);
 
     // Sliding-window layers: gemma2 alternates (even layers local), gemma3 has 5 local : 1 global.
     int32_t window = 0;
@@ -361,6 +378,13 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_rot)); // llama.cpp scales by the rotated width
         if (meta.has("rope.freq_base_swa") && meta.get_f32("rope.freq_base_swa") != rope_base)
             meta.fail("rope.freq_base_swa", "a separate rope base for the sliding-window layers is not supported");
+    }
+
+    if (c.arch == Arch::mistral3) {   // llama.cpp reads the temperature for mistral3 only
+        c.attn_temp_scale = meta.get_f32("attention.temperature_scale", 0.0f);
+        if (!std::isfinite(c.attn_temp_scale))
+            meta.fail("attention.temperature_scale", "value " + std::to_string(c.attn_temp_scale) + " is not finite");
+        if (c.attn_temp_scale != 0.0f) c.attn_temp_floor = c.rope_n_ctx_orig;   // its floor: the original context
     }
 
     c.tied_output = file.find_tensor("output.weight") == nullptr;

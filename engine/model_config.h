@@ -12,7 +12,7 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss };
+enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, mistral3 };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 // SwiGLU / GeGLU / gpt-oss's clamped SwiGLU: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1)
 enum class FfnActivation { silu, gelu_tanh, swiglu_oai };
@@ -57,6 +57,11 @@ struct ModelConfig {
 
     RopeStyle rope_style = RopeStyle::normal;
     bool rope_freq_factors = false; // rope_freqs.weight present (Llama 3.1): angle i divided by factor i
+    // LongRoPE (rope.scaling.type "longrope", Phi-3 / Phi-4): the angles are divided by the factors of
+    // rope_factors_long.weight when the context exceeds rope_n_ctx_orig, else rope_factors_short.weight
+    // (engine/weights.h rope_factors_for); its attention factor is rope.scaling.attn_factor (rope_mscale).
+    bool rope_longrope = false;
+    bool rope_long_factors(int32_t n_ctx) const { return rope_longrope && n_ctx > rope_n_ctx_orig; }
     bool qkv_bias = false;          // q/k/v biases required (qwen2); llama may carry them optionally
     bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     bool post_norms = false;        // post_attention_norm / post_ffw_norm before each residual add (gemma)
@@ -69,6 +74,12 @@ struct ModelConfig {
     float attn_softcap = 0.0f;  // gemma2: scores -> c * tanh(s / c); 0 = off
     float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off
     bool tied_output = false;   // no output.weight: token_embd.weight is the lm_head
+    // Llama 4's attention temperature (mistral3's attention.temperature_scale): after RoPE, q at position p is
+    // multiplied by attn_temperature(p) = 1 + attn_temp_scale * ln(floor(p / attn_temp_floor) + 1), 1 below
+    // attn_temp_floor (the original context length). attn_temp_scale 0: off.
+    float attn_temp_scale = 0.0f;
+    int32_t attn_temp_floor = 0;
+    float attn_temperature(int32_t pos) const;
 
     // Mixture of experts (n_expert > 0: every layer's FFN is routed; LayerConfig::ffn_dim is then the expert
     // FFN width). Per token: router logits = ffn_gate_inp x, probabilities by `expert_gating`, the

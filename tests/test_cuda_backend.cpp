@@ -281,10 +281,10 @@ TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the t
     }
 }
 
-TEST_CASE("cuda backend: qwen3, qwen3 with YaRN and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding "
+TEST_CASE("cuda backend: qwen3, qwen3 with YaRN, llama with LongRoPE, mistral3 and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding "
           "scale)") {
     test::TempDir dir;
-    for (const char* shape : {"tiny-qwen3", "tiny-qwen3-yarn", "tiny-gemma3"}) {
+    for (const char* shape : {"tiny-qwen3", "tiny-qwen3-yarn", "tiny-longrope", "tiny-mistral3", "tiny-gemma3"}) {
         for (const char* type : {"f16", "q4_k_m"}) {
             CAPTURE(shape);
             CAPTURE(type);
@@ -429,6 +429,18 @@ TEST_CASE("cuda backend: the context shift moves and turns the cache as the CPU'
         o.cuda->forward({next, 28, LogitsWanted::all});
         for (int r = 0; r < 2; ++r) CHECK(row_error(o.cuda->logits(r), o.cpu->logits(r)) < kLogitTolerance);
     }
+}
+
+TEST_CASE("cuda backend: mistral3's attention temperature past its 32-token original context, prefill and decode") {
+    test::TempDir dir;
+    Opened o = open_both(synth_file(dir, "tiny-mistral3", "f16"), 64);
+    REQUIRE(o.model.config.attn_temp_floor == 32);
+    const std::vector<int32_t> tokens = ramp_tokens(40, o.model.config.vocab);   // positions 32..39 scale q
+    CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+    const std::vector<int32_t> next = {5};   // one decode step at position 40 (the fused rope + KV write)
+    o.cpu->forward({next, 40, LogitsWanted::last});
+    o.cuda->forward({next, 40, LogitsWanted::last});
+    CHECK(row_error(o.cuda->logits(0), o.cpu->logits(0)) < kLogitTolerance);
 }
 
 TEST_CASE("cuda backend: the context shift of a YaRN model turns the cache as the CPU's does") {

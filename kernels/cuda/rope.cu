@@ -45,6 +45,8 @@ struct RopeArgs {
     float base, freq_scale;
     const float* freq_factors;
     float yarn_ext_factor, yarn_corr_low, yarn_corr_high, mscale;
+    float q_temp_scale;
+    int q_temp_floor;
     int pos0;
     const int32_t* pos0_device;   // when set, the position of token 0 is read here (a replayed CUDA graph)
     // qk_norm_rope_kv_write only: the V rows and the layer's cache, where k and v rows are stored.
@@ -151,6 +153,16 @@ template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
             s[d0 + second] = y1;
         }
     }
+    if (is_q && a.q_temp_scale != 0.0f) {
+        // ModelConfig::attn_temperature: the float position's floor, the double log, rounded to float.
+        const float steps = floorf(__fdiv_rn(static_cast<float>(token_pos), static_cast<float>(a.q_temp_floor)));
+        const double ln = log(__dadd_rn(static_cast<double>(steps), 1.0));
+        const float t = static_cast<float>(__dadd_rn(__dmul_rn(ln, static_cast<double>(a.q_temp_scale)), 1.0));
+        if (t != 1.0f) {
+            __syncwarp(); // every dim of the head, written above by other lanes
+            for (int d = lane; d < a.head_dim; d += 32) x[d] = __fmul_rn(x[d], t);
+        }
+    }
     if constexpr (kKv) {
         if (!is_q) { // the k head, as kv_write would read it back from k
             __syncwarp();
@@ -167,6 +179,7 @@ void require(bool ok, const std::string& what) {
 void check_rope(int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, const RopeParams& rope) {
     require(n >= 0 && n < (int64_t{1} << 31), "token count out of range");
     require(n_heads >= 0 && n_kv_heads >= 0 && head_dim > 0, "bad head shape");
+    require(rope.q_temp_scale == 0.0f || rope.q_temp_floor > 0, "an attention temperature needs a positive floor");
     require(rope.n_rot >= 0 && rope.n_rot % 2 == 0 && rope.n_rot <= head_dim,
             "n_rot must be even and at most head_dim (n_rot " + std::to_string(rope.n_rot) + ", head_dim " +
                 std::to_string(head_dim) + ")");
@@ -193,6 +206,8 @@ RopeArgs rope_args(float* q, float* k, int32_t n_heads, int32_t n_kv_heads, int3
     args.yarn_corr_low = rope.yarn_corr_low;
     args.yarn_corr_high = rope.yarn_corr_high;
     args.mscale = rope.mscale;
+    args.q_temp_scale = rope.q_temp_scale;
+    args.q_temp_floor = rope.q_temp_floor;
     args.pos0 = pos0;
     args.pos0_device = pos0_device;
     return args;

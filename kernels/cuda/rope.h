@@ -20,6 +20,10 @@ struct RopeParams {
     float yarn_ext_factor = 0.0f;
     float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
     float mscale = 1.0f;
+    // The attention temperature of q (ModelConfig::attn_temperature, mistral3): after the rotation every q
+    // value at position p is multiplied by 1 + q_temp_scale * ln(floor(p / q_temp_floor) + 1). 0: off.
+    float q_temp_scale = 0.0f;
+    int32_t q_temp_floor = 0;
 };
 
 // For token i at position pos0 + i: each of q's n_heads heads (rows of n_heads * head_dim) and k's
