@@ -4,7 +4,7 @@
 // Weights stay in their file format; activations are quantized once per column (kernels/cpu/quantize_act.h)
 // into the format ggml's CPU backend pairs with that weight format, and the blocks are multiplied in
 // integers, so tern's logits track llama.cpp's (../shared/FORMATS.md §4 caveat):
-//   Q4_0 Q5_0 Q8_0 IQ4_NL F8_E4M3  x Q8_0       Q4_1 Q5_1 x Q8_1
+//   Q4_0 Q5_0 Q8_0 IQ4_NL MXFP4 F8_E4M3 x Q8_0      Q4_1 Q5_1 x Q8_1
 //   Q2_K .. Q6_K IQ4_XS            x Q8_K       F32 x f32
 //   F16 x f16, BF16 x bf16: ggml converts the activations to the weight's 16-bit type too. Keeping that
 //   pairing costs one rounding of the activations (2^-11 relative for f16) but gives llama.cpp's numbers,
@@ -58,6 +58,7 @@ float vec_dot_q6_k_q8_k_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_iq4_nl_q8_0_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_iq4_xs_q8_k_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_f8_e4m3_q8_0_scalar(int64_t n, const void* w, const void* x);
+float vec_dot_mxfp4_q8_0_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_f16_f16_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_bf16_bf16_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_f32_f32_scalar(int64_t n, const void* w, const void* x);
