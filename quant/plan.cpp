@@ -85,8 +85,7 @@ GgmlType mixture_type(const PlanInput& t, const ModelFacts& m, QuantFtype f, Ggm
         const bool is_output = name == "output.weight" || (!c.has_output && name == "token_embd.weight");
         const bool ffn_matrix = contains(name, "ffn_up") || contains(name, "ffn_gate") || contains(name, "ffn_down");
         if (!is_output && (t.ne[2] > 1 || (f == F::mxfp4 && ffn_matrix))) return GgmlType::MXFP4;
-        reason = is_output ? "output tensor" : t.ne[2] > 1 ? "" : "not an expert tensor";
-        if (f == F::mxfp4 && !is_output) reason = "not an FFN tensor";
+        reason = is_output ? "output tensor" : f == F::mxfp4 ? "not an FFN tensor" : "not an expert tensor";
         return GgmlType::Q8_0;
     }
     if (name == "output.weight" || (!c.has_output && name == "token_embd.weight")) {

@@ -31,7 +31,8 @@ inline constexpr GgmlType kMatmulFormats[] = {
 // Every format the integer-dot matmuls read (kernels/cuda/matmul_q8.h, gemm_q8.h).
 inline constexpr GgmlType kMatmulQ8Formats[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,
                                                 GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,
-                                                GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+                                                GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                                                GgmlType::MXFP4};
 
 // The float formats, which alone allow rows of any length.
 inline bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
