@@ -363,7 +363,8 @@ TEST_CASE("SIMD dot kernels read unaligned rows") {
     for (CpuIsa isa : kIsas) {
         const CpuKernels* k = cpu_kernels_for(isa);
         if (!k) continue;
-        for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q3_K, GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::F16, GgmlType::F32}) {
+        for (GgmlType t :
+             {GgmlType::Q4_0, GgmlType::Q3_K, GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::F16, GgmlType::F32}) {
             CAPTURE(type_name(t));
             const int64_t n = 512;
             const auto w = to_weights(t, random_row(n, 3));

@@ -11,8 +11,9 @@
 //   and the 2-byte activations halve what a prefill tile re-reads per weight row.
 //
 // Every kernel has the same shape: vec_dot_<w>_<act>_<isa>(n, w_row, act_row) with n elements (a multiple
-// of the weight's block size), rows aligned only to their block struct (2 bytes; 4 for f32 and Q8_K): a row of
-// 18-byte Q4_0 blocks inside a tensor is never 16-byte aligned, so every vector load is unaligned. Per-ISA kernels live in dot_scalar.cpp (the oracle: integer
+// of the weight's block size), rows aligned only to their block struct (2 bytes; 4 for f32 and Q8_K; 1 for
+// MXFP4): a row of 18-byte Q4_0 blocks inside a tensor is never 16-byte aligned, so every vector load is
+// unaligned. Per-ISA kernels live in dot_scalar.cpp (the oracle: integer
 // sums per block, one float multiply-add per block in a fixed order), dot_avx2.cpp, dot_avx512.cpp and
 // dot_neon.cpp; kernels/cpu/dispatch.h picks one set at run time.
 #include <cstddef>

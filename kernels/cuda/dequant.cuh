@@ -21,8 +21,8 @@
 // canonical NaN).
 //
 // Alignment: rows are whole blocks, so a tensor that starts 16-byte aligned keeps every block at its
-// natural alignment; loads never go wider than that: bytes for MXFP4's 17-byte blocks, 2-byte halves for the 18/22/34/110/210-byte blocks,
-// 4-byte words for the others, 16-byte vectors for the plain formats.
+// natural alignment; loads never go wider than that: bytes for MXFP4's 17-byte blocks, 2-byte halves for
+// the 18/22/34/110/210-byte blocks, 4-byte words for the others, 16-byte vectors for the plain formats.
 #include <cstddef>
 #include <cstdint>
 

@@ -101,7 +101,8 @@ static_assert(mxfp4_signed_words_match_code_book());
 // indices n_i (0..15) in the bytes of `idx`, as four signed bytes. __byte_perm takes four 3-bit selectors in
 // the low 16 bits (its fourth bit means sign replication on the device, so it stays clear): both halves of
 // the code book are looked up and bit 3 of each index picks one.
-template <uint32_t W0, uint32_t W1, uint32_t W2, uint32_t W3> __device__ __forceinline__ int code_book_lookup(uint32_t idx) {
+template <uint32_t W0, uint32_t W1, uint32_t W2, uint32_t W3>
+__device__ __forceinline__ int code_book_lookup(uint32_t idx) {
     const uint32_t low3 = idx & 0x07070707u;
     const uint32_t pairs = low3 | (low3 >> 4);                 // byte 0: n0 | n1 << 4, byte 2: n2 | n3 << 4
     const uint32_t sel = __byte_perm(pairs, 0u, 0x0020u);      // bytes 0 and 2 of `pairs` side by side
