@@ -66,7 +66,7 @@ TypeOverride parse_override(const std::string& spec) {
     if (!t || !type_info(*t).can_quantize || *t == GgmlType::Q8_1 || *t == GgmlType::Q8_K)
         throw UsageError("--tensor-type " + spec + ": unknown tensor format '" + type_name_s +
                          "' (choices: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
-                         "iq4_nl, iq4_xs, f8_e4m3)");
+                         "iq4_nl, iq4_xs, mxfp4, f8_e4m3)");
     return {spec.substr(0, eq), *t};
 }
 

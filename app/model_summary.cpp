@@ -19,7 +19,7 @@ std::string file_type_name(int64_t id) {
         {15, "Q4_K_M"},   {16, "Q5_K_S"},    {17, "Q5_K_M"}, {18, "Q6_K"},   {19, "IQ2_XXS"}, {20, "IQ2_XS"},
         {21, "Q2_K_S"},   {22, "IQ3_XS"},    {23, "IQ3_XXS"}, {24, "IQ1_S"}, {25, "IQ4_NL"}, {26, "IQ3_S"},
         {27, "IQ3_M"},    {28, "IQ2_S"},     {29, "IQ2_M"},  {30, "IQ4_XS"}, {31, "IQ1_M"},  {32, "mostly BF16"},
-        {36, "TQ1_0"},    {37, "TQ2_0"},     {1000, "F8_E4M3 (tern)"},
+        {36, "TQ1_0"},    {37, "TQ2_0"},     {38, "MXFP4_MOE"}, {1000, "F8_E4M3 (tern)"},
     };
     auto it = names.find(id);
     return it != names.end() ? it->second : "unknown (" + std::to_string(id) + ")";

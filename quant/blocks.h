@@ -21,9 +21,14 @@ inline constexpr int QK4_NL = 32;
 inline constexpr int QK_K = 256;          // k-quant and IQ4_XS super-block
 inline constexpr int K_SCALE_SIZE = 12;   // packed 6-bit scales/mins of Q4_K/Q5_K
 inline constexpr int QK_F8 = 32;          // tern's F8_E4M3
+inline constexpr int QK_MXFP4 = 32;
 
 // IQ4_NL / IQ4_XS non-linear code book (FORMATS.md §3.1).
 inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// MXFP4's E2M1 code book, every value doubled so it is an integer (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+// negatives become 0..12); the block scale is halved to match (mxfp4_scale_half).
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // qs[j] holds element j in its low nibble and element j + 16 in its high nibble; y = float(q - 8) * d.
 struct BlockQ4_0 {
@@ -122,6 +127,12 @@ struct BlockF8_E4M3 {
     uint16_t d;
     uint8_t qs[QK_F8];
 };
+// MXFP4 (GGUF id 39): an E8M0 exponent e (scale 2^(e - 127)) and 32 E2M1 codes packed like Q4_0's;
+// y = mxfp4_scale_half(e) * float(kMxfp4Values[q]).
+struct BlockMXFP4 {
+    uint8_t e;
+    uint8_t qs[QK_MXFP4 / 2];
+};
 
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
@@ -138,6 +149,13 @@ static_assert(sizeof(BlockQ8_K) == 292);
 static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockF8_E4M3) == 34);
+static_assert(sizeof(BlockMXFP4) == 17);
+
+// Half the E8M0 scale, 2^(e - 128), exactly (it is what the doubled code book multiplies). e = 0 and 1 give
+// the subnormals 2^-128 and 2^-127; e = 255 (E8M0's NaN) reads as 2^127, as in ggml.
+TERN_HOST_DEVICE constexpr float mxfp4_scale_half(uint8_t e) {
+    return f32_from_bits(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
+}
 
 // Six-bit scale u_j (0..63) of Q3_K sub-block j (0..15); the effective scale is d * (u_j - 32).
 TERN_HOST_DEVICE constexpr int q3_k_scale(const uint8_t* scales, int j) {

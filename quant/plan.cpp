@@ -32,6 +32,8 @@ constexpr std::array kFtypes = {
     FtypeInfo{QuantFtype::q5_k_m, "q5_k_m", 17, GgmlType::Q5_K},
     FtypeInfo{QuantFtype::q6_k, "q6_k", 18, GgmlType::Q6_K},
     FtypeInfo{QuantFtype::f8_e4m3, "f8_e4m3", 1000, GgmlType::F8_E4M3},
+    FtypeInfo{QuantFtype::mxfp4_moe, "mxfp4_moe", 38, GgmlType::MXFP4},
+    FtypeInfo{QuantFtype::mxfp4, "mxfp4", 38, GgmlType::MXFP4},   // after mxfp4_moe: file type 38 reads as that
 };
 
 bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
@@ -78,6 +80,14 @@ GgmlType mixture_type(const PlanInput& t, const ModelFacts& m, QuantFtype f, Ggm
     const int64_t gqa = (m.n_head > 0 && m.n_head_kv > 0) ? m.n_head / m.n_head_kv : 0;
     GgmlType type = def;
 
+    if (f == F::mxfp4_moe || f == F::mxfp4) {
+        // llama-quantize's MXFP4_MOE rule comes before every other one: experts MXFP4, everything else Q8_0.
+        const bool is_output = name == "output.weight" || (!c.has_output && name == "token_embd.weight");
+        const bool ffn_matrix = contains(name, "ffn_up") || contains(name, "ffn_gate") || contains(name, "ffn_down");
+        if (!is_output && (t.ne[2] > 1 || (f == F::mxfp4 && ffn_matrix))) return GgmlType::MXFP4;
+        reason = is_output ? "output tensor" : f == F::mxfp4 ? "not an FFN tensor" : "not an expert tensor";
+        return GgmlType::Q8_0;
+    }
     if (name == "output.weight" || (!c.has_output && name == "token_embd.weight")) {
         if (t.ne[0] % block_elems(def) != 0) type = GgmlType::Q8_0;
         else if (def != GgmlType::Q8_0) type = GgmlType::Q6_K;

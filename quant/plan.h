@@ -11,6 +11,10 @@
 //   and the embedding is a row lookup with no FP8 compute to gain (keeping it f16 halved the PPL
 //   cost on babyllama). Widths that are not a multiple of 32 fall back to F16.
 //   general.file_type = 1000 (outside llama.cpp's ids).
+// * mxfp4_moe is llama-quantize's MXFP4_MOE (general.file_type 38): expert tensors (three dims, ne[2] > 1)
+//   become MXFP4, every other quantizable tensor Q8_0 (the output too). A dense model has no expert tensors,
+//   so tern adds mxfp4 (also file type 38, the same label for llama.cpp): MXFP4 for every FFN matrix
+//   (ffn_up/gate/down, experts or not), Q8_0 for the rest. Widths that are not a multiple of 32 become F16.
 // * --tensor-type PATTERN=TYPE: PATTERN is an ECMAScript regular expression searched anywhere in the
 //   tensor name (std::regex_search, as llama-quantize does), so "attn_v" matches every
 //   blk.N.attn_v.weight and "^output\.weight$" one tensor. The first matching override wins. It
@@ -35,7 +39,7 @@ namespace tern {
 enum class QuantFtype {
     f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0,
     q2_k, q3_k_s, q3_k_m, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k,
-    f8_e4m3,
+    f8_e4m3, mxfp4_moe, mxfp4,
 };
 
 struct FtypeInfo {

@@ -169,6 +169,7 @@ bool dispatch(GgmlType type, const float* qsrc, float* ddst, const void* dsrc, v
         TERN_FORMAT(IQ4_NL, BlockIQ4_NL)
         TERN_FORMAT(IQ4_XS, BlockIQ4_XS)
         TERN_FORMAT(F8_E4M3, BlockF8_E4M3)
+        TERN_FORMAT(MXFP4, BlockMXFP4)
 #undef TERN_FORMAT
     default:
         return false;

@@ -22,6 +22,7 @@ void dequantize_block(const BlockQ8_K& b, float* y);
 void dequantize_block(const BlockIQ4_NL& b, float* y);
 void dequantize_block(const BlockIQ4_XS& b, float* y);
 void dequantize_block(const BlockF8_E4M3& b, float* y);
+void dequantize_block(const BlockMXFP4& b, float* y);
 
 void quantize_block(const float* x, BlockQ4_0& b);
 void quantize_block(const float* x, BlockQ4_1& b);
@@ -38,5 +39,6 @@ void quantize_block(const float* x, BlockQ8_K& b);
 void quantize_block(const float* x, BlockIQ4_NL& b);
 void quantize_block(const float* x, BlockIQ4_XS& b);
 void quantize_block(const float* x, BlockF8_E4M3& b);
+void quantize_block(const float* x, BlockMXFP4& b);
 
 } // namespace tern

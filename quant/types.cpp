@@ -42,6 +42,7 @@ constexpr std::array kTypes = {
     TypeInfo{GgmlType::BF16, "bf16", 1, 2, true, true},
     TypeInfo{GgmlType::TQ1_0, "tq1_0", 256, 54, false, false},
     TypeInfo{GgmlType::TQ2_0, "tq2_0", 256, 66, false, false},
+    TypeInfo{GgmlType::MXFP4, "mxfp4", 32, 17, true, true},
     TypeInfo{GgmlType::F8_E4M3, "f8_e4m3", 32, 34, true, true},
 };
 
@@ -62,7 +63,7 @@ const TypeInfo* find_type(uint32_t id) {
 const TypeInfo& type_info(GgmlType type) {
     if (const TypeInfo* t = find_type(static_cast<uint32_t>(type))) return *t;
     throw InputError("unknown tensor format id " + std::to_string(static_cast<uint32_t>(type)) +
-                     " (tern knows the GGUF ids 0-3, 6-30, 34, 35 and its own f8_e4m3 = 1000)");
+                     " (tern knows the GGUF ids 0-3, 6-30, 34, 35, 39 and its own f8_e4m3 = 1000)");
 }
 
 std::optional<GgmlType> type_from_name(std::string_view name) {

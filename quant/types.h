@@ -1,7 +1,7 @@
 #pragma once
 // ONE table of tensor formats. Ids equal ggml's type ids for every GGUF type, so a tensor's
 // `type` field indexes this table directly. tern's own F8_E4M3 uses an id far outside the
-// range GGUF uses (ggml's GGML_TYPE_COUNT is 39 at our baseline and grows slowly).
+// range GGUF uses (ggml's GGML_TYPE_COUNT is 40 with MXFP4 and grows slowly).
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -43,6 +43,7 @@ enum class GgmlType : uint32_t {
     BF16 = 30,
     TQ1_0 = 34,
     TQ2_0 = 35,
+    MXFP4 = 39,   // gpt-oss's expert weights: E2M1 codes with a power-of-two (E8M0) scale per 32
     // tern-specific: 32 e4m3 values with one f16 scale (34 bytes). See models.md.
     F8_E4M3 = 1000,
 };

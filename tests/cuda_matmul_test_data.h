@@ -26,12 +26,13 @@ namespace tern::test {
 inline constexpr GgmlType kMatmulFormats[] = {
     GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,   GgmlType::Q4_1,   GgmlType::Q5_0,
     GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,   GgmlType::Q5_K,
-    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F8_E4M3};
+    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F8_E4M3, GgmlType::MXFP4};
 
 // Every format the integer-dot matmuls read (kernels/cuda/matmul_q8.h, gemm_q8.h).
 inline constexpr GgmlType kMatmulQ8Formats[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,
                                                 GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,
-                                                GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+                                                GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                                                GgmlType::MXFP4};
 
 // The float formats, which alone allow rows of any length.
 inline bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
@@ -61,6 +62,7 @@ inline std::vector<size_t> scale_fields(GgmlType type) {
     case GgmlType::Q4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
     case GgmlType::Q5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
     case GgmlType::Q6_K: return {offsetof(BlockQ6_K, d)};
+    case GgmlType::MXFP4: return {};   // a byte exponent, not an f16: random_codes and filled_codes set it
     default: return {0};   // Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS, F8_E4M3: d leads the block
     }
 }
@@ -96,6 +98,8 @@ inline std::vector<uint8_t> random_codes(GgmlType type, int64_t n_rows, int64_t 
             const uint16_t h = f32_to_f16(std::exp2(log2_mag(rng)) * ((rng() & 1) ? -1.0f : 1.0f));
             std::memcpy(&out[b + f], &h, 2);
         }
+        // MXFP4: exponents 2^-12 .. 2^2 (e = 115 .. 129) keep products and sums far from f32's range.
+        if (type == GgmlType::MXFP4) out[b + offsetof(BlockMXFP4, e)] = static_cast<uint8_t>(115 + rng() % 15);
         if (type == GgmlType::F8_E4M3)
             for (size_t i = offsetof(BlockF8_E4M3, qs); i < bb; ++i)
                 if ((out[b + i] & 0x7F) == 0x7F) out[b + i] = static_cast<uint8_t>(out[b + i] - 1);
@@ -109,11 +113,14 @@ inline std::vector<uint8_t> random_codes(GgmlType type, int64_t n_rows, int64_t 
 inline std::vector<uint8_t> filled_codes(GgmlType type, int64_t n_rows, int64_t n, uint8_t fill) {
     const size_t rb = row_bytes(type, n), bb = block_bytes(type);
     std::vector<uint8_t> out(rb * static_cast<size_t>(n_rows), fill);
-    for (size_t b = 0; b < out.size(); b += bb)
+    for (size_t b = 0; b < out.size(); b += bb) {
+        // MXFP4's exponent: 2^-8 times 2^(e - 127) for the row's parity, like the f16 scales (no sign bit here).
+        if (type == GgmlType::MXFP4) out[b + offsetof(BlockMXFP4, e)] = static_cast<uint8_t>((b / rb) % 2 ? 118 : 120);
         for (size_t f : scale_fields(type)) {
             const uint16_t h = f32_to_f16((b / rb) % 2 ? -0x1p-8f : 0x1p-8f);
             std::memcpy(&out[b + f], &h, 2);
         }
+    }
     return out;
 }
 

@@ -14,7 +14,7 @@ namespace tern::test {
 inline constexpr GgmlType kDotWeightTypes[] = {
     GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,   GgmlType::Q8_0,    GgmlType::Q2_K,
     GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,   GgmlType::Q6_K,   GgmlType::IQ4_NL,  GgmlType::IQ4_XS,
-    GgmlType::F8_E4M3, GgmlType::F16, GgmlType::BF16, GgmlType::F32};
+    GgmlType::F8_E4M3, GgmlType::MXFP4, GgmlType::F16, GgmlType::BF16, GgmlType::F32};
 
 // n values from N(0, scale^2), reproducible from `seed`.
 inline std::vector<float> random_normal(size_t n, uint32_t seed, float scale = 1.0f) {

@@ -364,6 +364,38 @@ TEST_CASE("cuda backend: a mixture of experts it does not run is refused in one 
     CHECK(refusal(model.config).empty());
 }
 
+TEST_CASE("cuda backend: mxfp4 FFN weights (tern synth --type mxfp4) give the CPU's logits and greedy ids") {
+    // The exact options: the f32-activation matmul against the CPU's f32 reference.
+    test::TempDir dir;
+    const std::string path = synth_file(dir, "tiny", "mxfp4");
+    Opened o = open_both(path, 64);
+    bool has_mxfp4 = false;
+    for (const auto& layer : o.model.weights.layers) has_mxfp4 |= layer.w_down.type == GgmlType::MXFP4;
+    REQUIRE(has_mxfp4);
+    const std::vector<int32_t> tokens = ramp_tokens(24, o.model.config.vocab);
+    CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+    o.cpu->kv_truncate(0);
+    o.cuda->kv_truncate(0);
+    const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 6);
+    std::vector<bool> ties;
+    const std::vector<int32_t> cpu_ids = greedy(*o.cpu, prompt, &ties);
+    check_greedy(greedy(*o.cuda, prompt), cpu_ids, ties);
+
+    // The default options: decode on int8 activations (matmul_q8), as far from the exact product as the CPU's
+    // own int8 path (the one llama.cpp's CPU backend takes for MXFP4).
+    Int8Comparison on(o.model);
+    double vs_exact = 0.0, ggml_vs_exact = 0.0;
+    for (int32_t i = 0; i < 8; ++i) {
+        const std::vector<int32_t> one = {tokens[static_cast<size_t>(i)]};
+        for (Backend* b : on.all()) b->forward({one, i, LogitsWanted::last});
+        vs_exact = std::max(vs_exact, row_error(on.cuda.logits(0), on.exact_cpu.logits(0)));
+        ggml_vs_exact = std::max(ggml_vs_exact, row_error(on.ggml_cpu.logits(0), on.exact_cpu.logits(0)));
+    }
+    MESSAGE("mxfp4: int8 cuda vs exact " << vs_exact << "; the CPU's int8 vs exact " << ggml_vs_exact);
+    CHECK(vs_exact > 0.0);
+    CHECK(vs_exact < std::max(3.0 * ggml_vs_exact, 1e-3));
+}
+
 TEST_CASE("cuda backend: every KV cache format") {
     if (!test::shared_available()) return;
     const std::vector<int32_t> tokens = ramp_tokens(40, 512);

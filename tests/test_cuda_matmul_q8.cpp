@@ -189,13 +189,14 @@ TEST_CASE("matmul_q8 keeps the largest integer dot products exact") {
 }
 
 TEST_CASE("matmul_q8 agrees with the CPU's dot kernels where both quantize the activations alike") {
-    // Q4_0, Q5_0, Q8_0 and IQ4_NL meet Q8_0 activations on the CPU: the same codes and f16 scales as here, so
+    // Q4_0, Q5_0, Q8_0, IQ4_NL and MXFP4 meet Q8_0 activations on the CPU: the same codes and f16 scales as here, so
     // both are the same exact sum rounded differently. The CPU's scalar kernel adds n_in / 32 block terms
     // in order (each a product of exact integers and scales: 3 roundings), so together with the device's
     // bound: (n_in / 32 + 4) * 2^-24 * M more.
-    constexpr GgmlType kPaired[] = {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::IQ4_NL};
+    constexpr GgmlType kPaired[] = {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::MXFP4};
     constexpr tern::VecDotFn kCpuDot[] = {tern::vec_dot_q4_0_q8_0_scalar, tern::vec_dot_q5_0_q8_0_scalar,
-                                          tern::vec_dot_q8_0_q8_0_scalar, tern::vec_dot_iq4_nl_q8_0_scalar};
+                                          tern::vec_dot_q8_0_q8_0_scalar, tern::vec_dot_iq4_nl_q8_0_scalar,
+                                          tern::vec_dot_mxfp4_q8_0_scalar};
     constexpr int64_t n_in = 1024, kOut = 33, kCols = 9;
     uint32_t seed = 3000;
     for (size_t f = 0; f < std::size(kPaired); ++f) {

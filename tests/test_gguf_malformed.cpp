@@ -248,9 +248,10 @@ std::vector<Case> corpus() {
         add("kv2.elem_type=" + std::to_string(v), poke(B, at.at("kv2.value.elem_type"), v), "element type");
         add("kv4.inner_elem_type=" + std::to_string(v), poke(B, at.at("kv4.value.e0.elem_type"), v), "element type");
     }
-    for (uint32_t v : {4u, 5u, 31u, 32u, 33u, 36u, 37u, 38u, 39u, 40u, 999u, 1001u, UINT32_MAX})
+    for (uint32_t v : {4u, 5u, 31u, 32u, 33u, 36u, 37u, 38u, 40u, 999u, 1001u, UINT32_MAX})
         add("t0.type=" + std::to_string(v), poke(B, at.at("t0.type"), v), "unknown tensor format");
     add("t1.type=q4_K (ne0 32 not a multiple of 256)", poke<uint32_t>(B, at.at("t1.type"), 12), "multiple");
+    add("t0.type=mxfp4 (ne0 8 not a multiple of 32)", poke<uint32_t>(B, at.at("t0.type"), 39), "multiple");
     add("t0.type=q8_0 (ne0 8 not a multiple of 32)", poke<uint32_t>(B, at.at("t0.type"), 8), "multiple");
 
     // ---- shapes ------------------------------------------------------------------------------

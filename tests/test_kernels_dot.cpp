@@ -100,6 +100,7 @@ TEST_CASE("act_format_for pairs each weight format with ggml's activation type")
     CHECK(act_format_for(GgmlType::Q4_K) == ActFormat::q8_k);
     CHECK(act_format_for(GgmlType::IQ4_XS) == ActFormat::q8_k);
     CHECK(act_format_for(GgmlType::F8_E4M3) == ActFormat::q8_0);
+    CHECK(act_format_for(GgmlType::MXFP4) == ActFormat::q8_0);   // ggml-cpu's vec_dot_type for MXFP4
     CHECK(act_format_for(GgmlType::F16) == ActFormat::f16);
     CHECK_THROWS_AS(act_format_for(GgmlType::IQ2_XXS), std::invalid_argument);
     for (ActFormat f : kActFormats) CHECK(act_row_bytes(f, 256) > 0);
@@ -362,7 +363,8 @@ TEST_CASE("SIMD dot kernels read unaligned rows") {
     for (CpuIsa isa : kIsas) {
         const CpuKernels* k = cpu_kernels_for(isa);
         if (!k) continue;
-        for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q3_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::F32}) {
+        for (GgmlType t :
+             {GgmlType::Q4_0, GgmlType::Q3_K, GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::F16, GgmlType::F32}) {
             CAPTURE(type_name(t));
             const int64_t n = 512;
             const auto w = to_weights(t, random_row(n, 3));
@@ -372,6 +374,25 @@ TEST_CASE("SIMD dot kernels read unaligned rows") {
             std::memcpy(au.data() + 4, a.data(), a.size());
             CHECK(k->dot(t)(n, wu.data() + 4, au.data() + 4) == k->dot(t)(n, w.data(), a.data()));
         }
+    }
+}
+
+TEST_CASE("MXFP4 dot kernels read weight rows at odd addresses") {
+    // A 17-byte block has alignment 1, so an MXFP4 row of an odd number of blocks leaves the next row at an
+    // odd address. Every set must give the same bits there as on an even address.
+    const int64_t n = 3 * QK_MXFP4;
+    const CpuKernels* scalar = cpu_kernels_for(CpuIsa::scalar);
+    const auto w = to_weights(GgmlType::MXFP4, random_row(n, 5));
+    const auto a = quantize_act(*scalar, ActFormat::q8_0, random_row(n, 6));
+    std::vector<unsigned char> wu(w.size() + 1);
+    std::memcpy(wu.data() + 1, w.data(), w.size());
+    for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::neon}) {
+        const CpuKernels* k = cpu_kernels_for(isa);
+        if (!k) continue;
+        CAPTURE(cpu_isa_name(isa));
+        const float even = k->dot(GgmlType::MXFP4)(n, w.data(), a.data());
+        const float odd = k->dot(GgmlType::MXFP4)(n, wu.data() + 1, a.data());
+        CHECK(std::memcmp(&even, &odd, sizeof even) == 0);
     }
 }
 

@@ -672,6 +672,7 @@ TEST_CASE("special inputs: constant, spiky, integer, tie-heavy and wide-range bl
         case GgmlType::IQ4_NL:
         case GgmlType::IQ4_XS: return 0.2f;
         case GgmlType::Q3_K: return 0.36f;
+        case GgmlType::MXFP4: return 0.26f;   // one power-of-two scale: amax just under 16 steps clamps to 12
         default: return 0.5f;   // Q2_K
         }
     };
@@ -727,7 +728,8 @@ TEST_CASE("quantize -> dequantize RMS error on gaussian data, every format") {
     // times ~0.72 (the mean of 1/significand): 0.020%, 0.16%, 2.6% (measured 0.021%, 0.17%, 2.4%; f8_e4m3's
     // block-scale search brings it to 1.79%; it was 1.96% with 16 scales and no least-squares step).
     // Measured at 256 / 4096 / 65536 (all within 1% of each other): q6_k 1.77, q5_0 4.27, q5_1 3.78,
-    // q5_k 3.60, q4_1 7.80, q4_k 7.12, iq4_nl 7.61, iq4_xs 7.66, q3_k 15.06, q2_k 29.6 (percent).
+    // q5_k 3.60, q4_1 7.80, q4_k 7.12, iq4_nl 7.61, iq4_xs 7.66, mxfp4 11.5 (one power-of-two scale per 32, no
+    // search), q3_k 15.06, q2_k 29.6 (percent).
     // Bounds are the measurement plus ~15% margin. Sampling noise over 64 Ki values is < 1%, so a
     // format that crosses its bound has regressed (a swapped nibble order gives > 100%).
     struct Bound {
@@ -741,6 +743,7 @@ TEST_CASE("quantize -> dequantize RMS error on gaussian data, every format") {
         {GgmlType::Q5_K, 0.042},     {GgmlType::Q4_0, 0.099},    {GgmlType::Q4_1, 0.090},
         {GgmlType::Q4_K, 0.082},     {GgmlType::IQ4_NL, 0.088},  {GgmlType::IQ4_XS, 0.088},
         {GgmlType::Q3_K, 0.174},     {GgmlType::Q2_K, 0.34},     {GgmlType::F8_E4M3, 0.0206},
+        {GgmlType::MXFP4, 0.133},
     };
     std::string table = "format     n=256    n=4096   n=65536  (relative RMS error, %)\n";
     for (const TypeInfo& ti : all_types()) {

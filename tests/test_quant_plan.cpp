@@ -223,6 +223,46 @@ TEST_CASE("plain float ftypes, f8_e4m3, --pure and --tensor-type") {
     CHECK_THROWS_AS(make_quant_plan(t, ModelFacts{"llama", 2, 8, 8}, o), UsageError);
 }
 
+TEST_CASE("mxfp4_moe: llama-quantize's MXFP4_MOE (experts MXFP4, the rest Q8_0); mxfp4: every FFN matrix") {
+    auto t = llama_tensors(2, 256, 768, 128, 512, false);
+    PlanInput experts = tensor("blk.1.ffn_up_exps.weight", 256, 768);
+    experts.n_dims = 3;
+    experts.ne[2] = 4;
+    t.push_back(experts);
+    PlanInput router = tensor("blk.1.ffn_gate_inp.weight", 256, 4);
+    t.push_back(router);
+    PlanInput odd = tensor("blk.1.ffn_down_exps.weight", 48, 256);
+    odd.n_dims = 3;
+    odd.ne[2] = 4;
+    t.push_back(odd);
+    PlanOptions o;
+    o.ftype = QuantFtype::mxfp4_moe;
+    const auto moe = plan_types(make_quant_plan(t, ModelFacts{"llama", 2, 8, 8, 4}, o));
+    CHECK(moe.at("blk.1.ffn_up_exps.weight") == GgmlType::MXFP4);
+    CHECK(moe.at("blk.1.ffn_down_exps.weight") == GgmlType::F16);   // width 48: no 32-block fits
+    CHECK(moe.at("blk.1.ffn_up.weight") == GgmlType::Q8_0);
+    CHECK(moe.at("blk.0.attn_v.weight") == GgmlType::Q8_0);
+    CHECK(moe.at("output.weight") == GgmlType::Q8_0);
+    CHECK(moe.at("token_embd.weight") == GgmlType::Q8_0);
+    CHECK(moe.at("blk.1.ffn_gate_inp.weight") == GgmlType::F32);    // the router is never quantized
+    CHECK(moe.at("blk.0.ffn_norm.weight") == GgmlType::F32);
+
+    o.ftype = QuantFtype::mxfp4;
+    const auto all_ffn = plan_types(make_quant_plan(t, ModelFacts{"llama", 2, 8, 8, 4}, o));
+    CHECK(all_ffn.at("blk.1.ffn_up_exps.weight") == GgmlType::MXFP4);
+    CHECK(all_ffn.at("blk.0.ffn_gate.weight") == GgmlType::MXFP4);
+    CHECK(all_ffn.at("blk.1.ffn_down.weight") == GgmlType::MXFP4);
+    CHECK(all_ffn.at("blk.0.attn_q.weight") == GgmlType::Q8_0);
+    CHECK(all_ffn.at("output.weight") == GgmlType::Q8_0);
+    CHECK(all_ffn.at("blk.1.ffn_gate_inp.weight") == GgmlType::F32);
+
+    o.pure = true;
+    CHECK(plan_types(make_quant_plan(t, ModelFacts{"llama", 2, 8, 8, 4}, o)).at("output.weight") == GgmlType::MXFP4);
+    CHECK(ftype_info(QuantFtype::mxfp4_moe).file_type == 38);
+    CHECK(ftype_from_file_type(38)->ftype == QuantFtype::mxfp4_moe);
+    CHECK(ftype_from_name("MXFP4_MOE") == QuantFtype::mxfp4_moe);
+}
+
 TEST_CASE("ftype names and ids") {
     CHECK(ftype_from_name("Q4_K_M") == QuantFtype::q4_k_m);
     CHECK_FALSE(ftype_from_name("q4_k").has_value());

@@ -40,6 +40,7 @@ VecDotFn CpuKernels::find_dot(GgmlType w) const {
     case GgmlType::IQ4_NL: return iq4_nl;
     case GgmlType::IQ4_XS: return iq4_xs;
     case GgmlType::F8_E4M3: return f8_e4m3;
+    case GgmlType::MXFP4: return mxfp4;
     case GgmlType::F16: return f16;
     case GgmlType::BF16: return bf16;
     case GgmlType::F32: return f32;

@@ -47,7 +47,7 @@ struct CpuKernels {
     // Dot products (dot.h), one per weight format. Every set has them all: the scalar ones where the ISA has none.
     VecDotFn q4_0 = nullptr, q4_1 = nullptr, q5_0 = nullptr, q5_1 = nullptr, q8_0 = nullptr;
     VecDotFn q2_k = nullptr, q3_k = nullptr, q4_k = nullptr, q5_k = nullptr, q6_k = nullptr;
-    VecDotFn iq4_nl = nullptr, iq4_xs = nullptr, f8_e4m3 = nullptr;
+    VecDotFn iq4_nl = nullptr, iq4_xs = nullptr, f8_e4m3 = nullptr, mxfp4 = nullptr;
     VecDotFn f16 = nullptr, bf16 = nullptr, f32 = nullptr;
     QuantizeActFn quantize[6] = {};   // indexed by ActFormat
     // Several columns a row (dot.h), where the ISA has them: null otherwise.

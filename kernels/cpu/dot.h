@@ -4,15 +4,16 @@
 // Weights stay in their file format; activations are quantized once per column (kernels/cpu/quantize_act.h)
 // into the format ggml's CPU backend pairs with that weight format, and the blocks are multiplied in
 // integers, so tern's logits track llama.cpp's (../shared/FORMATS.md §4 caveat):
-//   Q4_0 Q5_0 Q8_0 IQ4_NL F8_E4M3  x Q8_0       Q4_1 Q5_1 x Q8_1
+//   Q4_0 Q5_0 Q8_0 IQ4_NL MXFP4 F8_E4M3 x Q8_0      Q4_1 Q5_1 x Q8_1
 //   Q2_K .. Q6_K IQ4_XS            x Q8_K       F32 x f32
 //   F16 x f16, BF16 x bf16: ggml converts the activations to the weight's 16-bit type too. Keeping that
 //   pairing costs one rounding of the activations (2^-11 relative for f16) but gives llama.cpp's numbers,
 //   and the 2-byte activations halve what a prefill tile re-reads per weight row.
 //
 // Every kernel has the same shape: vec_dot_<w>_<act>_<isa>(n, w_row, act_row) with n elements (a multiple
-// of the weight's block size), rows aligned only to their block struct (2 bytes; 4 for f32 and Q8_K): a row of
-// 18-byte Q4_0 blocks inside a tensor is never 16-byte aligned, so every vector load is unaligned. Per-ISA kernels live in dot_scalar.cpp (the oracle: integer
+// of the weight's block size), rows aligned only to their block struct (2 bytes; 4 for f32 and Q8_K; 1 for
+// MXFP4): a row of 18-byte Q4_0 blocks inside a tensor is never 16-byte aligned, so every vector load is
+// unaligned. Per-ISA kernels live in dot_scalar.cpp (the oracle: integer
 // sums per block, one float multiply-add per block in a fixed order), dot_avx2.cpp, dot_avx512.cpp and
 // dot_neon.cpp; kernels/cpu/dispatch.h picks one set at run time.
 #include <cstddef>
@@ -58,6 +59,7 @@ float vec_dot_q6_k_q8_k_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_iq4_nl_q8_0_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_iq4_xs_q8_k_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_f8_e4m3_q8_0_scalar(int64_t n, const void* w, const void* x);
+float vec_dot_mxfp4_q8_0_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_f16_f16_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_bf16_bf16_scalar(int64_t n, const void* w, const void* x);
 float vec_dot_f32_f32_scalar(int64_t n, const void* w, const void* x);

@@ -1,5 +1,5 @@
 // NEON + dotprod kernel set, built only for aarch64 (-march=armv8.2-a+dotprod, kernels/CMakeLists.txt).
-// Covers every weight format of the dispatch table (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K IQ4_NL IQ4_XS
+// Covers every weight format of the dispatch table (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K IQ4_NL IQ4_XS MXFP4
 // F8_E4M3 F16 BF16 F32) and the Q8_0, Q8_1, Q8_K, F16 and BF16 activation quantizers (the f32 copy is shared;
 // dispatch.cpp fills the scalar twins first, so an entry missing here falls back to them).
 // The integer sums are exact, as in the scalar twins; only the float accumulation order differs.
@@ -67,6 +67,22 @@ float vec_dot_iq4_nl_q8_0_neon(int64_t n, const void* w, const void* x) {
         int32x4_t s = vdotq_s32(vdupq_n_s32(0), vqtbl1q_s8(table, lo), vld1q_s8(xb[b].qs));
         s = vdotq_s32(s, vqtbl1q_s8(table, hi), vld1q_s8(xb[b].qs + 16));
         acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), f16n(wb[b].d) * f16n(xb[b].d));
+    }
+    return vaddvq_f32(acc);
+}
+
+// IQ4_NL's loop with MXFP4's doubled E2M1 code book and power-of-two scale.
+float vec_dot_mxfp4_q8_0_neon(int64_t n, const void* w, const void* x) {
+    const auto* wb = static_cast<const BlockMXFP4*>(w);
+    const auto* xb = static_cast<const BlockQ8_0*>(x);
+    const int8x16_t table = vld1q_s8(kMxfp4Values);
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < n / QK_MXFP4; ++b) {
+        uint8x16_t lo, hi;
+        nibbles32(wb[b].qs, lo, hi);
+        int32x4_t s = vdotq_s32(vdupq_n_s32(0), vqtbl1q_s8(table, lo), vld1q_s8(xb[b].qs));
+        s = vdotq_s32(s, vqtbl1q_s8(table, hi), vld1q_s8(xb[b].qs + 16));
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), f16n(xb[b].d) * mxfp4_scale_half(wb[b].e));
     }
     return vaddvq_f32(acc);
 }
@@ -526,6 +542,7 @@ void fill_cpu_kernels_neon(CpuKernels& k) {
     k.iq4_nl = vec_dot_iq4_nl_q8_0_neon;
     k.iq4_xs = vec_dot_iq4_xs_q8_k_neon;
     k.f8_e4m3 = vec_dot_f8_e4m3_q8_0_neon;
+    k.mxfp4 = vec_dot_mxfp4_q8_0_neon;
     k.f16 = vec_dot_f16_f16_neon;
     k.bf16 = vec_dot_bf16_bf16_neon;
     k.f32 = vec_dot_f32_f32_neon;

@@ -130,6 +130,21 @@ float vec_dot_iq4_nl_q8_0_scalar(int64_t n, const void* w, const void* x) {
     return sum;
 }
 
+// ggml's order: the two block scales multiplied first (the activation's f16 scale times the power of two, exact
+// unless it leaves f32's range), then times the integer sum.
+float vec_dot_mxfp4_q8_0_scalar(int64_t n, const void* w, const void* x) {
+    const auto* wb = static_cast<const BlockMXFP4*>(w);
+    const auto* xb = static_cast<const BlockQ8_0*>(x);
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / QK_MXFP4; ++b) {
+        int q[32];
+        nibbles32(wb[b].qs, q);
+        for (int& v : q) v = kMxfp4Values[v];
+        sum += (f16(xb[b].d) * mxfp4_scale_half(wb[b].e)) * static_cast<float>(dot32(q, xb[b].qs));
+    }
+    return sum;
+}
+
 float vec_dot_f8_e4m3_q8_0_scalar(int64_t n, const void* w, const void* x) {
     const auto* wb = static_cast<const BlockF8_E4M3*>(w);
     const auto* xb = static_cast<const BlockQ8_0*>(x);
@@ -309,6 +324,7 @@ void fill_cpu_kernels_scalar(CpuKernels& k) {
     k.iq4_nl = vec_dot_iq4_nl_q8_0_scalar;
     k.iq4_xs = vec_dot_iq4_xs_q8_k_scalar;
     k.f8_e4m3 = vec_dot_f8_e4m3_q8_0_scalar;
+    k.mxfp4 = vec_dot_mxfp4_q8_0_scalar;
     k.f16 = vec_dot_f16_f16_scalar;
     k.bf16 = vec_dot_bf16_bf16_scalar;
     k.f32 = vec_dot_f32_f32_scalar;

@@ -220,6 +220,31 @@ float vec_dot_iq4_nl_q8_0_x86(int64_t n, const void* w, const void* x) {
     return hsum_ps(acc);
 }
 
+// MXFP4: IQ4_NL's shape with the doubled E2M1 code book (-12..12) and a power-of-two weight scale.
+float vec_dot_mxfp4_q8_0_x86(int64_t n, const void* w, const void* x) {
+    const auto* wb = static_cast<const BlockMXFP4*>(w);
+    const auto* xb = static_cast<const BlockQ8_0*>(x);
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values));
+    const __m256i table = _mm256_set_m128i(t, t);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const int64_t nb = n / QK_MXFP4;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {   // two accumulators hide the fma latency
+        const __m256i q0 = _mm256_shuffle_epi8(table, nibbles32(wb[b].qs));
+        const __m256i q1 = _mm256_shuffle_epi8(table, nibbles32(wb[b + 1].qs));
+        const __m256 p0 = _mm256_cvtepi32_ps(mul_sum_i8(q0, loadu256(xb[b].qs)));
+        const __m256 p1 = _mm256_cvtepi32_ps(mul_sum_i8(q1, loadu256(xb[b + 1].qs)));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16s(xb[b].d) * mxfp4_scale_half(wb[b].e)), p0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16s(xb[b + 1].d) * mxfp4_scale_half(wb[b + 1].e)), p1, acc1);
+    }
+    for (; b < nb; ++b) {
+        const __m256i q = _mm256_shuffle_epi8(table, nibbles32(wb[b].qs));
+        const __m256 p = _mm256_cvtepi32_ps(mul_sum_i8(q, loadu256(xb[b].qs)));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16s(xb[b].d) * mxfp4_scale_half(wb[b].e)), p, acc0);
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
 // 8 e4m3 codes (low bytes of the i32 lanes) -> value * 2^9 as exact i32 (see dot_scalar.cpp):
 // (8 + m) << (e - 1) for e > 0 (vpsllvd gives 0 for the e = 0 count of -1), m for subnormals.
 inline __m256i e4m3_times512(__m256i q) {
@@ -590,6 +615,7 @@ void fill_x86_256(CpuKernels& k) {
     k.iq4_nl = vec_dot_iq4_nl_q8_0_x86;
     k.iq4_xs = vec_dot_iq4_xs_q8_k_x86;
     k.f8_e4m3 = vec_dot_f8_e4m3_q8_0_x86;
+    k.mxfp4 = vec_dot_mxfp4_q8_0_x86;
     k.f16 = vec_dot_f16_f16_x86;
     k.bf16 = vec_dot_bf16_bf16_x86;
     k.f32 = vec_dot_f32_f32_x86;

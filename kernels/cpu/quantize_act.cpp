@@ -19,6 +19,7 @@ ActFormat act_format_for(GgmlType w) {
     case GgmlType::Q5_0:
     case GgmlType::Q8_0:
     case GgmlType::IQ4_NL:
+    case GgmlType::MXFP4:
     case GgmlType::F8_E4M3: return ActFormat::q8_0;
     case GgmlType::Q4_1:
     case GgmlType::Q5_1: return ActFormat::q8_1;
@@ -34,7 +35,8 @@ ActFormat act_format_for(GgmlType w) {
     default: break;
     }
     throw std::invalid_argument("act_format_for: no CPU dot kernel for weight format " + std::string(type_name(w)) +
-                                " (supported: q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K iq4_nl iq4_xs f8_e4m3 f16 bf16 f32)");
+                                " (supported: q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K iq4_nl iq4_xs mxfp4 f8_e4m3 f16 "
+                                "bf16 f32)");
 }
 
 int64_t act_block_elems(ActFormat f) {

@@ -1,7 +1,7 @@
 #pragma once
 // Device-side dequantization of the weight formats, bit for bit the CPU reference (quant/reference.h
 // dequantize_row: the arithmetic of quant/reference_legacy.cpp, reference_kquants.cpp, reference_iq4.cpp
-// and reference.cpp). For every kernel that reads weights in their uploaded formats.
+// reference_mxfp4.cpp and reference.cpp). For every kernel that reads weights in their uploaded formats.
 //
 // The unit is a slice of 8 elements of a row, what one lane dequantizes at a time:
 //   - block formats: slice q is part s = q % 4 of the 32-element group q / 4 (a whole block of the
@@ -21,8 +21,8 @@
 // canonical NaN).
 //
 // Alignment: rows are whole blocks, so a tensor that starts 16-byte aligned keeps every block at its
-// natural alignment; loads never go wider than that: 2-byte halves for the 18/22/34/110/210-byte blocks,
-// 4-byte words for the others, 16-byte vectors for the plain formats.
+// natural alignment; loads never go wider than that: bytes for MXFP4's 17-byte blocks, 2-byte halves for
+// the 18/22/34/110/210-byte blocks, 4-byte words for the others, 16-byte vectors for the plain formats.
 #include <cstddef>
 #include <cstdint>
 
@@ -84,11 +84,41 @@ __device__ __forceinline__ float iq4_value(uint32_t n) {
     return code_to_float(b & 0xFFu, 128.0f);
 }
 
+// kMxfp4Values[n] as a float (exact), the same way: the words hold kMxfp4Values[n] + 128 (116..140), so code 8
+// (the doubled E2M1 -0) reads as +0 as in the reference.
+inline constexpr uint32_t kMxfp4Word0 = 0x83828180u;   //   0   1   2   3
+inline constexpr uint32_t kMxfp4Word1 = 0x8C888684u;   //   4   6   8  12
+inline constexpr uint32_t kMxfp4Word2 = 0x7D7E7F80u;   //   0  -1  -2  -3
+inline constexpr uint32_t kMxfp4Word3 = 0x74787A7Cu;   //  -4  -6  -8 -12
+constexpr bool mxfp4_words_match_code_book() {
+    constexpr uint32_t words[4] = {kMxfp4Word0, kMxfp4Word1, kMxfp4Word2, kMxfp4Word3};
+    for (int n = 0; n < 16; ++n)
+        if (static_cast<int>((words[n / 4] >> (8 * (n % 4))) & 0xFFu) - 128 != kMxfp4Values[n]) return false;
+    return true;
+}
+static_assert(mxfp4_words_match_code_book());
+__device__ __forceinline__ float mxfp4_value(uint32_t n) {
+    const uint32_t sel = n & 7u;
+    const uint32_t b =
+        (n & 8u) ? __byte_perm(kMxfp4Word2, kMxfp4Word3, sel) : __byte_perm(kMxfp4Word0, kMxfp4Word1, sel);
+    return code_to_float(b & 0xFFu, 128.0f);
+}
+
+// MXFP4's half scale 2^(e - 128) (quant/blocks.h mxfp4_scale_half), built from its bits.
+__device__ __forceinline__ float mxfp4_half_scale(uint32_t e) {
+    return __uint_as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+}
+
 // ---- loads and bit fields -----------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 // A little-endian word from a 4-byte aligned address.
 __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// A little-endian word from any address (MXFP4's 17-byte blocks leave the codes byte-aligned).
+__device__ __forceinline__ uint32_t load_u32_a1(const uint8_t* p) {
+    return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
+           (static_cast<uint32_t>(p[3]) << 24);
+}
 // A little-endian word from a 2-byte aligned address.
 __device__ __forceinline__ uint32_t load_u32_a2(const uint8_t* p) {
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
@@ -254,6 +284,18 @@ template <> struct Dequant<GgmlType::IQ4_NL> : BlockSlices {
         const uint32_t w = load_u32_a2(b + offsetof(BlockIQ4_NL, qs) + 4 * (q % 4));
         TERN_UNROLL
         for (int i = 0; i < 8; ++i) y[i] = __fmul_rn(d, iq4_value(nibble_of(w, i)));
+    }
+};
+
+// y = float(kMxfp4Values[q]) * 2^(e - 128): the product is exact (a power of two times an integer up to 12),
+// so the order of the factors does not matter. Byte loads: the blocks are 17 bytes.
+template <> struct Dequant<GgmlType::MXFP4> : BlockSlices {
+    __device__ static void slice(const uint8_t* row, int q, float (&y)[8]) {
+        const uint8_t* b = block_at<BlockMXFP4>(row, q / 4);
+        const float d = mxfp4_half_scale(b[offsetof(BlockMXFP4, e)]);
+        const uint32_t w = load_u32_a1(b + offsetof(BlockMXFP4, qs) + 4 * (q % 4));
+        TERN_UNROLL
+        for (int i = 0; i < 8; ++i) y[i] = __fmul_rn(mxfp4_value(nibble_of(w, i)), d);
     }
 };
 

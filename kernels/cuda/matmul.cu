@@ -203,7 +203,7 @@ struct F32Family {
     using Formats = FormatList<GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
                                GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
                                GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
-                               GgmlType::F8_E4M3>;
+                               GgmlType::F8_E4M3, GgmlType::MXFP4>;
 
     // `passes` passes (grid dimension y) of NC columns each, kMaxColumns apart, from x / rows.y on (kIndexed:
     // a pass per slot).

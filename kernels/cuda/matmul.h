@@ -10,7 +10,7 @@ namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
 
 // Whether matmul() and embed_rows() read this format: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and F8_E4M3.
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, F8_E4M3 and MXFP4.
 bool matmul_supports(GgmlType type);
 
 // y (n_cols, n_out) = x (n_cols, n_in) W^T (+ bias (n_out) when bias is not null), f32 row-major. W is

@@ -43,7 +43,7 @@ size_t quantized_activation_bytes(int64_t n_cols, int64_t n_in);
 void quantize_activations(const float* x, int64_t n_cols, int64_t n_in, void* out, cudaStream_t stream);
 
 // Whether matmul_q8 reads this weight format: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-// IQ4_NL and IQ4_XS.
+// IQ4_NL, IQ4_XS and MXFP4.
 bool matmul_q8_supports(GgmlType type);
 
 // y (n_cols, n_out) = x W^T (+ bias (n_out) when bias is not null), f32 row-major, with x the n_cols columns

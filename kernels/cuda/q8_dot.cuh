@@ -38,6 +38,7 @@ using dequant::code_to_float;
 using dequant::f16_to_float;
 using dequant::load_u16;
 using dequant::load_u32;
+using dequant::load_u32_a1;
 using dequant::load_u32_a2;
 
 // ---- exact integer -> float -------------------------------------------------------------------------
@@ -83,17 +84,38 @@ constexpr bool iq4_signed_words_match_code_book() {
 }
 static_assert(iq4_signed_words_match_code_book());
 
-// kIq4Values[n_i] for the four indices n_i (0..15) in the bytes of `idx`, as four signed bytes. __byte_perm
-// takes four 3-bit selectors in the low 16 bits (its fourth bit means sign replication on the device, so
-// it stays clear): both halves of the code book are looked up and bit 3 of each index picks one.
-__device__ __forceinline__ int iq4_lookup(uint32_t idx) {
+// MXFP4's doubled E2M1 code book (kMxfp4Values, -12..12) the same way.
+inline constexpr uint32_t kMxfp4Signed0 = 0x03020100u;   //  0  1  2   3
+inline constexpr uint32_t kMxfp4Signed1 = 0x0C080604u;   //  4  6  8  12
+inline constexpr uint32_t kMxfp4Signed2 = 0xFDFEFF00u;   //  0 -1 -2  -3
+inline constexpr uint32_t kMxfp4Signed3 = 0xF4F8FAFCu;   // -4 -6 -8 -12
+constexpr bool mxfp4_signed_words_match_code_book() {
+    constexpr uint32_t words[4] = {kMxfp4Signed0, kMxfp4Signed1, kMxfp4Signed2, kMxfp4Signed3};
+    for (int n = 0; n < 16; ++n)
+        if (static_cast<int8_t>((words[n / 4] >> (8 * (n % 4))) & 0xFFu) != kMxfp4Values[n]) return false;
+    return true;
+}
+static_assert(mxfp4_signed_words_match_code_book());
+
+// Entry n_i of a 16-entry signed-byte code book (four words, entries 0-3, 4-7, 8-11, 12-15) for the four
+// indices n_i (0..15) in the bytes of `idx`, as four signed bytes. __byte_perm takes four 3-bit selectors in
+// the low 16 bits (its fourth bit means sign replication on the device, so it stays clear): both halves of
+// the code book are looked up and bit 3 of each index picks one.
+template <uint32_t W0, uint32_t W1, uint32_t W2, uint32_t W3>
+__device__ __forceinline__ int code_book_lookup(uint32_t idx) {
     const uint32_t low3 = idx & 0x07070707u;
     const uint32_t pairs = low3 | (low3 >> 4);                 // byte 0: n0 | n1 << 4, byte 2: n2 | n3 << 4
     const uint32_t sel = __byte_perm(pairs, 0u, 0x0020u);      // bytes 0 and 2 of `pairs` side by side
-    const uint32_t lo = __byte_perm(kIq4Signed0, kIq4Signed1, sel);
-    const uint32_t hi = __byte_perm(kIq4Signed2, kIq4Signed3, sel);
+    const uint32_t lo = __byte_perm(W0, W1, sel);
+    const uint32_t hi = __byte_perm(W2, W3, sel);
     const uint32_t upper = ((idx >> 3) & 0x01010101u) * 0xFFu;   // 0xFF in the bytes whose index is >= 8
     return static_cast<int>((lo & ~upper) | (hi & upper));
+}
+__device__ __forceinline__ int iq4_lookup(uint32_t idx) {
+    return code_book_lookup<kIq4Signed0, kIq4Signed1, kIq4Signed2, kIq4Signed3>(idx);
+}
+__device__ __forceinline__ int mxfp4_lookup(uint32_t idx) {
+    return code_book_lookup<kMxfp4Signed0, kMxfp4Signed1, kMxfp4Signed2, kMxfp4Signed3>(idx);
 }
 
 // ---- the unit -------------------------------------------------------------------------------------
@@ -279,6 +301,20 @@ template <> struct Q8Unit<GgmlType::IQ4_NL> : SingleScale {
     }
 };
 
+// w = 2^(e - 128) * kMxfp4Values[q]; byte loads, the blocks being 17 bytes.
+template <> struct Q8Unit<GgmlType::MXFP4> : SingleScale {
+    static constexpr int kMaxDot = 16 * 12 * 128;
+    __device__ static void load(const uint8_t* row, int u, WeightUnit& wu) {
+        const uint8_t* b = block_of_unit<BlockMXFP4>(row, u);
+        const uint8_t* qs = b + offsetof(BlockMXFP4, qs) + 8 * (u & 1);
+        uint32_t n[4];
+        split_nibbles(load_u32_a1(qs), load_u32_a1(qs + 4), n);
+        TERN_UNROLL
+        for (int i = 0; i < 4; ++i) wu.q[i] = mxfp4_lookup(n[i]);
+        wu.d = dequant::mxfp4_half_scale(b[offsetof(BlockMXFP4, e)]);
+    }
+};
+
 // ---- 256-element super-blocks: sub-block j = (u / 2) % 8, bytes t = 8h .. 8h + 7 and 16 + 8h .. of its
 // 32-byte fields --------------------------------------------------------------------------------------
 
@@ -435,7 +471,7 @@ __device__ __forceinline__ float accumulate(const WeightUnit& w, const int4& a, 
 // The formats with a Q8Unit: those matmul_q8 and gemm_q8 read.
 using Formats = FormatList<GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                            GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                           GgmlType::IQ4_NL, GgmlType::IQ4_XS>;
+                           GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4>;
 
 } // namespace q8dot
 } // namespace TERN_CUDA_ABI
