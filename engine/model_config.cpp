@@ -85,8 +85,27 @@ private:
 // Largest expert count accepted (llama.cpp's LLAMA_MAX_EXPERTS).
 constexpr int64_t kMaxExperts = 1024;
 
+// A llama whose metadata counts experts (Mixtral): llama.cpp routes it like qwen3moe (softmax, the top-k
+// weights divided by their sum, no scale key read) and sizes its experts by feed_forward_length, ignoring
+// expert_feed_forward_length.
+void read_llama_experts(const MetaReader& meta, int32_t n_layers, ModelConfig& c) {
+    c.n_expert = meta.checked_count("expert_count", meta.get_int("expert_count"), kMaxExperts);
+    c.n_expert_used = meta.checked_count("expert_used_count", meta.get_int("expert_used_count"), c.n_expert);
+    const std::vector<int64_t> widths = meta.per_layer("feed_forward_length", n_layers);
+    for (const int64_t w : widths)
+        if (w != widths.front())
+            meta.fail("feed_forward_length", "differs between layers (" + std::to_string(widths.front()) + " and " +
+                                                 std::to_string(w) + "); a mixture-of-experts llama needs one width");
+    c.expert_ffn_dim = meta.checked_count("feed_forward_length", widths.front());
+    if (meta.has("expert_shared_count") && meta.get_int("expert_shared_count") != 0)
+        meta.fail("expert_shared_count", "value " + std::to_string(meta.get_int("expert_shared_count")) +
+                                             ": shared experts are not supported yet");
+    c.expert_gating = ExpertGating::softmax;
+    c.expert_weights_norm = true;
+}
+
 // The expert metadata (llama.cpp's keys): required and checked for an architecture with routed experts;
-// for one without, an expert_count above 0 (a Mixtral-style llama) is refused rather than run as dense.
+// for one without, an expert_count above 0 is refused rather than run as dense (llama's: read above).
 void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_view arch, ModelConfig& c) {
     if (!traits.moe) {
         if (meta.has("expert_count") && meta.get_int("expert_count") > 0)
@@ -194,9 +213,11 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     c.qk_norm = traits.qk_norm;
     c.post_norms = traits.post_norms;
     c.ffn_act = traits.ffn_act;
-    read_experts(meta, traits, arch_str, c);
-
     c.n_layers = meta.checked_count("block_count", meta.get_int("block_count"), 4096);
+    if (c.arch == Arch::llama && meta.has("expert_count") && meta.get_int("expert_count") > 0)
+        read_llama_experts(meta, c.n_layers, c);
+    else
+        read_experts(meta, traits, arch_str, c);
     c.dim = meta.checked_count("embedding_length", meta.get_int("embedding_length"));
     c.n_ctx_train = meta.checked_count("context_length", meta.get_int("context_length"));
     c.rms_eps = meta.get_f32("attention.layer_norm_rms_epsilon");

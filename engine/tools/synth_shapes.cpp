@@ -1,7 +1,5 @@
 #include "engine/tools/synth_shapes.h"
 
-#include <array>
-
 namespace tern {
 
 namespace {
@@ -73,7 +71,16 @@ SynthShape gemma3(SynthShape s) {
     return s;
 }
 
-const std::array<SynthShape, 15> kShapes = {
+// Mixtral: a llama whose every FFN is n_expert routed experts of the dense width (llama.cpp sizes them by
+// feed_forward_length), n_used per token.
+SynthShape mixtral(SynthShape s, int32_t n_expert, int32_t n_used) {
+    s.n_expert = n_expert;
+    s.n_expert_used = n_used;
+    s.expert_ffn_dim = s.ffn_dim;
+    return s;
+}
+
+const SynthShape kShapes[] = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
@@ -100,6 +107,12 @@ const std::array<SynthShape, 15> kShapes = {
     qwen3moe(make("qwen3moe-30b-a3b", "qwen3moe", "Qwen3 30B-A3B", 2048, 48, 32, 4, 128, 6144, 151936, 40960,
                   1000000.0f, 1e-6f),
              128, 8, 768),
+    mixtral(make("tiny-mixtral", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 256, 512, 2048, 1000000.0f, 1e-5f),
+            8, 2),
+    // 8 experts of width 14336, 2 used: 46.7B parameters, 12.9B active per token.
+    mixtral(make("mixtral-8x7b", "llama", "Mixtral 8x7B", 4096, 32, 32, 8, 128, 14336, 32000, 32768, 1000000.0f,
+                 1e-5f),
+            8, 2),
 };
 
 } // namespace
