@@ -77,6 +77,15 @@ def llama_margin(port, ids):
                                    "return_tokens": True, "cache_prompt": False})
     probs = r.get("completion_probabilities") or [{}]
     top = probs[0].get("top_logprobs") or []
+    if len(top) < 2 and r.get("tokens"):
+        # A token that ends mid-character comes without probabilities. Asked again with that token banned, the
+        # server reports the same step's probabilities (of the logits before the ban) with the next choice,
+        # when that one ends a character.
+        r = post(port, "/completion", {"prompt": ids, "n_predict": 1, "temperature": 0, "n_probs": 2,
+                                       "return_tokens": True, "cache_prompt": False,
+                                       "logit_bias": [[r["tokens"][0], False]]})
+        probs = r.get("completion_probabilities") or [{}]
+        top = probs[0].get("top_logprobs") or []
     return top[0]["logprob"] - top[1]["logprob"] if len(top) >= 2 else None
 
 
@@ -94,7 +103,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tern", required=True)
     ap.add_argument("--llama-server", required=True)
-    ap.add_argument("--shapes", default="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe tiny-mixtral")
+    ap.add_argument("--shapes", default="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe tiny-mixtral tiny-smollm3 tiny-phi3")
     ap.add_argument("--types", default="f16 q4_k_m")
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=2)

@@ -12,7 +12,8 @@
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 6> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe"};
+constexpr std::array<std::string_view, 8> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe",
+                                                       "smollm3", "phi3"};
 
 std::string supported_list() {
     std::string s;
@@ -48,6 +49,11 @@ constexpr ArchTraits kTraits[] = {
     // qwen3moe: qwen3's attention, softmax routing, top-k weights normalised (llama.cpp's build_moe_ffn norm_w).
     {Arch::qwen3moe, RopeStyle::neox, false, true, false, FfnActivation::silu, false, true, ExpertGating::softmax,
      true},
+    // smollm3: llama's layers, with RoPE left out of every 4th (ModelConfig's LayerConfig::no_rope).
+    {Arch::smollm3, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax,
+     false},
+    // phi3 (Phi-3, Phi-4): fused attn_qkv and gate/up tensors (engine/weights.cpp), neox RoPE, often partial.
+    {Arch::phi3, RopeStyle::neox, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
 };
 
 class MetaReader {
@@ -262,6 +268,11 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (!(rope_base > 0.0f) || !(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))
         meta.fail("rope.freq_base", "rope base " + std::to_string(rope_base) + " / scaling factor " +
                                         std::to_string(factor) + " are not positive");
+    // Phi-3/Phi-4 128k files scale RoPE by per-dimension factors chosen by the context length (LongRoPE).
+    for (const char* longrope : {"rope_factors_long.weight", "rope_factors_short.weight"})
+        if (file.find_tensor(longrope) != nullptr)
+            throw InputError(file.path() + ": tensor " + longrope +
+                             ": LongRoPE scaling (rope_factors_long/short) is not supported yet");
     c.rope_freq_factors = file.find_tensor("rope_freqs.weight") != nullptr;
     if (c.rope_freq_factors && c.arch != Arch::llama)
         throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama models, not " +
@@ -288,6 +299,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         lc.rope_base = rope_base;
         lc.rope_freq_scale = rope_freq_scale;
         if (c.arch == Arch::gemma2 && l % 2 == 0) lc.sliding_window = window;
+        // SmolLM3: layers 3, 7, 11, ... skip RoPE. llama.cpp fixes the interval at 4 (no metadata key).
+        if (c.arch == Arch::smollm3 && (l + 1) % 4 == 0) lc.no_rope = true;
         if (c.arch == Arch::gemma3 && l % 6 < 5) {
             // Local layers ignore the rope.* keys: base 10000, no scaling.
             lc.sliding_window = window;
@@ -308,6 +321,9 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     }
 
     c.tied_output = file.find_tensor("output.weight") == nullptr;
+    // phi3's attention.sliding_window is read by llama.cpp and then switched off (its conversions do not say
+    // which layers slide), so every layer attends globally here too.
+    c.ffn_gate_up_fused = c.arch == Arch::phi3;
     return c;
 }
 

@@ -12,7 +12,7 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe };
+enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, smollm3, phi3 };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 enum class FfnActivation { silu, gelu_tanh }; // SwiGLU / GeGLU
 enum class ExpertGating { softmax, sigmoid };  // router logits -> expert probabilities
@@ -29,6 +29,7 @@ struct LayerConfig {
     int32_t sliding_window = 0; // 0: global attention; w: a query at q sees keys k with q - k < w
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f; // angle multiplier (1 / linear scaling factor)
+    bool no_rope = false;         // NoPE: q and k enter attention unrotated (SmolLM3's every 4th layer)
 };
 
 struct ModelConfig {
@@ -56,6 +57,7 @@ struct ModelConfig {
     float attn_softcap = 0.0f;  // gemma2: scores -> c * tanh(s / c); 0 = off
     float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off
     bool tied_output = false;   // no output.weight: token_embd.weight is the lm_head
+    bool ffn_gate_up_fused = false; // phi3: ffn_up.weight holds the gate's rows, then the up projection's
 
     // Mixture of experts (n_expert > 0: every layer's FFN is routed; LayerConfig::ffn_dim is then the expert
     // FFN width). Per token: router logits = ffn_gate_inp x, probabilities by `expert_gating`, the

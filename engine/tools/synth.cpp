@@ -54,9 +54,13 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
     for (int32_t l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         t.push_back({p + "attn_norm.weight", s.dim, 1, Role::norm});
-        t.push_back({p + "attn_q.weight", s.dim, q_dim, Role::matrix});
-        t.push_back({p + "attn_k.weight", s.dim, kv_dim, Role::matrix});
-        t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
+        if (s.arch == "phi3") {   // phi3 files fuse q, k and v into one tensor, their rows in that order
+            t.push_back({p + "attn_qkv.weight", s.dim, q_dim + 2 * kv_dim, Role::matrix});
+        } else {
+            t.push_back({p + "attn_q.weight", s.dim, q_dim, Role::matrix});
+            t.push_back({p + "attn_k.weight", s.dim, kv_dim, Role::matrix});
+            t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
+        }
         if (s.qkv_bias) {
             t.push_back({p + "attn_q.bias", q_dim, 1, Role::bias});
             t.push_back({p + "attn_k.bias", kv_dim, 1, Role::bias});
@@ -74,6 +78,9 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
             t.push_back({p + "ffn_gate_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
             t.push_back({p + "ffn_up_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
             t.push_back({p + "ffn_down_exps.weight", s.expert_ffn_dim, s.dim, Role::matrix, 1.0f, s.n_expert});
+        } else if (s.arch == "phi3") {   // and the gate's rows, then the up projection's, into ffn_up
+            t.push_back({p + "ffn_up.weight", s.dim, 2 * int64_t{s.ffn_dim}, Role::matrix});
+            t.push_back({p + "ffn_down.weight", s.ffn_dim, s.dim, Role::matrix});
         } else {
             t.push_back({p + "ffn_gate.weight", s.dim, s.ffn_dim, Role::matrix});
             t.push_back({p + "ffn_up.weight", s.dim, s.ffn_dim, Role::matrix});
@@ -103,6 +110,8 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))});
         kv.push_back({a + "vocab_size", GgufValue::make_u32(static_cast<uint32_t>(vocab))});
     }
+    if (s.n_rot > 0)
+        kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_rot))});
     if (s.n_expert > 0) {
         kv.push_back({a + "expert_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert))});
         kv.push_back({a + "expert_used_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert_used))});
@@ -204,6 +213,17 @@ void fill_tensor(const SynthTensor& t, GgmlType type, uint64_t tensor_seed, std:
     }
 }
 
+// general.name. llama.cpp gives the special tokens of a model whose name holds "phi3" or "phi-3" (any case) its
+// Phi-3 whitespace rules, and fails to load one whose vocabulary lacks Phi-3's "<|endoftext|>" (the built-in
+// one does): so the phi shapes are named "phi 3".
+std::string model_name(const SynthShape& s) {
+    std::string name = "tern synth " + std::string(s.name) + " (" + std::string(s.model) + " shape, random weights)";
+    for (const std::string_view from : {"phi3", "Phi3", "phi-3", "Phi-3"})
+        for (size_t at = name.find(from); at != std::string::npos; at = name.find(from, at))
+            name.replace(at, from.size(), std::string(from.substr(0, 3)) + " 3");
+    return name;
+}
+
 std::string join(const std::vector<std::string>& v) {
     std::string s;
     for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
@@ -267,8 +287,7 @@ void write_synth_model(const SynthOptions& options, const std::string& out_path)
 
     GgufWriter writer;
     writer.set("general.architecture", GgufValue::make_string(std::string(shape->arch)));
-    writer.set("general.name", GgufValue::make_string("tern synth " + std::string(shape->name) + " (" +
-                                                      std::string(shape->model) + " shape, random weights)"));
+    writer.set("general.name", GgufValue::make_string(model_name(*shape)));
     for (GgufKv& kv : arch_keys(*shape, vocab.n_tokens)) writer.set(kv.key, std::move(kv.value));
     for (GgufKv& kv : vocab.keys) writer.set(kv.key, std::move(kv.value));
     writer.set("general.quantization_version", GgufValue::make_u32(2));

@@ -80,6 +80,13 @@ SynthShape mixtral(SynthShape s, int32_t n_expert, int32_t n_used) {
     return s;
 }
 
+// Phi-3 / Phi-4 (synth.cpp writes phi3's fused attn_qkv and gate/up tensors): n_rot rotated dims per head, 0 for
+// all of them.
+SynthShape phi3(SynthShape s, int32_t n_rot) {
+    s.n_rot = n_rot;
+    return s;
+}
+
 const SynthShape kShapes[] = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
@@ -113,6 +120,14 @@ const SynthShape kShapes[] = {
     mixtral(make("mixtral-8x7b", "llama", "Mixtral 8x7B", 4096, 32, 32, 8, 128, 14336, 32000, 32768, 1000000.0f,
                  1e-5f),
             8, 2),
+    // Every 4th layer without RoPE: 4 layers hold one.
+    tied(make("tiny-smollm3", "smollm3", "tern tiny test model", 256, 4, 4, 2, 64, 768, 512, 2048, 5000000.0f, 1e-6f)),
+    tied(make("smollm3-3b", "smollm3", "SmolLM3 3B", 2048, 36, 16, 4, 128, 11008, 128256, 65536, 5000000.0f, 1e-6f)),
+    // Phi-4-mini's traits without its LongRoPE: tied, GQA, 3/4 of each head rotated.
+    tied(phi3(make("tiny-phi3", "phi3", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f),
+              48)),
+    phi3(make("phi3-mini", "phi3", "Phi-3 mini 4k", 3072, 32, 32, 32, 96, 8192, 32064, 4096, 10000.0f, 1e-5f), 0),
+    phi3(make("phi4", "phi3", "Phi-4 14B", 5120, 40, 40, 10, 128, 17920, 100352, 16384, 250000.0f, 1e-5f), 0),
 };
 
 } // namespace

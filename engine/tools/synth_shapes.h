@@ -10,7 +10,7 @@ namespace tern {
 
 struct SynthShape {
     std::string_view name;          // "llama-1b"
-    std::string_view arch;          // general.architecture: llama, qwen2, qwen3, gemma3
+    std::string_view arch;          // general.architecture: llama, qwen2, qwen3, gemma3, ... (phi3: fused tensors)
     std::string_view model;         // the real model it copies, for general.name and --help
     int32_t dim = 0;                // embedding_length
     int32_t n_layers = 0;
@@ -30,6 +30,7 @@ struct SynthShape {
     int32_t n_expert = 0;           // qwen3moe: routed experts per layer (0: a dense FFN)
     int32_t n_expert_used = 0;
     int32_t expert_ffn_dim = 0;     // expert_feed_forward_length
+    int32_t n_rot = 0;              // rope.dimension_count when only part of a head rotates (Phi-4-mini); 0: all
 };
 
 std::span<const SynthShape> synth_shapes();
