@@ -296,6 +296,26 @@ TEST_CASE("cuda backend: qwen3 and gemma3 (q/k norms, post-norms, GeGLU, sliding
     }
 }
 
+TEST_CASE("cuda backend: smollm3's NoPE layers and phi3's fused tensors and partial rotary, also after a shift") {
+    test::TempDir dir;
+    for (const char* shape : {"tiny-smollm3", "tiny-phi3"}) {
+        for (const char* type : {"f16", "q4_k_m"}) {
+            CAPTURE(shape);
+            CAPTURE(type);
+            Opened o = open_both(synth_file(dir, shape, type), 64, KvType::f16);
+            const std::vector<int32_t> tokens = ramp_tokens(24, o.model.config.vocab);
+            CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+            // The context shift turns the cached keys of the rotating layers only.
+            o.cpu->kv_erase(3, 9);
+            o.cuda->kv_erase(3, 9);
+            const std::vector<int32_t> next = {11, 12};
+            o.cpu->forward({next, o.cpu->n_past(), LogitsWanted::all});
+            o.cuda->forward({next, o.cuda->n_past(), LogitsWanted::all});
+            for (int r = 0; r < 2; ++r) CHECK(row_error(o.cuda->logits(r), o.cpu->logits(r)) < kLogitTolerance);
+        }
+    }
+}
+
 TEST_CASE("cuda backend: every KV cache format") {
     if (!test::shared_available()) return;
     const std::vector<int32_t> tokens = ramp_tokens(40, 512);
