@@ -316,6 +316,24 @@ TEST_CASE("cuda backend: smollm3's NoPE layers and phi3's fused tensors and part
     }
 }
 
+TEST_CASE("cuda backend: a mixture of experts (qwen3moe, Mixtral) is refused in one line, before any upload") {
+    test::TempDir dir;
+    for (const char* shape : {"tiny-qwen3moe", "tiny-mixtral"}) {
+        CAPTURE(shape);
+        const Model m = load_model(synth_file(dir, shape, "q4_k_m"));
+        CudaBackend cuda(exact());
+        std::string msg;
+        try {
+            cuda.load(m.config, m.weights, RunOptions{64, KvType::f16});
+        } catch (const UsageError& e) {
+            msg = e.what();
+        }
+        CHECK(msg == "the CUDA backend does not run mixture-of-experts models (" +
+                         std::string(shape == std::string("tiny-mixtral") ? "llama" : "qwen3moe") +
+                         " with 8 experts) yet; run them on the CPU");
+    }
+}
+
 TEST_CASE("cuda backend: every KV cache format") {
     if (!test::shared_available()) return;
     const std::vector<int32_t> tokens = ramp_tokens(40, 512);

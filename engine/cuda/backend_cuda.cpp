@@ -229,7 +229,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     reset_graph();
     if (config.moe())
         throw UsageError("the CUDA backend does not run mixture-of-experts models (" + std::string(arch_name(config.arch)) +
-                         ") yet; run them on the CPU");
+                         " with " + std::to_string(config.n_expert) + " experts) yet; run them on the CPU");
     // Shapes the kernels cannot run are refused before anything is uploaded: the block KV formats' head
     // dims (worded with the flag by the app), then what the attention kernel takes (head dims, group size).
     const int64_t kv_block = kv_block_elems(options.kv_type);
