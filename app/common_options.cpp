@@ -382,6 +382,7 @@ void attach_prompt_cache(LoadedSession& loaded, const ModelOptions& model_option
     producer.kv_type = kv_type_from_name(model_options.kv_type);
     producer.device = loaded.device_kind;
     producer.device_name = loaded.device;
+    producer.rope_long_factors = model->config.rope_long_factors(loaded.n_ctx);
     const uint64_t identity = model_identity(*model, producer);
     loaded.session->set_prefix_cache(std::make_unique<PrefixCache>(
         std::move(options), identity, producer.kv_type,

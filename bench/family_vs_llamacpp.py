@@ -103,7 +103,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tern", required=True)
     ap.add_argument("--llama-server", required=True)
-    ap.add_argument("--shapes", default="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe tiny-mixtral tiny-smollm3 tiny-phi3")
+    ap.add_argument("--shapes", default="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe tiny-qwen3-yarn "
+                    "tiny-longrope tiny-mistral3 tiny-mixtral tiny-smollm3 tiny-phi3 tiny-phi3-longrope")
     ap.add_argument("--types", default="f16 q4_k_m")
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=2)

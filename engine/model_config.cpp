@@ -12,8 +12,8 @@
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 8> kArchNames = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe",
-                                                       "smollm3", "phi3"};
+constexpr std::array<std::string_view, 9> kArchNames = {"llama",    "qwen2",   "qwen3", "gemma2",  "gemma3",
+                                                        "qwen3moe", "smollm3", "phi3",  "mistral3"};
 
 std::string supported_list() {
     std::string s;
@@ -54,7 +54,37 @@ constexpr ArchTraits kTraits[] = {
      false},
     // phi3 (Phi-3, Phi-4): fused attn_qkv and gate/up tensors (engine/weights.cpp), neox RoPE, often partial.
     {Arch::phi3, RopeStyle::neox, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
+    // mistral3 (Ministral 3): llama's layers (the converter permutes q/k for adjacent pairs), usually with YaRN
+    // and an attention temperature (read below).
+    {Arch::mistral3, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax,
+     false},
 };
+
+// YaRN's correction range (in pairs) for one rope base: the pairs whose wavelength fits the original context
+// between beta_fast and beta_slow turns, in float as llama.cpp's ggml_rope_yarn_corr_dims computes it.
+void yarn_corr_range(int32_t n_rot, int32_t n_ctx_orig, float base, float beta_fast, float beta_slow, float& low,
+                     float& high) {
+    const auto dim_for = [&](float beta) {
+        constexpr float kTwoPi = 6.28318530717958647692f;
+        return static_cast<float>(n_rot) * std::log(static_cast<float>(n_ctx_orig) / (beta * kTwoPi)) /
+               (2.0f * std::log(base));
+    };
+    low = std::max(0.0f, std::floor(dim_for(beta_fast)));
+    high = std::min(static_cast<float>(n_rot - 1), std::ceil(dim_for(beta_slow)));
+}
+
+// The magnitude YaRN gives rotated q/k values (their cos/sin multiplier) for a scaling factor: the
+// attention factor 0.1 ln(factor) + 1 (per transformers' yarn_get_mscale), divided by the same with
+// yarn_log_multiplier when the file gives one, times rope.scaling.attn_factor. Float steps in llama.cpp's order
+// (an attention factor that cancels the kernel's 0.1 ln(1/freq_scale) + 1, then the kernel's multiply).
+float yarn_mscale(float freq_scale, float log_mul, float attn_factor) {
+    const auto get_mscale = [](float scale, float m) { return scale <= 1.0f ? 1.0f : 0.1f * m * std::log(scale) + 1.0f; };
+    const float factor = 1.0f / freq_scale;
+    float attn = log_mul != 0.0f ? get_mscale(factor, 1.0f) / get_mscale(factor, log_mul) : get_mscale(factor, 1.0f);
+    attn *= 1.0f / (1.0f + 0.1f * std::log(factor));
+    attn *= attn_factor;
+    return attn * (1.0f + 0.1f * std::log(1.0f / freq_scale));
+}
 
 class MetaReader {
 public:
@@ -196,6 +226,13 @@ int32_t ModelConfig::max_ffn_dim() const {
     return m;
 }
 
+float ModelConfig::attn_temperature(int32_t pos) const {
+    if (attn_temp_scale == 0.0f) return 1.0f;
+    // llama.cpp's float position and float division, then its double log.
+    const float steps = std::floor(static_cast<float>(pos) / static_cast<float>(attn_temp_floor));
+    return static_cast<float>(std::log(static_cast<double>(steps) + 1.0) * attn_temp_scale + 1.0);
+}
+
 bool ModelConfig::uniform_kv_heads() const {
     for (const LayerConfig& l : layers)
         if (l.n_kv_heads != layers.front().n_kv_heads) return false;
@@ -260,23 +297,49 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     float factor = meta.get_f32("rope.scaling.factor", 0.0f);
     if (factor == 0.0f) factor = meta.get_f32("rope.scale_linear", 0.0f); // older spelling
     float rope_freq_scale = 1.0f;
-    if (scaling == "linear") {
+    const bool yarn = scaling == "yarn";
+    c.rope_longrope = scaling == "longrope";
+    // phi3's converter writes LongRoPE files without rope.scaling.type: llama.cpp takes its factor tensors wherever
+    // they are present.
+    if (c.arch == Arch::phi3 && (file.find_tensor("rope_factors_long.weight") != nullptr ||
+                                 file.find_tensor("rope_factors_short.weight") != nullptr))
+        c.rope_longrope = true;
+    if (scaling == "linear" || yarn || c.rope_longrope) {
         if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
     } else if (scaling != "none") {
-        meta.fail("rope.scaling.type", "'" + printable(scaling) + "' is not supported (supported: none, linear)");
+        meta.fail("rope.scaling.type",
+                  "'" + printable(scaling) + "' is not supported (supported: none, linear, yarn, longrope)");
     }
     if (!(rope_base > 0.0f) || !(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))
         meta.fail("rope.freq_base", "rope base " + std::to_string(rope_base) + " / scaling factor " +
                                         std::to_string(factor) + " are not positive");
-    // Phi-3/Phi-4 128k files scale RoPE by per-dimension factors chosen by the context length (LongRoPE).
-    for (const char* longrope : {"rope_factors_long.weight", "rope_factors_short.weight"})
-        if (file.find_tensor(longrope) != nullptr)
-            throw InputError(file.path() + ": tensor " + longrope +
-                             ": LongRoPE scaling (rope_factors_long/short) is not supported yet");
+    c.rope_n_ctx_orig = meta.checked_count("rope.scaling.original_context_length",
+                                           meta.get_int("rope.scaling.original_context_length", c.n_ctx_train));
+    // YaRN's parameters; absent keys take llama.cpp's defaults (ext_factor 1, betas 32 and 1, no log multiplier).
+    const float yarn_ext = yarn ? meta.get_f32("rope.scaling.yarn_ext_factor", 1.0f) : 0.0f;
+    const float beta_fast = meta.get_f32("rope.scaling.yarn_beta_fast", 32.0f);
+    const float beta_slow = meta.get_f32("rope.scaling.yarn_beta_slow", 1.0f);
+    const float log_mul = meta.get_f32("rope.scaling.yarn_log_multiplier", 0.0f);
+    const float attn_factor = meta.get_f32("rope.scaling.attn_factor", 1.0f);
+    if (yarn) {
+        if (!(yarn_ext >= 0.0f) || !std::isfinite(yarn_ext))
+            meta.fail("rope.scaling.yarn_ext_factor", "value " + std::to_string(yarn_ext) + " is not a number >= 0");
+        if (!(beta_fast > 0.0f) || !std::isfinite(beta_fast))
+            meta.fail("rope.scaling.yarn_beta_fast", "value " + std::to_string(beta_fast) + " is not positive");
+        if (!(beta_slow > 0.0f) || !std::isfinite(beta_slow))
+            meta.fail("rope.scaling.yarn_beta_slow", "value " + std::to_string(beta_slow) + " is not positive");
+        if (!std::isfinite(log_mul))
+            meta.fail("rope.scaling.yarn_log_multiplier", "value " + std::to_string(log_mul) + " is not finite");
+    }
+    if (!(attn_factor > 0.0f) || !std::isfinite(attn_factor))
+        meta.fail("rope.scaling.attn_factor", "value " + std::to_string(attn_factor) + " is not positive");
     c.rope_freq_factors = file.find_tensor("rope_freqs.weight") != nullptr;
-    if (c.rope_freq_factors && c.arch != Arch::llama)
-        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama models, not " +
-                         arch_str);
+    if (c.rope_freq_factors && c.rope_longrope)
+        throw InputError(file.path() + ": tensor rope_freqs.weight cannot go with rope.scaling.type longrope "
+                                       "(its factors are rope_factors_long / rope_factors_short)");
+    if (c.rope_freq_factors && c.arch != Arch::llama && c.arch != Arch::mistral3)
+        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama and mistral3 models, "
+                                       "not " + arch_str);
 
     // Sliding-window layers: gemma2 alternates (even layers local), gemma3 has 5 local : 1 global.
     int32_t window = 0;
@@ -298,6 +361,13 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
                                                      " query heads");
         lc.rope_base = rope_base;
         lc.rope_freq_scale = rope_freq_scale;
+        lc.rope_mscale = attn_factor;
+        if (yarn_ext != 0.0f) {
+            lc.yarn_ext_factor = yarn_ext;
+            yarn_corr_range(c.n_rot, c.rope_n_ctx_orig, rope_base, beta_fast, beta_slow, lc.yarn_corr_low,
+                            lc.yarn_corr_high);
+            lc.rope_mscale = yarn_mscale(rope_freq_scale, log_mul, attn_factor);
+        }
         if (c.arch == Arch::gemma2 && l % 2 == 0) lc.sliding_window = window;
         // SmolLM3: layers 3, 7, 11, ... skip RoPE. llama.cpp fixes the interval at 4 (no metadata key).
         if (c.arch == Arch::smollm3 && (l + 1) % 4 == 0) lc.no_rope = true;
@@ -306,6 +376,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
             lc.sliding_window = window;
             lc.rope_base = 10000.0f;
             lc.rope_freq_scale = 1.0f;
+            lc.yarn_ext_factor = 0.0f;
+            lc.rope_mscale = attn_factor;
         }
     }
 
@@ -318,6 +390,13 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (c.arch == Arch::gemma2) {
         c.attn_softcap = meta.get_f32("attn_logit_softcapping", 50.0f);
         c.final_softcap = meta.get_f32("final_logit_softcapping", 30.0f);
+    }
+
+    if (c.arch == Arch::mistral3) {   // llama.cpp reads the temperature for mistral3 only
+        c.attn_temp_scale = meta.get_f32("attention.temperature_scale", 0.0f);
+        if (!std::isfinite(c.attn_temp_scale))
+            meta.fail("attention.temperature_scale", "value " + std::to_string(c.attn_temp_scale) + " is not finite");
+        if (c.attn_temp_scale != 0.0f) c.attn_temp_floor = c.rope_n_ctx_orig;   // its floor: the original context
     }
 
     c.tied_output = file.find_tensor("output.weight") == nullptr;

@@ -12,7 +12,7 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, smollm3, phi3 };
+enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, smollm3, phi3, mistral3 };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 enum class FfnActivation { silu, gelu_tanh }; // SwiGLU / GeGLU
 enum class ExpertGating { softmax, sigmoid };  // router logits -> expert probabilities
@@ -30,6 +30,12 @@ struct LayerConfig {
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f; // angle multiplier (1 / linear scaling factor)
     bool no_rope = false;         // NoPE: q and k enter attention unrotated (SmolLM3's every 4th layer)
+    // YaRN (rope.scaling.type "yarn"; kernels/cpu/ops.h RopeYarn): ext_factor 0 is off; pairs below corr_low
+    // keep their unscaled angle, pairs above corr_high get rope_freq_scale, a ramp between. rope_mscale
+    // multiplies every rotated q/k value (YaRN's attention factor, 0.1 ln(factor) + 1 by default).
+    float yarn_ext_factor = 0.0f;
+    float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
+    float rope_mscale = 1.0f;
 };
 
 struct ModelConfig {
@@ -43,11 +49,17 @@ struct ModelConfig {
     int32_t head_dim = 0;   // key_length
     int32_t head_dim_v = 0; // value_length
     int32_t n_rot = 0;      // rotated dims per head (rope.dimension_count)
+    int32_t rope_n_ctx_orig = 0; // rope.scaling.original_context_length (n_ctx_train when absent)
     float rms_eps = 1e-5f;
     std::vector<LayerConfig> layers; // n_layers entries
 
     RopeStyle rope_style = RopeStyle::normal;
     bool rope_freq_factors = false; // rope_freqs.weight present (Llama 3.1): angle i divided by factor i
+    // LongRoPE (rope.scaling.type "longrope", Phi-3 / Phi-4): the angles are divided by the factors of
+    // rope_factors_long.weight when the context exceeds rope_n_ctx_orig, else rope_factors_short.weight
+    // (engine/weights.h rope_factors_for); its attention factor is rope.scaling.attn_factor (rope_mscale).
+    bool rope_longrope = false;
+    bool rope_long_factors(int32_t n_ctx) const { return rope_longrope && n_ctx > rope_n_ctx_orig; }
     bool qkv_bias = false;          // q/k/v biases required (qwen2); llama may carry them optionally
     bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     bool post_norms = false;        // post_attention_norm / post_ffw_norm before each residual add (gemma)
@@ -58,6 +70,12 @@ struct ModelConfig {
     float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off
     bool tied_output = false;   // no output.weight: token_embd.weight is the lm_head
     bool ffn_gate_up_fused = false; // phi3: ffn_up.weight holds the gate's rows, then the up projection's
+    // Llama 4's attention temperature (mistral3's attention.temperature_scale): after RoPE, q at position p is
+    // multiplied by attn_temperature(p) = 1 + attn_temp_scale * ln(floor(p / attn_temp_floor) + 1), 1 below
+    // attn_temp_floor (the original context length). attn_temp_scale 0: off.
+    float attn_temp_scale = 0.0f;
+    int32_t attn_temp_floor = 0;
+    float attn_temperature(int32_t pos) const;
 
     // Mixture of experts (n_expert > 0: every layer's FFN is routed; LayerConfig::ffn_dim is then the expert
     // FFN width). Per token: router logits = ffn_gate_inp x, probabilities by `expert_gating`, the

@@ -54,6 +54,7 @@ uint64_t model_identity(const Model& model, const KvProducer& producer) {
         h.value<float>(l.rope_freq_scale);
     }
 
+    if (producer.rope_long_factors) h.text("rope_factors_long");
     h.value<int32_t>(static_cast<int32_t>(producer.kv_type));
     h.value<uint8_t>(producer.exact_matmul);
     h.text(producer.device_name);

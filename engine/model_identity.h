@@ -28,6 +28,9 @@ struct KvProducer {
     bool exact_matmul = false;
     DeviceKind device = DeviceKind::cpu;
     std::string device_name = "cpu";   // Backend::device_name()
+    // LongRoPE's long factors in use (ModelConfig::rope_long_factors of the context): keys made with the
+    // short ones are another model's. Hashed only when set, so other models keep their identities.
+    bool rope_long_factors = false;
 };
 uint64_t model_identity(const Model& model, const KvProducer& producer);
 

@@ -118,6 +118,12 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
     w.output_norm = b.vector("output_norm.weight", c.dim, "[dim]");
     w.output = c.tied_output ? w.token_embd : b.matrix("output.weight", c.dim, c.vocab, "[dim, vocab]");
     if (c.rope_freq_factors) w.rope_freqs = b.vector("rope_freqs.weight", c.n_rot / 2, "[n_rot/2]");
+    if (c.rope_longrope) {   // each optional, as llama.cpp loads them (absent: that context runs without factors)
+        if (file.find_tensor("rope_factors_long.weight"))
+            w.rope_factors_long = b.vector("rope_factors_long.weight", c.n_rot / 2, "[n_rot/2]");
+        if (file.find_tensor("rope_factors_short.weight"))
+            w.rope_factors_short = b.vector("rope_factors_short.weight", c.n_rot / 2, "[n_rot/2]");
+    }
 
     const Need bias = c.qkv_bias ? Need::required : Need::optional;
     w.layers.resize(static_cast<size_t>(c.n_layers));
@@ -183,6 +189,11 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
         }
     }
     return w;
+}
+
+const WeightRef& rope_factors_for(const ModelWeights& w, const ModelConfig& config, int32_t n_ctx) {
+    if (!config.rope_longrope) return w.rope_freqs;
+    return config.rope_long_factors(n_ctx) ? w.rope_factors_long : w.rope_factors_short;
 }
 
 } // namespace tern

@@ -59,6 +59,7 @@ struct ModelWeights {
     WeightRef output_norm; // (dim)
     WeightRef output;      // (vocab, dim): token_embd itself when the output is tied
     WeightRef rope_freqs;  // optional (n_rot/2) f32
+    WeightRef rope_factors_long, rope_factors_short;  // LongRoPE (ModelConfig::rope_longrope): optional (n_rot/2)
     std::vector<LayerWeights> layers;
     // Copies of the tensors whose bytes in the file do not start on a kWeightAlignment boundary
     // (a file written with general.alignment below 32): the views above point into these instead
@@ -73,5 +74,10 @@ inline constexpr size_t kWeightAlignment = 32;
 // Finds every tensor the config needs and checks its shape and format. Throws InputError naming
 // the file, the tensor, the shape found and the shape expected (with the dimension names).
 ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& config);
+
+// The frequency factors a forward over a context of n_ctx positions divides rope angles by: rope_freqs, or
+// LongRoPE's long factors past the original context and its short ones within it (absent: no factors).
+// A reference into w (backends look tensors up by address).
+const WeightRef& rope_factors_for(const ModelWeights& w, const ModelConfig& config, int32_t n_ctx);
 
 } // namespace tern

@@ -219,6 +219,13 @@ TEST_CASE("detection from real tokenizer.chat_template texts") {
          "'[/SYSTEM_PROMPT]' "
          "}}{%- endif %}{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}",
          "mistral-v7-tekken"},
+        // Ministral 3 (mistral3): a default system prompt, tools and the v7 markers without spaces
+        {"{%- set default_system_message = 'You are a helpful assistant.' %}{{- bos_token }}{%- if tools %}"
+         "{{- '[AVAILABLE_TOOLS]' + tools|tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}{{- '[SYSTEM_PROMPT]' + "
+         "system_message + '[/SYSTEM_PROMPT]' }}{%- for message in loop_messages %}{%- if message['role'] == 'user' %}"
+         "{{- '[INST]' + message['content'] + '[/INST]' }}{%- elif message['role'] == 'assistant' %}{{- "
+         "message['content'] + eos_token }}{%- endif %}{%- endfor %}",
+         "mistral-v7-tekken"},
         {"{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\\n' + "
          "message['content'] + '<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}{% elif (message['role'] == 'assistant') "
          "%}{{message['content'] + '<|end|>' + '\\n'}}{% endif %}{% endfor %}",

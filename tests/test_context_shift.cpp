@@ -124,6 +124,39 @@ TEST_CASE("rope_rotate_rows turns roped rows to other positions as the forward's
     }
 }
 
+TEST_CASE("rope_rotate_rows with YaRN: the shifted key is the key roped at the new position, its mscale kept once") {
+    const RopeYarn yarn{1.0f, 10.0f, 23.0f, 1.0f + 0.1f * std::log(8.0f)};
+    for (const bool neox : {false, true}) {
+        CAPTURE(neox);
+        const int64_t head_dim = 64, n_rows = 9;
+        const std::vector<float> pre = random_vec(size_t(n_rows * head_dim), neox ? 5u : 6u, 3.0f);
+        for (const int32_t delta : {-1, -300, -5000, 250}) {
+            CAPTURE(delta);
+            std::vector<float> rows = pre, want = pre;
+            for (int64_t r = 0; r < n_rows; ++r) {
+                const int32_t pos = 9000 + int32_t(r) * 77;
+                float* a = rows.data() + r * head_dim;
+                float* b = want.data() + r * head_dim;
+                if (neox) {
+                    rope_neox_f32(a, head_dim, head_dim, pos, 1e6f, 0.125f, nullptr, yarn);
+                    rope_neox_f32(b, head_dim, head_dim, pos + delta, 1e6f, 0.125f, nullptr, yarn);
+                } else {
+                    rope_normal_f32(a, head_dim, head_dim, pos, 1e6f, 0.125f, nullptr, yarn);
+                    rope_normal_f32(b, head_dim, head_dim, pos + delta, 1e6f, 0.125f, nullptr, yarn);
+                }
+            }
+            rope_rotate_rows(rope_rotation(neox, head_dim, delta, 1e6f, 0.125f, nullptr, yarn), rows.data(), n_rows,
+                             head_dim);
+            for (int64_t r = 0; r < n_rows; ++r) {
+                const float* got = rows.data() + r * head_dim;
+                const float* exp = want.data() + r * head_dim;
+                const float tol = 2e-6f * max_abs(exp, head_dim) * std::max(1.0f, std::log2(float(std::abs(delta))));
+                for (int64_t d = 0; d < head_dim; ++d) REQUIRE(std::fabs(got[d] - exp[d]) <= tol);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // KvCache::erase on random rows.
 
@@ -407,8 +440,11 @@ void check_erase_against_recomputation(const Model& m, Backend& be, KvType type,
         for (int32_t h = 0; h < lc.n_kv_heads; ++h) {
             for (int32_t p = begin; p < kept; ++p) {
                 kv_load_row(to.fmt, want.bytes.data() + from.k(l, h, p), row.data(), c.head_dim);
-                rope(c.rope_style == RopeStyle::neox, row.data(), c.head_dim, c.n_rot, d, lc.rope_base,
-                     lc.rope_freq_scale, factors.empty() ? nullptr : factors.data());
+                // Turned forward by d: the forward's angles (YaRN's too), its mscale not applied twice.
+                const RopeYarn yarn{lc.yarn_ext_factor, lc.yarn_corr_low, lc.yarn_corr_high, lc.rope_mscale};
+                rope_rotate_rows(rope_rotation(c.rope_style == RopeStyle::neox, c.n_rot, d, lc.rope_base,
+                                               lc.rope_freq_scale, factors.empty() ? nullptr : factors.data(), yarn),
+                                 row.data(), 1, c.head_dim);
                 kv_store_row(to.fmt, row.data(), spliced.bytes.data() + to.k(l, h, p + d), c.head_dim);
                 std::memcpy(spliced.bytes.data() + to.v(l, h, p + d), want.bytes.data() + from.v(l, h, p), to.vr());
             }
@@ -482,6 +518,20 @@ TEST_CASE("kv_erase equals recomputation: a qwen3-like synth model (K norm befor
     REQUIRE(m.config.rope_style == RopeStyle::neox);
     check_model(m, {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3});
     check_bad_ranges(m);
+}
+
+TEST_CASE("kv_erase equals recomputation: qwen3 with YaRN rope scaling (ramped angles, mscale kept once)") {
+    test::TempDir dir;
+    SynthOptions o;
+    o.shape = "tiny-qwen3-yarn";
+    o.type = "f32";
+    o.n_threads = 1;
+    const std::string path = (dir / "tiny-qwen3-yarn.gguf").string();
+    write_synth_model(o, path);
+    const Model m = load_model(path);
+    REQUIRE(m.config.layers[0].yarn_ext_factor == 1.0f);
+    REQUIRE(m.config.layers[0].rope_mscale > 1.1f);
+    check_model(m, {KvType::f32, KvType::f16});
 }
 
 TEST_CASE("kv_erase equals recomputation: Gemma 3 270M (local and global rope bases)") {

@@ -629,7 +629,10 @@ TEST_CASE("kv_erase moves and turns the cache bit for bit as the CPU's KvCache::
         cases.push_back({t, 8, 16, 2, 300, 280, 30, 31, false, 6, true}); // 249 rows walked in order
     }
 
-    for (const EraseCase& c : cases) {
+    for (const EraseCase& c : cases)
+    for (const bool yarn : {false, true}) {   // YaRN's angles turn the keys too (corr range [1, 3], mscale 1.3)
+        CAPTURE(yarn);
+        const RopeYarn yarn_params = yarn ? RopeYarn{1.0f, 1.0f, 3.0f, 1.3f} : RopeYarn{};
         CAPTURE(kv_type_name(c.type));
         CAPTURE(c.head_dim);
         CAPTURE(c.head_dim_v);
@@ -655,7 +658,7 @@ TEST_CASE("kv_erase moves and turns the cache bit for bit as the CPU's KvCache::
         std::vector<RopeRotation> rotation;
         if (c.n_rot > 0 && c.end > c.begin && c.end < c.n_past) // as CpuBackend::kv_erase builds them
             rotation.push_back(rope_rotation(c.neox, c.n_rot, c.begin - c.end, base, freq_scale,
-                                             c.factors ? factors.data() : nullptr));
+                                             c.factors ? factors.data() : nullptr, yarn_params));
         cpu.erase(c.begin, c.end, rotation, 1);
 
         DeviceCache dev(c.type, c.n_kv_heads, D, Dv, c.n_ctx);
@@ -667,6 +670,10 @@ TEST_CASE("kv_erase moves and turns the cache bit for bit as the CPU's KvCache::
         rope.base = base;
         rope.freq_scale = freq_scale;
         rope.freq_factors = c.factors ? dfactors.as<float>() : nullptr;
+        rope.yarn_ext_factor = yarn_params.ext_factor;
+        rope.yarn_corr_low = yarn_params.corr_low;
+        rope.yarn_corr_high = yarn_params.corr_high;
+        rope.mscale = yarn_params.mscale;   // the shift must leave it out
         cuda::kv_erase(dev.layer, c.begin, c.end, c.n_past, rope, nullptr);
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 

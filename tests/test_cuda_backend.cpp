@@ -280,9 +280,10 @@ TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the t
     }
 }
 
-TEST_CASE("cuda backend: qwen3 and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding scale)") {
+TEST_CASE("cuda backend: qwen3, qwen3 with YaRN, llama with LongRoPE, mistral3 and gemma3 (q/k norms, post-norms, GeGLU, sliding windows, embedding "
+          "scale)") {
     test::TempDir dir;
-    for (const char* shape : {"tiny-qwen3", "tiny-gemma3"}) {
+    for (const char* shape : {"tiny-qwen3", "tiny-qwen3-yarn", "tiny-longrope", "tiny-mistral3", "tiny-gemma3"}) {
         for (const char* type : {"f16", "q4_k_m"}) {
             CAPTURE(shape);
             CAPTURE(type);
@@ -296,13 +297,14 @@ TEST_CASE("cuda backend: qwen3 and gemma3 (q/k norms, post-norms, GeGLU, sliding
     }
 }
 
-TEST_CASE("cuda backend: smollm3's NoPE layers and phi3's fused tensors and partial rotary, also after a shift") {
+TEST_CASE("cuda backend: smollm3's NoPE layers, phi3's fused tensors, partial rotary and LongRoPE, also after a shift") {
     test::TempDir dir;
-    for (const char* shape : {"tiny-smollm3", "tiny-phi3"}) {
+    for (const char* shape : {"tiny-smollm3", "tiny-phi3", "tiny-phi3-longrope"}) {
         for (const char* type : {"f16", "q4_k_m"}) {
             CAPTURE(shape);
             CAPTURE(type);
-            Opened o = open_both(synth_file(dir, shape, type), 64, KvType::f16);
+            // 128 positions: past tiny-phi3-longrope's 64-token original context, so its long factors apply.
+            Opened o = open_both(synth_file(dir, shape, type), 128, KvType::f16);
             const std::vector<int32_t> tokens = ramp_tokens(24, o.model.config.vocab);
             CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
             // The context shift turns the cached keys of the rotating layers only.
@@ -399,6 +401,33 @@ TEST_CASE("cuda backend: the context shift moves and turns the cache as the CPU'
         o.cuda->forward({next, 28, LogitsWanted::all});
         for (int r = 0; r < 2; ++r) CHECK(row_error(o.cuda->logits(r), o.cpu->logits(r)) < kLogitTolerance);
     }
+}
+
+TEST_CASE("cuda backend: mistral3's attention temperature past its 32-token original context, prefill and decode") {
+    test::TempDir dir;
+    Opened o = open_both(synth_file(dir, "tiny-mistral3", "f16"), 64);
+    REQUIRE(o.model.config.attn_temp_floor == 32);
+    const std::vector<int32_t> tokens = ramp_tokens(40, o.model.config.vocab);   // positions 32..39 scale q
+    CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+    const std::vector<int32_t> next = {5};   // one decode step at position 40 (the fused rope + KV write)
+    o.cpu->forward({next, 40, LogitsWanted::last});
+    o.cuda->forward({next, 40, LogitsWanted::last});
+    CHECK(row_error(o.cuda->logits(0), o.cpu->logits(0)) < kLogitTolerance);
+}
+
+TEST_CASE("cuda backend: the context shift of a YaRN model turns the cache as the CPU's does") {
+    test::TempDir dir;
+    Opened o = open_both(synth_file(dir, "tiny-qwen3-yarn", "f16"), 64, KvType::f16);
+    REQUIRE(o.model.config.layers[0].yarn_ext_factor == 1.0f);
+    const std::vector<int32_t> prompt = ramp_tokens(40, o.model.config.vocab);
+    o.cpu->forward({prompt, 0, LogitsWanted::last});
+    o.cuda->forward({prompt, 0, LogitsWanted::last});
+    o.cpu->kv_erase(5, 17);
+    o.cuda->kv_erase(5, 17);
+    const std::vector<int32_t> next = {11, 12};
+    o.cpu->forward({next, 28, LogitsWanted::all});
+    o.cuda->forward({next, 28, LogitsWanted::all});
+    for (int r = 0; r < 2; ++r) CHECK(row_error(o.cuda->logits(r), o.cpu->logits(r)) < kLogitTolerance);
 }
 
 TEST_CASE("cuda backend: decode steps replayed from a captured graph equal the steps launched one by one") {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/cpu/layer_rope.h"
+#include "engine/model_config.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/rope.h"
 #include "tests/cuda_device_array.h"
@@ -38,7 +39,14 @@ struct Case {
     int32_t pos0;
     float base, freq_scale;
     bool factors, norm;
+    bool yarn = false; // kYarn below
+    float temp_scale = 0.0f; // q's attention temperature (mistral3)
+    int32_t temp_floor = 0;
 };
+
+// YaRN as a factor-8 model with a 4096-token original context has it at n_rot 64 (corr range [10, 23]),
+// mscale 0.1 ln 8 + 1.
+const tern::RopeYarn kYarn{1.0f, 10.0f, 23.0f, 1.2079442f};
 
 constexpr float kEps = 1e-6f;
 
@@ -62,12 +70,18 @@ void cpu_qk_norm_rope(std::vector<float>& q, std::vector<float>& k, const Case& 
     rope.base = c.base;
     rope.freq_scale = c.freq_scale;
     rope.freq_factors = factors;
+    if (c.yarn) rope.yarn = kYarn;
+    tern::ModelConfig temperature;
+    temperature.attn_temp_scale = c.temp_scale;
+    temperature.attn_temp_floor = c.temp_floor;
     for (int64_t i = 0; i < c.n; ++i) {
         const int32_t pos = c.pos0 + static_cast<int32_t>(i);
         for (int32_t h = 0; h < c.n_heads; ++h) {
             float* qh = q.data() + (i * c.n_heads + h) * c.head_dim;
             if (q_norm) tern::rmsnorm_f32(qh, q_norm, qh, c.head_dim, kEps);
             rope.apply(qh, pos);
+            const float t = temperature.attn_temperature(pos);
+            for (int32_t d = 0; d < c.head_dim; ++d) qh[d] *= t;
         }
         for (int32_t h = 0; h < c.n_kv_heads; ++h) {
             float* kh = k.data() + (i * c.n_kv_heads + h) * c.head_dim;
@@ -111,6 +125,12 @@ TEST_CASE("qk_norm_rope matches the CPU forward's q/k norm and RoPE") {
         {"partial neox, no norm, factors",     true,  64,  16,  2,    1,  9,   4000,    10000.f,  1.0f,  true,  false},
         {"norm only (n_rot 0)",                true,  64,  0,   2,    2,  4,   3,       10000.f,  1.0f,  false, true},
         {"one head pair, head_dim 2",          false, 2,   2,   1,    1,  5,   1,       10000.f,  1.0f,  false, true},
+        {"YaRN: qwen3-like neox, norm",        true,  128, 128, 8,    4,  5,   40000,   1e6f,     0.125f, false, true, true},
+        {"YaRN: normal pairs, partial",        false, 96,  64,  4,    2,  3,   100,     10000.f,  0.125f, false, false, true},
+        {"YaRN with factors, 100 tok",         true,  64,  64,  2,    1,  100, 0,       150000.f, 0.03125f, true, false, true},
+        // mistral3: YaRN and q's temperature across floor steps of 16 (positions 10..59: factors 1, then up)
+        {"mistral3: temperature, partial rot", false, 128, 96,  4,    2,  50,  10,      1e9f,     0.0625f, false, true,  true,
+         0.1f, 16},
     };
     for (const Case& c : cases) {
         CAPTURE(std::string(c.what));
@@ -136,6 +156,14 @@ TEST_CASE("qk_norm_rope matches the CPU forward's q/k norm and RoPE") {
         rope.base = c.base;
         rope.freq_scale = c.freq_scale;
         rope.freq_factors = c.factors ? dfactors.get() : nullptr;
+        if (c.yarn) {
+            rope.yarn_ext_factor = kYarn.ext_factor;
+            rope.yarn_corr_low = kYarn.corr_low;
+            rope.yarn_corr_high = kYarn.corr_high;
+            rope.mscale = kYarn.mscale;
+        }
+        rope.q_temp_scale = c.temp_scale;
+        rope.q_temp_floor = c.temp_floor;
         tern::cuda::qk_norm_rope(dq.get(), dk.get(), c.n, c.n_heads, c.n_kv_heads, c.head_dim,
                                  c.norm ? dq_norm.get() : nullptr, c.norm ? dk_norm.get() : nullptr, kEps, rope,
                                  c.pos0, nullptr);

@@ -1,6 +1,7 @@
 // kernels/cpu/ops against straightforward double-precision formulations on random data, at several sizes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -98,6 +99,75 @@ TEST_CASE("rope_normal_f32 and rope_neox_f32 rotate the right pairs by pos * sca
     }
 }
 
+// YaRN written out from its definition (the YaRN paper's "NTK-by-parts" with its attention factor), in the
+// order of the reference implementation: each pair's interpolated and extrapolated angles in float, mixed by
+// the ramp, then cos and sin times mscale.
+std::vector<float> yarn_reference(const std::vector<float>& x, bool neox, int64_t n_rot, int32_t pos, float base,
+                                  float freq_scale, const RopeYarn& y) {
+    std::vector<float> out = x;
+    const int64_t half = n_rot / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        const float extrap = float(pos) * std::pow(base, -2.0f * float(i) / float(n_rot));
+        const float interp = freq_scale * extrap;
+        const float t = (float(i) - y.corr_low) / std::max(0.001f, y.corr_high - y.corr_low);
+        const float mix = (1.0f - std::clamp(t, 0.0f, 1.0f)) * y.ext_factor;
+        const float theta = interp * (1.0f - mix) + extrap * mix;
+        const float c = std::cos(theta) * y.mscale, s = std::sin(theta) * y.mscale;
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        out[size_t(a)] = x[size_t(a)] * c - x[size_t(b)] * s;
+        out[size_t(b)] = x[size_t(a)] * s + x[size_t(b)] * c;
+    }
+    return out;
+}
+
+TEST_CASE("YaRN rope: fast pairs keep their angle, slow pairs are interpolated, a ramp between, all times mscale") {
+    // n_rot 64, base 10000, factor 8 (freq_scale 1/8), original context 4096, betas 32 / 1: corr range [10, 23]
+    // (64 ln(4096 / (beta 2 pi)) / (2 ln 10000), floor / ceil). mscale 0.1 ln 8 + 1.
+    const RopeYarn y{1.0f, 10.0f, 23.0f, 1.0f + 0.1f * std::log(8.0f)};
+    const float base = 10000.0f, scale = 0.125f;
+    for (bool neox : {false, true}) {
+        for (int32_t pos : {0, 1, 17, 1000, 30000}) {
+            for (int64_t n_rot : {int64_t{64}, int64_t{48}}) {
+                CAPTURE(neox);
+                CAPTURE(pos);
+                CAPTURE(n_rot);
+                const int64_t head_dim = 64;
+                const auto x = test::random_normal(size_t(head_dim), uint32_t(pos + 7));
+                std::vector<float> got = x;
+                if (neox)
+                    rope_neox_f32(got.data(), head_dim, n_rot, pos, base, scale, nullptr, y);
+                else
+                    rope_normal_f32(got.data(), head_dim, n_rot, pos, base, scale, nullptr, y);
+                const std::vector<float> want = yarn_reference(x, neox, n_rot, pos, base, scale, y);
+                // The reference's float angle is off by up to ~pos * 6e-8 rad.
+                const float tol = 2e-5f + 6e-8f * float(pos) * 4.0f;
+                for (int64_t d = 0; d < head_dim; ++d) {
+                    CAPTURE(d);
+                    CHECK(std::fabs(got[size_t(d)] - want[size_t(d)]) <= tol);
+                }
+            }
+        }
+    }
+    // The angle multiplier at the edges: 1 below corr_low, freq_scale above corr_high, linear between.
+    CHECK(rope_pair_scale(0, scale, y) == 1.0);
+    CHECK(rope_pair_scale(10, scale, y) == 1.0);
+    CHECK(rope_pair_scale(23, scale, y) == double(scale));
+    CHECK(rope_pair_scale(31, scale, y) == double(scale));
+    CHECK(rope_pair_scale(16, scale, y) == doctest::Approx(scale + (1.0 - scale) * (1.0 - 6.0 / 13.0)));
+    // Off (ext_factor 0): freq_scale for every pair, as before YaRN.
+    CHECK(rope_pair_scale(0, scale, RopeYarn{}) == double(scale));
+    // mscale scales the rotated pair's length: a norm check independent of the angles.
+    const auto x = test::random_normal(64, 3);
+    std::vector<float> r = x;
+    rope_neox_f32(r.data(), 64, 64, 777, base, scale, nullptr, y);
+    double n0 = 0, n1 = 0;
+    for (size_t i = 0; i < 64; ++i) {
+        n0 += double(x[i]) * x[i];
+        n1 += double(r[i]) * r[i];
+    }
+    CHECK(std::sqrt(n1 / n0) == doctest::Approx(y.mscale).epsilon(1e-5));
+}
+
 TEST_CASE("rope tables (rope_cos_sin + rope_rotate_f32, LayerRope::apply) rotate bit-identically to rope_*_f32") {
     std::vector<float> ff(64), ff2(64);
     for (size_t i = 0; i < ff.size(); ++i) {
@@ -125,6 +195,17 @@ TEST_CASE("rope tables (rope_cos_sin + rope_rotate_f32, LayerRope::apply) rotate
                         rope_cos_sin(n_rot, pos, base, scale, fptr, c.data(), s.data());
                         rope_rotate_f32(got.data(), neox, n_rot, c.data(), s.data());
                         CHECK(std::memcmp(got.data(), want.data(), x.size() * sizeof(float)) == 0);
+                        // The same with YaRN: the table carries the angles and mscale.
+                        const RopeYarn yarn{1.0f, 3.0f, float(n_rot / 4), 1.2f};
+                        std::vector<float> ywant = x, ygot = x, ylayer = x;
+                        if (neox)
+                            rope_neox_f32(ywant.data(), head_dim, n_rot, pos, base, scale, fptr, yarn);
+                        else
+                            rope_normal_f32(ywant.data(), head_dim, n_rot, pos, base, scale, fptr, yarn);
+                        rope_cos_sin(n_rot, pos, base, scale, fptr, c.data(), s.data(), yarn);
+                        rope_rotate_f32(ygot.data(), neox, n_rot, c.data(), s.data());
+                        CHECK(std::memcmp(ygot.data(), ywant.data(), x.size() * sizeof(float)) == 0);
+                        CHECK(std::memcmp(ygot.data(), want.data(), x.size() * sizeof(float)) != 0); // mscale 1.2
                         LayerRope r;
                         r.neox = neox;
                         r.head_dim = head_dim;
@@ -134,6 +215,9 @@ TEST_CASE("rope tables (rope_cos_sin + rope_rotate_f32, LayerRope::apply) rotate
                         r.freq_factors = fptr;
                         r.apply(layer.data(), pos);
                         CHECK(std::memcmp(layer.data(), want.data(), x.size() * sizeof(float)) == 0);
+                        r.yarn = yarn;   // the per-thread table must see the change
+                        r.apply(ylayer.data(), pos);
+                        CHECK(std::memcmp(ylayer.data(), ywant.data(), x.size() * sizeof(float)) == 0);
                         ++checked;
                     }
                 }

@@ -210,15 +210,228 @@ TEST_CASE("gemma2 soft-caps and alternating windows; qwen2 biases; per-layer hea
     }
 }
 
+TEST_CASE("YaRN rope scaling: the correction range, mscale and defaults from the rope.scaling keys") {
+    test::TempDir dir;
+    TinySpec s;
+    s.head_dim = 64;
+    s.n_heads = 2;
+    s.n_kv_heads = 1;
+    s.dim = 128;
+    {
+        // factor 4, original context 4096, base 10000, n_rot 64, default betas 32 / 1:
+        // 64 ln(4096 / (32 * 2 pi)) / (2 ln 10000) = 10.47 -> floor 10; 64 ln(4096 / 2 pi) / (2 ln 10000) = 22.5 -> 23.
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
+        w.set("llama.rope.scaling.factor", GgufValue::make_f32(4.0f));
+        w.set("llama.rope.scaling.original_context_length", GgufValue::make_u32(4096));
+        const ModelConfig c = load_model(write_tiny(dir, w, "yarn.gguf")).config;
+        CHECK(c.rope_n_ctx_orig == 4096);
+        for (const LayerConfig& lc : c.layers) {
+            CHECK(lc.rope_freq_scale == 0.25f);
+            CHECK(lc.yarn_ext_factor == 1.0f);
+            CHECK(lc.yarn_corr_low == 10.0f);
+            CHECK(lc.yarn_corr_high == 23.0f);
+            CHECK(lc.rope_mscale == doctest::Approx(1.0 + 0.1 * std::log(4.0)).epsilon(1e-6));
+        }
+    }
+    {
+        // Explicit betas, a log multiplier equal to 1 (Ministral 3: mscale / mscale_all_dims = 1) and an
+        // attention factor; the original context falls back to context_length (256 in the tiny spec).
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
+        w.set("llama.rope.scaling.factor", GgufValue::make_f32(16.0f));
+        w.set("llama.rope.scaling.yarn_beta_fast", GgufValue::make_f32(16.0f));
+        w.set("llama.rope.scaling.yarn_beta_slow", GgufValue::make_f32(2.0f));
+        w.set("llama.rope.scaling.yarn_log_multiplier", GgufValue::make_f32(1.0f));
+        w.set("llama.rope.scaling.attn_factor", GgufValue::make_f32(0.5f));
+        const ModelConfig c = load_model(write_tiny(dir, w, "yarn2.gguf")).config;
+        CHECK(c.rope_n_ctx_orig == c.n_ctx_train);
+        const double lo = 64.0 * std::log(double(c.n_ctx_train) / (16.0 * 2.0 * M_PI)) / (2.0 * std::log(10000.0));
+        const double hi = 64.0 * std::log(double(c.n_ctx_train) / (2.0 * 2.0 * M_PI)) / (2.0 * std::log(10000.0));
+        CHECK(c.layers[0].yarn_corr_low == float(std::max(0.0, std::floor(lo))));
+        CHECK(c.layers[0].yarn_corr_high == float(std::min(63.0, std::ceil(hi))));
+        CHECK(c.layers[0].rope_mscale == doctest::Approx(0.5).epsilon(1e-6));
+    }
+    {
+        // Linear scaling keeps YaRN off.
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("linear"));
+        w.set("llama.rope.scaling.factor", GgufValue::make_f32(4.0f));
+        const ModelConfig c = load_model(write_tiny(dir, w, "lin.gguf")).config;
+        CHECK(c.layers[0].yarn_ext_factor == 0.0f);
+        CHECK(c.layers[0].rope_mscale == 1.0f);
+    }
+}
+
+namespace {
+
+// A llama with random weights and, per `mode`, LongRoPE (long / short factor tensors, original context 64,
+// attention factor 1.25) or plain rope with those factors as rope_freqs.weight and the same attention factor.
+enum class RopeFactorsMode { longrope, freqs_long, freqs_short };
+
+std::string factor_model(const test::TempDir& dir, RopeFactorsMode mode, const std::string& name) {
+    static std::vector<float> long_f, short_f;
+    long_f.clear();
+    short_f.clear();
+    for (int i = 0; i < 4; ++i) {   // head_dim 8: 4 pairs
+        long_f.push_back(1.0f + 3.0f * float(i));
+        short_f.push_back(1.0f + 0.25f * float(i));
+    }
+    const auto bytes = [](const std::vector<float>& v) {
+        return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float));
+    };
+    g_random_weights = true;
+    TinySpec s;
+    GgufWriter w = tiny_writer(s);
+    g_random_weights = false;
+    w.set("llama.rope.scaling.attn_factor", GgufValue::make_f32(1.25f));
+    if (mode == RopeFactorsMode::longrope) {
+        w.set("llama.rope.scaling.type", GgufValue::make_string("longrope"));
+        w.set("llama.rope.scaling.original_context_length", GgufValue::make_u32(64));
+        w.add_tensor("rope_factors_long.weight", GgmlType::F32, {4}, bytes(long_f));
+        w.add_tensor("rope_factors_short.weight", GgmlType::F32, {4}, bytes(short_f));
+    } else {
+        w.add_tensor("rope_freqs.weight", GgmlType::F32, {4}, bytes(mode == RopeFactorsMode::freqs_long ? long_f : short_f));
+    }
+    return write_tiny(dir, w, name);
+}
+
+std::vector<float> all_logits(const Model& m, int32_t n_ctx, const std::vector<int32_t>& tokens) {
+    CpuBackend b(CpuOptions{1});
+    b.load(m.config, m.weights, RunOptions{n_ctx, KvType::f32});
+    b.forward(ForwardBatch{tokens, 0, LogitsWanted::all});
+    std::vector<float> out;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        const std::span<const float> l = b.logits(int64_t(i));
+        out.insert(out.end(), l.begin(), l.end());
+    }
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("LongRoPE: the long factors past the original context, the short ones within it, the attention factor") {
+    test::TempDir dir;
+    const Model lr = load_model(factor_model(dir, RopeFactorsMode::longrope, "lr.gguf"));
+    const ModelConfig& c = lr.config;
+    CHECK(c.rope_longrope);
+    CHECK(c.rope_n_ctx_orig == 64);
+    CHECK_FALSE(c.rope_long_factors(64));
+    CHECK(c.rope_long_factors(65));
+    CHECK(c.layers[0].rope_mscale == 1.25f);
+    CHECK(c.layers[0].yarn_ext_factor == 0.0f);
+    CHECK(&rope_factors_for(lr.weights, c, 64) == &lr.weights.rope_factors_short);
+    CHECK(&rope_factors_for(lr.weights, c, 65) == &lr.weights.rope_factors_long);
+
+    // The forward with LongRoPE equals, bit for bit, the forward of the same weights with the chosen factors
+    // given as rope_freqs.weight (whose division of the angles the rope kernel tests check).
+    const Model fl = load_model(factor_model(dir, RopeFactorsMode::freqs_long, "fl.gguf"));
+    const Model fs = load_model(factor_model(dir, RopeFactorsMode::freqs_short, "fs.gguf"));
+    const std::vector<int32_t> tokens = {3, 7, 1, 12, 5, 9, 2, 14, 6, 11};
+    const std::vector<float> long_ctx = all_logits(lr, 128, tokens), short_ctx = all_logits(lr, 32, tokens);
+    CHECK(long_ctx == all_logits(fl, 128, tokens));
+    CHECK(short_ctx == all_logits(fs, 32, tokens));
+    CHECK(long_ctx != short_ctx);   // the two factor sets do differ here
+
+    // rope_freqs.weight with longrope is refused (llama.cpp never reads both).
+    {
+        g_random_weights = false;
+        TinySpec s;
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("longrope"));
+        add(w, "rope_freqs.weight", {4});
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "both.gguf")); });
+        CHECK(msg.find("both.gguf") != std::string::npos);
+        CHECK(msg.find("rope_freqs.weight cannot go with rope.scaling.type longrope") != std::string::npos);
+    }
+}
+
+TEST_CASE("mistral3: llama layers, YaRN keys and the attention temperature of q past the original context") {
+    test::TempDir dir;
+    g_random_weights = true;
+    TinySpec s;
+    s.arch = "mistral3";
+    s.n_layers = 1;
+    s.tied = true;
+    GgufWriter w = tiny_writer(s);
+    g_random_weights = false;
+    w.set("mistral3.rope.scaling.type", GgufValue::make_string("yarn"));
+    w.set("mistral3.rope.scaling.factor", GgufValue::make_f32(16.0f));
+    w.set("mistral3.rope.scaling.original_context_length", GgufValue::make_u32(4));
+    w.set("mistral3.rope.scaling.yarn_beta_fast", GgufValue::make_f32(32.0f));
+    w.set("mistral3.rope.scaling.yarn_beta_slow", GgufValue::make_f32(1.0f));
+    w.set("mistral3.rope.scaling.yarn_log_multiplier", GgufValue::make_f32(1.0f));
+    w.set("mistral3.attention.temperature_scale", GgufValue::make_f32(0.1f));
+    const Model m = load_model(write_tiny(dir, w, "m3.gguf"));
+    const ModelConfig& c = m.config;
+    CHECK(c.arch == Arch::mistral3);
+    CHECK(c.rope_style == RopeStyle::normal);
+    CHECK_FALSE(c.qk_norm);
+    CHECK(c.tied_output);
+    CHECK(c.layers[0].yarn_ext_factor == 1.0f);
+    // yarn_log_multiplier 1 = mscale_all_dim 1: the attention factor cancels to 1.
+    CHECK(c.layers[0].rope_mscale == doctest::Approx(1.0f).epsilon(1e-6));
+    CHECK(c.attn_temp_scale == 0.1f);
+    CHECK(c.attn_temp_floor == 4);
+    // 1 + 0.1 ln(floor(p / 4) + 1)
+    CHECK(c.attn_temperature(0) == 1.0f);
+    CHECK(c.attn_temperature(3) == 1.0f);
+    CHECK(c.attn_temperature(4) == doctest::Approx(1.0 + 0.1 * std::log(2.0)));
+    CHECK(c.attn_temperature(7) == doctest::Approx(1.0 + 0.1 * std::log(2.0)));
+    CHECK(c.attn_temperature(12) == doctest::Approx(1.0 + 0.1 * std::log(4.0)));
+
+    // One layer: the last token's logits (position 5, temperature t) equal those of the same model without the
+    // temperature but with its attention scale multiplied by t, up to rounding; without either they differ.
+    const std::vector<int32_t> tokens = {3, 7, 1, 12, 5, 9};
+    const auto last_logits = [&](const ModelConfig& config) {
+        CpuBackend b(CpuOptions{1});
+        b.load(config, m.weights, RunOptions{32, KvType::f32});
+        b.forward(ForwardBatch{tokens, 0, LogitsWanted::last});
+        const std::span<const float> l = b.logits(0);
+        return std::vector<float>(l.begin(), l.end());
+    };
+    const float t = c.attn_temperature(5);
+    ModelConfig scaled = c, plain = c;
+    scaled.attn_temp_scale = plain.attn_temp_scale = 0.0f;
+    scaled.attn_scale *= t;
+    const std::vector<float> got = last_logits(c), want = last_logits(scaled), without = last_logits(plain);
+    double d_scaled = 0.0, d_plain = 0.0;
+    for (size_t v = 0; v < got.size(); ++v) {
+        d_scaled = std::max(d_scaled, double(std::fabs(got[v] - want[v])));
+        d_plain = std::max(d_plain, double(std::fabs(got[v] - without[v])));
+    }
+    CHECK(d_scaled < 1e-4);
+    CHECK(d_plain > 1e-3);
+    MESSAGE("temperature " << t << ": max |Δ| vs the scaled attention " << d_scaled << ", vs none " << d_plain);
+
+    // A mixture-of-experts mistral3 is refused in one line.
+    {
+        TinySpec e;
+        e.arch = "mistral3";
+        GgufWriter we = tiny_writer(e);
+        we.set("mistral3.expert_count", GgufValue::make_u32(8));
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, we, "m3moe.gguf")); });
+        CHECK(msg.find("mistral3.expert_count") != std::string::npos);
+    }
+}
+
 TEST_CASE("missing and mis-shaped tensors, unsupported rope scaling: precise errors") {
     test::TempDir dir;
     TinySpec s;
     {
         GgufWriter w = tiny_writer(s);
-        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
-        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "yarn.gguf")); });
+        w.set("llama.rope.scaling.type", GgufValue::make_string("dynamic"));
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "dyn.gguf")); });
         CHECK(msg.find("llama.rope.scaling.type") != std::string::npos);
-        CHECK(msg.find("'yarn' is not supported") != std::string::npos);
+        CHECK(msg.find("'dynamic' is not supported") != std::string::npos);
+    }
+    {
+        GgufWriter w = tiny_writer(s);
+        w.set("llama.rope.scaling.type", GgufValue::make_string("yarn"));
+        w.set("llama.rope.scaling.yarn_beta_fast", GgufValue::make_f32(-1.0f));
+        const std::string msg = error_of([&] { load_model(write_tiny(dir, w, "yarnbeta.gguf")); });
+        CHECK(msg.find("yarnbeta.gguf") != std::string::npos);
+        CHECK(msg.find("llama.rope.scaling.yarn_beta_fast") != std::string::npos);
     }
     {
         TinySpec bad = s;

@@ -156,7 +156,7 @@ TEST_CASE("phi3: fused q/k/v and gate/up as views of their rows, partial rotary,
     CHECK(all_logits(mw, tokens) == all_logits(m, tokens));
 }
 
-TEST_CASE("phi3: what it cannot run or read is refused in one line naming the file and tensor") {
+TEST_CASE("phi3: LongRoPE factors by presence; what it cannot run or read is refused in one line") {
     test::TempDir dir;
     const std::string good = synth_file(dir, "tiny-phi3", "f16");
     auto refused = [&](const std::string& name, const Replace& replace) {
@@ -165,17 +165,24 @@ TEST_CASE("phi3: what it cannot run or read is refused in one line naming the fi
         CHECK(msg.find('\n') == std::string::npos);
         return msg;
     };
-    static const std::vector<float> factors(24, 1.0f);
-    const auto factor_bytes = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(factors.data()), 24 * 4);
-    CHECK(refused("longrope.gguf",
-                  [&](GgufWriter& w, const GgufTensor& t) {
-                      if (t.name != "output_norm.weight") return false;
-                      w.add_tensor(t.name, t.type, {t.ne[0]}, std::span<const uint8_t>(t.data, t.n_bytes));
-                      w.add_tensor("rope_factors_long.weight", GgmlType::F32, {24}, factor_bytes);
-                      return true;
-                  })
-              .find("tensor rope_factors_long.weight: LongRoPE scaling (rope_factors_long/short) is not supported "
-                    "yet") != std::string::npos);
+    // LongRoPE factors: phi3 files carry them without rope.scaling.type (llama.cpp takes them by presence), one
+    // per rotated pair (n_rot/2 = 24 here, not head_dim/2).
+    static const std::vector<float> factors(32, 1.0f);
+    auto with_factors = [&](int64_t n) {
+        return [&, n](GgufWriter& w, const GgufTensor& t) {
+            if (t.name != "output_norm.weight") return false;
+            w.add_tensor(t.name, t.type, {t.ne[0]}, std::span<const uint8_t>(t.data, t.n_bytes));
+            w.add_tensor("rope_factors_long.weight", GgmlType::F32, {n},
+                         std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(factors.data()), size_t(n) * 4));
+            return true;
+        };
+    };
+    const Model lr = load_model(rewrite(dir, good, "longrope.gguf", [](GgufWriter&) {}, with_factors(24)));
+    CHECK(lr.config.rope_longrope);
+    CHECK(lr.weights.rope_factors_long.present());
+    CHECK(!lr.weights.rope_factors_short.present());
+    CHECK(refused("head-factors.gguf", with_factors(32))
+              .find("tensor rope_factors_long.weight has shape [32] but expected [24] [n_rot/2]") != std::string::npos);
     static const std::vector<float> bias(512, 0.0f);
     CHECK(refused("qkv-bias.gguf",
                   [&](GgufWriter& w, const GgufTensor& t) {

@@ -72,7 +72,7 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
         lv.post_ffn_norm = vector_f32(lw.post_ffn_norm);
     }
     output_norm_ = vector_f32(weights.output_norm);
-    rope_freqs_ = vector_f32(weights.rope_freqs);
+    rope_freqs_ = vector_f32(rope_factors_for(weights, config, options.n_ctx));
 
     std::vector<int32_t> n_kv_heads;
     for (const LayerConfig& lc : config.layers)
@@ -158,10 +158,13 @@ void CpuBackend::forward(const ForwardBatch& batch) {
         parallel_for(n, rope_threads, 16, [&](int64_t i0, int64_t i1) {
           for (int64_t i = i0; i < i1; ++i) {
             const int32_t pos = token_pos[static_cast<size_t>(i)];
+            const float q_temperature = c.attn_temperature(pos);   // 1 but for mistral3 past its original context
             for (int64_t h = 0; h < n_heads; ++h) {
                 float* qh = q.data() + i * q_dim + h * head_dim;
                 if (c.qk_norm) rmsnorm_f32(qh, lv.q_norm.data(), qh, head_dim, c.rms_eps);
                 rope.apply(qh, pos);
+                if (q_temperature != 1.0f)
+                    for (int64_t d = 0; d < head_dim; ++d) qh[d] *= q_temperature;
             }
             for (int64_t h = 0; h < n_kv_heads; ++h) {
                 float* kh = k.data() + i * k_dim + h * head_dim;

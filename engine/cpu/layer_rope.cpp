@@ -15,11 +15,14 @@ struct RopeTableCache {
     int64_t n_rot = -1;
     int32_t pos = 0;
     float base = 0.0f, freq_scale = 0.0f;
+    RopeYarn yarn;
     std::vector<float> factors; // (n_rot/2) copy, or empty for none
     std::vector<float> cos, sin;
 
     bool holds(const LayerRope& r, int32_t p) const {
-        if (r.n_rot != n_rot || p != pos || r.base != base || r.freq_scale != freq_scale) return false;
+        if (r.n_rot != n_rot || p != pos || r.base != base || r.freq_scale != freq_scale ||
+            !(r.yarn == yarn))
+            return false;
         if (!r.freq_factors) return factors.empty();
         return !factors.empty() &&
                std::memcmp(factors.data(), r.freq_factors, factors.size() * sizeof(float)) == 0;
@@ -31,13 +34,14 @@ struct RopeTableCache {
         pos = p;
         base = r.base;
         freq_scale = r.freq_scale;
+        yarn = r.yarn;
         if (r.freq_factors)
             factors.assign(r.freq_factors, r.freq_factors + half);
         else
             factors.clear();
         cos.resize(half);
         sin.resize(half);
-        rope_cos_sin(r.n_rot, p, r.base, r.freq_scale, r.freq_factors, cos.data(), sin.data());
+        rope_cos_sin(r.n_rot, p, r.base, r.freq_scale, r.freq_factors, cos.data(), sin.data(), r.yarn);
     }
 };
 
@@ -50,7 +54,7 @@ void LayerRope::apply(float* x, int32_t pos) const {
 }
 
 RopeRotation LayerRope::rotation(int32_t delta) const {
-    return rope_rotation(neox, n_rot, delta, base, freq_scale, freq_factors);
+    return rope_rotation(neox, n_rot, delta, base, freq_scale, freq_factors, yarn);
 }
 
 LayerRope layer_rope(const ModelConfig& config, int32_t layer, const float* freq_factors) {
@@ -62,6 +66,7 @@ LayerRope layer_rope(const ModelConfig& config, int32_t layer, const float* freq
     r.base = lc.rope_base;
     r.freq_scale = lc.rope_freq_scale;
     r.freq_factors = freq_factors;
+    r.yarn = RopeYarn{lc.yarn_ext_factor, lc.yarn_corr_low, lc.yarn_corr_high, lc.rope_mscale};
     return r;
 }
 

@@ -15,12 +15,13 @@ struct LayerRope {
     int64_t head_dim = 0, n_rot = 0;
     float base = 10000.0f, freq_scale = 1.0f;
     const float* freq_factors = nullptr; // (n_rot/2) or null; owned by the backend
+    RopeYarn yarn;                       // the layer's YaRN (off unless rope.scaling.type is yarn)
 
     // One head (head_dim floats) at position pos, bit-identical to rope_neox_f32 / rope_normal_f32. The
     // cos/sin table of the last position is kept per thread (the forward rotates every q and k head of a
     // token on one thread, one after another), so pow/cos/sin run once per token instead of once per head.
     void apply(float* x, int32_t pos) const;
-    // The rotation that moves a key cached at position p to position p + delta.
+    // The rotation that moves a key cached at position p to position p + delta (YaRN's angles, no mscale).
     RopeRotation rotation(int32_t delta) const;
 };
 

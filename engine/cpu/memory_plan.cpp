@@ -34,6 +34,8 @@ MemoryNeed cpu_memory_need(const ModelConfig& c, const ModelWeights& w, const Me
     add(w.output_norm, false);
     add(w.output, true);
     add(w.rope_freqs, false);
+    add(w.rope_factors_long, false);
+    add(w.rope_factors_short, false);
     for (const LayerWeights& l : w.layers) {
         for (const WeightRef* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ffn_gate_inp,
                                    &l.gate_exps, &l.up_exps, &l.down_exps})

@@ -48,7 +48,7 @@ std::vector<const WeightRef*> matrices(const ModelWeights& w) {
 
 // The 1-D tensors the forward reads as f32.
 std::vector<const WeightRef*> vectors(const ModelWeights& w) {
-    std::vector<const WeightRef*> v = {&w.output_norm, &w.rope_freqs};
+    std::vector<const WeightRef*> v = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short};
     for (const LayerWeights& l : w.layers)
         for (const WeightRef* p : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
                                    &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm})
@@ -119,7 +119,7 @@ std::vector<MemoryLimit> CudaBackend::memory_limits() const {
     return {limit};
 }
 
-void CudaBackend::upload_weights(const ModelWeights& w,
+void CudaBackend::upload_weights(const ModelWeights& w, int32_t n_ctx,
                                  const std::function<void(uint64_t done, uint64_t total)>& on_upload) {
     // Every distinct matrix once (a tied output is token_embd itself), at 256-byte offsets, in the order
     // the model lists them.
@@ -184,7 +184,7 @@ void CudaBackend::upload_weights(const ModelWeights& w,
     token_embd_ = device_weight(w.token_embd);
     output_ = device_weight(w.output);
     output_norm_ = device_vector(w.output_norm);
-    rope_freqs_ = device_vector(w.rope_freqs);
+    rope_freqs_ = device_vector(rope_factors_for(w, config_, n_ctx));
     layers_.assign(w.layers.size(), {});
     for (size_t l = 0; l < w.layers.size(); ++l) {
         const LayerWeights& lw = w.layers[l];
@@ -252,7 +252,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     first_layer_ = options.first_layer;
     weights_buffer_.reset();
     vectors_buffer_.reset();
-    upload_weights(weights, options.on_upload);
+    upload_weights(weights, options.n_ctx, options.on_upload);
     std::vector<int32_t> n_kv_heads;
     for (const LayerConfig& lc : config.layers)
         n_kv_heads.push_back(lc.n_kv_heads);
@@ -568,6 +568,12 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         rope.base = lc.rope_base;
         rope.freq_scale = lc.rope_freq_scale;
         rope.freq_factors = rope_freqs_;
+        rope.yarn_ext_factor = lc.yarn_ext_factor;
+        rope.yarn_corr_low = lc.yarn_corr_low;
+        rope.yarn_corr_high = lc.yarn_corr_high;
+        rope.mscale = lc.rope_mscale;
+        rope.q_temp_scale = c.attn_temp_scale;
+        rope.q_temp_floor = c.attn_temp_floor;
         const float* q_norm = c.qk_norm ? d.q_norm : nullptr;
         const float* k_norm = c.qk_norm ? d.k_norm : nullptr;
         if (decode) {   // q, k and v in one launch; the rotated k and v stored by the rope kernel
@@ -802,6 +808,9 @@ void CudaBackend::kv_erase(int32_t begin, int32_t end) {
             rope.base = lc.rope_base;
             rope.freq_scale = lc.rope_freq_scale;
             rope.freq_factors = rope_freqs_;
+            rope.yarn_ext_factor = lc.yarn_ext_factor;
+            rope.yarn_corr_low = lc.yarn_corr_low;
+            rope.yarn_corr_high = lc.yarn_corr_high;
             cuda::kv_erase(kv_.layer(l), begin, end, kv_.n_past(), rope, stream_);
         }
     } catch (const cuda::Error& e) {

@@ -93,7 +93,7 @@ private:
                     *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr, *post_ffn_norm = nullptr;
     };
 
-    void upload_weights(const ModelWeights& weights,
+    void upload_weights(const ModelWeights& weights, int32_t n_ctx,
                         const std::function<void(uint64_t done, uint64_t total)>& on_upload);
     // y (n, w.n_out) = W x (+ bias) on the backend's stream. new_input false: x is the input of the
     // previous call (q/k/v, gate/up), whose int8 form is reused.

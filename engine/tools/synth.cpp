@@ -51,6 +51,11 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
     std::vector<SynthTensor> t = {{"token_embd.weight", s.dim, vocab, Role::matrix, embd_gain},
                                   {"output_norm.weight", s.dim, 1, Role::norm, 1.0f / embd_gain}};
     if (!s.tied_output) t.push_back({"output.weight", s.dim, vocab, Role::matrix});
+    if (s.longrope_n_ctx_orig > 0) {   // positive factors: long ones around 4, short ones around 1
+        const int64_t half = (s.n_rot > 0 ? s.n_rot : s.head_dim) / 2;   // a factor per rotated pair
+        t.push_back({"rope_factors_long.weight", half, 1, Role::norm, 4.0f});
+        t.push_back({"rope_factors_short.weight", half, 1, Role::norm, 1.0f});
+    }
     for (int32_t l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         t.push_back({p + "attn_norm.weight", s.dim, 1, Role::norm});
@@ -106,7 +111,7 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         {a + "attention.layer_norm_rms_epsilon", GgufValue::make_f32(s.rms_eps)},
         {a + "rope.freq_base", GgufValue::make_f32(s.rope_base)},
     };
-    if (s.arch == "llama") {
+    if (s.arch == "llama" || s.arch == "mistral3") {
         kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))});
         kv.push_back({a + "vocab_size", GgufValue::make_u32(static_cast<uint32_t>(vocab))});
     }
@@ -119,6 +124,27 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
     }
     if (s.sliding_window > 0)
         kv.push_back({a + "attention.sliding_window", GgufValue::make_u32(static_cast<uint32_t>(s.sliding_window))});
+    if (s.yarn_factor > 0.0f) {   // as the converter writes a config.json's rope_scaling of type yarn
+        kv.push_back({a + "rope.scaling.type", GgufValue::make_string("yarn")});
+        kv.push_back({a + "rope.scaling.factor", GgufValue::make_f32(s.yarn_factor)});
+        kv.push_back({a + "rope.scaling.original_context_length",
+                      GgufValue::make_u32(static_cast<uint32_t>(s.yarn_n_ctx_orig))});
+        if (s.yarn_beta_fast > 0.0f) kv.push_back({a + "rope.scaling.yarn_beta_fast", GgufValue::make_f32(s.yarn_beta_fast)});
+        if (s.yarn_beta_slow > 0.0f) kv.push_back({a + "rope.scaling.yarn_beta_slow", GgufValue::make_f32(s.yarn_beta_slow)});
+        if (s.yarn_log_mul > 0.0f)
+            kv.push_back({a + "rope.scaling.yarn_log_multiplier", GgufValue::make_f32(s.yarn_log_mul)});
+    }
+    if (s.attn_temp_scale > 0.0f)
+        kv.push_back({a + "attention.temperature_scale", GgufValue::make_f32(s.attn_temp_scale)});
+    if (s.longrope_n_ctx_orig > 0) {   // as the converter writes Phi-3's long-context rope
+        const double scale = static_cast<double>(s.n_ctx_train) / s.longrope_n_ctx_orig;
+        const double attn_factor = std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.longrope_n_ctx_orig)));
+        // phi3's own converter writes no scaling type (the factor tensors say it); other architectures need it.
+        if (s.arch != "phi3") kv.push_back({a + "rope.scaling.type", GgufValue::make_string("longrope")});
+        kv.push_back({a + "rope.scaling.original_context_length",
+                      GgufValue::make_u32(static_cast<uint32_t>(s.longrope_n_ctx_orig))});
+        kv.push_back({a + "rope.scaling.attn_factor", GgufValue::make_f32(static_cast<float>(attn_factor))});
+    }
     if (s.arch == "gemma2") {   // Gemma 2's configs: tanh caps on the attention scores and the logits
         kv.push_back({a + "attn_logit_softcapping", GgufValue::make_f32(50.0f)});
         kv.push_back({a + "final_logit_softcapping", GgufValue::make_f32(30.0f)});

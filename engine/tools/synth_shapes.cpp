@@ -87,11 +87,49 @@ SynthShape phi3(SynthShape s, int32_t n_rot) {
     return s;
 }
 
+// YaRN rope scaling by `factor` over an original context of n_ctx_orig tokens (Qwen3's published long-context
+// setting: factor 4 over 32768).
+SynthShape yarn(SynthShape s, float factor, int32_t n_ctx_orig) {
+    s.yarn_factor = factor;
+    s.yarn_n_ctx_orig = n_ctx_orig;
+    return s;
+}
+
+// LongRoPE as Phi-3's converted files carry it: long and short factor tensors, the original context, and the
+// attention factor sqrt(1 + ln(n_ctx_train / n_ctx_orig) / ln(n_ctx_orig)) (synth.cpp writes them).
+SynthShape longrope(SynthShape s, int32_t n_ctx_orig) {
+    s.longrope_n_ctx_orig = n_ctx_orig;
+    return s;
+}
+
+// Ministral 3 (mistral3): llama's layers, tied embeddings, YaRN with its betas and yarn_log_multiplier 1
+// (mscale_all_dim), and the Llama 4 attention temperature beta 0.1 over the original context.
+SynthShape mistral3(SynthShape s, float factor, int32_t n_ctx_orig) {
+    s = tied(yarn(s, factor, n_ctx_orig));
+    s.yarn_beta_fast = 32.0f;
+    s.yarn_beta_slow = 1.0f;
+    s.yarn_log_mul = 1.0f;
+    s.attn_temp_scale = 0.1f;
+    return s;
+}
+
 const SynthShape kShapes[] = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
                     1e-6f))),
+    // tiny-qwen3 with YaRN: factor 4 over a 512-token original context puts the ramp on pairs 4..21 of 64.
+    yarn(tied(qwen3(make("tiny-qwen3-yarn", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048,
+                         1000000.0f, 1e-6f))),
+         4.0f, 512),
+    // A llama with LongRoPE over a 64-token original context: any run context (512 in the comparisons) takes the
+    // long factors.
+    longrope(make("tiny-longrope", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f),
+             64),
+    // A 32-token original context: the comparisons' 32 greedy tokens cross it, so q's temperature changes there.
+    mistral3(make("tiny-mistral3", "mistral3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
+                  1e-5f),
+             16.0f, 32),
     qwen3moe(make("tiny-qwen3moe", "qwen3moe", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f,
                   1e-6f),
              8, 2, 256),
@@ -110,6 +148,9 @@ const SynthShape kShapes[] = {
                 1e-6f)),
     gemma3(make("gemma3-1b", "gemma3", "Gemma 3 1B", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f)),
     gemma2(make("gemma2-2b", "gemma2", "Gemma 2 2B", 2304, 26, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f), 4096),
+    mistral3(make("ministral3-3b", "mistral3", "Ministral 3 3B", 3072, 26, 32, 8, 128, 9216, 131072, 262144, 1000000.0f,
+                  1e-5f),
+             16.0f, 16384),
     // Every layer's FFN is 128 experts of width 768, 8 used: 30.5B parameters, 3.3B active per token.
     qwen3moe(make("qwen3moe-30b-a3b", "qwen3moe", "Qwen3 30B-A3B", 2048, 48, 32, 4, 128, 6144, 151936, 40960,
                   1000000.0f, 1e-6f),
@@ -126,7 +167,18 @@ const SynthShape kShapes[] = {
     // Phi-4-mini's traits without its LongRoPE: tied, GQA, 3/4 of each head rotated.
     tied(phi3(make("tiny-phi3", "phi3", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f),
               48)),
+    // tiny-phi3 with LongRoPE over a 64-token original context, as Phi-4-mini's files carry it (no scaling type key,
+    // a factor per rotated pair: 24 here): a 512-token run takes the long factors.
+    longrope(tied(phi3(make("tiny-phi3-longrope", "phi3", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048,
+                            10000.0f, 1e-5f),
+                       48)),
+             64),
     phi3(make("phi3-mini", "phi3", "Phi-3 mini 4k", 3072, 32, 32, 32, 96, 8192, 32064, 4096, 10000.0f, 1e-5f), 0),
+    // Phi-4-mini: 3/4 of each 128-wide head rotated, LongRoPE from 4096 to 131072 positions, tied.
+    longrope(tied(phi3(make("phi4-mini", "phi3", "Phi-4 mini", 3072, 32, 24, 8, 128, 8192, 200064, 131072, 10000.0f,
+                            1e-5f),
+                       96)),
+             4096),
     phi3(make("phi4", "phi3", "Phi-4 14B", 5120, 40, 40, 10, 128, 17920, 100352, 16384, 250000.0f, 1e-5f), 0),
 };
 

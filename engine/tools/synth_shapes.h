@@ -31,6 +31,12 @@ struct SynthShape {
     int32_t n_expert_used = 0;
     int32_t expert_ffn_dim = 0;     // expert_feed_forward_length
     int32_t n_rot = 0;              // rope.dimension_count when only part of a head rotates (Phi-4-mini); 0: all
+    float yarn_factor = 0.0f;       // > 0: rope.scaling.type yarn with this factor (Qwen3's long-context config)
+    int32_t yarn_n_ctx_orig = 0;    // rope.scaling.original_context_length
+    int32_t longrope_n_ctx_orig = 0; // > 0: LongRoPE over this original context (rope_factors_long/short tensors)
+    // mistral3's converted YaRN keys (written when yarn_factor > 0 and these are > 0) and its attention temperature
+    float yarn_beta_fast = 0.0f, yarn_beta_slow = 0.0f, yarn_log_mul = 0.0f;
+    float attn_temp_scale = 0.0f;   // attention.temperature_scale (llama_4_scaling_beta)
 };
 
 std::span<const SynthShape> synth_shapes();

@@ -27,8 +27,17 @@ void rmsnorm_f32(const float* x, const float* w, float* y, int64_t n, float eps)
     }
 }
 
-double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors) {
-    double theta = static_cast<double>(pos) * static_cast<double>(freq_scale) *
+double rope_pair_scale(int64_t i, float freq_scale, const RopeYarn& yarn) {
+    if (yarn.ext_factor == 0.0f) return static_cast<double>(freq_scale);
+    const float y = (static_cast<float>(i) - yarn.corr_low) / std::max(0.001f, yarn.corr_high - yarn.corr_low);
+    const float ramp = (1.0f - std::min(1.0f, std::max(0.0f, y))) * yarn.ext_factor;
+    const double r = static_cast<double>(ramp);
+    return static_cast<double>(freq_scale) * (1.0 - r) + r;
+}
+
+double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors,
+                  const RopeYarn& yarn) {
+    double theta = static_cast<double>(pos) * rope_pair_scale(i, freq_scale, yarn) *
                    std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
     if (freq_factors) theta /= static_cast<double>(freq_factors[i]);
     return theta;
@@ -36,9 +45,9 @@ double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_
 
 namespace {
 
-inline void rotate(float& a, float& b, double theta) {
-    const float c = static_cast<float>(std::cos(theta));
-    const float s = static_cast<float>(std::sin(theta));
+inline void rotate(float& a, float& b, double theta, float mscale) {
+    const float c = static_cast<float>(std::cos(theta)) * mscale;
+    const float s = static_cast<float>(std::sin(theta)) * mscale;
     const float x0 = a, x1 = b;
     a = x0 * c - x1 * s;
     b = x0 * s + x1 * c;
@@ -47,26 +56,26 @@ inline void rotate(float& a, float& b, double theta) {
 } // namespace
 
 void rope_normal_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
-                     const float* freq_factors) {
+                     const float* freq_factors, const RopeYarn& yarn) {
     (void)head_dim; // dims n_rot.. head_dim-1 pass through unchanged
     for (int64_t i = 0; i < n_rot / 2; ++i)
-        rotate(x[2 * i], x[2 * i + 1], rope_theta(i, n_rot, pos, base, freq_scale, freq_factors));
+        rotate(x[2 * i], x[2 * i + 1], rope_theta(i, n_rot, pos, base, freq_scale, freq_factors, yarn), yarn.mscale);
 }
 
 void rope_neox_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
-                   const float* freq_factors) {
+                   const float* freq_factors, const RopeYarn& yarn) {
     (void)head_dim;
     const int64_t half = n_rot / 2;
     for (int64_t i = 0; i < half; ++i)
-        rotate(x[i], x[i + half], rope_theta(i, n_rot, pos, base, freq_scale, freq_factors));
+        rotate(x[i], x[i + half], rope_theta(i, n_rot, pos, base, freq_scale, freq_factors, yarn), yarn.mscale);
 }
 
 void rope_cos_sin(int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors, float* cos,
-                  float* sin) {
+                  float* sin, const RopeYarn& yarn) {
     for (int64_t i = 0; i < n_rot / 2; ++i) {
-        const double theta = rope_theta(i, n_rot, pos, base, freq_scale, freq_factors);
-        cos[i] = static_cast<float>(std::cos(theta)); // the expressions of rotate()
-        sin[i] = static_cast<float>(std::sin(theta));
+        const double theta = rope_theta(i, n_rot, pos, base, freq_scale, freq_factors, yarn);
+        cos[i] = static_cast<float>(std::cos(theta)) * yarn.mscale; // the expressions of rotate()
+        sin[i] = static_cast<float>(std::sin(theta)) * yarn.mscale;
     }
 }
 

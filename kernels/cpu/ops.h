@@ -15,26 +15,45 @@ namespace tern {
 // (the variance of 4096 f32 squares loses ~1e-5 relative in f32). w may be nullptr (no weight).
 void rmsnorm_f32(const float* x, const float* w, float* y, int64_t n, float eps);
 
+// YaRN's change to RoPE (rope.scaling.type "yarn"; ext_factor 0 leaves RoPE as it was). Pair i's angle
+// multiplier is not freq_scale alone: a ramp r_i = ext_factor * (1 - clamp((i - corr_low) / max(0.001,
+// corr_high - corr_low), 0, 1)) (in float) mixes it with 1, m_i = freq_scale * (1 - r_i) + r_i, so the fast
+// pairs below corr_low keep their unscaled angle and the slow pairs above corr_high are interpolated. The
+// rotated values are also multiplied by mscale (cos and sin are), which scales q.k by mscale^2.
+struct RopeYarn {
+    float ext_factor = 0.0f;
+    float corr_low = 0.0f, corr_high = 0.0f;
+    float mscale = 1.0f;
+    bool operator==(const RopeYarn&) const = default;
+};
+
+// m_i above (freq_scale exactly when YaRN is off), in double.
+double rope_pair_scale(int64_t i, float freq_scale, const RopeYarn& yarn);
+
 // The angle of pair i at position pos (in double: at pos 30000 an f32 angle is off by ~1e-3 rad);
 // pos may be negative (kernels/cpu/rope_shift.h turns cached keys back by a number of positions).
-double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors);
+// pos * rope_pair_scale * base^(-2i/n_rot), divided by freq_factors[i] when given.
+double rope_theta(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors,
+                  const RopeYarn& yarn = {});
 
 // RoPE on one head of head_dim floats at position pos; only the first n_rot dims rotate.
 // The angle of pair i (i < n_rot/2) is pos * freq_scale * base^(-2i/n_rot), divided by
-// freq_factors[i] when freq_factors is not nullptr (Llama 3.1 "rope_freqs").
+// freq_factors[i] when freq_factors is not nullptr (Llama 3.1 "rope_freqs"); with YaRN the angle is
+// rope_theta's and the rotated pair is multiplied by yarn.mscale (cos and sin rounded to float first, then
+// times mscale in float, 1 leaving them as they were).
 //   normal: pairs (2i, 2i+1)       (llama-arch GGUFs: the converter permuted Wq/Wk)
 //   neox:   pairs (i, i + n_rot/2)  (qwen2, qwen3, gemma)
 void rope_normal_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
-                     const float* freq_factors);
+                     const float* freq_factors, const RopeYarn& yarn = {});
 void rope_neox_f32(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
-                   const float* freq_factors);
+                   const float* freq_factors, const RopeYarn& yarn = {});
 
 // The cos/sin table of rope_*_f32 at position pos: cos[i] and sin[i] (i < n_rot/2) are the floats those
 // functions compute for pair i (the same rope_theta angle, the same double cos/sin rounded to float), so a
 // rotation by the table is bit-identical to them. One table serves every head of a token: the angles
 // depend on the position only, and recomputing pow/sin/cos per head cost ~3% of a prefill.
 void rope_cos_sin(int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors, float* cos,
-                  float* sin);
+                  float* sin, const RopeYarn& yarn = {});
 // One head's first n_rot dims rotated by a rope_cos_sin table: pairs (i, i + n_rot/2) when neox, else (2i, 2i+1).
 void rope_rotate_f32(float* x, bool neox, int64_t n_rot, const float* cos, const float* sin);
 

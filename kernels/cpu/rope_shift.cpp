@@ -7,7 +7,7 @@
 namespace tern {
 
 RopeRotation rope_rotation(bool neox, int64_t n_rot, int32_t delta, float base, float freq_scale,
-                           const float* freq_factors) {
+                           const float* freq_factors, const RopeYarn& yarn) {
     RopeRotation r;
     r.neox = neox;
     r.n_rot = n_rot;
@@ -16,7 +16,7 @@ RopeRotation rope_rotation(bool neox, int64_t n_rot, int32_t delta, float base, 
     r.sin.resize(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i) {
         // The same angle and the same float rounding of cos/sin as the forward's rotate().
-        const double theta = rope_theta(i, n_rot, delta, base, freq_scale, freq_factors);
+        const double theta = rope_theta(i, n_rot, delta, base, freq_scale, freq_factors, yarn);
         r.cos[static_cast<size_t>(i)] = static_cast<float>(std::cos(theta));
         r.sin[static_cast<size_t>(i)] = static_cast<float>(std::sin(theta));
     }

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
+
 namespace tern {
 
 // The cos/sin of one rotation by `delta` positions, computed once and applied to many rows.
@@ -18,9 +20,11 @@ struct RopeRotation {
     std::vector<float> sin; // n_rot / 2
 };
 
-// The rotation rope_neox_f32 / rope_normal_f32 apply at position `delta` (which may be negative).
+// The rotation rope_neox_f32 / rope_normal_f32 apply at position `delta` (which may be negative). With
+// YaRN the angles are YaRN's (linear in the position, so turns compose) but yarn.mscale is left out: the
+// cached key already carries it once, and a rotation must not change its length.
 RopeRotation rope_rotation(bool neox, int64_t n_rot, int32_t delta, float base, float freq_scale,
-                           const float* freq_factors);
+                           const float* freq_factors, const RopeYarn& yarn = {});
 
 // Rotates n_rows rows in place: row r starts at x + r * row_stride. The scalar definition; it is
 // also what runs (the loops vectorise; a shift costs far less than one decode step, models.md).

@@ -186,8 +186,19 @@ __global__ void __launch_bounds__(kRotateThreads)
 
 // The angle of pair i at position pos: the twin of rope_theta (kernels/cpu/ops.cpp), in double with the
 // same operations, so the cos/sin rounded to float are the CPU's.
-double rope_angle(int64_t i, int64_t n_rot, int32_t pos, float base, float freq_scale, const float* freq_factors) {
-    double theta = static_cast<double>(pos) * static_cast<double>(freq_scale) *
+// With YaRN (RopeParams' yarn_* fields) pair i's multiplier is rope_pair_scale's mix of freq_scale and 1; the
+// shift leaves mscale out, as the CPU's rotation does (the cached key carries it once already).
+double rope_angle(int64_t i, int64_t n_rot, int32_t pos, const RopeParams& rope, const float* freq_factors) {
+    double scale = static_cast<double>(rope.freq_scale);
+    if (rope.yarn_ext_factor != 0.0f) {
+        const float y = (static_cast<float>(i) - rope.yarn_corr_low) /
+                        std::max(0.001f, rope.yarn_corr_high - rope.yarn_corr_low);
+        const float ramp = (1.0f - std::min(1.0f, std::max(0.0f, y))) * rope.yarn_ext_factor;
+        const double r = static_cast<double>(ramp);
+        scale = scale * (1.0 - r) + r;
+    }
+    const float base = rope.base;
+    double theta = static_cast<double>(pos) * scale *
                    std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
     if (freq_factors) theta /= static_cast<double>(freq_factors[i]);
     return theta;
@@ -305,8 +316,7 @@ void kv_erase(const KvLayer& layer, int32_t begin, int32_t end, int32_t n_past, 
     rot.n_rot = rope.n_rot;
     rot.neox = rope.neox ? 1 : 0;
     for (int32_t i = 0; i < half; ++i) {
-        const double theta = rope_angle(i, rope.n_rot, begin - end, rope.base, rope.freq_scale,
-                                        factors.empty() ? nullptr : factors.data());
+        const double theta = rope_angle(i, rope.n_rot, begin - end, rope, factors.empty() ? nullptr : factors.data());
         rot.cos[i] = static_cast<float>(std::cos(theta));
         rot.sin[i] = static_cast<float>(std::sin(theta));
     }

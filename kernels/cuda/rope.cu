@@ -44,6 +44,9 @@ struct RopeArgs {
     int n_rot;
     float base, freq_scale;
     const float* freq_factors;
+    float yarn_ext_factor, yarn_corr_low, yarn_corr_high, mscale;
+    float q_temp_scale;
+    int q_temp_floor;
     int pos0;
     const int32_t* pos0_device;   // when set, the position of token 0 is read here (a replayed CUDA graph)
     // qk_norm_rope_kv_write only: the V rows and the layer's cache, where k and v rows are stored.
@@ -53,6 +56,17 @@ struct RopeArgs {
     int head_dim_v;
     KvTokenMap map;         // qk_norm_rope_kv_write_tokens: each token's position and page table (map.pos set)
 };
+
+// rope_pair_scale (kernels/cpu/ops.cpp): freq_scale, or with YaRN its ramp mix with 1, the float ramp and the
+// double mix in the CPU's operations (explicitly rounded: no FMA contraction).
+__device__ inline double pair_scale(int i, const RopeArgs& a) {
+    if (a.yarn_ext_factor == 0.0f) return static_cast<double>(a.freq_scale);
+    const float y = __fdiv_rn(__fsub_rn(static_cast<float>(i), a.yarn_corr_low),
+                              fmaxf(0.001f, __fsub_rn(a.yarn_corr_high, a.yarn_corr_low)));
+    const float ramp = __fmul_rn(__fsub_rn(1.0f, fminf(1.0f, fmaxf(0.0f, y))), a.yarn_ext_factor);
+    const double r = static_cast<double>(ramp);
+    return __dadd_rn(__dmul_rn(static_cast<double>(a.freq_scale), __dadd_rn(1.0, -r)), r);
+}
 
 // The heads of one token: n_heads q heads, then n_kv_heads k heads, then (kKv) n_kv_heads v heads, kWarps
 // to a block (blockIdx.y), one warp each. With kKv the rotated k head and the v head are also stored in the
@@ -77,11 +91,11 @@ template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
     if (static_cast<int>(blockIdx.y) * kWarps < rotated_heads)
         for (int i = static_cast<int>(threadIdx.x); i < half; i += static_cast<int>(blockDim.x)) {
             double theta =
-                pos * static_cast<double>(a.freq_scale) *
+                pos * pair_scale(i, a) *
                 pow(static_cast<double>(a.base), -2.0 * static_cast<double>(i) / static_cast<double>(a.n_rot));
             if (a.freq_factors) theta /= static_cast<double>(a.freq_factors[i]);
-            cos_t[i] = static_cast<float>(cos(theta));
-            sin_t[i] = static_cast<float>(sin(theta));
+            cos_t[i] = __fmul_rn(static_cast<float>(cos(theta)), a.mscale);
+            sin_t[i] = __fmul_rn(static_cast<float>(sin(theta)), a.mscale);
         }
     __syncthreads();
 
@@ -139,6 +153,16 @@ template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
             s[d0 + second] = y1;
         }
     }
+    if (is_q && a.q_temp_scale != 0.0f) {
+        // ModelConfig::attn_temperature: the float position's floor, the double log, rounded to float.
+        const float steps = floorf(__fdiv_rn(static_cast<float>(token_pos), static_cast<float>(a.q_temp_floor)));
+        const double ln = log(__dadd_rn(static_cast<double>(steps), 1.0));
+        const float t = static_cast<float>(__dadd_rn(__dmul_rn(ln, static_cast<double>(a.q_temp_scale)), 1.0));
+        if (t != 1.0f) {
+            __syncwarp(); // every dim of the head, written above by other lanes
+            for (int d = lane; d < a.head_dim; d += 32) x[d] = __fmul_rn(x[d], t);
+        }
+    }
     if constexpr (kKv) {
         if (!is_q) { // the k head, as kv_write would read it back from k
             __syncwarp();
@@ -155,6 +179,7 @@ void require(bool ok, const std::string& what) {
 void check_rope(int64_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, const RopeParams& rope) {
     require(n >= 0 && n < (int64_t{1} << 31), "token count out of range");
     require(n_heads >= 0 && n_kv_heads >= 0 && head_dim > 0, "bad head shape");
+    require(rope.q_temp_scale == 0.0f || rope.q_temp_floor > 0, "an attention temperature needs a positive floor");
     require(rope.n_rot >= 0 && rope.n_rot % 2 == 0 && rope.n_rot <= head_dim,
             "n_rot must be even and at most head_dim (n_rot " + std::to_string(rope.n_rot) + ", head_dim " +
                 std::to_string(head_dim) + ")");
@@ -177,6 +202,12 @@ RopeArgs rope_args(float* q, float* k, int32_t n_heads, int32_t n_kv_heads, int3
     args.base = rope.base;
     args.freq_scale = rope.freq_scale;
     args.freq_factors = rope.freq_factors;
+    args.yarn_ext_factor = rope.yarn_ext_factor;
+    args.yarn_corr_low = rope.yarn_corr_low;
+    args.yarn_corr_high = rope.yarn_corr_high;
+    args.mscale = rope.mscale;
+    args.q_temp_scale = rope.q_temp_scale;
+    args.q_temp_floor = rope.q_temp_floor;
     args.pos0 = pos0;
     args.pos0_device = pos0_device;
     return args;

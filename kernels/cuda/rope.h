@@ -15,6 +15,15 @@ struct RopeParams {
     float base = 10000.0f;
     float freq_scale = 1.0f;
     const float* freq_factors = nullptr;  // device (n_rot/2) or null: angle i divided by factor i
+    // YaRN (the CPU's RopeYarn, kernels/cpu/ops.h): ext_factor 0 is off; pair i's angle multiplier mixes
+    // freq_scale with 1 by a ramp over the pairs [yarn_corr_low, yarn_corr_high]; cos/sin times mscale.
+    float yarn_ext_factor = 0.0f;
+    float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
+    float mscale = 1.0f;
+    // The attention temperature of q (ModelConfig::attn_temperature, mistral3): after the rotation every q
+    // value at position p is multiplied by 1 + q_temp_scale * ln(floor(p / q_temp_floor) + 1). 0: off.
+    float q_temp_scale = 0.0f;
+    int32_t q_temp_floor = 0;
 };
 
 // For token i at position pos0 + i: each of q's n_heads heads (rows of n_heads * head_dim) and k's

@@ -29,6 +29,8 @@ inline float __fadd_rn(float a, float b) { return cuda_emu_device_nan(a + b); }
 inline float __fsub_rn(float a, float b) { return cuda_emu_device_nan(a - b); }
 inline float __fmul_rn(float a, float b) { return cuda_emu_device_nan(a * b); }
 inline float __fdiv_rn(float a, float b) { return cuda_emu_device_nan(a / b); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return cuda_emu_device_nan(std::fma(a, b, c)); }
 inline float __saturatef(float x) { return x >= 1.0f ? 1.0f : (x > 0.0f ? x : 0.0f); }   // NaN -> 0
 
