@@ -12,8 +12,8 @@
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 8> kArchNames = {"llama",  "qwen2",    "qwen3",   "gemma2",
-                                                        "gemma3", "qwen3moe", "gpt-oss", "mistral3"};
+constexpr std::array<std::string_view, 10> kArchNames = {"llama",    "qwen2",   "qwen3",   "gemma2",  "gemma3",
+                                                         "qwen3moe", "gpt-oss", "smollm3", "phi3",    "mistral3"};
 
 std::string supported_list() {
     std::string s;
@@ -52,6 +52,11 @@ constexpr ArchTraits kTraits[] = {
     // gpt-oss: neox rope, clamped SwiGLU experts, top-k by logit then a softmax over the k (softmax_weight).
     {Arch::gpt_oss, RopeStyle::neox, false, false, false, FfnActivation::swiglu_oai, false, true,
      ExpertGating::softmax_weight, false},
+    // smollm3: llama's layers, with RoPE left out of every 4th (ModelConfig's LayerConfig::no_rope).
+    {Arch::smollm3, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax,
+     false},
+    // phi3 (Phi-3, Phi-4): fused attn_qkv and gate/up tensors (engine/weights.cpp), neox RoPE, often partial.
+    {Arch::phi3, RopeStyle::neox, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
     // mistral3 (Ministral 3): llama's layers (the converter permutes q/k for adjacent pairs), usually with YaRN
     // and an attention temperature (read below).
     {Arch::mistral3, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax,
@@ -121,8 +126,27 @@ private:
 // Largest expert count accepted (llama.cpp's LLAMA_MAX_EXPERTS).
 constexpr int64_t kMaxExperts = 1024;
 
+// A llama whose metadata counts experts (Mixtral): llama.cpp routes it like qwen3moe (softmax, the top-k
+// weights divided by their sum, no scale key read) and sizes its experts by feed_forward_length, ignoring
+// expert_feed_forward_length.
+void read_llama_experts(const MetaReader& meta, int32_t n_layers, ModelConfig& c) {
+    c.n_expert = meta.checked_count("expert_count", meta.get_int("expert_count"), kMaxExperts);
+    c.n_expert_used = meta.checked_count("expert_used_count", meta.get_int("expert_used_count"), c.n_expert);
+    const std::vector<int64_t> widths = meta.per_layer("feed_forward_length", n_layers);
+    for (const int64_t w : widths)
+        if (w != widths.front())
+            meta.fail("feed_forward_length", "differs between layers (" + std::to_string(widths.front()) + " and " +
+                                                 std::to_string(w) + "); a mixture-of-experts llama needs one width");
+    c.expert_ffn_dim = meta.checked_count("feed_forward_length", widths.front());
+    if (meta.has("expert_shared_count") && meta.get_int("expert_shared_count") != 0)
+        meta.fail("expert_shared_count", "value " + std::to_string(meta.get_int("expert_shared_count")) +
+                                             ": shared experts are not supported yet");
+    c.expert_gating = ExpertGating::softmax;
+    c.expert_weights_norm = true;
+}
+
 // The expert metadata (llama.cpp's keys): required and checked for an architecture with routed experts;
-// for one without, an expert_count above 0 (a Mixtral-style llama) is refused rather than run as dense.
+// for one without, an expert_count above 0 is refused rather than run as dense (llama's: read above).
 void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_view arch, ModelConfig& c) {
     if (!traits.moe) {
         if (meta.has("expert_count") && meta.get_int("expert_count") > 0)
@@ -237,9 +261,11 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     c.qk_norm = traits.qk_norm;
     c.post_norms = traits.post_norms;
     c.ffn_act = traits.ffn_act;
-    read_experts(meta, traits, arch_str, c);
-
     c.n_layers = meta.checked_count("block_count", meta.get_int("block_count"), 4096);
+    if (c.arch == Arch::llama && meta.has("expert_count") && meta.get_int("expert_count") > 0)
+        read_llama_experts(meta, c.n_layers, c);
+    else
+        read_experts(meta, traits, arch_str, c);
     c.dim = meta.checked_count("embedding_length", meta.get_int("embedding_length"));
     c.n_ctx_train = meta.checked_count("context_length", meta.get_int("context_length"));
     c.rms_eps = meta.get_f32("attention.layer_norm_rms_epsilon");
@@ -278,6 +304,11 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     float rope_freq_scale = 1.0f;
     const bool yarn = scaling == "yarn";
     c.rope_longrope = scaling == "longrope";
+    // phi3's converter writes LongRoPE files without rope.scaling.type: llama.cpp takes its factor tensors wherever
+    // they are present.
+    if (c.arch == Arch::phi3 && (file.find_tensor("rope_factors_long.weight") != nullptr ||
+                                 file.find_tensor("rope_factors_short.weight") != nullptr))
+        c.rope_longrope = true;
     if (scaling == "linear" || yarn || c.rope_longrope) {
         if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
     } else if (scaling != "none") {
@@ -349,6 +380,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
             lc.rope_mscale = yarn_mscale(rope_freq_scale, log_mul, attn_factor);
         }
         if ((c.arch == Arch::gemma2 || c.arch == Arch::gpt_oss) && l % 2 == 0) lc.sliding_window = window;
+        // SmolLM3: layers 3, 7, 11, ... skip RoPE. llama.cpp fixes the interval at 4 (no metadata key).
+        if (c.arch == Arch::smollm3 && (l + 1) % 4 == 0) lc.no_rope = true;
         if (c.arch == Arch::gemma3 && l % 6 < 5) {
             // Local layers ignore the rope.* keys: base 10000, no scaling.
             lc.sliding_window = window;
@@ -388,6 +421,9 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     }
 
     c.tied_output = file.find_tensor("output.weight") == nullptr;
+    // phi3's attention.sliding_window is read by llama.cpp and then switched off (its conversions do not say
+    // which layers slide), so every layer attends globally here too.
+    c.ffn_gate_up_fused = c.arch == Arch::phi3;
     return c;
 }
 

@@ -12,7 +12,7 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, mistral3 };
+enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, smollm3, phi3, mistral3 };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 // SwiGLU / GeGLU / gpt-oss's clamped SwiGLU: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1)
 enum class FfnActivation { silu, gelu_tanh, swiglu_oai };
@@ -32,6 +32,7 @@ struct LayerConfig {
     int32_t sliding_window = 0; // 0: global attention; w: a query at q sees keys k with q - k < w
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f; // angle multiplier (1 / linear scaling factor)
+    bool no_rope = false;         // NoPE: q and k enter attention unrotated (SmolLM3's every 4th layer)
     // YaRN (rope.scaling.type "yarn"; kernels/cpu/ops.h RopeYarn): ext_factor 0 is off; pairs below corr_low
     // keep their unscaled angle, pairs above corr_high get rope_freq_scale, a ramp between. rope_mscale
     // multiplies every rotated q/k value (YaRN's attention factor, 0.1 ln(factor) + 1 by default).
@@ -74,6 +75,7 @@ struct ModelConfig {
     float attn_softcap = 0.0f;  // gemma2: scores -> c * tanh(s / c); 0 = off
     float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off
     bool tied_output = false;   // no output.weight: token_embd.weight is the lm_head
+    bool ffn_gate_up_fused = false; // phi3: ffn_up.weight holds the gate's rows, then the up projection's
     // Llama 4's attention temperature (mistral3's attention.temperature_scale): after RoPE, q at position p is
     // multiplied by attn_temperature(p) = 1 + attn_temp_scale * ln(floor(p / attn_temp_floor) + 1), 1 below
     // attn_temp_floor (the original context length). attn_temp_scale 0: off.

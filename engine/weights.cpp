@@ -52,6 +52,26 @@ public:
         return bind(name, n_in, n_out, 3, dims, Need::required, n_mats);
     }
 
+    // Rows [first, first + n) of a bound matrix as a matrix of its own: the parts of a fused tensor (phi3's
+    // attn_qkv and ffn_up). In place when the slice starts on kWeightAlignment, else an aligned copy.
+    WeightRef rows(const WeightRef& m, int64_t first, int64_t n, const std::string& part) const {
+        WeightRef w = m;
+        w.name = m.name + " (" + part + ")";
+        w.ne[1] = n;
+        const uint8_t* start = m.row(first);
+        if (reinterpret_cast<uintptr_t>(start) % kWeightAlignment == 0) {
+            w.data = start;
+            return w;
+        }
+        GgufTensor t;
+        t.data = start;
+        t.n_bytes = static_cast<size_t>(n) * m.row_size();
+        w.data = aligned_bytes(t, store_);
+        return w;
+    }
+
+    bool has(const std::string& name) const { return file_.find_tensor(name) != nullptr; }
+
 private:
     WeightRef bind(const std::string& name, int64_t n0, int64_t n1, int n_dims, const char* dims, Need need,
                    int64_t n2 = 1) const {
@@ -117,9 +137,20 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
         const int64_t o_dim = int64_t{lc.n_heads} * c.head_dim_v;
 
         lw.attn_norm = b.vector(p + "attn_norm.weight", c.dim, "[dim]");
-        lw.wq = b.matrix(p + "attn_q.weight", c.dim, q_dim, "[dim, n_heads*head_dim]");
-        lw.wk = b.matrix(p + "attn_k.weight", c.dim, k_dim, "[dim, n_kv_heads*head_dim]");
-        lw.wv = b.matrix(p + "attn_v.weight", c.dim, v_dim, "[dim, n_kv_heads*head_dim_v]");
+        if (b.has(p + "attn_qkv.weight")) {
+            // One fused tensor, the rows of q, then k, then v (phi3; llama.cpp accepts it for any architecture).
+            const WeightRef qkv = b.matrix(p + "attn_qkv.weight", c.dim, q_dim + k_dim + v_dim,
+                                           "[dim, n_heads*head_dim + n_kv_heads*(head_dim + head_dim_v)]");
+            if (b.has(p + "attn_qkv.bias"))
+                throw InputError(file.path() + ": tensor " + p + "attn_qkv.bias: a fused q/k/v bias is not supported");
+            lw.wq = b.rows(qkv, 0, q_dim, "q");
+            lw.wk = b.rows(qkv, q_dim, k_dim, "k");
+            lw.wv = b.rows(qkv, q_dim + k_dim, v_dim, "v");
+        } else {
+            lw.wq = b.matrix(p + "attn_q.weight", c.dim, q_dim, "[dim, n_heads*head_dim]");
+            lw.wk = b.matrix(p + "attn_k.weight", c.dim, k_dim, "[dim, n_kv_heads*head_dim]");
+            lw.wv = b.matrix(p + "attn_v.weight", c.dim, v_dim, "[dim, n_kv_heads*head_dim_v]");
+        }
         lw.bq = b.vector(p + "attn_q.bias", q_dim, "[n_heads*head_dim]", bias);
         lw.bk = b.vector(p + "attn_k.bias", k_dim, "[n_kv_heads*head_dim]", bias);
         lw.bv = b.vector(p + "attn_v.bias", v_dim, "[n_kv_heads*head_dim_v]", bias);
@@ -147,6 +178,12 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
                 lw.up_exps_b = b.matrix(p + "ffn_up_exps.bias", c.expert_ffn_dim, c.n_expert, "[expert_ffn, n_expert]");
                 lw.down_exps_b = b.matrix(p + "ffn_down_exps.bias", c.dim, c.n_expert, "[dim, n_expert]");
             }
+        } else if (c.ffn_gate_up_fused) {
+            // phi3: ffn_up holds 2*ffn_dim rows, the gate's first, then the up projection's.
+            const WeightRef gate_up = b.matrix(p + "ffn_up.weight", c.dim, 2 * int64_t{lc.ffn_dim}, "[dim, 2*ffn_dim]");
+            lw.w_gate = b.rows(gate_up, 0, lc.ffn_dim, "gate");
+            lw.w_up = b.rows(gate_up, lc.ffn_dim, lc.ffn_dim, "up");
+            lw.w_down = b.matrix(p + "ffn_down.weight", lc.ffn_dim, c.dim, "[ffn_dim, dim]");
         } else {
             lw.w_gate = b.matrix(p + "ffn_gate.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
             lw.w_up = b.matrix(p + "ffn_up.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");

@@ -280,6 +280,25 @@ TEST_CASE("detection from real tokenizer.chat_template texts") {
          "<|message|>\" + message.content + \"<|end|>\" }}{{- \"<|start|>user<|message|>\" + message.content + "
          "\"<|end|>\" }}",
          "gpt-oss"},
+        // Mixtral 8x7B Instruct v0.1: Mistral's v1 format (" [INST] ... [/INST]").
+        {"{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) "
+         "%}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% "
+         "if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+         "'assistant' %}{{ message['content'] + eos_token}}{% endif %}{% endfor %}",
+         "mistral-v1"},
+        // SmolLM3 3B, abridged: ChatML with its own system block (metadata lines); its default system text is
+        // built from expressions, so there is no literal to take.
+        {"{{- \"<|im_start|>system\\n\" -}}{{- \"## Metadata\\n\\n\" -}}{{- \"Knowledge Cutoff Date: June 2025\\n\" "
+         "-}}{%- for message in messages -%}{{- \"<|im_start|>\" + message.role + \"\\n\" + message.content + "
+         "\"<|im_end|>\\n\" -}}{%- endfor -%}{%- if add_generation_prompt -%}{{- \"<|im_start|>assistant\\n\" -}}"
+         "{%- endif -%}",
+         "chatml"},
+        // Phi-4-mini: the role tags built as '<|' + role + '|>'; llama.cpp renders it as Phi-3.
+        {"{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] "
+         "is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + "
+         "'<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% "
+         "endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}",
+         "phi3"},
     };
     for (const Case& c : cases) {
         CAPTURE(c.family);

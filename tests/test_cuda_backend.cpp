@@ -298,14 +298,15 @@ TEST_CASE("cuda backend: qwen3, qwen3 with YaRN, llama with LongRoPE, mistral3 a
     }
 }
 
-TEST_CASE("cuda backend: a mixture of experts (qwen3moe) routes and sums the CPU's experts, by slot and grouped") {
+TEST_CASE("cuda backend: a mixture of experts (qwen3moe, Mixtral) routes and sums the CPU's experts, by slot and grouped") {
     // 24 tokens in one batch: the experts grouped by expert (backend_cuda_moe.cpp's prefill way, GEMM paths
     // beside the per-column ones); 5 tokens: by slot, several columns in a launch; then greedy decode, one
     // token a step through the captured graph (the expert ids read from device memory at each replay).
     test::TempDir dir;
-    for (const char* type : {"f16", "q4_k_m"}) {
+    for (const char* shape : {"tiny-qwen3moe", "tiny-mixtral"}) for (const char* type : {"f16", "q4_k_m"}) {
+        CAPTURE(shape);
         CAPTURE(type);
-        Opened o = open_both(synth_file(dir, "tiny-qwen3moe", type), 64);
+        Opened o = open_both(synth_file(dir, shape, type), 64);
         const std::vector<int32_t> tokens = ramp_tokens(24, o.model.config.vocab);
         CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
         const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 5);
@@ -394,6 +395,27 @@ TEST_CASE("cuda backend: mxfp4 FFN weights (tern synth --type mxfp4) give the CP
     MESSAGE("mxfp4: int8 cuda vs exact " << vs_exact << "; the CPU's int8 vs exact " << ggml_vs_exact);
     CHECK(vs_exact > 0.0);
     CHECK(vs_exact < std::max(3.0 * ggml_vs_exact, 1e-3));
+}
+
+TEST_CASE("cuda backend: smollm3's NoPE layers, phi3's fused tensors, partial rotary and LongRoPE, also after a shift") {
+    test::TempDir dir;
+    for (const char* shape : {"tiny-smollm3", "tiny-phi3", "tiny-phi3-longrope"}) {
+        for (const char* type : {"f16", "q4_k_m"}) {
+            CAPTURE(shape);
+            CAPTURE(type);
+            // 128 positions: past tiny-phi3-longrope's 64-token original context, so its long factors apply.
+            Opened o = open_both(synth_file(dir, shape, type), 128, KvType::f16);
+            const std::vector<int32_t> tokens = ramp_tokens(24, o.model.config.vocab);
+            CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+            // The context shift turns the cached keys of the rotating layers only.
+            o.cpu->kv_erase(3, 9);
+            o.cuda->kv_erase(3, 9);
+            const std::vector<int32_t> next = {11, 12};
+            o.cpu->forward({next, o.cpu->n_past(), LogitsWanted::all});
+            o.cuda->forward({next, o.cuda->n_past(), LogitsWanted::all});
+            for (int r = 0; r < 2; ++r) CHECK(row_error(o.cuda->logits(r), o.cpu->logits(r)) < kLogitTolerance);
+        }
+    }
 }
 
 TEST_CASE("cuda backend: every KV cache format") {

@@ -1,4 +1,4 @@
-// Mixture of experts (qwen3moe) on the CPU: the router's top-k, the expert metadata's errors, the MoE FFN against
+// Mixture of experts (qwen3moe, Mixtral) on the CPU: the router's top-k, the expert metadata's errors, the MoE FFN against
 // a scalar reference (dequantized weights, double accumulation) on the tiny synthetic model, and batch invariance
 // (a token's logits do not depend on the other tokens of its batch).
 #include <doctest/doctest.h>
@@ -46,10 +46,10 @@ Route route(const std::vector<float>& logits, const ModelConfig& c) {
     return r;
 }
 
-std::string synth_file(const test::TempDir& dir, const std::string& type) {
-    const std::string path = (dir / ("moe-" + type + ".gguf")).string();
+std::string synth_file(const test::TempDir& dir, const std::string& type, const std::string& shape = "tiny-qwen3moe") {
+    const std::string path = (dir / (shape + "-" + type + ".gguf")).string();
     SynthOptions o;
-    o.shape = "tiny-qwen3moe";
+    o.shape = shape;
     o.type = type;
     o.n_threads = 1;
     write_synth_model(o, path);
@@ -229,23 +229,64 @@ TEST_CASE("qwen3moe metadata: read, and one-line errors naming the file and key"
     // Without the expert width: llama.cpp's fallback, feed_forward_length / expert_used_count (768 / 2 = 384).
     CHECK(edited("derived.gguf", [](GgufWriter& w) { w.remove("qwen3moe.expert_feed_forward_length"); })
               .find("but expected [256, 384, 8]") != std::string::npos);
-    // A llama with experts (Mixtral) is refused, not run as a dense model.
-    const std::string msg = edited("mixtral.gguf", [](GgufWriter& w) {
-        w.set("general.architecture", GgufValue::make_string("llama"));
-        for (const GgufKv& kv : std::vector<GgufKv>(w.metadata()))
-            if (kv.key.starts_with("qwen3moe.")) w.set("llama." + kv.key.substr(9), kv.value);
+}
+
+TEST_CASE("mixtral: a llama with experts is routed like qwen3moe, its experts sized by feed_forward_length") {
+    test::TempDir dir;
+    const std::string good = synth_file(dir, "f16", "tiny-mixtral");
+    const Model m = load_model(good);
+    CHECK(m.config.arch == Arch::llama);
+    CHECK(m.config.rope_style == RopeStyle::normal);
+    CHECK(!m.config.qk_norm);
+    CHECK(m.config.n_expert == 8);
+    CHECK(m.config.n_expert_used == 2);
+    CHECK(m.config.expert_ffn_dim == 256);
+    CHECK(m.config.expert_weights_norm);
+    CHECK(m.config.expert_gating == ExpertGating::softmax);
+    CHECK(m.config.expert_weights_scale == 1.0f);
+    CHECK(!m.config.tied_output);
+    CHECK(m.weights.layers[0].down_exps.n_mats == 8);
+    CHECK(!m.weights.layers[0].w_up.present());
+
+    auto edited = [&](const std::string& name, const std::function<void(GgufWriter&)>& edit) {
+        const std::string msg = load_error(rewrite(dir, good, name, edit));
+        CHECK(msg.find(name) != std::string::npos);
+        CHECK(msg.find('\n') == std::string::npos);
+        return msg;
+    };
+    // llama.cpp reads no expert width key for llama: a different one changes nothing.
+    const std::string other_width = rewrite(dir, good, "other-width.gguf", [](GgufWriter& w) {
+        w.set("llama.expert_feed_forward_length", GgufValue::make_u32(128));
     });
-    CHECK(msg.find("metadata llama.expert_count: value 8: mixture-of-experts llama models are not supported yet") !=
+    CHECK(load_model(other_width).config.expert_ffn_dim == 256);
+    CHECK(edited("width.gguf", [](GgufWriter& w) { w.set("llama.feed_forward_length", GgufValue::make_u32(512)); })
+              .find("ffn_gate_exps.weight has shape [256, 256, 8] but expected [256, 512, 8]") != std::string::npos);
+    CHECK(edited("no-used.gguf", [](GgufWriter& w) { w.remove("llama.expert_used_count"); })
+              .find("llama.expert_used_count") != std::string::npos);
+    CHECK(edited("many-used.gguf", [](GgufWriter& w) { w.set("llama.expert_used_count", GgufValue::make_u32(9)); })
+              .find("metadata llama.expert_used_count: value 9 is out of range (expected 1..8)") != std::string::npos);
+    CHECK(edited("shared.gguf", [](GgufWriter& w) { w.set("llama.expert_shared_count", GgufValue::make_u32(1)); })
+              .find("metadata llama.expert_shared_count: value 1: shared experts are not supported yet") !=
           std::string::npos);
+    CHECK(edited("per-layer.gguf",
+                 [](GgufWriter& w) {
+                     w.set("llama.feed_forward_length", GgufValue::make_i32_array({256, 512}));
+                 })
+              .find("metadata llama.feed_forward_length: differs between layers (256 and 512)") != std::string::npos);
+    // expert_count 0: a dense llama, which then needs the dense tensors.
+    CHECK(edited("dense.gguf", [](GgufWriter& w) { w.set("llama.expert_count", GgufValue::make_u32(0)); })
+              .find("tensor blk.0.ffn_gate.weight is missing") != std::string::npos);
 }
 
 // One layer of the model with its attention output zeroed (so the layer adds only its FFN), run as a slice from
 // a given residual stream, against the scalar reference.
 TEST_CASE("the MoE FFN agrees with a scalar reference (dequantized weights, double accumulation)") {
     test::TempDir dir;
+    for (const std::string shape : {"tiny-qwen3moe", "tiny-mixtral"})
     for (const char* type : {"f16", "q8_0", "q4_k_m"}) {
+        CAPTURE(shape);
         CAPTURE(type);
-        const std::string path = rewrite(dir, synth_file(dir, type), std::string("zero-attn-") + type + ".gguf",
+        const std::string path = rewrite(dir, synth_file(dir, type, shape), shape + "-zero-attn-" + type + ".gguf",
                                          [](GgufWriter&) {},
                                          [](const std::string& n) { return n.find("attn_output") != std::string::npos; });
         const Model m = load_model(path);
@@ -299,9 +340,11 @@ TEST_CASE("the MoE FFN agrees with a scalar reference (dequantized weights, doub
 
 TEST_CASE("batch invariance: a token's logits do not depend on the rest of its batch") {
     test::TempDir dir;
+    for (const std::string shape : {"tiny-qwen3moe", "tiny-mixtral"})
     for (const char* type : {"q4_k_m", "f16"}) {
+        CAPTURE(shape);
         CAPTURE(type);
-        const Model m = load_model(synth_file(dir, type));
+        const Model m = load_model(synth_file(dir, type, shape));
         const int32_t vocab = m.config.vocab;
         const std::vector<int32_t> a = {5, 77, 301, 42, 9, 120}, other = {11, 12, 400, 401, 250, 3, 99, 8, 17};
         for (const int threads : {1, 2}) {

@@ -185,6 +185,8 @@ ChatTemplate::Detection ChatTemplate::detect(std::string_view t) {
         return found(has(t, "[INST] ") ? Family::mistral_v3 : Family::mistral_v3_tekken);
     }
     if (has(t, "<|user|>")) return found(has(t, "<|end|>") ? Family::phi3 : Family::zephyr);
+    // Phi-4-mini builds its role tags as '<|' + role + '|>': only the generation prompt is written out.
+    if (has(t, "<|assistant|>") && has(t, "<|end|>")) return found(Family::phi3);
     if (has(t, "<｜User｜>") || has(t, "<｜Assistant｜>")) return found(Family::deepseek3);
     if (has(t, "User: ") && has(t, "Assistant:")) return found(Family::deepseek);
     return {ChatTemplate(Family::chatml), Detection::Fallback::unrecognised_template, t.size()};

@@ -62,7 +62,7 @@ LayerRope layer_rope(const ModelConfig& config, int32_t layer, const float* freq
     LayerRope r;
     r.neox = config.rope_style == RopeStyle::neox;
     r.head_dim = config.head_dim;
-    r.n_rot = config.n_rot;
+    r.n_rot = lc.no_rope ? 0 : config.n_rot; // no rotated dims: q and k (and a shift's keys) stay as they are
     r.base = lc.rope_base;
     r.freq_scale = lc.rope_freq_scale;
     r.freq_factors = freq_factors;

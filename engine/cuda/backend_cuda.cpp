@@ -589,7 +589,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         observe(first_layer_ + l, ProjectionInput::attn_qkv, xn, n, dim);
         cuda::RopeParams rope;
         rope.neox = c.rope_style == RopeStyle::neox;
-        rope.n_rot = c.n_rot;
+        rope.n_rot = lc.no_rope ? 0 : c.n_rot;   // SmolLM3's NoPE layers rotate nothing
         rope.base = lc.rope_base;
         rope.freq_scale = lc.rope_freq_scale;
         rope.freq_factors = rope_freqs_;
@@ -839,7 +839,7 @@ void CudaBackend::kv_erase(int32_t begin, int32_t end) {
             const LayerConfig& lc = config_.layers[static_cast<size_t>(l)];
             cuda::RopeParams rope;
             rope.neox = config_.rope_style == RopeStyle::neox;
-            rope.n_rot = config_.n_rot;
+            rope.n_rot = lc.no_rope ? 0 : config_.n_rot;
             rope.base = lc.rope_base;
             rope.freq_scale = lc.rope_freq_scale;
             rope.freq_factors = rope_freqs_;

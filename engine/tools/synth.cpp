@@ -52,15 +52,20 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
                                   {"output_norm.weight", s.dim, 1, Role::norm, 1.0f / embd_gain}};
     if (!s.tied_output) t.push_back({"output.weight", s.dim, vocab, Role::matrix});
     if (s.longrope_n_ctx_orig > 0) {   // positive factors: long ones around 4, short ones around 1
-        t.push_back({"rope_factors_long.weight", s.head_dim / 2, 1, Role::norm, 4.0f});
-        t.push_back({"rope_factors_short.weight", s.head_dim / 2, 1, Role::norm, 1.0f});
+        const int64_t half = (s.n_rot > 0 ? s.n_rot : s.head_dim) / 2;   // a factor per rotated pair
+        t.push_back({"rope_factors_long.weight", half, 1, Role::norm, 4.0f});
+        t.push_back({"rope_factors_short.weight", half, 1, Role::norm, 1.0f});
     }
     for (int32_t l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         t.push_back({p + "attn_norm.weight", s.dim, 1, Role::norm});
-        t.push_back({p + "attn_q.weight", s.dim, q_dim, Role::matrix});
-        t.push_back({p + "attn_k.weight", s.dim, kv_dim, Role::matrix});
-        t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
+        if (s.arch == "phi3") {   // phi3 files fuse q, k and v into one tensor, their rows in that order
+            t.push_back({p + "attn_qkv.weight", s.dim, q_dim + 2 * kv_dim, Role::matrix});
+        } else {
+            t.push_back({p + "attn_q.weight", s.dim, q_dim, Role::matrix});
+            t.push_back({p + "attn_k.weight", s.dim, kv_dim, Role::matrix});
+            t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
+        }
         if (s.qkv_bias || s.gpt_oss) {
             t.push_back({p + "attn_q.bias", q_dim, 1, Role::bias});
             t.push_back({p + "attn_k.bias", kv_dim, 1, Role::bias});
@@ -89,6 +94,9 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
                 t.push_back({p + "ffn_up_exps.bias", s.expert_ffn_dim, s.n_expert, Role::bias});
                 t.push_back({p + "ffn_down_exps.bias", s.dim, s.n_expert, Role::bias});
             }
+        } else if (s.arch == "phi3") {   // and the gate's rows, then the up projection's, into ffn_up
+            t.push_back({p + "ffn_up.weight", s.dim, 2 * int64_t{s.ffn_dim}, Role::matrix});
+            t.push_back({p + "ffn_down.weight", s.ffn_dim, s.dim, Role::matrix});
         } else {
             t.push_back({p + "ffn_gate.weight", s.dim, s.ffn_dim, Role::matrix});
             t.push_back({p + "ffn_up.weight", s.dim, s.ffn_dim, Role::matrix});
@@ -118,6 +126,8 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))});
         kv.push_back({a + "vocab_size", GgufValue::make_u32(static_cast<uint32_t>(vocab))});
     }
+    if (s.n_rot > 0)
+        kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_rot))});
     if (s.n_expert > 0) {
         kv.push_back({a + "expert_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert))});
         kv.push_back({a + "expert_used_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert_used))});
@@ -141,9 +151,9 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         kv.push_back({a + "attention.temperature_scale", GgufValue::make_f32(s.attn_temp_scale)});
     if (s.longrope_n_ctx_orig > 0) {   // as the converter writes Phi-3's long-context rope
         const double scale = static_cast<double>(s.n_ctx_train) / s.longrope_n_ctx_orig;
-        const double attn_factor =
-            std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.longrope_n_ctx_orig)));
-        kv.push_back({a + "rope.scaling.type", GgufValue::make_string("longrope")});
+        const double attn_factor = std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.longrope_n_ctx_orig)));
+        // phi3's own converter writes no scaling type (the factor tensors say it); other architectures need it.
+        if (s.arch != "phi3") kv.push_back({a + "rope.scaling.type", GgufValue::make_string("longrope")});
         kv.push_back({a + "rope.scaling.original_context_length",
                       GgufValue::make_u32(static_cast<uint32_t>(s.longrope_n_ctx_orig))});
         kv.push_back({a + "rope.scaling.attn_factor", GgufValue::make_f32(static_cast<float>(attn_factor))});
@@ -242,6 +252,17 @@ void fill_tensor(const SynthTensor& t, GgmlType type, uint64_t tensor_seed, std:
     }
 }
 
+// general.name. llama.cpp gives the special tokens of a model whose name holds "phi3" or "phi-3" (any case) its
+// Phi-3 whitespace rules, and fails to load one whose vocabulary lacks Phi-3's "<|endoftext|>" (the built-in
+// one does): so the phi shapes are named "phi 3".
+std::string model_name(const SynthShape& s) {
+    std::string name = "tern synth " + std::string(s.name) + " (" + std::string(s.model) + " shape, random weights)";
+    for (const std::string_view from : {"phi3", "Phi3", "phi-3", "Phi-3"})
+        for (size_t at = name.find(from); at != std::string::npos; at = name.find(from, at))
+            name.replace(at, from.size(), std::string(from.substr(0, 3)) + " 3");
+    return name;
+}
+
 std::string join(const std::vector<std::string>& v) {
     std::string s;
     for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
@@ -305,8 +326,7 @@ void write_synth_model(const SynthOptions& options, const std::string& out_path)
 
     GgufWriter writer;
     writer.set("general.architecture", GgufValue::make_string(std::string(shape->arch)));
-    writer.set("general.name", GgufValue::make_string("tern synth " + std::string(shape->name) + " (" +
-                                                      std::string(shape->model) + " shape, random weights)"));
+    writer.set("general.name", GgufValue::make_string(model_name(*shape)));
     for (GgufKv& kv : arch_keys(*shape, vocab.n_tokens)) writer.set(kv.key, std::move(kv.value));
     for (GgufKv& kv : vocab.keys) writer.set(kv.key, std::move(kv.value));
     writer.set("general.quantization_version", GgufValue::make_u32(2));

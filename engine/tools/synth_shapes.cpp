@@ -1,7 +1,5 @@
 #include "engine/tools/synth_shapes.h"
 
-#include <array>
-
 namespace tern {
 
 namespace {
@@ -83,6 +81,22 @@ SynthShape gpt_oss(SynthShape s, int32_t n_expert, int32_t n_used, int32_t exper
     return s;
 }
 
+// Mixtral: a llama whose every FFN is n_expert routed experts of the dense width (llama.cpp sizes them by
+// feed_forward_length), n_used per token.
+SynthShape mixtral(SynthShape s, int32_t n_expert, int32_t n_used) {
+    s.n_expert = n_expert;
+    s.n_expert_used = n_used;
+    s.expert_ffn_dim = s.ffn_dim;
+    return s;
+}
+
+// Phi-3 / Phi-4 (synth.cpp writes phi3's fused attn_qkv and gate/up tensors): n_rot rotated dims per head, 0 for
+// all of them.
+SynthShape phi3(SynthShape s, int32_t n_rot) {
+    s.n_rot = n_rot;
+    return s;
+}
+
 // YaRN rope scaling by `factor` over an original context of n_ctx_orig tokens (Qwen3's published long-context
 // setting: factor 4 over 32768).
 SynthShape yarn(SynthShape s, float factor, int32_t n_ctx_orig) {
@@ -109,7 +123,7 @@ SynthShape mistral3(SynthShape s, float factor, int32_t n_ctx_orig) {
     return s;
 }
 
-const std::array<SynthShape, 21> kShapes = {
+const SynthShape kShapes[] = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
     tied(qwen3(make("tiny-qwen3", "qwen3", "tern tiny test model", 256, 2, 4, 2, 128, 768, 512, 2048, 1000000.0f,
@@ -163,6 +177,31 @@ const std::array<SynthShape, 21> kShapes = {
                       1e-5f),
                  32, 4, 2880, 128),
          32.0f, 4096),
+    mixtral(make("tiny-mixtral", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 256, 512, 2048, 1000000.0f, 1e-5f),
+            8, 2),
+    // 8 experts of width 14336, 2 used: 46.7B parameters, 12.9B active per token.
+    mixtral(make("mixtral-8x7b", "llama", "Mixtral 8x7B", 4096, 32, 32, 8, 128, 14336, 32000, 32768, 1000000.0f,
+                 1e-5f),
+            8, 2),
+    // Every 4th layer without RoPE: 4 layers hold one.
+    tied(make("tiny-smollm3", "smollm3", "tern tiny test model", 256, 4, 4, 2, 64, 768, 512, 2048, 5000000.0f, 1e-6f)),
+    tied(make("smollm3-3b", "smollm3", "SmolLM3 3B", 2048, 36, 16, 4, 128, 11008, 128256, 65536, 5000000.0f, 1e-6f)),
+    // Phi-4-mini's traits without its LongRoPE: tied, GQA, 3/4 of each head rotated.
+    tied(phi3(make("tiny-phi3", "phi3", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f),
+              48)),
+    // tiny-phi3 with LongRoPE over a 64-token original context, as Phi-4-mini's files carry it (no scaling type key,
+    // a factor per rotated pair: 24 here): a 512-token run takes the long factors.
+    longrope(tied(phi3(make("tiny-phi3-longrope", "phi3", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048,
+                            10000.0f, 1e-5f),
+                       48)),
+             64),
+    phi3(make("phi3-mini", "phi3", "Phi-3 mini 4k", 3072, 32, 32, 32, 96, 8192, 32064, 4096, 10000.0f, 1e-5f), 0),
+    // Phi-4-mini: 3/4 of each 128-wide head rotated, LongRoPE from 4096 to 131072 positions, tied.
+    longrope(tied(phi3(make("phi4-mini", "phi3", "Phi-4 mini", 3072, 32, 24, 8, 128, 8192, 200064, 131072, 10000.0f,
+                            1e-5f),
+                       96)),
+             4096),
+    phi3(make("phi4", "phi3", "Phi-4 14B", 5120, 40, 40, 10, 128, 17920, 100352, 16384, 250000.0f, 1e-5f), 0),
 };
 
 } // namespace

@@ -10,7 +10,7 @@ namespace tern {
 
 struct SynthShape {
     std::string_view name;          // "llama-1b"
-    std::string_view arch;          // general.architecture: llama, qwen2, qwen3, gemma3
+    std::string_view arch;          // general.architecture: llama, qwen2, qwen3, gemma3, ... (phi3: fused tensors)
     std::string_view model;         // the real model it copies, for general.name and --help
     int32_t dim = 0;                // embedding_length
     int32_t n_layers = 0;
@@ -33,6 +33,7 @@ struct SynthShape {
     // gpt-oss: attention sinks, biases on q/k/v/o, on the router and on the experts, the FFN norm stored as
     // post_attention_norm, a window on the even layers
     bool gpt_oss = false;
+    int32_t n_rot = 0;              // rope.dimension_count when only part of a head rotates (Phi-4-mini); 0: all
     float yarn_factor = 0.0f;       // > 0: rope.scaling.type yarn with this factor (Qwen3's long-context config)
     int32_t yarn_n_ctx_orig = 0;    // rope.scaling.original_context_length
     int32_t longrope_n_ctx_orig = 0; // > 0: LongRoPE over this original context (rope_factors_long/short tensors)
