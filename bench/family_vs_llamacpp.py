@@ -113,7 +113,7 @@ def tern_greedy(args, model, prompt, n):
     if out.returncode != 0:
         raise RuntimeError("tern run: exit %d: %s" % (out.returncode, out.stderr.strip()[-300:]))
     d = json.loads(out.stdout)
-    return d["prompt_tokens"], d["tokens"]
+    return d["prompt_tokens"], d["tokens"], d.get("stop_reason")
 
 
 def main():
@@ -172,9 +172,12 @@ def main():
                         reference["cases"].append({
                             "prompt": prompt, "prompt_tokens": l_prompt, "tokens": l_gen,
                             "margins": [margin_of(t) for t in tops], "top": tops})
-                    t_prompt, t_gen = tern_greedy(args, model, prompt, args.n)
+                    t_prompt, t_gen, t_stop = tern_greedy(args, model, prompt, args.n)
                     same_prompt = l_prompt == t_prompt
                     first = next((i for i, (a, b) in enumerate(zip(l_gen, t_gen)) if a != b), None)
+                    # llama-server's ids end with the end-of-generation token it stopped at; tern's stop before it.
+                    if first is None and t_stop == "eos" and len(t_gen) == len(l_gen) - 1:
+                        t_gen = t_gen + l_gen[-1:]
                     if first is None and len(l_gen) != len(t_gen):
                         first = min(len(l_gen), len(t_gen))
                     noise = NOISE.get(ftype, 1.0)

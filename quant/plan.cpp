@@ -96,14 +96,17 @@ GgmlType mixture_type(const PlanInput& t, const ModelFacts& m, QuantFtype f, Ggm
     }
     if (contains(name, "token_embd.weight")) return type;   // untied embeddings keep the default
 
+    // llama-quantize treats the fused q/k/v (phi3) and the MLA kv_b tensors as attn_v: the same rules, one counter.
+    const bool attn_v_like = contains(name, "attn_v.weight") || contains(name, "attn_qkv.weight") ||
+                             contains(name, "attn_kv_b.weight");
     // llama-quantize gives an 8-expert model's attn_k and attn_v Q8_0 ("trades just ~128MB"), whatever the rules
     // below say.
-    if (m.n_expert == 8 && (contains(name, "attn_k.weight") || contains(name, "attn_v.weight"))) {
-        if (contains(name, "attn_v.weight")) ++c.i_attn_v;
+    if (m.n_expert == 8 && (contains(name, "attn_k.weight") || attn_v_like)) {
+        if (attn_v_like) ++c.i_attn_v;
         reason = "8-expert attn_k/attn_v";
         return GgmlType::Q8_0;
     }
-    if (contains(name, "attn_v.weight")) {
+    if (attn_v_like) {
         const int64_t i = c.i_attn_v++, n = c.n_attn_v;
         if (f == F::q2_k) type = gqa >= 4 ? GgmlType::Q4_K : GgmlType::Q3_K;
         else if (f == F::q3_k_m) type = i < 2 ? GgmlType::Q5_K : GgmlType::Q4_K;
@@ -113,13 +116,6 @@ GgmlType mixture_type(const PlanInput& t, const ModelFacts& m, QuantFtype f, Ggm
         const bool is_70b = m.n_layer == 80 && ((m.arch == "llama" && gqa > 1) || m.arch == "qwen2");
         if (is_70b && (type == GgmlType::Q3_K || type == GgmlType::Q4_K)) type = GgmlType::Q5_K;
         if (type != def) reason = "attn_v bump (i=" + std::to_string(i) + " of " + std::to_string(n) + ")";
-        return type;
-    }
-    if (contains(name, "attn_qkv.weight")) {
-        if (f == F::q3_k_m) type = GgmlType::Q4_K;
-        else if (f == F::q4_k_m) type = GgmlType::Q5_K;
-        else if (f == F::q5_k_m) type = GgmlType::Q6_K;
-        if (type != def) reason = "attn_qkv bump";
         return type;
     }
     if (contains(name, "ffn_down")) {

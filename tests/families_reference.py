@@ -123,6 +123,10 @@ def main():
                                                                             case["prompt_tokens"]))
                     continue
                 upto = comparable_steps(case["margins"], ref["noise"])
+                # llama-server's ids end with the end-of-generation token it stopped at; tern's stop before it and
+                # say "eos": the same path when every earlier id agrees (checked below up to there).
+                if got.get("stop_reason") == "eos" and len(got["tokens"]) == len(case["tokens"]) - 1:
+                    upto = min(upto, len(got["tokens"]))
                 mine = got["tokens"][:upto]
                 first = next((i for i, (a, b) in enumerate(zip(mine, case["tokens"][:upto])) if a != b), None)
                 if first is None and len(mine) < upto:

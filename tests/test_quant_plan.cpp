@@ -126,6 +126,21 @@ TEST_CASE("q4_k_m with 16 layers: attn_v and ffn_down bumped where more_bits") {
     CHECK(m.at("blk.3.attn_norm.weight") == GgmlType::F32);
 }
 
+TEST_CASE("phi3's fused attn_qkv takes attn_v's rules and counter (llama-quantize 0c1e570), not a fixed bump") {
+    std::vector<PlanInput> t;
+    for (int l = 0; l < 16; ++l) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        t.push_back(tensor(p + "attn_qkv.weight", 256, 768));
+        t.push_back(tensor(p + "attn_output.weight", 256, 256));
+    }
+    const std::set<int64_t> expect = {0, 1, 4, 7, 10, 13, 14, 15};
+    CHECK(layers_with(plan_for(t, QuantFtype::q4_k_m, 16), "attn_qkv", GgmlType::Q6_K) == expect);
+    CHECK(layers_with(plan_for(t, QuantFtype::q4_k_m, 16), "attn_qkv", GgmlType::Q4_K).size() == 8);
+    const QuantPlan q3 = plan_for(t, QuantFtype::q3_k_m, 16);
+    CHECK(layers_with(q3, "attn_qkv", GgmlType::Q5_K) == std::set<int64_t>{0, 1});
+    CHECK(layers_with(q3, "attn_qkv", GgmlType::Q4_K).size() == 14);
+}
+
 TEST_CASE("q3_k_m / q4_k_s / q2_k counters and GQA rules") {
     const auto t = llama_tensors(16, 256, 768, 64, 512, false);
     const QuantPlan q3 = plan_for(t, QuantFtype::q3_k_m, 16, 8, 2);
