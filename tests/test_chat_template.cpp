@@ -182,7 +182,9 @@ TEST_CASE("Command R (Cohere model card)") {
 }
 
 TEST_CASE("gpt-oss: the harmony format of its GGUF's template (system, developer, final channel, return)") {
-    // The system turn carries today's date: replace it by a placeholder before comparing.
+    // The expected texts are what gpt-oss's own template (llama.cpp's models/templates/openai-gpt-oss-120b.jinja, as
+    // its GGUF carries it) renders for these conversations under jinja2. The system turn carries today's date:
+    // replace it by a placeholder before comparing.
     const auto undated = [](std::string text) {
         const std::string key = "Current date: ";
         const size_t at = text.find(key);
