@@ -23,7 +23,7 @@
 #                    packages, gpu and deps, always run; a second run on the same machine with
 #                    `--only synth,bandwidth,bench,llamacpp` reuses the build, the models and llama.cpp's build)
 #   --budget S       seconds for the whole run (default 540); -r N: tern bench repetitions (default 3)
-#   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the nine kernel suites)
+#   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the ten kernel suites)
 #   --profile        also Nsight Compute's time per kernel of decode steps and 8-token verifications (the
 #                    first format; profile-<format>.md in the logs)
 #   --arch SM        CUDA architecture (default: nvidia-smi's compute capability, e.g. 90 on H100/H200)
@@ -77,7 +77,7 @@ reps=3
 jobs=$(nproc 2>/dev/null || echo 2)
 bench_runs=${TERN_BENCH_RUNS:-"512:128:0 4096:0:0 0:128:4096"}   # prefill:decode:depth per tern bench call
 memcheck_suites="test_cuda_matmul test_cuda_matmul_q8 test_cuda_fused test_cuda_gemm_q8 test_cuda_attention
-                 test_cuda_elementwise test_cuda_rope test_cuda_sampling test_cuda_sequences"
+                 test_cuda_elementwise test_cuda_rope test_cuda_sampling test_cuda_sequences test_cuda_moe"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
