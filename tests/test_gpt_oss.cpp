@@ -24,6 +24,7 @@
 #include "quant/plan.h"
 #include "quant/reference.h"
 #include "tests/kernel_test_data.h"
+#include "tests/moe_layer_check.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -262,50 +263,7 @@ TEST_CASE("gpt-oss's MoE FFN (router and expert biases, clamped SwiGLU) agrees w
         const std::string path =
             rewrite(dir, synth_file(dir, type), std::string("zero-attn-") + type + ".gguf", [](GgufWriter&) {},
                     [](const std::string& n) { return n.find("attn_output") != std::string::npos; });
-        const Model m = load_model(path);
-        for (int32_t layer = 0; layer < m.config.n_layers; ++layer) {
-            ModelConfig c = m.config;
-            c.n_layers = 1;
-            c.layers = {m.config.layers[size_t(layer)]};
-            ModelWeights w;
-            w.output_norm = m.weights.output_norm;
-            w.layers = {m.weights.layers[size_t(layer)]};
-            const int64_t n = 13, dim = c.dim;
-            std::mt19937 rng(11 + layer);
-            std::normal_distribution<float> dist(0.0f, 1.0f);
-            std::vector<float> x(size_t(n * dim));
-            for (float& v : x) v = dist(rng);
-            const std::vector<int32_t> tokens(size_t(n), 0);
-            for (const bool exact : {true, false}) {
-                CAPTURE(exact);
-                CpuOptions o;
-                o.n_threads = 2;
-                o.exact_matmul = exact;
-                CpuBackend b(o);
-                b.load(c, w, RunOptions{64, KvType::f32});
-                std::vector<float> y(size_t(n * dim));
-                ForwardBatch batch;
-                batch.tokens = tokens;
-                batch.hidden_in = x.data();
-                batch.hidden_out = y.data();
-                b.forward(batch);
-                int checked = 0;
-                for (int64_t i = 0; i < n; ++i) {
-                    bool near_tie = false;
-                    const std::vector<double> ref = reference_layer_ffn(c, w.layers[0], x.data() + i * dim, near_tie);
-                    if (near_tie) continue;
-                    ++checked;
-                    double err = 0, mag = 0;
-                    for (int64_t d = 0; d < dim; ++d) {
-                        err = std::max(err, std::abs(double(y[size_t(i * dim + d)]) - ref[size_t(d)]));
-                        mag = std::max(mag, std::abs(ref[size_t(d)] - x[size_t(i * dim + d)]));
-                    }
-                    CAPTURE(i);
-                    CHECK(err <= (exact ? 1e-4 : 3e-2) * std::max(mag, 1.0));
-                }
-                CHECK(checked >= n - 3);
-            }
-        }
+        test::check_moe_layers(load_model(path), 11, reference_layer_ffn);
     }
 }
 
