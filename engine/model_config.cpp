@@ -152,7 +152,8 @@ void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_
         if (meta.has("expert_count") && meta.get_int("expert_count") > 0)
             meta.fail("expert_count", "value " + std::to_string(meta.get_int("expert_count")) +
                                           ": mixture-of-experts " + std::string(arch) +
-                                          " models are not supported yet (supported: qwen3moe, gpt-oss, and llama: Mixtral)");
+                                          " models are not supported yet (supported: qwen3moe, gpt-oss, and "
+                                          "llama: Mixtral)");
         return;
     }
     c.n_expert = meta.checked_count("expert_count", meta.get_int("expert_count"), kMaxExperts);
