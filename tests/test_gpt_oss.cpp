@@ -25,6 +25,7 @@
 #include "quant/reference.h"
 #include "tests/kernel_test_data.h"
 #include "tests/moe_layer_check.h"
+#include "tests/gguf_rewrite.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -38,39 +39,6 @@ std::string synth_file(const test::TempDir& dir, const std::string& type) {
     o.n_threads = 1;
     write_synth_model(o, path);
     return path;
-}
-
-// `src` rewritten: its metadata changed by `edit_meta`, tensors named by `drop` left out, those named by `zero`
-// replaced by F32 zeros.
-std::string rewrite(const test::TempDir& dir, const std::string& src, const std::string& name,
-                    const std::function<void(GgufWriter&)>& edit_meta,
-                    const std::function<bool(const std::string&)>& zero = {},
-                    const std::function<bool(const std::string&)>& drop = {}) {
-    const GgufFile in = GgufFile::open(src);
-    GgufWriter w;
-    w.copy_metadata_from(in);
-    edit_meta(w);
-    static std::vector<uint8_t> zeros(8 << 20, 0);
-    for (const GgufTensor& t : in.tensors()) {
-        if (drop && drop(t.name)) continue;
-        std::vector<int64_t> ne(t.ne, t.ne + std::max(1, t.n_dims));
-        if (zero && zero(t.name))
-            w.add_tensor(t.name, GgmlType::F32, ne, std::span<const uint8_t>(zeros.data(), size_t(t.n_elements()) * 4));
-        else
-            w.add_tensor(t.name, t.type, ne, std::span<const uint8_t>(t.data, t.n_bytes));
-    }
-    const std::string path = (dir / name).string();
-    w.write(path);
-    return path;
-}
-
-std::string load_error(const std::string& path) {
-    try {
-        load_model(path);
-    } catch (const InputError& e) {
-        return e.what();
-    }
-    return "";
 }
 
 std::vector<double> dequantized_rows(const WeightRef& w) {
@@ -229,7 +197,7 @@ TEST_CASE("gpt-oss metadata and tensors: read, and one-line errors naming the fi
 
     auto edited = [&](const std::string& name, const std::function<void(GgufWriter&)>& edit,
                       const std::function<bool(const std::string&)>& drop = {}) {
-        const std::string msg = load_error(rewrite(dir, good, name, edit, {}, drop));
+        const std::string msg = test::load_error(test::rewrite_zeroing(dir, good, name, edit, {}, drop));
         CHECK(msg.find(name) != std::string::npos);
         CHECK(msg.find('\n') == std::string::npos);
         return msg;
@@ -261,8 +229,9 @@ TEST_CASE("gpt-oss's MoE FFN (router and expert biases, clamped SwiGLU) agrees w
     for (const char* type : {"f32", "q8_0", "q4_k_m"}) {
         CAPTURE(type);
         const std::string path =
-            rewrite(dir, synth_file(dir, type), std::string("zero-attn-") + type + ".gguf", [](GgufWriter&) {},
-                    [](const std::string& n) { return n.find("attn_output") != std::string::npos; });
+            test::rewrite_zeroing(dir, synth_file(dir, type), std::string("zero-attn-") + type + ".gguf",
+                                  [](GgufWriter&) {},
+                                  [](const std::string& n) { return n.find("attn_output") != std::string::npos; });
         test::check_moe_layers(load_model(path), 11, reference_layer_ffn);
     }
 }

@@ -20,6 +20,7 @@
 #include "formats/gguf_writer.h"
 #include "quant/reference.h"
 #include "tests/moe_layer_check.h"
+#include "tests/gguf_rewrite.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -55,37 +56,6 @@ std::string synth_file(const test::TempDir& dir, const std::string& type, const 
     o.n_threads = 1;
     write_synth_model(o, path);
     return path;
-}
-
-// `src` rewritten: its metadata changed by `edit_meta`, and each tensor kept, or replaced by F32 zeros where
-// `zero` says so.
-std::string rewrite(const test::TempDir& dir, const std::string& src, const std::string& name,
-                    const std::function<void(GgufWriter&)>& edit_meta,
-                    const std::function<bool(const std::string&)>& zero = {}) {
-    const GgufFile in = GgufFile::open(src);
-    GgufWriter w;
-    w.copy_metadata_from(in);
-    edit_meta(w);
-    static std::vector<uint8_t> zeros(8 << 20, 0);
-    for (const GgufTensor& t : in.tensors()) {
-        std::vector<int64_t> ne(t.ne, t.ne + std::max(1, t.n_dims));
-        if (zero && zero(t.name))
-            w.add_tensor(t.name, GgmlType::F32, ne, std::span<const uint8_t>(zeros.data(), size_t(t.n_elements()) * 4));
-        else
-            w.add_tensor(t.name, t.type, ne, std::span<const uint8_t>(t.data, t.n_bytes));
-    }
-    const std::string path = (dir / name).string();
-    w.write(path);
-    return path;
-}
-
-std::string load_error(const std::string& path) {
-    try {
-        load_model(path);
-    } catch (const InputError& e) {
-        return e.what();
-    }
-    return "";
 }
 
 std::vector<double> dequantized(const WeightRef& w) {
@@ -206,7 +176,7 @@ TEST_CASE("qwen3moe metadata: read, and one-line errors naming the file and key"
     CHECK(up.matrix(3).data == up.data + 3 * 256 * up.row_size());
 
     auto edited = [&](const std::string& name, const std::function<void(GgufWriter&)>& edit) {
-        const std::string msg = load_error(rewrite(dir, good, name, edit));
+        const std::string msg = test::load_error(test::rewrite_zeroing(dir, good, name, edit));
         CHECK(msg.find(name) != std::string::npos);
         CHECK(msg.find('\n') == std::string::npos);
         return msg;
@@ -250,13 +220,13 @@ TEST_CASE("mixtral: a llama with experts is routed like qwen3moe, its experts si
     CHECK(!m.weights.layers[0].w_up.present());
 
     auto edited = [&](const std::string& name, const std::function<void(GgufWriter&)>& edit) {
-        const std::string msg = load_error(rewrite(dir, good, name, edit));
+        const std::string msg = test::load_error(test::rewrite_zeroing(dir, good, name, edit));
         CHECK(msg.find(name) != std::string::npos);
         CHECK(msg.find('\n') == std::string::npos);
         return msg;
     };
     // llama.cpp reads no expert width key for llama: a different one changes nothing.
-    const std::string other_width = rewrite(dir, good, "other-width.gguf", [](GgufWriter& w) {
+    const std::string other_width = test::rewrite_zeroing(dir, good, "other-width.gguf", [](GgufWriter& w) {
         w.set("llama.expert_feed_forward_length", GgufValue::make_u32(128));
     });
     CHECK(load_model(other_width).config.expert_ffn_dim == 256);
@@ -287,9 +257,10 @@ TEST_CASE("the MoE FFN agrees with a scalar reference (dequantized weights, doub
     for (const char* type : {"f16", "q8_0", "q4_k_m"}) {
         CAPTURE(shape);
         CAPTURE(type);
-        const std::string path = rewrite(dir, synth_file(dir, type, shape), shape + "-zero-attn-" + type + ".gguf",
-                                         [](GgufWriter&) {},
-                                         [](const std::string& n) { return n.find("attn_output") != std::string::npos; });
+        const std::string path =
+            test::rewrite_zeroing(dir, synth_file(dir, type, shape), shape + "-zero-attn-" + type + ".gguf",
+                                  [](GgufWriter&) {},
+                                  [](const std::string& n) { return n.find("attn_output") != std::string::npos; });
         test::check_moe_layers(load_model(path), 7, reference_layer_ffn);
     }
 }

@@ -17,6 +17,7 @@
 #include "engine/tools/synth.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
+#include "tests/gguf_rewrite.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -30,34 +31,6 @@ std::string synth_file(const test::TempDir& dir, const std::string& shape, const
     o.n_threads = 1;
     write_synth_model(o, path);
     return path;
-}
-
-// `src` rewritten: metadata edited by `edit_meta`; each tensor kept, or replaced by what `replace` adds instead
-// (it returns false to keep the tensor).
-using Replace = std::function<bool(GgufWriter&, const GgufTensor&)>;
-std::string rewrite(const test::TempDir& dir, const std::string& src, const std::string& name,
-                    const std::function<void(GgufWriter&)>& edit_meta, const Replace& replace = {}) {
-    const GgufFile in = GgufFile::open(src);
-    GgufWriter w;
-    w.copy_metadata_from(in);
-    edit_meta(w);
-    for (const GgufTensor& t : in.tensors()) {
-        if (replace && replace(w, t)) continue;
-        w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)),
-                     std::span<const uint8_t>(t.data, t.n_bytes));
-    }
-    const std::string path = (dir / name).string();
-    w.write(path);
-    return path;
-}
-
-std::string load_error(const std::string& path) {
-    try {
-        load_model(path);
-    } catch (const InputError& e) {
-        return e.what();
-    }
-    return "";
 }
 
 // The logits of every position of `tokens` in one batch on the CPU backend.
@@ -130,7 +103,8 @@ TEST_CASE("phi3: fused q/k/v and gate/up as views of their rows, partial rotary,
     CHECK(lw.wq.type == qkv.type);
 
     // The same weights as separate attn_q/k/v tensors (llama.cpp accepts either) give the same logits.
-    const std::string split = rewrite(dir, good, "split.gguf", [](GgufWriter&) {}, [](GgufWriter& w, const GgufTensor& t) {
+    const std::string split = test::rewrite_gguf(dir, good, "split.gguf", [](GgufWriter&) {},
+                                                 [](GgufWriter& w, const GgufTensor& t) {
         if (t.name.find("attn_qkv") == std::string::npos) return false;
         const std::string p = t.name.substr(0, t.name.find("attn_qkv"));
         const size_t row = t.row_size();
@@ -148,7 +122,7 @@ TEST_CASE("phi3: fused q/k/v and gate/up as views of their rows, partial rotary,
     CHECK(all_logits(load_model(split), tokens) == all_logits(m, tokens));
 
     // llama.cpp reads phi3's attention.sliding_window and switches it off: every layer stays global.
-    const std::string windowed = rewrite(dir, good, "window.gguf", [](GgufWriter& w) {
+    const std::string windowed = test::rewrite_gguf(dir, good, "window.gguf", [](GgufWriter& w) {
         w.set("phi3.attention.sliding_window", GgufValue::make_u32(4));
     });
     const Model mw = load_model(windowed);
@@ -159,8 +133,8 @@ TEST_CASE("phi3: fused q/k/v and gate/up as views of their rows, partial rotary,
 TEST_CASE("phi3: LongRoPE factors by presence; what it cannot run or read is refused in one line") {
     test::TempDir dir;
     const std::string good = synth_file(dir, "tiny-phi3", "f16");
-    auto refused = [&](const std::string& name, const Replace& replace) {
-        const std::string msg = load_error(rewrite(dir, good, name, [](GgufWriter&) {}, replace));
+    auto refused = [&](const std::string& name, const test::TensorReplace& replace) {
+        const std::string msg = test::load_error(test::rewrite_gguf(dir, good, name, [](GgufWriter&) {}, replace));
         CHECK(msg.find(name) != std::string::npos);
         CHECK(msg.find('\n') == std::string::npos);
         return msg;
@@ -177,7 +151,7 @@ TEST_CASE("phi3: LongRoPE factors by presence; what it cannot run or read is ref
             return true;
         };
     };
-    const Model lr = load_model(rewrite(dir, good, "longrope.gguf", [](GgufWriter&) {}, with_factors(24)));
+    const Model lr = load_model(test::rewrite_gguf(dir, good, "longrope.gguf", [](GgufWriter&) {}, with_factors(24)));
     CHECK(lr.config.rope_longrope);
     CHECK(lr.weights.rope_factors_long.present());
     CHECK(!lr.weights.rope_factors_short.present());
