@@ -27,7 +27,9 @@
 #include "app/standard_streams.h"
 #include "engine/chat/conversation.h"
 #include "engine/chat/conversation_file.h"
+#include "engine/chat/reply_channels.h"
 #include "base/error.h"
+#include "base/terminal_text.h"
 
 namespace tern::app {
 
@@ -44,6 +46,7 @@ struct ChatFlags {
     std::string chat_template;
     bool no_history = false;
     bool json = false;   // scripted chat: one JSON object per reply, on one line
+    std::string reasoning;   // "show" / "hide" a harmony reply's reasoning; empty: shown on a terminal only
 };
 
 struct Counts {
@@ -106,6 +109,12 @@ public:
         options_.cancel = interrupt_.flag();
         // A reply that fills the context: drop the oldest turns, keep a quarter of the context free.
         options_.on_context_full = [this](Session&) { conversation_.make_room_for_reply(session_.n_ctx() / 4); };
+        // Replies in channels (gpt-oss): the text keeps its control tokens so the reasoning and the answer can be
+        // told apart; the answer is the reply, the reasoning is shown (dimmed on a colour terminal) or not.
+        channels_ = conversation_.chat_template().reply_has_channels();
+        options_.special_text = channels_;
+        show_reasoning_ = flags.reasoning.empty() ? tty_ : flags.reasoning == "show";
+        dim_ = tty_ && isatty(STDOUT_FILENO) && !(std::getenv("NO_COLOR") && *std::getenv("NO_COLOR"));
     }
 
     int run() { return tty_ ? run_terminal() : run_script(); }
@@ -173,6 +182,7 @@ private:
         nlohmann::json j;
         j["turn"] = totals_.turns;
         j["text"] = r.text;
+        if (channels_) j["reasoning"] = last_reasoning_;
         j["tokens"] = r.tokens;
         j["stop_reason"] = stop_reason_name(r.stop_reason);
         j["n_prompt"] = r.n_prompt();
@@ -202,10 +212,31 @@ private:
         if (tty_) interrupt_.clear();   // a stray SIGINT at the prompt must not cancel this reply
         TextCallback on_text;
         if (stream) on_text = [this](std::string_view piece) { return stdout_ok_ = write_stdout(piece); };
+        ReplyChannels channels(
+            [this, stream, shown = false, apart = false](ReplyPart part, std::string_view text) mutable {
+                if (!stream) return true;
+                if (part == ReplyPart::reasoning) {
+                    if (!show_reasoning_) return true;
+                    shown = true;
+                    return stdout_ok_ = write_stdout(dim_ ? "\x1b[2m" + std::string(text) + "\x1b[0m" : std::string(text));
+                }
+                if (shown && !apart) {   // a blank line between the reasoning and the answer
+                    apart = true;
+                    if (!(stdout_ok_ = write_stdout("\n\n"))) return false;
+                }
+                return stdout_ok_ = write_stdout(text);
+            });
+        if (channels_) on_text = [&channels](std::string_view piece) { return channels.push(piece); };
         r = session_.generate(prompt, options_, on_text);
         if (r.stop_reason == StopReason::repetition)   // on a terminal the reply's line is still open
             say(std::string(tty_ ? "\n" : "") + "tern: " + repeat_guard_note(r.repeat_cut));
         conversation_.end_turn(r);
+        if (channels_) {   // the reply is its answer from here on; the history already keeps only that
+            if (stream) channels.finish();
+            SplitReply split = split_reply_channels(r.text);
+            r.text = std::move(split.answer);
+            last_reasoning_ = std::move(split.reasoning);
+        }
         last_ = Counts{};
         last_.add(r);
         totals_.add(r);
@@ -379,6 +410,10 @@ private:
     std::unique_ptr<Drafter> drafter_;
     Counts last_, totals_;
     bool stdout_ok_ = true;
+    bool channels_ = false;         // the template's replies carry channels (engine/chat/reply_channels.h)
+    bool show_reasoning_ = false;   // stream a channelled reply's reasoning too
+    bool dim_ = false;              // ... dimmed (a colour terminal)
+    std::string last_reasoning_;    // the last channelled reply's reasoning (--json)
 };
 
 int run(const ChatFlags& f) {
@@ -417,6 +452,15 @@ Command add_chat_command(CLI::App& root) {
     add_prompt_cache_options(*cmd, f->prompt_cache);
     cmd->add_flag("--no-history", f->no_history,
                   "neither read nor write the input history ($XDG_STATE_HOME/tern/chat_history)");
+    cmd->add_option("--reasoning", f->reasoning,
+                    "show or hide the reasoning of models that reply in channels (gpt-oss); default: shown on a "
+                    "terminal, dimmed, and left out when stdin is not a terminal")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+                if (text == "show" || text == "hide") return {};
+                return "'" + terminal_safe(text.substr(0, 40)) + "' is not a choice: expected show or hide";
+            },
+            "", "show|hide"));
     cmd->add_flag("--json", f->json,
                   "stdin not a terminal: print each reply as one JSON object on its own line (text, tokens, "
                   "stop_reason, counts, timings) instead of the raw text");

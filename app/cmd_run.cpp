@@ -18,6 +18,7 @@
 #include "app/standard_streams.h"
 #include "engine/backend.h"
 #include "engine/chat/chat_template.h"
+#include "engine/chat/reply_channels.h"
 #include "engine/generation/context_shift.h"
 #include "engine/speculative/drafter.h"
 #include "engine/speculative/drafter_model.h"
@@ -161,7 +162,13 @@ int run(const RunFlags& f) {
     Session& session = *loaded.session;
     const std::unique_ptr<Drafter> drafter = make_drafter(f.draft, f.model, loaded);
 
-    if (f.chat) prompt = render_chat_prompt(session, f.system, prompt, f.chat_template);
+    // A chat reply in channels (gpt-oss): its answer is the output, its reasoning only in --json.
+    bool channels = false;
+    if (f.chat) {
+        const ChatTemplate tmpl = resolve_chat_template(session, f.chat_template);
+        prompt = tmpl.render_prompt(f.system, prompt);
+        channels = tmpl.reply_has_channels();
+    }
 
     EncodeOptions enc;
     enc.add_bos = !f.no_bos;
@@ -199,6 +206,7 @@ int run(const RunFlags& f) {
     }
     opts.repeat_guard = f.repeat_guard;
     opts.logprobs = f.logprobs > 0 ? f.logprobs : -1;
+    opts.special_text = channels;
 
     bool stdout_ok = true;
     if (f.echo && !f.json) stdout_ok = write_stdout(prompt);
@@ -208,8 +216,19 @@ int run(const RunFlags& f) {
     GenerateResult r;
     if (stdout_ok) {
         TextCallback on_text;
+        ReplyChannels split_stream([&](ReplyPart part, std::string_view text) {
+            return part == ReplyPart::reasoning || (stdout_ok = write_stdout(text));
+        });
         if (!f.json) on_text = [&](std::string_view piece) { return stdout_ok = write_stdout(piece); };
+        if (!f.json && channels) on_text = [&](std::string_view piece) { return split_stream.push(piece); };
         r = session.generate(tokens, opts, on_text);
+        if (!f.json && channels) split_stream.finish();
+    }
+    std::string reasoning;
+    if (channels) {
+        SplitReply split = split_reply_channels(r.text);
+        r.text = std::move(split.answer);
+        reasoning = std::move(split.reasoning);
     }
     const bool interrupted = interrupt.interrupted();
 
@@ -221,6 +240,7 @@ int run(const RunFlags& f) {
     if (f.json) {
         nlohmann::json j;
         j["text"] = r.text;
+        if (channels) j["reasoning"] = reasoning;
         j["prompt_tokens"] = r.prompt_tokens;
         j["tokens"] = r.tokens;
         j["n_prompt"] = r.n_prompt();

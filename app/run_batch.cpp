@@ -22,6 +22,7 @@
 #include "app/standard_streams.h"
 #include "base/error.h"
 #include "engine/batch/batch_engine.h"
+#include "engine/chat/reply_channels.h"
 #include "formats/input_file.h"
 
 namespace tern::app {
@@ -82,10 +83,16 @@ std::string error_line(const BatchLine& l, const ApiError& e) {
     return dump_line(j);
 }
 
-std::string result_line(const BatchLine& l, const BatchResult& r) {
+std::string result_line(const BatchLine& l, const BatchResult& r, bool channels) {
     ordered j;
     j["id"] = l.id;
-    j["text"] = r.text;
+    if (channels) {
+        const SplitReply split = split_reply_channels(r.text);
+        j["text"] = split.answer;
+        j["reasoning"] = split.reasoning;
+    } else {
+        j["text"] = r.text;
+    }
     j["n_prompt"] = r.n_prompt;
     j["n_gen"] = r.n_gen();
     j["stop_reason"] = stop_reason_name(r.stop_reason);
@@ -206,6 +213,8 @@ int run_batch(const std::string& input, LoadedSession& loaded, const BatchRunOpt
                     br.sampling = l.request->sampling;
                     br.stop = l.request->stop;
                     br.repeat_guard = o.repeat_guard;
+                    // A chat reply in channels (gpt-oss): "text" is its answer, "reasoning" the rest.
+                    br.special_text = (l.request->chat || o.chat) && prompts.chat_template().reply_has_channels();
                     br.on_done = [&, i](BatchResult r) {
                         {
                             std::lock_guard<std::mutex> lock(mutex);
@@ -241,7 +250,9 @@ int run_batch(const std::string& input, LoadedSession& loaded, const BatchRunOpt
                 }
                 n_prompt += static_cast<uint64_t>(r.n_prompt);
                 n_gen += static_cast<uint64_t>(r.n_gen());
-                out.put(i, result_line(lines[i], r));
+                const bool channels =
+                    (lines[i].request->chat || o.chat) && prompts.chat_template().reply_has_channels();
+                out.put(i, result_line(lines[i], r, channels));
             }
             progress(false);
         }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/chat/chat_template.h"
+#include "engine/chat/reply_channels.h"
 #include "engine/text/tokenizer.h"
 #include "formats/gguf.h"
 #include "tests/test_support.h"
@@ -210,6 +211,68 @@ TEST_CASE("gpt-oss: the harmony format of its GGUF's template (system, developer
     CHECK(undated(t.render({{"user", "Hi"}, {"assistant", "Hello!"}}, false)) ==
           system + "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|return|>");
     CHECK(named("harmony").name() == "gpt-oss");
+}
+
+TEST_CASE("harmony replies split into reasoning and answer, whole or streamed in any pieces") {
+    const ChatTemplate t = named("gpt-oss");
+    CHECK(t.reply_has_channels());
+    CHECK(t.reply_prefix() == "<|channel|>final<|message|>");
+    CHECK_FALSE(named("chatml").reply_has_channels());
+    CHECK(named("chatml").reply_prefix().empty());
+
+    struct Case {
+        std::string text, reasoning, answer;
+    };
+    const std::vector<Case> cases = {
+        {"<|channel|>analysis<|message|>User greets. Reply.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
+         "User greets. Reply.", "Hello!"},
+        // A tool call's header: the recipient and the constraint are neither reasoning nor answer.
+        {"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}",
+         "{\"city\": \"Oslo\"}", ""},
+        // A model that ignores the format: everything is answer, a stray "<|" or unknown marker included.
+        {"just text", "", "just text"},
+        {"a <| b and <|foo|> c", "", "a <| b and <|foo|> c"},
+        {"x < y", "", "x < y"},
+        // An answer without a channel name, and a message after <|end|> with no header text.
+        {"<|start|>assistant<|message|>plain", "", "plain"},
+        // Reasoning only (stopped by max tokens), and a marker cut off by the end of generation.
+        {"<|channel|>analysis<|message|>thinking", "thinking", ""},
+        {"<|channel|>final<|message|>ok <|chan", "", "ok <|chan"},
+        {"<|channel|>final<|message|>ends with <", "", "ends with <"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.text);
+        const SplitReply whole = split_reply_channels(c.text);
+        CHECK(whole.reasoning == c.reasoning);
+        CHECK(whole.answer == c.answer);
+        // Every split into two pieces, and byte by byte: the same parts, each byte delivered once.
+        for (size_t cut = 0; cut <= c.text.size(); ++cut) {
+            std::string seen_reasoning, seen_answer;
+            ReplyChannels r([&](ReplyPart part, std::string_view text) {
+                (part == ReplyPart::reasoning ? seen_reasoning : seen_answer) += text;
+                return true;
+            });
+            r.push(std::string_view(c.text).substr(0, cut));
+            r.push(std::string_view(c.text).substr(cut));
+            r.finish();
+            CHECK(seen_reasoning == c.reasoning);
+            CHECK(seen_answer == c.answer);
+            CHECK(r.answer() == c.answer);
+        }
+        ReplyChannels bytes;
+        for (char ch : c.text) bytes.push(std::string_view(&ch, 1));
+        bytes.finish();
+        CHECK(bytes.reasoning() == c.reasoning);
+        CHECK(bytes.answer() == c.answer);
+    }
+
+    // A callback that refuses text stops the reply.
+    int calls = 0;
+    ReplyChannels refusing([&](ReplyPart, std::string_view) { return ++calls < 2; });
+    CHECK(refusing.push("<|channel|>analysis<|message|>a"));
+    CHECK_FALSE(refusing.push("<|end|><|start|>assistant<|channel|>final<|message|>b"));
+    CHECK_FALSE(refusing.push("c"));
+    CHECK(calls == 2);
 }
 
 TEST_CASE("detection from real tokenizer.chat_template texts") {

@@ -114,7 +114,12 @@ TEST_CASE("every template family either extends the last prompt or says once tha
             r.tokens = s->tokenizer().encode(r.text, {false, false});
             c.end_turn(r);
             last = c.tokens();
-            CHECK(std::equal(r.tokens.begin(), r.tokens.end(), last.end() - static_cast<long>(r.tokens.size())));
+            // Harmony keeps the answer as its template renders it (engine/chat/reply_channels.h): the final
+            // channel's header and the text; a reply without channels is all answer.
+            std::vector<int32_t> kept = r.tokens;
+            if (c.chat_template().reply_has_channels())
+                kept = s->tokenizer().encode(std::string(c.chat_template().reply_prefix()) + r.text, {false, true});
+            CHECK(std::equal(kept.begin(), kept.end(), last.end() - static_cast<long>(kept.size())));
         }
         CHECK(notices <= 1);
         if (notices > 0) rerendered.push_back(name);
@@ -125,9 +130,35 @@ TEST_CASE("every template family either extends the last prompt or says once tha
         CHECK(m.back().message.content == " a reply with spaces ");
         for (size_t i = 1; i < m.size(); ++i) CHECK(m[i - 1].begin <= m[i].begin);
     }
-    // Mistral v3 folds the system prompt into the LAST user message, so earlier turns change; gpt-oss's harmony
-    // closes a past assistant message with <|end|> where the reply ended with <|return|>.
-    CHECK(rerendered == std::vector<std::string>{"mistral-v3", "mistral-v3-tekken", "gpt-oss"});
+    // Mistral v3 folds the system prompt into the LAST user message, so earlier turns change.
+    CHECK(rerendered == std::vector<std::string>{"mistral-v3", "mistral-v3-tekken"});
+}
+
+TEST_CASE("harmony: the history keeps the answer, the next turn extends it, the reasoning is prefilled over") {
+    if (!test::shared_available()) return;
+    auto s = session_for(stories(), 4096);
+    Conversation c(*s, named("gpt-oss"));
+    int notices = 0;
+    c.set_notice_callback([&](const ConversationNotice&) { ++notices; });
+    const std::vector<int32_t> first = c.begin_turn("Hi", 16);
+    GenerateResult r;
+    r.text = "<|channel|>analysis<|message|>Greet back.<|end|><|start|>assistant<|channel|>final<|message|>Hello!";
+    r.tokens = s->tokenizer().encode(r.text, {false, true});
+    c.end_turn(r);
+    CHECK(c.messages().back().message.content == "Hello!");
+    const std::vector<int32_t> answer = s->tokenizer().encode("<|channel|>final<|message|>Hello!", {false, true});
+    REQUIRE(c.tokens().size() == first.size() + answer.size());
+    CHECK(std::equal(answer.begin(), answer.end(), c.tokens().begin() + static_cast<long>(first.size())));
+    const std::vector<int32_t> second = c.begin_turn("And now?", 16);
+    CHECK(notices == 0);
+    CHECK(starts_with(second, std::vector<int32_t>(c.tokens().begin(), c.tokens().begin() +
+                                                   static_cast<long>(first.size() + answer.size()))));
+    // The messages the next rendering reads: the answer only.
+    const auto& m = c.messages();
+    REQUIRE(m.size() == 4);
+    CHECK(m[0].message.content == "Hi");
+    CHECK(m[1].message.content == "Hello!");
+    CHECK(m[2].message.content == "And now?");
 }
 
 TEST_CASE("gemma: turn 2 prefills only its own tokens, and the prompt is the template's rendering") {

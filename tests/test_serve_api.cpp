@@ -300,6 +300,14 @@ TEST_CASE("responses: OpenAI's shapes, finish reasons, chunks, SSE framing, erro
     CHECK(j["choices"][0]["finish_reason"] == "stop");
     CHECK(j["usage"] == json{{"prompt_tokens", 3}, {"completion_tokens", 2}, {"total_tokens", 5}});
 
+    // A reply in channels (gpt-oss): the answer is the content, the reasoning llama-server's reasoning_content.
+    const SplitReply split{"thinking", "hi"};
+    CHECK(chat_completion_json(h, r, nullptr, &split)["choices"][0]["message"] ==
+          json{{"role", "assistant"}, {"content", "hi"}, {"reasoning_content", "thinking"}});
+    const SplitReply answer_only{"", "hi"};
+    CHECK(chat_completion_json(h, r, nullptr, &answer_only)["choices"][0]["message"] ==
+          json{{"role", "assistant"}, {"content", "hi"}});
+
     r.stop_reason = StopReason::context;
     j = text_completion_json(h, r, "echo+hello");
     CHECK(j["object"] == "text_completion");
@@ -312,6 +320,7 @@ TEST_CASE("responses: OpenAI's shapes, finish reasons, chunks, SSE framing, erro
     CHECK(chat_role_chunk(h)["choices"][0]["delta"]["role"] == "assistant");
     CHECK(chat_content_chunk(h, "x")["choices"][0]["delta"] == json{{"content", "x"}});
     CHECK(chat_content_chunk(h, "x")["choices"][0]["finish_reason"].is_null());
+    CHECK(chat_reasoning_chunk(h, "r")["choices"][0]["delta"] == json{{"reasoning_content", "r"}});
     CHECK(chat_finish_chunk(h, StopReason::length)["choices"][0]["finish_reason"] == "length");
     CHECK(chat_finish_chunk(h, StopReason::length)["choices"][0]["delta"] == json::object());
     CHECK(completion_chunk(h, "y")["choices"][0]["text"] == "y");

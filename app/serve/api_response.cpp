@@ -28,10 +28,13 @@ json base(const ResponseHeader& h, const char* object) {
 
 } // namespace
 
-json chat_completion_json(const ResponseHeader& h, const BatchResult& r, const json& logprobs) {
+json chat_completion_json(const ResponseHeader& h, const BatchResult& r, const json& logprobs,
+                          const SplitReply* channels) {
     json j = base(h, "chat.completion");
+    json message = {{"role", "assistant"}, {"content", channels ? channels->answer : r.text}};
+    if (channels && !channels->reasoning.empty()) message["reasoning_content"] = channels->reasoning;
     j["choices"] = json::array({{{"index", 0},
-                                 {"message", {{"role", "assistant"}, {"content", r.text}}},
+                                 {"message", std::move(message)},
                                  {"logprobs", logprobs},
                                  {"finish_reason", finish_reason(r.stop_reason)}}});
     j["usage"] = usage_json(r.n_prompt, r.n_gen());
@@ -102,6 +105,13 @@ json chat_content_chunk(const ResponseHeader& h, std::string_view piece) {
     json j = base(h, "chat.completion.chunk");
     j["choices"] =
         json::array({{{"index", 0}, {"delta", {{"content", piece}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    return j;
+}
+
+json chat_reasoning_chunk(const ResponseHeader& h, std::string_view piece) {
+    json j = base(h, "chat.completion.chunk");
+    j["choices"] = json::array(
+        {{{"index", 0}, {"delta", {{"reasoning_content", piece}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
     return j;
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/batch/batch_engine.h"
+#include "engine/chat/reply_channels.h"
 
 namespace tern::app {
 
@@ -27,9 +28,11 @@ std::string_view finish_reason(StopReason reason);
 nlohmann::json usage_json(int32_t n_prompt, int32_t n_gen);
 
 // Non-streamed answers. `text` is the completion (with the prompt before it for echo). `logprobs`: the
-// choice's "logprobs" (null when not asked for).
+// choice's "logprobs" (null when not asked for). `channels`: a reply in channels (gpt-oss) split into its
+// answer, the message's content, and its reasoning, the message's "reasoning_content" (llama-server's field)
+// when there is any; null: the content is r.text.
 nlohmann::json chat_completion_json(const ResponseHeader& h, const BatchResult& r,
-                                    const nlohmann::json& logprobs = nullptr);
+                                    const nlohmann::json& logprobs = nullptr, const SplitReply* channels = nullptr);
 nlohmann::json text_completion_json(const ResponseHeader& h, const BatchResult& r, std::string_view text,
                                     const nlohmann::json& logprobs = nullptr);
 
@@ -48,6 +51,7 @@ nlohmann::json completion_logprobs_json(const std::vector<TokenLogprobs>& steps,
 // stream_options.include_usage a chunk with no choices and the usage follows the last one.
 nlohmann::json chat_role_chunk(const ResponseHeader& h);
 nlohmann::json chat_content_chunk(const ResponseHeader& h, std::string_view piece);
+nlohmann::json chat_reasoning_chunk(const ResponseHeader& h, std::string_view piece);   // delta.reasoning_content
 nlohmann::json chat_finish_chunk(const ResponseHeader& h, StopReason reason);
 nlohmann::json completion_chunk(const ResponseHeader& h, std::string_view piece);
 nlohmann::json completion_finish_chunk(const ResponseHeader& h, StopReason reason);

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <optional>
 #include <random>
 
@@ -80,6 +81,8 @@ struct ApiServer::Exchange {
     std::mutex mutex;
     std::condition_variable cv;
     std::string pending;               // streamed text not yet written
+    std::string pending_reasoning;     // ... of a channelled reply's reasoning (before `pending` in time)
+    std::unique_ptr<ReplyChannels> channels;   // a chat reply in channels (gpt-oss), split as it streams
     std::optional<BatchResult> result;
     bool finished = false;             // on_done ran (result may have been taken since)
     std::atomic<bool> abandoned{false};   // the client went away: on_text says stop
@@ -88,6 +91,7 @@ struct ApiServer::Exchange {
     bool chat = false;
     bool include_usage = false;
     bool logprobs = false;             // the answer carries its tokens' log-probabilities
+    bool in_channels = false;          // the reply's text has its control tokens, to split into reasoning and answer
     std::string echo;                  // completions with echo: the prompt, written first
     ResponseHeader header;
 };
@@ -292,8 +296,20 @@ void ApiServer::generation(const httplib::Request&, httplib::Response& res, cons
         br.stop = g.stop;
         br.repeat_guard = options_.repeat_guard;
         br.logprobs = g.logprobs;
+        br.special_text = ex->in_channels = ex->chat && prompts_.chat_template().reply_has_channels();
+        if (br.special_text && ex->stream)   // on the engine thread only: on_text and on_done
+            ex->channels = std::make_unique<ReplyChannels>([ex](ReplyPart part, std::string_view text) {
+                {
+                    std::lock_guard<std::mutex> lock(ex->mutex);
+                    (part == ReplyPart::reasoning ? ex->pending_reasoning : ex->pending).append(text);
+                }
+                ex->cv.notify_all();
+                return true;
+            });
         br.on_text = [ex](std::string_view piece) {
-            if (ex->stream) {   // a whole answer is written from the result: nothing to wake it for
+            if (ex->channels) {
+                ex->channels->push(piece);
+            } else if (ex->stream) {   // a whole answer is written from the result: nothing to wake it for
                 {
                     std::lock_guard<std::mutex> lock(ex->mutex);
                     ex->pending.append(piece);
@@ -303,6 +319,7 @@ void ApiServer::generation(const httplib::Request&, httplib::Response& res, cons
             return !ex->abandoned.load();
         };
         br.on_done = [ex](BatchResult r) {
+            if (ex->channels) ex->channels->finish();   // what it held back as a possible marker
             {
                 std::lock_guard<std::mutex> lock(ex->mutex);
                 ex->result = std::move(r);
@@ -366,24 +383,29 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, httplib::Response& r
             }
             return true;
         }
-        std::string text;
+        std::string text, reasoning;
         std::optional<BatchResult> done;
         {
             std::unique_lock<std::mutex> lock(ex->mutex);
-            ex->cv.wait_for(lock, kPollInterval, [&] { return !ex->pending.empty() || ex->result.has_value(); });
+            ex->cv.wait_for(lock, kPollInterval, [&] {
+                return !ex->pending.empty() || !ex->pending_reasoning.empty() || ex->result.has_value();
+            });
             text.swap(ex->pending);
+            reasoning.swap(ex->pending_reasoning);
             if (ex->result) {
                 done = std::move(ex->result);
                 ex->result.reset();
             }
         }
+        if (ex->stream && !reasoning.empty())   // a reply's reasoning comes before its answer
+            if (!write(sse_event(chat_reasoning_chunk(ex->header, reasoning)))) return give_up();
         if (ex->stream && !text.empty()) {
             const json chunk = ex->chat ? chat_content_chunk(ex->header, text) : completion_chunk(ex->header, text);
             if (!write(sse_event(chunk))) return give_up();
         }
         if (!done) {
             // Nothing new: is anyone still listening? (A closed socket reads as end of file.)
-            if (text.empty() && !sink.is_writable()) return give_up();
+            if (text.empty() && reasoning.empty() && !sink.is_writable()) return give_up();
             return true;
         }
 
@@ -411,7 +433,9 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, httplib::Response& r
                 logprobs = ex->chat ? chat_logprobs_json(done->logprobs, text)
                                     : completion_logprobs_json(done->logprobs, text, ex->echo.size());
             }
-            out = dump_json(ex->chat ? chat_completion_json(ex->header, *done, logprobs)
+            std::optional<SplitReply> split;
+            if (ex->in_channels) split = split_reply_channels(done->text);
+            out = dump_json(ex->chat ? chat_completion_json(ex->header, *done, logprobs, split ? &*split : nullptr)
                                      : text_completion_json(ex->header, *done, ex->echo + done->text, logprobs));
         }
         if (!write(out)) return false;

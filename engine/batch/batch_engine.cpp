@@ -249,6 +249,7 @@ void BatchEngine::run_job(Job& job) {
     o.stop = req.stop;
     o.repeat_guard = req.repeat_guard;
     o.logprobs = req.logprobs;
+    o.special_text = req.special_text;
     o.cancel = &job.cancel;
 
     bool shown = false;
@@ -491,7 +492,8 @@ void BatchEngine::start_job(Job& j) {
             return go_on && !job->cancel.load(std::memory_order_relaxed);
         };
         j.stream = std::make_unique<CompletionStream>(session_.tokenizer(), j.request.prompt, j.request.stop,
-                                                      j.request.repeat_guard, std::move(on_text));
+                                                      j.request.repeat_guard, std::move(on_text),
+                                                      j.request.special_text);
     }
     // The longest start of `target` a held or running sequence holds (never the last token: its row is
     // what the request samples or continues from), shared instead of recomputed.

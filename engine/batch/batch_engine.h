@@ -115,6 +115,7 @@ struct BatchRequest {
     // >= 0: the log-probability of every generated token and those of its step's `logprobs` most likely tokens
     // (BatchResult::logprobs; engine/generation/token_logprobs.h). -1: off.
     int32_t logprobs = -1;
+    bool special_text = false;      // control tokens in the text (GenerateOptions::special_text)
     // Each piece of final text, on the engine thread, as soon as it is known. Returns false to stop the
     // request (stop_reason cancelled). Must not block.
     std::function<bool(std::string_view piece)> on_text;

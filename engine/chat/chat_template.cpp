@@ -100,6 +100,8 @@ std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& messages, b
 // history): a system turn naming the model, its knowledge cutoff, today's date, the reasoning effort and the
 // channels; the caller's system prompt as the developer's instructions; user turns; earlier answers on the final
 // channel; the generation prompt opens an assistant turn and leaves the channel to the model.
+constexpr std::string_view kHarmonyFinal = "<|channel|>final<|message|>";
+
 std::string render_harmony(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
     const std::time_t now = std::time(nullptr);
     std::tm utc{};
@@ -123,7 +125,7 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, bool add_ge
             // The last message of a finished conversation ends with <|return|>, as the model wrote it; an answer
             // in the history ends its turn with <|end|>.
             const bool last = i + 1 == messages.size() && !add_generation_prompt;
-            out += "<|start|>assistant<|channel|>final<|message|>" + m.content + (last ? "<|return|>" : "<|end|>");
+            out += "<|start|>assistant" + std::string(kHarmonyFinal) + m.content + (last ? "<|return|>" : "<|end|>");
         } else {
             out += "<|start|>" + m.role + "<|message|>" + m.content + "<|end|>";
         }
@@ -155,6 +157,10 @@ std::optional<ChatTemplate> ChatTemplate::from_name(std::string_view name) {
     if (name == "deepseek-r1") return ChatTemplate(Family::deepseek3);
     if (name == "harmony") return ChatTemplate(Family::gpt_oss);
     return std::nullopt;
+}
+
+std::string_view ChatTemplate::reply_prefix() const {
+    return family_ == Family::gpt_oss ? kHarmonyFinal : std::string_view();
 }
 
 std::string_view ChatTemplate::name() const {

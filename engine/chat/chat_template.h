@@ -70,6 +70,13 @@ public:
     // Convenience: an optional system turn and one user turn, with the generation prompt.
     std::string render_prompt(std::string_view system, std::string_view user) const;
 
+    // The format's replies name their channels in control tokens (harmony): generate them with
+    // GenerateOptions::special_text and split them with engine/chat/reply_channels.h.
+    bool reply_has_channels() const { return family_ == Family::gpt_oss; }
+    // The text that render() puts between the generation prompt and an earlier reply's answer
+    // ("<|channel|>final<|message|>" in harmony; empty elsewhere): what a kept reply is re-encoded with.
+    std::string_view reply_prefix() const;
+
 private:
     explicit ChatTemplate(Family f) : family_(f) {}
     Family family_ = Family::chatml;

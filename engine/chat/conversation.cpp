@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "engine/chat/reply_channels.h"
 #include "engine/generation/session.h"
 #include "base/error.h"
 
@@ -111,9 +112,14 @@ std::vector<int32_t> Conversation::begin_turn(std::string_view user_text, int32_
         const std::string full = tmpl_.render(with_sentinel, true);
         const size_t at = full.find(kReplySentinel, std::min(prompt_text_.size(), full.size()));
         // The template is incremental when the text before the reply is the last prompt, give or
-        // take the whitespace some formats put before a reply (Llama 2's "[/INST] answer").
+        // take the whitespace some formats put before a reply (Llama 2's "[/INST] answer") or the
+        // channel header of a harmony answer (which end_turn put into the reply's tokens).
+        const std::string_view gap =
+            at == std::string::npos || at < prompt_text_.size()
+                ? std::string_view()
+                : std::string_view(full).substr(prompt_text_.size(), at - prompt_text_.size());
         if (at != std::string::npos && full.compare(0, prompt_text_.size(), prompt_text_) == 0 &&
-            only_whitespace(std::string_view(full).substr(prompt_text_.size(), at - prompt_text_.size()))) {
+            (only_whitespace(gap) || (tmpl_.reply_has_channels() && gap == tmpl_.reply_prefix()))) {
             incremental = split(with_sentinel, msgs.size() - 1, full.substr(0, at + kReplySentinel.size()), pieces);
             msgs = std::move(with_sentinel);
             msgs[msgs.size() - 2].content = messages_.back().message.content;
@@ -172,8 +178,18 @@ std::vector<int32_t> Conversation::begin_turn(std::string_view user_text, int32_
 
 void Conversation::end_turn(const GenerateResult& reply) {
     if (!turn_open_) return;
-    tokens_.insert(tokens_.end(), reply.tokens.begin(), reply.tokens.end());
-    messages_.back().message.content = reply.text;
+    if (tmpl_.reply_has_channels()) {
+        // Harmony: the history keeps the answer only, as the template renders it (a later turn never sees
+        // the reasoning), so the reply's tokens become that rendering; the next prefill replaces the
+        // cache's copy of the reasoning from where the two part.
+        std::string answer = split_reply_channels(reply.text).answer;
+        const std::vector<int32_t> ids = encode(std::string(tmpl_.reply_prefix()) + answer, tokens_.empty());
+        tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+        messages_.back().message.content = std::move(answer);
+    } else {
+        tokens_.insert(tokens_.end(), reply.tokens.begin(), reply.tokens.end());
+        messages_.back().message.content = reply.text;
+    }
     turn_open_ = false;
 }
 

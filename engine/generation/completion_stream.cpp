@@ -6,8 +6,10 @@
 namespace tern {
 
 CompletionStream::CompletionStream(const Tokenizer& tokenizer, std::span<const int32_t> prompt,
-                                   std::vector<std::string> stops, const RepeatGuardParams& guard, TextCallback on_text)
-    : tokenizer_(tokenizer), n_prompt_(prompt.size()), tokens_(prompt.begin(), prompt.end()), decoder_(tokenizer),
+                                   std::vector<std::string> stops, const RepeatGuardParams& guard, TextCallback on_text,
+                                   bool special_text)
+    : tokenizer_(tokenizer), special_text_(special_text), n_prompt_(prompt.size()), tokens_(prompt.begin(), prompt.end()),
+      decoder_(tokenizer, special_text),
       filter_(std::move(stops)), guard_(guard, prompt), on_text_(std::move(on_text)) {}
 
 Verdict CompletionStream::push(int32_t token) {
@@ -64,7 +66,7 @@ void CompletionStream::keep_generated(size_t n) {
     tokens_.resize(n_prompt_ + n);
     // The text of the kept tokens through a fresh decoder and stop filter, flushed. Its start is
     // what was already shown: the same tokens gave it.
-    StreamDecoder decoder(tokenizer_);
+    StreamDecoder decoder(tokenizer_, special_text_);
     StopStringFilter filter(filter_.stops());
     text_.clear();
     for (int32_t t : generated()) text_ += filter.push(decoder.push(t));

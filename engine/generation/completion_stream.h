@@ -34,8 +34,9 @@ class CompletionStream {
 public:
     // `prompt`: what the completion continues (the guard does not cut loops copied from it, and
     // history() starts with it). `on_text` may be empty: nobody is listening.
+    // `special_text`: control tokens appear in the text as their own strings (GenerateOptions::special_text).
     CompletionStream(const Tokenizer& tokenizer, std::span<const int32_t> prompt, std::vector<std::string> stops,
-                     const RepeatGuardParams& guard, TextCallback on_text = {});
+                     const RepeatGuardParams& guard, TextCallback on_text = {}, bool special_text = false);
 
     // Appends one generated token (not an end-of-generation one) and shows what became final.
     // Stops with: cancelled (the callback returned false), stop (a stop string appeared: the text
@@ -73,6 +74,7 @@ private:
     void keep_generated(size_t n);
 
     const Tokenizer& tokenizer_;
+    bool special_text_;
     size_t n_prompt_;
     std::vector<int32_t> tokens_;   // prompt + generated
     StreamDecoder decoder_;

@@ -49,6 +49,9 @@ struct GenerateOptions {
     // tokens (GenerateResult::logprobs; engine/generation/token_logprobs.h). Reads each step's whole logit row.
     // -1: off.
     int32_t logprobs = -1;
+    // Control tokens appear in the text as their own strings ("<|channel|>"): a reply whose control tokens carry
+    // meaning, gpt-oss's harmony channels, is split into reasoning and answer from it (engine/chat/reply_channels.h).
+    bool special_text = false;
 };
 
 struct GenerateResult {

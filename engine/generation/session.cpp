@@ -176,7 +176,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     }
 
     const auto t_decode = Clock::now();
-    CompletionStream stream(*tokenizer_, prompt, options.stop, options.repeat_guard, on_text);
+    CompletionStream stream(*tokenizer_, prompt, options.stop, options.repeat_guard, on_text, options.special_text);
     r.stop_reason = stream.finish(decode(stream, options, r));
     r.decode_ms = ms_since(t_decode);
     r.repeat_cut = stream.repeat_cut();
