@@ -12,6 +12,8 @@
 //     draft-verification batch and the forward observer once each;
 //   - top_logits (the candidates selected on the GPU) bit for bit against the host's selection from the
 //     same backend's copied-back logits.
+// The paths that round further (int8 activations; f16 tensor cores in prefill, kernels/cuda/gemm_f16.h) are held
+// within their own rounding of the exact product instead.
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -57,7 +57,8 @@ int64_t mismatches(const std::vector<uint16_t>& got, const std::vector<uint16_t>
     int64_t bad = 0;
     for (size_t i = 0; i < got.size(); ++i)
         if (got[i] != want[i] && !(is_nan_f16(got[i]) && is_nan_f16(want[i]))) {
-            if (bad == 0) MESSAGE("first mismatch at " << i << ": got 0x" << std::hex << got[i] << ", want 0x" << want[i]);
+            if (bad == 0)
+                MESSAGE("first mismatch at " << i << ": got 0x" << std::hex << got[i] << ", want 0x" << want[i]);
             ++bad;
         }
     return bad;
@@ -95,7 +96,8 @@ void check_dequantize(GgmlType type, const std::vector<uint8_t>& bytes, int64_t 
 
 // Row lengths per format: one block (the edge), several, and past one launch block of slices (256 slices).
 std::vector<int64_t> row_lengths(GgmlType type) {
-    if (type == GgmlType::F16) return quick_mode() ? std::vector<int64_t>{1, 7, 96} : std::vector<int64_t>{1, 7, 96, 2056};
+    if (type == GgmlType::F16)
+        return quick_mode() ? std::vector<int64_t>{1, 7, 96} : std::vector<int64_t>{1, 7, 96, 2056};
     const int64_t b = tern::block_elems(type);
     if (quick_mode()) return {b, 3 * b};
     return {b, 3 * b, (2048 / b + 1) * b};

@@ -24,9 +24,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr float kF16Max = 65504.0f;
 
-using Formats = FormatList<GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                           GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                           GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F8_E4M3, GgmlType::MXFP4>;
+using Formats = FormatList<GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                           GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                           GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F8_E4M3, GgmlType::MXFP4>;
 
 // f32 -> f16 bits, round to nearest even, finite values past +-65504 saturated (gemm_f16.h). NaN fails the
 // comparison and converts as itself.
@@ -79,7 +79,8 @@ void dequantize_rows_f16(GgmlType type, const void* w, int64_t n_in, int64_t fir
                          cudaStream_t stream) {
     check_format("dequantize_rows_f16", type, n_in);
     if (rows < 0 || rows > kIntMax || first_row < 0)
-        refuse("dequantize_rows_f16: rows " + std::to_string(first_row) + " + " + std::to_string(rows) + " out of range");
+        refuse("dequantize_rows_f16: rows " + std::to_string(first_row) + " + " + std::to_string(rows) +
+               " out of range");
     if (rows == 0 || n_in == 0) return;
     check_aligned("dequantize_rows_f16", w, "w");
     check_aligned("dequantize_rows_f16", out, "out");
@@ -96,8 +97,7 @@ void dequantize_rows_f16(GgmlType type, const void* w, int64_t n_in, int64_t fir
         if constexpr (T != GgmlType::F16) {
             const int64_t slices = n_in / 8;
             const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((slices + kThreads - 1) / kThreads));
-            launch(dequantize_f16_slices<T>, grid, dim3(kThreads), 0, stream, first, rb,
-                   static_cast<int>(n_in), out);
+            launch(dequantize_f16_slices<T>, grid, dim3(kThreads), 0, stream, first, rb, static_cast<int>(n_in), out);
         }
     });
 }
