@@ -4,7 +4,8 @@
 # every CUDA test on the GPU, compute-sanitizer memcheck on the kernel suites, the whole-model CUDA-vs-CPU
 # suite, the GPU's copy and read bandwidth (bench/cuda_copy_bandwidth.cu), and `tern bench --device cuda`
 # on random-weight llama-8b files in q4_k_m, q8_0, f16 and f8_e4m3 (prefill 512 and 4096, decode 128 at
-# depth 0 and 4096); with --with-llamacpp also llama.cpp's CUDA llama-bench on the same files
+# depth 0 and 4096; prefill 512 of the formats whose default is the int8 tiles again on f16 tensor cores,
+# TERN_CUDA_PREFILL=f16); with --with-llamacpp also llama.cpp's CUDA llama-bench on the same files
 # (bench/llamacpp_cuda.sh). A failing step is recorded and the next one runs; each step runs under
 # `timeout` inside a total budget (--budget, default 540 s: room to spare under a 10-minute limit), and the
 # steps that no longer fit are listed as skipped. Prints the summary last. The GPU machine needs the CUDA
@@ -23,7 +24,7 @@
 #                    packages, gpu and deps, always run; a second run on the same machine with
 #                    `--only synth,bandwidth,bench,llamacpp` reuses the build, the models and llama.cpp's build)
 #   --budget S       seconds for the whole run (default 540); -r N: tern bench repetitions (default 3)
-#   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the ten kernel suites)
+#   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the eleven kernel suites)
 #   --profile        also Nsight Compute's time per kernel of decode steps and 8-token verifications (the
 #                    first format; profile-<format>.md in the logs)
 #   --arch SM        CUDA architecture (default: nvidia-smi's compute capability, e.g. 90 on H100/H200)
@@ -76,8 +77,9 @@ formats="q4_k_m q8_0 f16 f8_e4m3"
 reps=3
 jobs=$(nproc 2>/dev/null || echo 2)
 bench_runs=${TERN_BENCH_RUNS:-"512:128:0 4096:0:0 0:128:4096"}   # prefill:decode:depth per tern bench call
-memcheck_suites="test_cuda_matmul test_cuda_matmul_q8 test_cuda_fused test_cuda_gemm_q8 test_cuda_attention
-                 test_cuda_elementwise test_cuda_rope test_cuda_sampling test_cuda_sequences test_cuda_moe"
+memcheck_suites="test_cuda_matmul test_cuda_matmul_q8 test_cuda_fused test_cuda_gemm_q8 test_cuda_gemm_f16
+                 test_cuda_attention test_cuda_elementwise test_cuda_rope test_cuda_sampling test_cuda_sequences
+                 test_cuda_moe"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -494,6 +496,20 @@ for fmt, test, depth, ts, gbps, lts in rows:
         line += " %s | %s |" % (f(lts), "-" if not ts or not lts else "%.2f" % (ts / lts))
     lines.append(line)
 lines += ["", "decode GB/s: weight + KV bytes one decoded token reads x decode tok/s (tern bench's bytes_per_token)."]
+# pp512 of the formats whose default prefill is the int8 tiles, beside the same on f16 tensor cores.
+paths = []
+for fmt in formats:
+    forced = load(os.path.join(logs, "bench-prefill-f16-%s.json" % fmt))
+    if not forced: continue
+    default = next((v for (f_, r), v in bench.items()
+                    if f_ == fmt and r.split(":")[0] == "512" and r.split(":")[2] == "0"), None)
+    dts, fts = default and default["prefill_tps"], forced["prefill_tps"]
+    paths.append("| %s | %s | %s | %s |" % (fmt, f(dts), f(fts), "-" if not dts or not fts else "%.2f" % (fts / dts)))
+if paths:
+    lines += ["", "## Prefill paths (pp512, depth 0)", "",
+              "| format | default (int8 tiles) tok/s | TERN_CUDA_PREFILL=f16 tok/s | f16 / default |",
+              "|---|---:|---:|---:|"]
+    lines += paths
 md = "\n".join(lines) + "\n"
 open(os.path.join(out, "summary.md"), "w").write(md)
 json.dump({"env": env, "budget_s": int(budget),
@@ -695,6 +711,18 @@ if d.get("verify_tokens"): parts.append("verify %d: %.2fx a step" % (d["verify_t
 print(", ".join(parts))' "$logs/$name.json" "$2" "$3")
 }
 
+# Prefill 512 on f16 tensor cores (TERN_CUDA_PREFILL=f16) for a format whose default is the int8 tiles, for
+# the summary's "Prefill paths" table beside the default's pp512: the numbers that choose the default.
+bench_prefill_f16() {   # format
+    local f=$models/$shape-$1.gguf
+    [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
+    TERN_CUDA_PREFILL=f16 tmo 150 "$tern" bench -m "$f" --device cuda -p 512 -n 0 -d 0 -r "$reps" --json \
+        > "$logs/bench-prefill-f16-$1.json" || return
+    STEP_NOTE=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("TERN_CUDA_PREFILL=%s: prefill %.1f tok/s" % (d.get("cuda_prefill"), d["prefill_tps"]))' \
+        "$logs/bench-prefill-f16-$1.json")
+}
+
 # Decode with CUDA graphs off (TERN_CUDA_GRAPHS=0): each step's kernels launched one by one. The time per
 # step over the graphs' is the launch overhead the graphs save.
 bench_nographs() {   # format
@@ -834,6 +862,12 @@ for fmt in $formats; do
         IFS=: read -r p n d <<< "$r"
         run_step "bench:$fmt:p$p:n$n:d$d" bench_one "$fmt" "$p" "$n" "$d"
     done
+done
+for fmt in $formats; do
+    case $fmt in
+    f16 | f32 | bf16 | f8_e4m3) ;;   # already f16 tensor cores by default, or never
+    *) run_step "bench:prefill-f16:$fmt" bench_prefill_f16 "$fmt" ;;
+    esac
 done
 first_format=${formats%% *}
 run_step "nographs:$first_format" bench_nographs "$first_format"

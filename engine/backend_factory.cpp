@@ -49,6 +49,15 @@ std::unique_ptr<Backend> gpu_backend(int index, const CpuOptions& cpu, int32_t g
     // measure what the graphs save, or to rule them out).
     const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
     options.graphs = !(graphs && std::string_view(graphs) == "0");
+    // TERN_CUDA_PREFILL=f16|int8|f32 forces the prefill GEMM (CudaOptions::prefill) where a weight's format
+    // allows it, so a GPU run can time each path.
+    if (const char* prefill = std::getenv("TERN_CUDA_PREFILL"); prefill && *prefill) {
+        const std::string_view p(prefill);
+        if (p == "f16") options.prefill = CudaOptions::Prefill::f16;
+        else if (p == "int8") options.prefill = CudaOptions::Prefill::int8;
+        else if (p == "f32") options.prefill = CudaOptions::Prefill::f32;
+        else throw UsageError("TERN_CUDA_PREFILL=" + std::string(p) + ": expected f16, int8 or f32");
+    }
     auto gpu = std::make_unique<CudaBackend>(options);
     if (gpu_layers < 0) return gpu;
     return std::make_unique<SplitBackend>(std::make_unique<CpuBackend>(cpu), std::move(gpu), gpu_layers);

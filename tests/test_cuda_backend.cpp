@@ -12,6 +12,8 @@
 //     draft-verification batch and the forward observer once each;
 //   - top_logits (the candidates selected on the GPU) bit for bit against the host's selection from the
 //     same backend's copied-back logits.
+// The paths that round further (int8 activations; f16 tensor cores in prefill, kernels/cuda/gemm_f16.h) are held
+// within their own rounding of the exact product instead.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -278,6 +280,55 @@ TEST_CASE("cuda backend: prefill with int8 activations (the default) takes the t
         MESSAGE(stem << ": int8 prefill vs exact " << vs_exact << "; the CPU's int8 vs exact " << ggml_vs_exact);
         CHECK(vs_exact > kLogitTolerance);
         CHECK(vs_exact < 3.0 * ggml_vs_exact);
+    }
+}
+
+TEST_CASE("cuda backend: prefill on f16 tensor cores (F16 and F8_E4M3 by default, any format forced) stays within "
+          "f16 rounding") {
+    // The f16 path (kernels/cuda/gemm_f16.h) rounds every activation and every non-F16 weight to f16 (2^-11
+    // relative): its logits sit further from the exact product than the f32 path's (which the first test case
+    // holds within kLogitTolerance), by about the f16 rounding carried through the layers. kF16Tolerance is
+    // 2^-11 times a margin of 10 for the layers' growth; a weight or column read wrongly moves a logit by
+    // far more. BF16 stays on the f32 path even when f16 is forced.
+    constexpr double kF16Tolerance = 10.0 * 0x1p-11;
+    using P = CudaOptions::Prefill;
+    struct Case {
+        std::string path;
+        P prefill;
+        bool f16_path;
+    };
+    test::TempDir dir;
+    std::vector<Case> cases = {{synth_file(dir, "tiny-qwen3", "f8_e4m3"), P::automatic, true}};
+    if (test::shared_available()) {
+        for (const char* stem : {"llama2xs-tok512-f16", "stories260K-f16"})
+            cases.push_back({model_path(stem), P::automatic, true});
+        for (const char* stem : {"llama2xs-tok512-q4_k_m", "babyllama-tok105-q8_0", "synth-k256-q6_k"})
+            cases.push_back({model_path(stem), P::f16, true});
+        cases.push_back({model_path("synth-k256-bf16"), P::f16, false});
+    }
+    if (quick_mode()) cases.resize(std::min<size_t>(cases.size(), 3));
+    for (const Case& c : cases) {
+        CAPTURE(c.path);
+        const Model model = load_model(c.path);
+        CpuBackend exact_cpu{CpuOptions{2, true}};
+        CudaOptions f16_options, f32_options;
+        f16_options.prefill = c.prefill;
+        f32_options.prefill = P::f32;
+        CudaBackend f16(f16_options), f32(f32_options);
+        for (Backend* b : std::array<Backend*, 3>{&exact_cpu, &f16, &f32})
+            b->load(model.config, model.weights, RunOptions{64, KvType::f32});
+        const std::vector<int32_t> tokens = ramp_tokens(20, model.config.vocab);
+        const std::vector<std::vector<float>> exact_rows = batch_logits(exact_cpu, tokens);
+        const std::vector<std::vector<float>> f16_rows = batch_logits(f16, tokens), f32_rows = batch_logits(f32, tokens);
+        const double f16_error = max_row_error(f16_rows, exact_rows), f32_error = max_row_error(f32_rows, exact_rows);
+        MESSAGE(c.path << ": f16 prefill vs exact " << f16_error << ", the f32 path's " << f32_error);
+        CHECK(f32_error < kLogitTolerance);
+        if (c.f16_path) {
+            CHECK(f16_error > f32_error);   // the f16 roundings show: the path ran
+            CHECK(f16_error < kF16Tolerance);
+        } else {
+            CHECK(f16_rows == f32_rows);
+        }
     }
 }
 

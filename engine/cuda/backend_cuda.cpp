@@ -14,6 +14,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_f16.h"
 #include "kernels/cuda/gemm_q8.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matmul_q8.h"
@@ -27,11 +28,17 @@ namespace {
 
 // Scratch, the runtime's own context and the allocator's slack on the GPU.
 constexpr uint64_t kFixedOverhead = 64ull << 20;
-// Batches of this many tokens or more take a GEMM path: the int8 tensor-core one (kernels/cuda/gemm_q8.h)
-// where its formats and the device allow, else dequantized weights and cuBLAS (kernels/cuda/gemm.h), whose
-// weight blocks take up to kGemmScratchBytes.
+// Batches of this many tokens or more take a GEMM path (CudaOptions::prefill, prefill_path): f16 tensor cores
+// (kernels/cuda/gemm_f16.h), the int8 tensor-core one (kernels/cuda/gemm_q8.h) where its formats and the device
+// allow, else dequantized weights and cuBLAS (kernels/cuda/gemm.h), whose weight blocks take up to
+// kGemmScratchBytes.
 constexpr int64_t kGemmMinColumns = 16;
 constexpr int64_t kGemmScratchBytes = 64ll << 20;
+// The f16 prefill path's block of dequantized rows (F16 weights need none): small enough that the block the
+// dequantizer writes is still in L2 (50 MB on an H100) when the GEMM reads it, large enough for whole-device
+// GEMMs (2048 rows of 4096). A first guess that awaits tuning on a GPU; within kGemmScratchBytes, whose buffer
+// it shares.
+constexpr int64_t kGemmF16ScratchBytes = 16ll << 20;
 
 uint64_t tensor_bytes(const WeightRef& w) {
     if (!w.present()) return 0;
@@ -86,7 +93,7 @@ ActivationWidths activation_widths(const ModelConfig& c) {
 } // namespace
 
 CudaBackend::CudaBackend(const CudaOptions& options)
-    : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul) {
+    : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul), prefill_(options.prefill) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
     int8_gemm_ = cuda::gemm_q8_device_supported(device_);
     cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
@@ -113,7 +120,8 @@ MemoryNeed CudaBackend::plan_memory(const ModelConfig& c, const ModelWeights& w,
     const ActivationWidths aw = activation_widths(c);
     const uint64_t per_token =
         4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn + aw.router + 2 * aw.slots) + 4 +
-        static_cast<uint64_t>(cuda::q8_column_bytes(std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots})));
+        static_cast<uint64_t>(cuda::q8_column_bytes(std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots}))) +
+        2ull * static_cast<uint64_t>(std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots}));   // f16 activations
     const uint64_t batch = static_cast<uint64_t>(std::max(1, std::min(r.n_batch, std::max(r.n_ctx, 1))));
     const uint64_t logit_rows = static_cast<uint64_t>(std::max(1, r.n_logit_rows));
     need.buffers = batch * per_token + logit_rows * 4ull * static_cast<uint64_t>(c.vocab) + kFixedOverhead +
@@ -282,7 +290,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
 
 void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, const float* bias, float* y,
                           bool new_input) {
-    if (new_input) q8_of_ = nullptr;
+    if (new_input) q8_of_ = f16_of_ = nullptr;
     if (n < kGemmMinColumns || per_column_) {   // decode, draft verification: one pass over the weights per 8 columns
         if (uses_q8(w)) {
             cuda::matmul_q8(w.type, w.data, w.n_in, w.n_out, q8_input(x, n, w.n_in), n, bias, y, stream_);
@@ -291,15 +299,34 @@ void CudaBackend::project(const DeviceWeight& w, const float* x, int64_t n, cons
         cuda::matmul(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, stream_);
         return;
     }
-    // Prefill: integer tensor-core tiles that read the weights once per 64 tokens ...
-    if (uses_q8(w) && int8_gemm_) {
+    switch (prefill_path(w)) {
+    case CudaOptions::Prefill::int8:   // integer tensor-core tiles that read the weights once per 64 tokens
         cuda::gemm_q8(w.type, w.data, w.n_in, w.n_out, q8_input(x, n, w.n_in), n, bias, y, stream_);
         return;
+    case CudaOptions::Prefill::f16: {   // f16 weights and activations on tensor cores, f32 sums
+        const int64_t halves = std::max<int64_t>(w.n_in, kGemmF16ScratchBytes / 2);
+        auto* scratch = static_cast<uint16_t*>(
+            gemm_scratch_.reserve(static_cast<size_t>(halves) * sizeof(uint16_t), "dequantized weights"));
+        cuda::matmul_gemm_f16(w.type, w.data, w.n_in, w.n_out, f16_input(x, n, w.n_in), n, bias, y, scratch, halves,
+                              stream_);
+        return;
     }
-    // ... or the weights dequantized block by block into f32 and multiplied by cuBLAS.
-    const int64_t floats = std::max<int64_t>(w.n_in, kGemmScratchBytes / 4);
-    cuda::matmul_gemm(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, row_ids_.as<int32_t>(),
-                      gemm_scratch_.floats(static_cast<size_t>(floats), "dequantized weights"), floats, stream_);
+    default: {   // the weights dequantized block by block into f32 and multiplied by cuBLAS
+        const int64_t floats = std::max<int64_t>(w.n_in, kGemmScratchBytes / 4);
+        cuda::matmul_gemm(w.type, w.data, w.n_in, w.n_out, x, n, bias, y, row_ids_.as<int32_t>(),
+                          gemm_scratch_.floats(static_cast<size_t>(floats), "dequantized weights"), floats, stream_);
+        return;
+    }
+    }
+}
+
+CudaOptions::Prefill CudaBackend::prefill_path(const DeviceWeight& w) const {
+    using P = CudaOptions::Prefill;
+    const bool f16 = cuda::gemm_f16_supports(w.type), int8 = uses_q8(w) && int8_gemm_;
+    if (prefill_ == P::f32 || (prefill_ == P::f16 && f16) || (prefill_ == P::int8 && int8)) return prefill_;
+    if (exact_) return P::f32;
+    if (f16 && (w.type == GgmlType::F16 || w.type == GgmlType::F8_E4M3)) return P::f16;
+    return int8 ? P::int8 : P::f32;
 }
 
 bool CudaBackend::uses_q8(const DeviceWeight& w) const {
@@ -315,6 +342,18 @@ const void* CudaBackend::q8_input(const float* x, int64_t n, int64_t n_in) {
         q8_n_ = n;
     }
     return q8_acts_.data();
+}
+
+// f16 tensor cores: the input converted once for every projection that reads it.
+const uint16_t* CudaBackend::f16_input(const float* x, int64_t n, int64_t n_in) {
+    if (f16_of_ != x || f16_n_ != n || f16_width_ != n_in) {
+        void* acts = f16_acts_.reserve(static_cast<size_t>(n * n_in) * sizeof(uint16_t), "f16 activations");
+        cuda::convert_to_f16(x, n * n_in, static_cast<uint16_t*>(acts), stream_);
+        f16_of_ = x;
+        f16_n_ = n;
+        f16_width_ = n_in;
+    }
+    return static_cast<const uint16_t*>(f16_acts_.data());
 }
 
 void CudaBackend::norm_for(const float* x, const float* norm, float* xn, int64_t n, float eps,

@@ -36,6 +36,14 @@ struct CudaOptions {
     // CPU backend do: decode's matmul_q8 and, from compute capability 8.0, prefill's tensor-core gemm_q8):
     // the tests' tight comparison with the CPU.
     bool exact_matmul = false;
+    // The prefill GEMM (batches of kGemmMinColumns tokens or more, one sequence): `automatic` takes f16 tensor
+    // cores for F16 and F8_E4M3 weights, the int8 tiles for the formats with int8 activations (from compute
+    // capability 8.0), dequantized f32 and SGEMM for the rest and with exact_matmul. The others force a path
+    // where the weight's format allows it (else automatic's choice): f16 (every format but F32 and BF16;
+    // kernels/cuda/gemm_f16.h), int8 (kernels/cuda/gemm_q8.h), f32 (kernels/cuda/gemm.h). TERN_CUDA_PREFILL=
+    // f16|int8|f32 sets it (engine/backend_factory.cpp), so a GPU run can time each path.
+    enum class Prefill : uint8_t { automatic, f16, int8, f32 };
+    Prefill prefill = Prefill::automatic;
 };
 
 class CudaBackend final : public Backend {
@@ -125,6 +133,9 @@ private:
     // Whether decode multiplies w by int8 activations (else by f32 ones), and x (n, n_in) in that form.
     bool uses_q8(const DeviceWeight& w) const;
     const void* q8_input(const float* x, int64_t n, int64_t n_in);
+    // The prefill GEMM that multiplies w (CudaOptions::prefill), and x (n, n_in) as f16 for the f16 one.
+    CudaOptions::Prefill prefill_path(const DeviceWeight& w) const;
+    const uint16_t* f16_input(const float* x, int64_t n, int64_t n_in);
     // out (n, dim) = the routed experts' FFN of the normed input xn (ModelConfig::moe(); backend_cuda_moe.cpp).
     // new_input false: xn came from norm_for.
     // Refuses (DeviceCannotRun, one line) a mixture of experts this backend's forward does not run.
@@ -160,6 +171,7 @@ private:
     int device_ = 0;
     bool graphs_ = true;
     bool exact_ = false;
+    CudaOptions::Prefill prefill_ = CudaOptions::Prefill::automatic;
     bool int8_gemm_ = false;   // the device runs the int8 tensor-core prefill (kernels/cuda/gemm_q8.h)
     bool per_column_ = false;  // this forward's projections take the per-column kernels whatever n (forward_on_device)
     cudaStream_t stream_ = nullptr;
@@ -188,6 +200,9 @@ private:
     DeviceScratch moe_logits_, moe_ids_, moe_weights_, moe_out_, moe_grouped_, moe_rows_;
     std::vector<int32_t> moe_host_ids_, moe_host_rows_;
     DeviceScratch gemm_scratch_;   // a block of dequantized weight rows (the prefill path)
+    DeviceScratch f16_acts_;       // a projection input as f16 (the f16 prefill path) ...
+    const float* f16_of_ = nullptr;   // ... of this f32 input
+    int64_t f16_n_ = 0, f16_width_ = 0;
     DeviceScratch q8_acts_;        // a projection input as int8 (kernels/cuda/matmul_q8.h) ...
     const float* q8_of_ = nullptr; // ... of this f32 input
     int64_t q8_n_ = 0;

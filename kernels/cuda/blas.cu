@@ -1,6 +1,7 @@
 #include "kernels/cuda/blas.h"
 
 #include "kernels/cuda/launch.h"
+#include "quant/half.h"
 
 #if !defined(TERN_CUDA_EMULATOR)
 #include <cublas_v2.h>
@@ -28,6 +29,23 @@ void gemm_f32(const float* w, int64_t n_out, int64_t n_in, const float* x, int64
                                               }
                                       }),
           "gemm_f32");
+}
+
+void gemm_f16(const uint16_t* w, int64_t n_out, int64_t n_in, const uint16_t* x, int64_t n_cols, float* y,
+              int64_t ldy, cudaStream_t stream) {
+    if (n_out == 0 || n_cols == 0) return;
+    check(cuda_emu::emu_record_launch(stream,
+                                      [=] {
+#pragma omp parallel for schedule(static)
+                                          for (int64_t c = 0; c < n_cols; ++c)
+                                              for (int64_t r = 0; r < n_out; ++r) {
+                                                  float acc = 0.0f;
+                                                  for (int64_t i = 0; i < n_in; ++i)
+                                                      acc += f16_to_f32(w[r * n_in + i]) * f16_to_f32(x[c * n_in + i]);
+                                                  y[c * ldy + r] = acc;
+                                              }
+                                      }),
+          "gemm_f16");
 }
 
 #else
@@ -62,6 +80,14 @@ cublasHandle_t handle() {
     return h;
 }
 
+// The f16 path's handle: the default math mode, which lets f16 inputs run on tensor cores.
+cublasHandle_t tensor_op_handle() {
+    static std::once_flag once;
+    static cublasHandle_t h = nullptr;
+    std::call_once(once, [] { cublas_check(cublasCreate(&h), "cublasCreate"); });
+    return h;
+}
+
 } // namespace
 
 void gemm_f32(const float* w, int64_t n_out, int64_t n_in, const float* x, int64_t n_cols, float* y, int64_t ldy,
@@ -76,6 +102,20 @@ void gemm_f32(const float* w, int64_t n_out, int64_t n_in, const float* x, int64
                              static_cast<int>(n_in), &one, w, static_cast<int>(n_in), x, static_cast<int>(n_in), &zero, y,
                              static_cast<int>(ldy)),
                  "cublasSgemm");
+}
+
+void gemm_f16(const uint16_t* w, int64_t n_out, int64_t n_in, const uint16_t* x, int64_t n_cols, float* y,
+              int64_t ldy, cudaStream_t stream) {
+    if (n_out == 0 || n_cols == 0) return;
+    cublasHandle_t h = tensor_op_handle();
+    cublas_check(cublasSetStream(h, stream), "cublasSetStream");
+    // gemm_f32's column-major view, with f16 operands and an f32 result and compute type.
+    const float one = 1.0f, zero = 0.0f;
+    cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_out), static_cast<int>(n_cols),
+                              static_cast<int>(n_in), &one, w, CUDA_R_16F, static_cast<int>(n_in), x, CUDA_R_16F,
+                              static_cast<int>(n_in), &zero, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
 }
 
 #endif
