@@ -46,6 +46,7 @@ struct ChatFlags {
     std::string chat_template;
     bool no_history = false;
     bool json = false;   // scripted chat: one JSON object per reply, on one line
+    std::string reasoning_effort;   // gpt-oss: low, medium, high (empty: the format's default)
     std::string reasoning;   // "show" / "hide" a harmony reply's reasoning; empty: shown on a terminal only
 };
 
@@ -98,7 +99,7 @@ class Chat {
 public:
     Chat(const ChatFlags& flags, LoadedSession loaded, bool tty)
         : flags_(flags), loaded_(std::move(loaded)), session_(*loaded_.session), tty_(tty),
-          conversation_(session_, resolve_chat_template(session_, flags.chat_template), flags.system) {
+          conversation_(session_, resolve_chat_template(session_, flags.chat_template, flags.reasoning_effort), flags.system) {
         conversation_.set_notice_callback(
             [](const ConversationNotice& n) { std::cerr << "tern: " << conversation_notice_line(n) << "\n"; });
         options_.n_predict = flags.n_predict < 0 ? -1 : flags.n_predict;
@@ -452,6 +453,7 @@ Command add_chat_command(CLI::App& root) {
     add_prompt_cache_options(*cmd, f->prompt_cache);
     cmd->add_flag("--no-history", f->no_history,
                   "neither read nor write the input history ($XDG_STATE_HOME/tern/chat_history)");
+    add_reasoning_effort_option(*cmd, f->reasoning_effort);
     cmd->add_option("--reasoning", f->reasoning,
                     "show or hide the reasoning of models that reply in channels (gpt-oss); default: shown on a "
                     "terminal, dimmed, and left out when stdin is not a terminal")

@@ -43,6 +43,7 @@ struct RunFlags {
     bool chat = false;
     std::string system;
     std::string chat_template;
+    std::string reasoning_effort;   // gpt-oss under --chat: low, medium, high (empty: the format's default)
     bool json = false;
     int32_t logprobs = 0;        // --logprobs N: each generated token's log-probability and its step's top N
     bool no_bos = false;
@@ -114,6 +115,7 @@ int run_batch_file(const RunFlags& f) {
     o.chat = f.chat;
     o.system = f.system;
     o.chat_template = f.chat_template;
+    o.reasoning_effort = f.reasoning_effort;
 
     const std::string input = read_batch_input(f.batch);   // a missing file fails before the model loads
     ModelOptions model = f.model;
@@ -146,6 +148,7 @@ int run(const RunFlags& f) {
     if (f.system_opt->count() > 0 && !f.chat)
         throw UsageError("--system: only with --chat (the system turn of the chat template)");
     if (!f.chat_template.empty() && !f.chat) throw UsageError("--chat-template: only with --chat");
+    if (!f.reasoning_effort.empty() && !f.chat) throw UsageError("--reasoning-effort: only with --chat");
     if (f.logprobs > 0 && !f.json)
         throw UsageError("--logprobs: only with --json (the log-probabilities are a field of its document)");
     std::string prompt = read_prompt(f);
@@ -165,7 +168,7 @@ int run(const RunFlags& f) {
     // A chat reply in channels (gpt-oss): its answer is the output, its reasoning only in --json.
     bool channels = false;
     if (f.chat) {
-        const ChatTemplate tmpl = resolve_chat_template(session, f.chat_template);
+        const ChatTemplate tmpl = resolve_chat_template(session, f.chat_template, f.reasoning_effort);
         prompt = tmpl.render_prompt(f.system, prompt);
         channels = tmpl.reply_has_channels();
     }
@@ -308,6 +311,7 @@ Command add_run_command(CLI::App& root) {
     cmd->add_option("--chat-template", f->chat_template,
                     "chat format for --chat instead of the model's template: " + names)
         ->check(chat_template_check());
+    add_reasoning_effort_option(*cmd, f->reasoning_effort);
     add_draft_options(*cmd, f->draft);
     f->keep_opt = cmd->add_option("--keep", f->keep,
                     "when -n goes past a full context, keep the first N tokens (BOS included) and drop the "

@@ -31,6 +31,7 @@ struct ServeFlags {
     PromptCacheOptions prompt_cache;   // requests that start like an earlier run's read its blocks from disk
     int32_t n_predict = -1;
     std::string chat_template;
+    std::string reasoning_effort;   // gpt-oss: the default of requests without reasoning_effort
     std::string host = "127.0.0.1";
     int port = 8080;
     int32_t parallel = 1;
@@ -61,7 +62,7 @@ int serve(const ServeFlags& f) {
     LoadedSession loaded = load_session(model);
     attach_prompt_cache(loaded, f.model, f.prompt_cache);   // the BatchEngine takes it from the Session
     Session& session = *loaded.session;
-    PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template), loaded.n_ctx);
+    PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template, f.reasoning_effort), loaded.n_ctx);
 
     ServeOptions so;
     so.host = f.host;
@@ -180,6 +181,7 @@ Command add_serve_command(CLI::App& root) {
     cmd->add_option("--chat-template", f->chat_template,
                     "chat format for /v1/chat/completions instead of the model's template: " + names)
         ->check(chat_template_check());
+    add_reasoning_effort_option(*cmd, f->reasoning_effort);
     return {cmd, [f] { return serve(*f); }};
 }
 

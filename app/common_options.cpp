@@ -217,25 +217,48 @@ std::string process_escapes(std::string_view t) {
     return out;
 }
 
-ChatTemplate resolve_chat_template(const Session& session, const std::string& template_override) {
+namespace {
+
+ChatTemplate with_effort(ChatTemplate t, const std::string& effort) {
+    if (!effort.empty()) t.set_reasoning_effort(effort);
+    return t;
+}
+
+} // namespace
+
+void add_reasoning_effort_option(CLI::App& cmd, std::string& effort) {
+    cmd.add_option("--reasoning-effort", effort,
+                   "how much a reasoning model thinks before it answers: low, medium (default) or high (gpt-oss)")
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+                if (ChatTemplate::is_reasoning_effort(text)) return {};
+                return "'" + terminal_safe(text.substr(0, 40)) + "' is not a choice: expected low, medium or high";
+            },
+            "", "low|medium|high"));
+}
+
+ChatTemplate resolve_chat_template(const Session& session, const std::string& template_override,
+                                   const std::string& reasoning_effort) {
     const Model* model = session.model();
     const std::string model_template = model ? model->file.get_string("tokenizer.chat_template", "") : std::string();
     if (template_override.empty() && model_template.empty() && model) {
         // Some conversions drop tokenizer.chat_template. The Gemma family has one format for all
         // its instruction-tuned models, so its architecture is a safe guide; elsewhere the
         // architecture says nothing about the fine-tune and chatml (with a warning) stays.
+        // gpt-oss was trained on one format, harmony, alike.
         const std::string arch = model->file.get_string("general.architecture", "");
-        if (arch.starts_with("gemma")) {
-            if (std::optional<ChatTemplate> t = ChatTemplate::from_name("gemma")) {
-                std::cerr << "tern: the model has no chat template (tokenizer.chat_template); using gemma, the "
-                             "format of its architecture (choose another with --chat-template NAME)\n";
-                return *t;
+        const char* family = arch.starts_with("gemma") ? "gemma" : arch == "gpt-oss" ? "gpt-oss" : nullptr;
+        if (family) {
+            if (std::optional<ChatTemplate> t = ChatTemplate::from_name(family)) {
+                std::cerr << "tern: the model has no chat template (tokenizer.chat_template); using " << family
+                          << ", the format of its architecture (choose another with --chat-template NAME)\n";
+                return with_effort(*t, reasoning_effort);
             }
         }
     }
     const ChatTemplate::Detection d = ChatTemplate::resolve(template_override, model_template);
     if (!d.recognised()) std::cerr << "tern: " << chat_template_warning(d) << "\n";
-    return d.tmpl;
+    return with_effort(d.tmpl, reasoning_effort);
 }
 
 std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,

@@ -84,9 +84,13 @@ std::string render_chat_prompt(const Session& session, const std::string& system
                                const std::string& template_override);
 
 // The chat format of a session: the one --chat-template names (or template text to recognise),
-// else the model's tokenizer.chat_template; Gemma-family files without one get gemma. Prints the
+// else the model's tokenizer.chat_template; Gemma-family and gpt-oss files without one get their format. Prints the
 // line about an unrecognised or missing template on stderr.
-ChatTemplate resolve_chat_template(const Session& session, const std::string& template_override);
+// `reasoning_effort` (--reasoning-effort; empty: the format's default) goes to a reasoning model's format.
+ChatTemplate resolve_chat_template(const Session& session, const std::string& template_override,
+                                   const std::string& reasoning_effort = "");
+// --reasoning-effort low|medium|high: what gpt-oss's harmony system message asks for.
+void add_reasoning_effort_option(CLI::App& cmd, std::string& effort);
 
 struct LoadedSession;
 

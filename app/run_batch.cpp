@@ -151,7 +151,7 @@ int run_batch(const std::string& input, LoadedSession& loaded, const BatchRunOpt
         any_chat = any_chat || (l.request && l.request->chat);
     // The template is resolved (with its note on stderr) only when some line needs it.
     const PromptMaker prompts(session.tokenizer(),
-                              any_chat ? resolve_chat_template(session, o.chat_template)
+                              any_chat ? resolve_chat_template(session, o.chat_template, o.reasoning_effort)
                                        : *ChatTemplate::from_name("chatml"),
                               loaded.n_ctx, o.chat, o.system);
 

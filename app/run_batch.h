@@ -25,6 +25,7 @@ struct BatchRunOptions {
     bool chat = false;               // --chat: "prompt" lines become one user turn
     std::string system;              // --system, with --chat
     std::string chat_template;       // --chat-template
+    std::string reasoning_effort;    // --reasoning-effort
 };
 
 // The batch input, read before the model loads: FILE, or stdin for "-". Regular files only, capped

@@ -211,6 +211,17 @@ TEST_CASE("gpt-oss: the harmony format of its GGUF's template (system, developer
     CHECK(undated(t.render({{"user", "Hi"}, {"assistant", "Hello!"}}, false)) ==
           system + "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|return|>");
     CHECK(named("harmony").name() == "gpt-oss");
+
+    // The reasoning effort is the system message's "Reasoning:" line; other formats ignore it.
+    ChatTemplate effort = named("gpt-oss");
+    CHECK(effort.reasoning_effort() == "medium");
+    effort.set_reasoning_effort("high");
+    CHECK(undated(effort.render({{"user", "Hello"}})).find("\n\nReasoning: high\n\n") != std::string::npos);
+    CHECK_THROWS_AS(effort.set_reasoning_effort("max"), std::invalid_argument);
+    CHECK(effort.reasoning_effort() == "high");
+    ChatTemplate chatml = named("chatml");
+    chatml.set_reasoning_effort("low");
+    CHECK(chatml.render({{"user", "Hello"}}) == named("chatml").render({{"user", "Hello"}}));
 }
 
 TEST_CASE("harmony replies split into reasoning and answer, whole or streamed in any pieces") {

@@ -282,6 +282,19 @@ TEST_CASE("PromptMaker: chat template, BOS, prompt and max_tokens limits against
 
     const PromptMaker wrap(*tok, *ChatTemplate::from_name("chatml"), 128, true, "Sys");
     CHECK(wrap.prepare(batch({{"prompt", "Hi"}})).text == ChatTemplate::from_name("chatml")->render_prompt("Sys", "Hi"));
+
+    // reasoning_effort reaches harmony's system message (the server's default otherwise), and is checked.
+    ChatTemplate oss = *ChatTemplate::from_name("gpt-oss");
+    oss.set_reasoning_effort("low");
+    const PromptMaker harmony(*tok, oss, 1024);
+    CHECK(harmony.prepare(chat({{"messages", hi()}})).text.find("Reasoning: low") != std::string::npos);
+    CHECK(harmony.prepare(chat({{"messages", hi()}, {"reasoning_effort", "high"}})).text.find("Reasoning: high") !=
+          std::string::npos);
+    CHECK(batch({{"prompt", "Hi"}, {"reasoning_effort", "medium"}}).reasoning_effort == "medium");
+    e = error_of([&] { chat({{"messages", hi()}, {"reasoning_effort", "extreme"}}); });
+    CHECK(e.status == 400);
+    CHECK(e.param == "reasoning_effort");
+    CHECK(e.message.find("not one of low, medium, high") != std::string::npos);
 }
 
 TEST_CASE("responses: OpenAI's shapes, finish reasons, chunks, SSE framing, errors, models") {

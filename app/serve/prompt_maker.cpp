@@ -14,10 +14,12 @@ PreparedPrompt PromptMaker::prepare(const GenerationRequest& r) const {
                                         std::to_string(n_ctx_) + " tokens, prompt included)",
                       "context_length_exceeded");
     PreparedPrompt p;
+    ChatTemplate tmpl = tmpl_;
+    if (!r.reasoning_effort.empty()) tmpl.set_reasoning_effort(r.reasoning_effort);   // checked when read
     if (r.chat)
-        p.text = tmpl_.render(r.messages, true);
+        p.text = tmpl.render(r.messages, true);
     else if (wrap_prompts_)
-        p.text = tmpl_.render_prompt(system_, r.prompt);
+        p.text = tmpl.render_prompt(system_, r.prompt);
     else
         p.text = r.prompt;
     EncodeOptions enc;

@@ -190,7 +190,7 @@ const std::set<std::string>& batch_fields() {
     static const std::set<std::string> fields = {
         "id", "prompt", "messages", "max_tokens", "max_completion_tokens", "n_predict", "temperature", "temp",
         "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty",
-        "seed", "stop"};
+        "seed", "stop", "reasoning_effort"};
     return fields;
 }
 
@@ -242,7 +242,7 @@ GenerationRequest read_generation_request(const nlohmann::json& body, RequestKin
                 throw_invalid(key, "'" + terminal_safe(key.substr(0, 40)) +
                                        "' is not a field of a batch line (fields: prompt or messages, id, max_tokens, "
                                        "temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, repeat_last_n, "
-                                       "frequency_penalty, presence_penalty)",
+                                       "frequency_penalty, presence_penalty, reasoning_effort)",
                                "unknown_field");
     } else {
         refuse_unsupported(body);
@@ -316,6 +316,13 @@ GenerationRequest read_generation_request(const nlohmann::json& body, RequestKin
     if (const json* v = field(body, {"presence_penalty"}, name))
         r.sampling.presence_penalty = static_cast<float>(get_number(*v, name, -2.0, 2.0));
     if (const json* v = field(body, {"stop"}, name)) r.stop = read_stop(*v);
+    // OpenAI's reasoning_effort: what gpt-oss's system message asks for (other formats have no such setting).
+    if (const json* v = field(body, {"reasoning_effort"}, name)) {
+        r.reasoning_effort = get_string(*v, name);
+        if (!ChatTemplate::is_reasoning_effort(r.reasoning_effort))
+            throw_invalid(name, name + ": '" + terminal_safe(r.reasoning_effort.substr(0, 40)) +
+                                    "' is not one of low, medium, high");
+    }
 
     int64_t seed = defaults.seed;
     if (const json* v = field(body, {"seed"}, name)) seed = get_integer(*v, name, -1, std::numeric_limits<int64_t>::max());

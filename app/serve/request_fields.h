@@ -47,6 +47,7 @@ struct GenerationRequest {
     // >= 0: the log-probability of every generated token and those of its step's N most likely tokens (chat:
     // "logprobs": true and "top_logprobs": N; completions: "logprobs": N). -1: not asked.
     int32_t logprobs = -1;
+    std::string reasoning_effort;           // low, medium, high (gpt-oss's harmony); empty: the server's default
 };
 
 // The most nesting a request body may have (a chat message's content parts are 4 levels deep); a

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <ctime>
+#include <stdexcept>
 
 namespace tern {
 
@@ -102,7 +103,8 @@ std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& messages, b
 // channel; the generation prompt opens an assistant turn and leaves the channel to the model.
 constexpr std::string_view kHarmonyFinal = "<|channel|>final<|message|>";
 
-std::string render_harmony(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+std::string render_harmony(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                           const std::string& effort) {
     const std::time_t now = std::time(nullptr);
     std::tm utc{};
     gmtime_r(&now, &utc);
@@ -111,7 +113,7 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, bool add_ge
     std::string out = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
                       "Knowledge cutoff: 2024-06\nCurrent date: " +
                       std::string(today) +
-                      "\n\nReasoning: medium\n\n"
+                      "\n\nReasoning: " + effort + "\n\n"
                       "# Valid channels: analysis, commentary, final. Channel must be included for every message."
                       "<|end|>";
     std::string developer;
@@ -157,6 +159,16 @@ std::optional<ChatTemplate> ChatTemplate::from_name(std::string_view name) {
     if (name == "deepseek-r1") return ChatTemplate(Family::deepseek3);
     if (name == "harmony") return ChatTemplate(Family::gpt_oss);
     return std::nullopt;
+}
+
+bool ChatTemplate::is_reasoning_effort(std::string_view effort) {
+    return effort == "low" || effort == "medium" || effort == "high";
+}
+
+void ChatTemplate::set_reasoning_effort(std::string_view effort) {
+    if (!is_reasoning_effort(effort))
+        throw std::invalid_argument("reasoning effort '" + std::string(effort) + "': expected low, medium or high");
+    reasoning_effort_ = std::string(effort);
 }
 
 std::string_view ChatTemplate::reply_prefix() const {
@@ -338,7 +350,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
         }
         if (add_generation_prompt) out += "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>";
         break;
-    case Family::gpt_oss: out = render_harmony(messages, add_generation_prompt); break;
+    case Family::gpt_oss: out = render_harmony(messages, add_generation_prompt, reasoning_effort_); break;
     }
     return out;
 }

@@ -73,6 +73,12 @@ public:
     // The format's replies name their channels in control tokens (harmony): generate them with
     // GenerateOptions::special_text and split them with engine/chat/reply_channels.h.
     bool reply_has_channels() const { return family_ == Family::gpt_oss; }
+    // How hard a reasoning model is told to think: "low", "medium" (the default) or "high", the words of
+    // harmony's system message (gpt-oss; other formats have no such setting and ignore it). Throws
+    // std::invalid_argument for any other word.
+    static bool is_reasoning_effort(std::string_view effort);
+    void set_reasoning_effort(std::string_view effort);
+    const std::string& reasoning_effort() const { return reasoning_effort_; }
     // The text that render() puts between the generation prompt and an earlier reply's answer
     // ("<|channel|>final<|message|>" in harmony; empty elsewhere): what a kept reply is re-encoded with.
     std::string_view reply_prefix() const;
@@ -81,6 +87,7 @@ private:
     explicit ChatTemplate(Family f) : family_(f) {}
     Family family_ = Family::chatml;
     std::string default_system_;
+    std::string reasoning_effort_ = "medium";
 };
 
 struct ChatTemplateDetection {
