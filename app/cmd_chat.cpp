@@ -99,7 +99,8 @@ class Chat {
 public:
     Chat(const ChatFlags& flags, LoadedSession loaded, bool tty)
         : flags_(flags), loaded_(std::move(loaded)), session_(*loaded_.session), tty_(tty),
-          conversation_(session_, resolve_chat_template(session_, flags.chat_template, flags.reasoning_effort), flags.system) {
+          conversation_(session_, resolve_chat_template(session_, flags.chat_template, flags.reasoning_effort),
+                        flags.system) {
         conversation_.set_notice_callback(
             [](const ConversationNotice& n) { std::cerr << "tern: " << conversation_notice_line(n) << "\n"; });
         options_.n_predict = flags.n_predict < 0 ? -1 : flags.n_predict;
@@ -219,7 +220,8 @@ private:
                 if (part == ReplyPart::reasoning) {
                     if (!show_reasoning_) return true;
                     shown = true;
-                    return stdout_ok_ = write_stdout(dim_ ? "\x1b[2m" + std::string(text) + "\x1b[0m" : std::string(text));
+                    const std::string shown(text);
+                    return stdout_ok_ = write_stdout(dim_ ? "\x1b[2m" + shown + "\x1b[0m" : shown);
                 }
                 if (shown && !apart) {   // a blank line between the reasoning and the answer
                     apart = true;

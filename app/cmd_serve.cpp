@@ -62,7 +62,8 @@ int serve(const ServeFlags& f) {
     LoadedSession loaded = load_session(model);
     attach_prompt_cache(loaded, f.model, f.prompt_cache);   // the BatchEngine takes it from the Session
     Session& session = *loaded.session;
-    PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template, f.reasoning_effort), loaded.n_ctx);
+    PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template, f.reasoning_effort),
+                        loaded.n_ctx);
 
     ServeOptions so;
     so.host = f.host;

@@ -319,7 +319,8 @@ TEST_CASE("cuda backend: prefill on f16 tensor cores (F16 and F8_E4M3 by default
             b->load(model.config, model.weights, RunOptions{64, KvType::f32});
         const std::vector<int32_t> tokens = ramp_tokens(20, model.config.vocab);
         const std::vector<std::vector<float>> exact_rows = batch_logits(exact_cpu, tokens);
-        const std::vector<std::vector<float>> f16_rows = batch_logits(f16, tokens), f32_rows = batch_logits(f32, tokens);
+        const std::vector<std::vector<float>> f16_rows = batch_logits(f16, tokens);
+        const std::vector<std::vector<float>> f32_rows = batch_logits(f32, tokens);
         const double f16_error = max_row_error(f16_rows, exact_rows), f32_error = max_row_error(f32_rows, exact_rows);
         MESSAGE(c.path << ": f16 prefill vs exact " << f16_error << ", the f32 path's " << f32_error);
         CHECK(f32_error < kLogitTolerance);

@@ -8,8 +8,8 @@ namespace tern {
 CompletionStream::CompletionStream(const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                    std::vector<std::string> stops, const RepeatGuardParams& guard, TextCallback on_text,
                                    bool special_text)
-    : tokenizer_(tokenizer), special_text_(special_text), n_prompt_(prompt.size()), tokens_(prompt.begin(), prompt.end()),
-      decoder_(tokenizer, special_text),
+    : tokenizer_(tokenizer), special_text_(special_text), n_prompt_(prompt.size()),
+      tokens_(prompt.begin(), prompt.end()), decoder_(tokenizer, special_text),
       filter_(std::move(stops)), guard_(guard, prompt), on_text_(std::move(on_text)) {}
 
 Verdict CompletionStream::push(int32_t token) {
