@@ -49,6 +49,10 @@ std::unique_ptr<Backend> gpu_backend(int index, const CpuOptions& cpu, int32_t g
     // measure what the graphs save, or to rule them out).
     const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
     options.graphs = !(graphs && std::string_view(graphs) == "0");
+    // TERN_CUDA_PDL=0 launches the forward's kernels without programmatic dependent launch (on by default
+    // where the GPU has it, compute capability 9.0+: to measure what it saves, or to rule it out).
+    const char* pdl = std::getenv("TERN_CUDA_PDL");
+    options.programmatic_launches = !(pdl && std::string_view(pdl) == "0");
     auto gpu = std::make_unique<CudaBackend>(options);
     if (gpu_layers < 0) return gpu;
     return std::make_unique<SplitBackend>(std::make_unique<CpuBackend>(cpu), std::move(gpu), gpu_layers);

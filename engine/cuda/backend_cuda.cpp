@@ -12,6 +12,7 @@
 #include "engine/load_errors.h"
 #include "engine/memory_budget.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/dependent_launch.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemm_q8.h"
@@ -89,6 +90,7 @@ CudaBackend::CudaBackend(const CudaOptions& options)
     : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
     int8_gemm_ = cuda::gemm_q8_device_supported(device_);
+    programmatic_ = options.programmatic_launches && cuda::programmatic_launch_supported(device_);
     cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
     step_ = DeviceBuffer(2 * sizeof(int32_t), "the decode step's values");
 }
@@ -545,6 +547,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
     // weights per 8 of its tokens: the price of tokens that do not change with the batch.
     const bool decode = n < kGemmMinColumns || seqs;
     per_column_ = seqs != nullptr;
+    const cuda::ProgrammaticLaunches programmatic(programmatic_);
 
     int64_t kept_rows = batch.wanted == LogitsWanted::all ? n : 1;
     if (seqs) {

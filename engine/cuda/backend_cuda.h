@@ -36,6 +36,10 @@ struct CudaOptions {
     // CPU backend do: decode's matmul_q8 and, from compute capability 8.0, prefill's tensor-core gemm_q8):
     // the tests' tight comparison with the CPU.
     bool exact_matmul = false;
+    // The forward's kernels go out as programmatic dependent launches where the device has them (compute
+    // capability 9.0+, kernels/cuda/dependent_launch.h): each may start while the one before it drains, and
+    // a captured decode step keeps the relation as programmatic edges. TERN_CUDA_PDL=0 turns it off.
+    bool programmatic_launches = true;
 };
 
 class CudaBackend final : public Backend {
@@ -160,6 +164,7 @@ private:
     int device_ = 0;
     bool graphs_ = true;
     bool exact_ = false;
+    bool programmatic_ = false;   // CudaOptions::programmatic_launches on a device that has them
     bool int8_gemm_ = false;   // the device runs the int8 tensor-core prefill (kernels/cuda/gemm_q8.h)
     bool per_column_ = false;  // this forward's projections take the per-column kernels whatever n (forward_on_device)
     cudaStream_t stream_ = nullptr;

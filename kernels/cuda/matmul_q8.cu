@@ -53,6 +53,7 @@ using matmul_epilogue::warp_row;
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_q8_units(const float* __restrict__ x, int64_t n_blocks, int blocks_per_column, int column_bytes,
                       uint8_t* __restrict__ out) {
+    dependent_launch::wait_and_release();
     const int64_t g = static_cast<int64_t>(blockIdx.x) * (kQuantizeThreads / kThreadsPerActBlock) +
                       threadIdx.x / kThreadsPerActBlock;
     if (g >= n_blocks) return;   // the 8 threads of a block leave together
@@ -115,6 +116,7 @@ template <Kind K, int NC, bool kIndexed> constexpr int min_blocks_per_sm() {
 template <GgmlType T, int NC, Kind K, bool kIndexed>
 __global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC, kIndexed>())
     matmul_q8_units(LaunchRows rows, int n_in, const uint8_t* __restrict__ xq) {
+    dependent_launch::wait_and_release();
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
     constexpr int kPassColumns = kIndexed ? 1 : kMaxColumns;
@@ -158,7 +160,8 @@ struct Q8Family {
     template <GgmlType T, int NC, Kind K, bool kIndexed = false>
     static void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const uint8_t* x, unsigned passes,
                               cudaStream_t stream) {
-        launch(matmul_q8_units<T, NC, K, kIndexed>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
+        launch_dependent(matmul_q8_units<T, NC, K, kIndexed>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream,
+                         rows, n_in, x);
     }
 };
 
@@ -210,8 +213,9 @@ void quantize_activations(const float* x, int64_t n_cols, int64_t n_in, void* ou
     check_aligned("quantize_activations", x, "x");
     check_aligned("quantize_activations", out, "out");
     const dim3 grid(static_cast<unsigned>((n_blocks + kBlocksPerLaunchBlock - 1) / kBlocksPerLaunchBlock));
-    launch(quantize_q8_units, grid, dim3(kQuantizeThreads), 0, stream, x, n_blocks,
-           static_cast<int>(n_in / kQ8ActBlock), static_cast<int>(q8_column_bytes(n_in)), static_cast<uint8_t*>(out));
+    launch_dependent(quantize_q8_units, grid, dim3(kQuantizeThreads), 0, stream, x, n_blocks,
+                     static_cast<int>(n_in / kQ8ActBlock), static_cast<int>(q8_column_bytes(n_in)),
+                     static_cast<uint8_t*>(out));
 }
 
 bool matmul_q8_supports(GgmlType type) { return Q8Family::Formats::contains(type); }
