@@ -126,6 +126,10 @@ private:
     // they take int8 activations, the norm's launch writes those too (rmsnorm_rows_q8) and q8_input finds
     // them: pass new_input false to the projections that read xn next.
     void norm_for(const float* x, const float* norm, float* xn, int64_t n, float eps, const DeviceWeight& reader);
+    // project_glu's y also as int8 for the down projection (one launch less); false where the down projection
+    // reads f32 or the kernel cannot (ffn width not whole 32-element blocks).
+    bool glu_writes_q8(const DeviceLayer& d, const float* y) const;
+    unsigned* glu_counters(int64_t n, int64_t n_out);
     // Whether decode multiplies w by int8 activations (else by f32 ones), and x (n, n_in) in that form.
     bool uses_q8(const DeviceWeight& w) const;
     const void* q8_input(const float* x, int64_t n, int64_t n_in);
@@ -194,8 +198,12 @@ private:
     std::vector<int32_t> moe_host_ids_, moe_host_rows_;
     DeviceScratch gemm_scratch_;   // a block of dequantized weight rows (the prefill path)
     DeviceScratch q8_acts_;        // a projection input as int8 (kernels/cuda/matmul_q8.h) ...
-    const float* q8_of_ = nullptr; // ... of this f32 input
+    const float* q8_of_ = nullptr; // ... of this f32 input (n columns), at q8_at_: q8_acts_ or q8_ffn_
     int64_t q8_n_ = 0;
+    const void* q8_at_ = nullptr;
+    // The gated FFN's output as int8, written by its decode launch for the down projection (matmul_q8_glu_q8),
+    // and that launch's group counters (zeroed when allocated; every launch leaves them zero).
+    DeviceScratch q8_ffn_, glu_done_;
     DeviceBuffer row_ids_;         // 0, 1, 2, ... for the prefill path's dequantizer
     DeviceScratch top_logits_;     // top_logits: its candidates, penalty pairs and selection scratch
     int n_logit_rows_ = 0;

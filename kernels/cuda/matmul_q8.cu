@@ -147,6 +147,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC, k
     for (; u < n_units; u += 32)
         accumulate_unit<T, NC, kGlu>(wr, wr_up, u, xq, n_in, column_bytes, acc, acc_up);
     finish_columns<K, NC, kRowsPerBlock, kPassColumns>(acc, acc_up, lane, rows);
+    if constexpr (kGlu && !kIndexed)
+        matmul_epilogue::quantize_finished_group<NC, kRowsPerBlock, kMaxColumns>(rows, lane);
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -237,6 +239,31 @@ void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gat
                    cudaStream_t stream) {
     const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
     run_matmul_q8("matmul_q8_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), x_q, n_cols, stream);
+}
+
+bool matmul_q8_glu_q8_takes(int64_t n_out, const float* y, const void* y_q) {
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return n_out > 0 && n_out % kQ8ActBlock == 0 && aligned(y) && aligned(y_q);
+}
+
+size_t matmul_q8_glu_q8_counters(int64_t n_cols, int64_t n_out) {
+    return static_cast<size_t>((n_cols + kMaxColumns - 1) / kMaxColumns) * static_cast<size_t>(n_out / kQ8ActBlock);
+}
+
+void matmul_q8_glu_q8(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate,
+                      const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
+                      void* y_q, unsigned* group_done, cudaStream_t stream) {
+    const char* fn = "matmul_q8_glu_q8";
+    if (!matmul_q8_glu_q8_takes(n_out, y, y_q))
+        refuse(std::string(fn) + ": n_out = " + std::to_string(n_out) +
+               " is not a multiple of the activation block, or y / y_q is not 16-byte aligned");
+    if (n_cols > 0 && !group_done) refuse(std::string(fn) + ": no group counters");
+    check_q8_format(fn, type, n_in);
+    if (n_cols < 0) refuse(std::string(fn) + ": n_cols = " + std::to_string(n_cols) + " out of range");
+    const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
+    matmul_epilogue::launch_matmul<Q8Family, kRowsPerBlock, kMaxColumns>(
+        fn, type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), static_cast<const uint8_t*>(x_q), "x_q",
+        q8_column_bytes(n_in), n_cols, stream, static_cast<uint8_t*>(y_q), group_done);
 }
 
 void matmul_q8_experts(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const ExpertSlots& slots,
