@@ -141,6 +141,13 @@ bool cuda_graphs_on() {
     return v == nullptr || std::string_view(v) != "0";
 }
 
+// Whether the forward's kernels may go out as programmatic dependent launches (TERN_CUDA_PDL, read by
+// engine/backend_factory.cpp too; the backend uses them on compute capability 9.0+ only).
+bool cuda_pdl_on() {
+    const char* v = std::getenv("TERN_CUDA_PDL");
+    return v == nullptr || std::string_view(v) != "0";
+}
+
 // One verification forward's time over one decode step's (the median decode over its tokens).
 double verify_cost_ratio(const BenchOptions& o, const BenchResult& r) {
     return r.decode_ms_median > 0 && o.n_gen > 0 ? r.verify_ms_median / (r.decode_ms_median / o.n_gen) : 0.0;
@@ -253,6 +260,8 @@ int run_bench_command(BenchArgs& a) {
             {"verify_vs_decode_step", verify_cost_ratio(a.bench, r)},
             {"cuda_graphs", backend->device_kind() == DeviceKind::cuda ? nlohmann::json(cuda_graphs_on())
                                                                         : nlohmann::json(nullptr)},
+            {"cuda_pdl", backend->device_kind() == DeviceKind::cuda ? nlohmann::json(cuda_pdl_on())
+                                                                     : nlohmann::json(nullptr)},
             {"weight_bytes_per_token", weight_bytes_per_token(model.weights, model.config)},
             {"bytes_per_token", bytes_per_token},
             {"decode_gbps", decode_gbps},
