@@ -87,7 +87,7 @@ ActivationWidths activation_widths(const ModelConfig& c) {
 } // namespace
 
 CudaBackend::CudaBackend(const CudaOptions& options)
-    : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul) {
+    : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul), glu_q8_(options.glu_writes_q8) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
     int8_gemm_ = cuda::gemm_q8_device_supported(device_);
     programmatic_ = options.programmatic_launches && cuda::programmatic_launch_supported(device_);
@@ -404,7 +404,7 @@ unsigned* CudaBackend::glu_counters(int64_t n, int64_t n_out) {
 }
 
 bool CudaBackend::glu_writes_q8(const DeviceLayer& d, const float* y) const {
-    return uses_q8(d.w_down) && d.w_down.n_in == d.w_gate.n_out &&
+    return glu_q8_ && uses_q8(d.w_down) && d.w_down.n_in == d.w_gate.n_out &&
            cuda::matmul_q8_glu_q8_takes(d.w_gate.n_out, y, q8_ffn_.data());
 }
 
@@ -542,7 +542,7 @@ void CudaBackend::reserve_buffers(int64_t n, int64_t logit_rows) {
     if (n < kGemmMinColumns || (int8_gemm_ && !exact_))
         q8_acts_.reserve(cuda::quantized_activation_bytes(n, std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots})),
                          "quantized activations");
-    if (n < kGemmMinColumns && !exact_ && !c.moe()) {   // the gated FFN's int8 output and counters (project_glu)
+    if (n < kGemmMinColumns && !exact_ && glu_q8_ && !c.moe()) {   // the gated FFN's int8 output and counters
         q8_ffn_.reserve(cuda::quantized_activation_bytes(n, aw.ffn), "quantized activations");
         glu_counters(n, aw.ffn);
     }

@@ -40,6 +40,9 @@ struct CudaOptions {
     // capability 9.0+, kernels/cuda/dependent_launch.h): each may start while the one before it drains, and
     // a captured decode step keeps the relation as programmatic edges. TERN_CUDA_PDL=0 turns it off.
     bool programmatic_launches = true;
+    // Decode's gated FFN launch writes its output's int8 form for the down projection too (matmul_q8_glu_q8:
+    // one launch less a layer, the same bytes). TERN_CUDA_GLU_Q8=0 quantizes in a launch of its own instead.
+    bool glu_writes_q8 = true;
 };
 
 class CudaBackend final : public Backend {
@@ -169,6 +172,7 @@ private:
     bool graphs_ = true;
     bool exact_ = false;
     bool programmatic_ = false;   // CudaOptions::programmatic_launches on a device that has them
+    bool glu_q8_ = true;          // CudaOptions::glu_writes_q8
     bool int8_gemm_ = false;   // the device runs the int8 tensor-core prefill (kernels/cuda/gemm_q8.h)
     bool per_column_ = false;  // this forward's projections take the per-column kernels whatever n (forward_on_device)
     cudaStream_t stream_ = nullptr;
