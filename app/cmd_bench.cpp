@@ -148,6 +148,13 @@ std::string cuda_prefill_knob() {
     return v && *v ? std::string(v) : std::string("auto");
 }
 
+// Whether the forward's kernels may go out as programmatic dependent launches (TERN_CUDA_PDL, read by
+// engine/backend_factory.cpp too; the backend uses them on compute capability 9.0+ only).
+bool cuda_pdl_on() {
+    const char* v = std::getenv("TERN_CUDA_PDL");
+    return v == nullptr || std::string_view(v) != "0";
+}
+
 // One verification forward's time over one decode step's (the median decode over its tokens).
 double verify_cost_ratio(const BenchOptions& o, const BenchResult& r) {
     return r.decode_ms_median > 0 && o.n_gen > 0 ? r.verify_ms_median / (r.decode_ms_median / o.n_gen) : 0.0;
@@ -262,6 +269,8 @@ int run_bench_command(BenchArgs& a) {
                                                                         : nlohmann::json(nullptr)},
             {"cuda_prefill", backend->device_kind() == DeviceKind::cuda ? nlohmann::json(cuda_prefill_knob())
                                                                          : nlohmann::json(nullptr)},
+            {"cuda_pdl", backend->device_kind() == DeviceKind::cuda ? nlohmann::json(cuda_pdl_on())
+                                                                     : nlohmann::json(nullptr)},
             {"weight_bytes_per_token", weight_bytes_per_token(model.weights, model.config)},
             {"bytes_per_token", bytes_per_token},
             {"decode_gbps", decode_gbps},

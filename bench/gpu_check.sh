@@ -735,6 +735,19 @@ print("graphs off: decode %.1f tok/s, %.3f ms a step" % (d["decode_tps"], d["dec
         "$logs/bench-nographs-$1.json")
 }
 
+# Decode with one of the backend's decode-step choices off, the rest as by default: TERN_CUDA_PDL=0 (no
+# programmatic dependent launch: each kernel of the captured step starts only after the one before it has
+# ended) or TERN_CUDA_GLU_Q8=0 (the down projection's int8 input quantized in a launch of its own, not by the
+# gated FFN's launch). The time per step over the default run's is what that choice saves.
+bench_off() {   # format variable (TERN_CUDA_PDL or TERN_CUDA_GLU_Q8)
+    local f=$models/$shape-$1.gguf log=$logs/bench-$2-0-$1.json
+    [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
+    tmo 150 env "$2=0" "$tern" bench -m "$f" --device cuda -p 0 -n 128 -d 0 -r "$reps" --json > "$log" || return
+    STEP_NOTE=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("%s=0: decode %.1f tok/s, %.3f ms a step" % (sys.argv[2], d["decode_tps"], d["decode_ms_median"] / d["decode_tokens"]))' \
+        "$log" "$2")
+}
+
 # The whole model at full size, CUDA against the CPU: greedy text from the same prompt on both devices (the
 # suites check small models token by token; this catches what only large shapes reach: grid limits, sizes
 # past 2^31, scratch sizing). Random weights make near-ties likelier than in a trained model, so a late
@@ -871,6 +884,8 @@ for fmt in $formats; do
 done
 first_format=${formats%% *}
 run_step "nographs:$first_format" bench_nographs "$first_format"
+run_step "nopdl:$first_format" bench_off "$first_format" TERN_CUDA_PDL
+run_step "noglu8:$first_format" bench_off "$first_format" TERN_CUDA_GLU_Q8
 run_step "agree:$first_format" agree "$first_format"
 if [ "$with_llamacpp" = 1 ] && wanted llamacpp; then
     bg_finish llamacpp-build 120   # llama-bench needs about two minutes for three llama-8b files

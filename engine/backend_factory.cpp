@@ -58,6 +58,14 @@ std::unique_ptr<Backend> gpu_backend(int index, const CpuOptions& cpu, int32_t g
         else if (p == "f32") options.prefill = CudaOptions::Prefill::f32;
         else throw UsageError("TERN_CUDA_PREFILL=" + std::string(p) + ": expected f16, int8 or f32");
     }
+    // TERN_CUDA_PDL=0 launches the forward's kernels without programmatic dependent launch (on by default
+    // where the GPU has it, compute capability 9.0+: to measure what it saves, or to rule it out).
+    const char* pdl = std::getenv("TERN_CUDA_PDL");
+    options.programmatic_launches = !(pdl && std::string_view(pdl) == "0");
+    // TERN_CUDA_GLU_Q8=0: decode quantizes the gated FFN's output for the down projection in a launch of its own
+    // rather than in the FFN's launch (to measure what the fusion saves, or to rule it out).
+    const char* glu_q8 = std::getenv("TERN_CUDA_GLU_Q8");
+    options.glu_writes_q8 = !(glu_q8 && std::string_view(glu_q8) == "0");
     auto gpu = std::make_unique<CudaBackend>(options);
     if (gpu_layers < 0) return gpu;
     return std::make_unique<SplitBackend>(std::make_unique<CpuBackend>(cpu), std::move(gpu), gpu_layers);

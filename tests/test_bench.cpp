@@ -232,6 +232,7 @@ TEST_CASE("tern bench --json: every field present, speeds and bandwidths positiv
     CHECK(j["verify_tokens"] == 0);
     CHECK(j["cuda_graphs"].is_null());   // a CPU run
     CHECK(j["cuda_prefill"].is_null());
+    CHECK(j["cuda_pdl"].is_null());
 
     // --verify N: the check of N drafted tokens against one decode step.
     const auto v = run_tern({"bench", "-m", shared_path(kLlama2xs).string(), "-p", "0", "-n", "4", "--verify", "8",

@@ -582,6 +582,33 @@ TEST_CASE("cuda backend: decode steps replayed from a captured graph equal the s
     CHECK(std::vector<float>(ga.begin(), ga.end()) == std::vector<float>(la.begin(), la.end()));
 }
 
+TEST_CASE("cuda backend: decode with the GLU's int8 output and programmatic launches equals decode without") {
+    // matmul_q8_glu_q8 gives quantize_activations' bytes, and a programmatic launch changes when a kernel starts,
+    // not what it computes: logits bit for bit the same, graphs on (a q8_0 llama, 2 layers) and off (gemma3's
+    // geglu, 6 layers, and a draft-verification batch of 5 columns).
+    test::TempDir dir;
+    for (const char* shape : {"tiny", "tiny-gemma3"}) {
+        CAPTURE(shape);
+        const Model model = load_model(synth_file(dir, shape, "q8_0"));
+        CudaOptions fused, apart;
+        fused.graphs = apart.graphs = std::string(shape) == "tiny";
+        apart.glu_writes_q8 = false;
+        apart.programmatic_launches = false;
+        CudaBackend a(fused), b(apart);
+        for (CudaBackend* x : {&a, &b}) {
+            x->load(model.config, model.weights, RunOptions{64, KvType::f16});
+            x->forward({ramp_tokens(6, model.config.vocab), 0, LogitsWanted::last});
+            for (int32_t pos = 6; pos < 10; ++pos) x->forward({std::vector<int32_t>{pos * 7}, pos, LogitsWanted::last});
+            x->forward({std::vector<int32_t>{3, 1, 4, 1, 5}, 10, LogitsWanted::all});
+        }
+        for (int r = 0; r < 5; ++r) {
+            CAPTURE(r);
+            const std::span<const float> la = a.logits(r), lb = b.logits(r);
+            CHECK(std::vector<float>(la.begin(), la.end()) == std::vector<float>(lb.begin(), lb.end()));
+        }
+    }
+}
+
 TEST_CASE("cuda backend: a draft-verification batch gives each row what one-token forwards give") {
     if (!test::shared_available()) return;
     Opened o = open_both(model_path("babyllama-tok105-q4_k_m"), 64, KvType::f16);
@@ -741,39 +768,48 @@ TEST_CASE("cuda backend: the weights' upload reports its progress, ending at the
 #if defined(TERN_CUDA_EMULATOR)
 TEST_CASE("cuda backend: launches per decode step with the fused epilogues") {
     // Per layer, with one matrix format throughout: rmsnorm (+ quantize, with int8 activations: one launch),
-    // q/k/v, rope + KV write, attention, [quantize], o + residual, rmsnorm (+ quantize), gate/up + activation,
-    // [quantize], down + residual: 10 with int8 activations, 8 with f32 ones (the separate kernels took 19 and
-    // 15); gemma's post-norms keep its two residual adds apart (12 / 10). Around the layers: embed, final
-    // rmsnorm, [quantize], lm_head.
+    // q/k/v, rope + KV write, attention, [quantize], o + residual, rmsnorm (+ quantize), gate/up + activation
+    // (+ quantize: the GLU launch writes down's int8 input too), down + residual: 9 with int8 activations, 8 with
+    // f32 ones (the separate kernels took 19 and 15); gemma's post-norms keep its two residual adds apart (11 /
+    // 10). Around the layers: embed, final rmsnorm, [quantize], lm_head. A llama-like and a gemma-like tiny
+    // file always; the shared llama2 and stories files too where ../shared is. A captured decode step (graphs on)
+    // holds the same launches. Without the GLU's int8 output (CudaOptions::glu_writes_q8) a quantize comes back.
     struct Case {
         std::string path;
         bool exact;
         int per_layer;
+        bool glu_q8 = true;
     };
     test::TempDir dir;
-    std::vector<Case> cases = {{synth_file(dir, "tiny-gemma3", "q8_0"), false, 12},
-                               {synth_file(dir, "tiny-gemma3", "q8_0"), true, 10}};
+    const std::string tiny = synth_file(dir, "tiny", "q8_0"), gemma = synth_file(dir, "tiny-gemma3", "q8_0");
+    std::vector<Case> cases = {{tiny, false, 9}, {tiny, true, 8},  {tiny, false, 10, false},
+                               {gemma, false, 11}, {gemma, true, 10}, {gemma, false, 12, false}};
     if (test::shared_available()) {
-        cases.push_back({model_path("llama2xs-tok512-q8_0"), false, 10});
+        cases.push_back({model_path("llama2xs-tok512-q8_0"), false, 9});
         cases.push_back({model_path("llama2xs-tok512-q8_0"), true, 8});
         cases.push_back({model_path("stories260K-f32"), false, 8});
     }
     for (const Case& c : cases) {
         CAPTURE(c.path);
         CAPTURE(c.exact);
+        CAPTURE(c.glu_q8);
         const Model model = load_model(c.path);
-        CudaOptions options;
-        options.graphs = false;   // launched one by one, so that they are counted
-        options.exact_matmul = c.exact;
-        CudaBackend cuda(options);
-        cuda.load(model.config, model.weights, RunOptions{32, KvType::f16});
-        cuda.forward({ramp_tokens(3, model.config.vocab), 0, LogitsWanted::last});
-        const size_t before = cuda_emu::kernel_launches();
-        cuda.forward({std::vector<int32_t>{5}, 3, LogitsWanted::last});
         const bool q8 = !c.exact && model.weights.output.type != GgmlType::F32;
         const size_t want = static_cast<size_t>(model.config.n_layers * c.per_layer + 3 + (q8 ? 1 : 0) +
                                                 (model.config.final_softcap > 0.0f ? 1 : 0));
-        CHECK(cuda_emu::kernel_launches() - before == want);
+        for (bool graphs : {false, true}) {
+            CAPTURE(graphs);
+            CudaOptions options;
+            options.graphs = graphs;   // off: launched one by one; on: the first step's capture records them
+            options.exact_matmul = c.exact;
+            options.glu_writes_q8 = c.glu_q8;
+            CudaBackend cuda(options);
+            cuda.load(model.config, model.weights, RunOptions{32, KvType::f16});
+            cuda.forward({ramp_tokens(3, model.config.vocab), 0, LogitsWanted::last});
+            const size_t before = cuda_emu::kernel_launches();
+            cuda.forward({std::vector<int32_t>{5}, 3, LogitsWanted::last});
+            CHECK(cuda_emu::kernel_launches() - before == want);
+        }
     }
 }
 #endif

@@ -26,6 +26,7 @@
 #include "tests/cuda_emu/sample_kernels.cuh"
 
 using tern::cuda::launch;
+using tern::cuda::launch_dependent;
 namespace samples = tern::cuda::samples;
 
 namespace {
@@ -599,4 +600,54 @@ TEST_CASE("ldmatrix and the int8 mma.m16n8k32 / m16n8k16 wrappers follow the PTX
             }
         }
     }
+}
+
+namespace {
+
+__global__ void dependent_increment(const int* in, int* out) {
+    tern::cuda::dependent_launch::wait_and_release();
+    out[threadIdx.x] = in[threadIdx.x] + 1;
+}
+__global__ void increment_without_wait(const int* in, int* out) { out[threadIdx.x] = in[threadIdx.x] + 1; }
+__global__ void atomic_before_wait(int* out) {
+    atomicAdd(out, 1);
+    tern::cuda::dependent_launch::wait_and_release();
+}
+__global__ void exit_before_wait(int* out) {
+    if (threadIdx.x >= 16) return;   // these threads leave without waiting
+    tern::cuda::dependent_launch::wait_and_release();
+    out[threadIdx.x] = 1;
+}
+
+} // namespace
+
+TEST_CASE("a programmatic dependent launch faults a thread that touches memory or exits before its wait") {
+    std::vector<int> in(32), out(32, 0);
+    std::iota(in.begin(), in.end(), 0);
+    // Outside a ProgrammaticLaunches scope launch_dependent is a plain launch: no wait needed.
+    launch_dependent(increment_without_wait, dim3(1), dim3(32), 0, nullptr, in.data(), out.data());
+    CHECK(out[31] == 32);
+    {
+        const tern::cuda::ProgrammaticLaunches on(true);
+        launch_dependent(dependent_increment, dim3(1), dim3(32), 0, nullptr, out.data(), out.data());
+        CHECK(out[31] == 33);
+        std::string msg = fault_text(
+            [&] { launch_dependent(increment_without_wait, dim3(1), dim3(32), 0, nullptr, in.data(), out.data()); });
+        CHECK(msg.find("exited without cudaGridDependencySynchronize()") != std::string::npos);
+        msg = fault_text([&] { launch_dependent(atomic_before_wait, dim3(1), dim3(32), 0, nullptr, out.data()); });
+        CHECK(msg.find("an atomic before cudaGridDependencySynchronize()") != std::string::npos);
+        CHECK(msg.find("test_cuda_emulator.cpp") != std::string::npos);
+        msg = fault_text([&] { launch_dependent(exit_before_wait, dim3(1), dim3(32), 0, nullptr, out.data()); });
+        CHECK(msg.find("thread (16,0,0)") != std::string::npos);
+        // launch() is never programmatic, whatever the scope.
+        launch(increment_without_wait, dim3(1), dim3(32), 0, nullptr, in.data(), out.data());
+        {
+            const tern::cuda::ProgrammaticLaunches off(false);
+            launch_dependent(increment_without_wait, dim3(1), dim3(32), 0, nullptr, in.data(), out.data());
+        }
+        CHECK(tern::cuda::programmatic_launches_on);   // the inner scope restored the outer one's setting
+    }
+    CHECK_FALSE(tern::cuda::programmatic_launches_on);
+    launch_dependent(increment_without_wait, dim3(1), dim3(32), 0, nullptr, in.data(), out.data());
+    check_still_works();
 }

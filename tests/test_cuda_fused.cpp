@@ -3,6 +3,8 @@
 //     into y) against one matmul / matmul_q8 per matrix, followed by add_residual (no norm) when adding;
 //   matmul_glu / matmul_q8_glu against matmul / matmul_q8 of the gate and of the up matrix followed by
 //     swiglu / geglu_tanh;
+//   matmul_q8_glu_q8 (the GLU writing its output's q8 units too) against matmul_q8_glu followed by
+//     quantize_activations: y and every byte of the units, twice on the same group counters;
 //   qk_norm_rope_kv_write against qk_norm_rope followed by kv_write: q and k as left in place, and every
 //     byte of the K and V caches (the rows written and the ones that must stay untouched).
 // Every weight format each matmul reads (the plain float formats also at row lengths that are not
@@ -286,7 +288,76 @@ void check_rope_kv(KvType type, const RopeCase& c, bool device_pos, uint32_t see
     CHECK(std::any_of(first, first + static_cast<ptrdiff_t>(row), [](uint8_t b) { return b != 0xA5; }));
 }
 
+// matmul_q8_glu_q8 against matmul_q8_glu then quantize_activations of its output, launched twice on one set of
+// counters (the first launch must leave them zero), which are all zero after.
+void check_glu_q8(GgmlType type, int64_t n_in, const Matrix& gate, const Matrix& up, const void* x_q, int64_t n_cols,
+                  GluActivation act, uint32_t seed) {
+    const int64_t n_out = gate.n_out;
+    const size_t n = static_cast<size_t>(n_cols * n_out);
+    const size_t q_bytes = tern::cuda::quantized_activation_bytes(n_cols, n_out);
+    const float* b_gate = gate.with_bias ? gate.bias.get() : nullptr;
+    const float* b_up = up.with_bias ? up.bias.get() : nullptr;
+    DeviceArray<float> y(initial_y(n, false, seed)), want_y(initial_y(n, false, seed));
+    DeviceArray<uint8_t> y_q(std::vector<uint8_t>(q_bytes + kGuard, 0xA5)), want_q(q_bytes);
+    DeviceArray<unsigned> done(std::vector<unsigned>(tern::cuda::matmul_q8_glu_q8_counters(n_cols, n_out), 0u));
+    tern::cuda::matmul_q8_glu(type, n_in, n_out, gate.w.get(), b_gate, up.w.get(), b_up, act, x_q, n_cols,
+                              want_y.get(), nullptr);
+    tern::cuda::quantize_activations(want_y.get(), n_cols, n_out, want_q.get(), nullptr);
+    const std::vector<uint8_t> want_units = want_q.read();
+    for (int round = 0; round < 2; ++round) {
+        CAPTURE(round);
+        tern::cuda::matmul_q8_glu_q8(type, n_in, n_out, gate.w.get(), b_gate, up.w.get(), b_up, act, x_q, n_cols,
+                                     y.get(), y_q.get(), done.get(), nullptr);
+        CHECK(bit_mismatches(y.read(), want_y.read()) == 0);
+        const std::vector<uint8_t> units = y_q.read();
+        CHECK(std::equal(want_units.begin(), want_units.end(), units.begin()));
+        CHECK(std::all_of(units.end() - kGuard, units.end(), [](uint8_t b) { return b == 0xA5; }));
+        const std::vector<unsigned> counts = done.read();
+        CHECK(std::all_of(counts.begin(), counts.end(), [](unsigned c) { return c == 0; }));
+    }
+}
+
 } // namespace
+
+TEST_CASE("matmul_q8_glu_q8 gives the bits of matmul_q8_glu then quantize_activations of its output") {
+    uint32_t seed = 9000;
+    for (GgmlType type : kMatmulQ8Formats) {
+        CAPTURE(tern::type_name(type));
+        const int64_t n_in = row_lengths(type, true).front();
+        CAPTURE(n_in);
+        const std::vector<float> x = tern::test::random_normal(static_cast<size_t>(15 * n_in), seed += 100);
+        const DeviceArray<float> dx(x);
+        DeviceArray<uint8_t> dq(tern::cuda::quantized_activation_bytes(15, n_in));
+        tern::cuda::quantize_activations(dx.get(), 15, n_in, dq.get(), nullptr);
+        // One group (8 blocks of 4 rows), three groups; 1 .. 8 columns, and passes of 8 then of 1 and of 7.
+        for (int64_t n_out : {32, 96}) {
+            CAPTURE(n_out);
+            const Matrix gate(type, n_in, n_out, n_out == 32, seed + 10), up(type, n_in, n_out, true, seed + 12);
+            for (int64_t n_cols : {1, 2, 5, 8, 9, 15}) {
+                CAPTURE(n_cols);
+                const GluActivation act = n_cols % 2 == 1 ? GluActivation::silu : GluActivation::gelu_tanh;
+                check_glu_q8(type, n_in, gate, up, dq.get(), n_cols, act, seed + 20);
+            }
+        }
+    }
+    // Refusals: a ragged n_out (no whole groups), a misaligned q8 output, no counters.
+    const DeviceArray<uint8_t> w(8192), q(8192);
+    DeviceArray<float> y(1024);
+    DeviceArray<unsigned> done(64);
+    using tern::cuda::matmul_q8_glu_q8;
+    CHECK_THROWS_AS(matmul_q8_glu_q8(GgmlType::Q4_0, 32, 35, w.get(), nullptr, w.get(), nullptr, GluActivation::silu,
+                                     q.get(), 1, y.get(), q.get(), done.get(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(matmul_q8_glu_q8(GgmlType::Q4_0, 32, 32, w.get(), nullptr, w.get(), nullptr, GluActivation::silu,
+                                     q.get(), 1, y.get(), q.get() + 4, done.get(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(matmul_q8_glu_q8(GgmlType::Q4_0, 32, 32, w.get(), nullptr, w.get(), nullptr, GluActivation::silu,
+                                     q.get(), 1, y.get(), q.get(), nullptr, nullptr),
+                    std::invalid_argument);
+    CHECK_FALSE(tern::cuda::matmul_q8_glu_q8_takes(35, y.get(), q.get()));
+    CHECK(tern::cuda::matmul_q8_glu_q8_takes(64, y.get(), q.get()));
+    CHECK(tern::cuda::matmul_q8_glu_q8_counters(9, 64) == 4);
+}
 
 TEST_CASE("matmul_outputs and matmul_glu give the bits of matmul and the separate epilogue kernels") {
     check_family(false);

@@ -12,6 +12,7 @@
 #include "engine/load_errors.h"
 #include "engine/memory_budget.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/dependent_launch.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemm_f16.h"
@@ -93,9 +94,11 @@ ActivationWidths activation_widths(const ModelConfig& c) {
 } // namespace
 
 CudaBackend::CudaBackend(const CudaOptions& options)
-    : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul), prefill_(options.prefill) {
+    : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul), prefill_(options.prefill),
+      glu_q8_(options.glu_writes_q8) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
     int8_gemm_ = cuda::gemm_q8_device_supported(device_);
+    programmatic_ = options.programmatic_launches && cuda::programmatic_launch_supported(device_);
     cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
     step_ = DeviceBuffer(2 * sizeof(int32_t), "the decode step's values");
 }
@@ -121,7 +124,8 @@ MemoryNeed CudaBackend::plan_memory(const ModelConfig& c, const ModelWeights& w,
     const uint64_t per_token =
         4ull * static_cast<uint64_t>(3 * c.dim + aw.q + 2 * aw.kv + aw.att + 2 * aw.ffn + aw.router + 2 * aw.slots) + 4 +
         static_cast<uint64_t>(cuda::q8_column_bytes(std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots}))) +
-        2ull * static_cast<uint64_t>(std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots}));   // f16 activations
+        2ull * static_cast<uint64_t>(std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots})) +   // f16 activations
+        static_cast<uint64_t>(cuda::q8_column_bytes(aw.ffn) + aw.ffn / 8);   // the gated FFN's int8 output, counters
     const uint64_t batch = static_cast<uint64_t>(std::max(1, std::min(r.n_batch, std::max(r.n_ctx, 1))));
     const uint64_t logit_rows = static_cast<uint64_t>(std::max(1, r.n_logit_rows));
     need.buffers = batch * per_token + logit_rows * 4ull * static_cast<uint64_t>(c.vocab) + kFixedOverhead +
@@ -340,8 +344,9 @@ const void* CudaBackend::q8_input(const float* x, int64_t n, int64_t n_in) {
         cuda::quantize_activations(x, n, n_in, acts, stream_);
         q8_of_ = x;
         q8_n_ = n;
+        q8_at_ = acts;
     }
-    return q8_acts_.data();
+    return q8_at_;
 }
 
 // f16 tensor cores: the input converted once for every projection that reads it.
@@ -365,6 +370,7 @@ void CudaBackend::norm_for(const float* x, const float* norm, float* xn, int64_t
             cuda::rmsnorm_rows_q8(x, norm, xn, n, width, eps, acts, stream_);
             q8_of_ = xn;
             q8_n_ = n;
+            q8_at_ = acts;
             return;
         }
     }
@@ -408,11 +414,38 @@ void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const flo
     if (new_input) q8_of_ = nullptr;
     const cuda::GluActivation a =
         act == FfnActivation::silu ? cuda::GluActivation::silu : cuda::GluActivation::gelu_tanh;
+    if (uses_q8(gate) && glu_writes_q8(d, y)) {   // y's int8 form for the down projection in the same launch
+        const void* x_q = q8_input(x, n, gate.n_in);
+        void* y_q = q8_ffn_.reserve(cuda::quantized_activation_bytes(n, gate.n_out), "quantized activations");
+        cuda::matmul_q8_glu_q8(gate.type, gate.n_in, gate.n_out, gate.data, d.b_gate, up.data, d.b_up, a, x_q, n, y,
+                               y_q, glu_counters(n, gate.n_out), stream_);
+        q8_of_ = y;
+        q8_n_ = n;
+        q8_at_ = y_q;
+        return;
+    }
     if (uses_q8(gate))
         cuda::matmul_q8_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.b_gate, up.data, d.b_up, a,
                             q8_input(x, n, gate.n_in), n, y, stream_);
     else
         cuda::matmul_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.b_gate, up.data, d.b_up, a, x, n, y, stream_);
+    if (q8_of_ == y) q8_of_ = nullptr;   // y was rewritten
+}
+
+// matmul_q8_glu_q8's counters for n columns of n_out outputs: zeroed when allocated (outside a graph's capture:
+// reserve_buffers asks first), and every launch leaves them zero.
+unsigned* CudaBackend::glu_counters(int64_t n, int64_t n_out) {
+    const size_t bytes = cuda::matmul_q8_glu_q8_counters(n, n_out) * sizeof(unsigned);
+    if (glu_done_.size() < bytes) {
+        glu_done_.reserve(bytes, "the gated FFN's group counters");
+        cuda_call(cudaMemsetAsync(glu_done_.data(), 0, glu_done_.size(), stream_), "zeroing the group counters");
+    }
+    return static_cast<unsigned*>(glu_done_.data());
+}
+
+bool CudaBackend::glu_writes_q8(const DeviceLayer& d, const float* y) const {
+    return glu_q8_ && uses_q8(d.w_down) && d.w_down.n_in == d.w_gate.n_out &&
+           cuda::matmul_q8_glu_q8_takes(d.w_gate.n_out, y, q8_ffn_.data());
 }
 
 void CudaBackend::observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width) {
@@ -487,7 +520,7 @@ std::vector<int64_t> CudaBackend::graph_key(int32_t pos0) {
         key.push_back(cuda::attention_plan(kv_.layer(l), 1, lc.n_heads, pos0, lc.sliding_window).splits);
     }
     for (const DeviceScratch* b : {&tokens_, &x_, &xn_, &q_, &k_, &v_, &att_, &gate_, &up_, &out_, &logits_, &q8_acts_,
-                                   &moe_logits_, &moe_ids_, &moe_weights_, &moe_out_})
+                                   &q8_ffn_, &glu_done_, &moe_logits_, &moe_ids_, &moe_weights_, &moe_out_})
         key.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(b->data())));
     return key;
 }
@@ -549,6 +582,10 @@ void CudaBackend::reserve_buffers(int64_t n, int64_t logit_rows) {
     if (n < kGemmMinColumns || (int8_gemm_ && !exact_))
         q8_acts_.reserve(cuda::quantized_activation_bytes(n, std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots})),
                          "quantized activations");
+    if (n < kGemmMinColumns && !exact_ && glu_q8_ && !c.moe()) {   // the gated FFN's int8 output and counters
+        q8_ffn_.reserve(cuda::quantized_activation_bytes(n, aw.ffn), "quantized activations");
+        glu_counters(n, aw.ffn);
+    }
 }
 
 // The host's view after a forward: logit rows not yet copied back.
@@ -568,9 +605,11 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
     const ActivationWidths aw = activation_widths(c);
     const auto un = static_cast<size_t>(n);
     // Decode and draft verification take the fused launches (kernels/cuda/matmul.h, attention.h), bit for bit
-    // the separate ones; a prefill batch takes the GEMM path with separate kernels. Launches per layer with
-    // int8 activations, one matrix format per layer: 19 separate, fused 12 (llama, qwen) / 14 (gemma,
-    // whose post-norms keep the residual adds).
+    // the separate ones; a prefill batch takes the GEMM path with separate kernels. Launches per decode layer
+    // with int8 activations, one matrix format per layer, attention in one launch: 19 separate, fused 9 (llama,
+    // qwen: norm + q8, q/k/v, rope + KV write, attention, q8, o + residual, norm + q8, gate/up + act + q8, down
+    // + residual) / 11 (gemma, whose post-norms keep the residual adds); test_cuda_backend pins them. With
+    // programmatic launches (kernels/cuda/dependent_launch.h) each may start while the one before it drains.
     //
     // Batch invariance of a batch of several sequences (the batching engine's steps): a sequence's bits must
     // not depend on what else shares its forward, so no choice may depend on the batch's size. The rule:
@@ -584,6 +623,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
     // weights per 8 of its tokens: the price of tokens that do not change with the batch.
     const bool decode = n < kGemmMinColumns || seqs;
     per_column_ = seqs != nullptr;
+    const cuda::ProgrammaticLaunches programmatic(programmatic_);
 
     int64_t kept_rows = batch.wanted == LogitsWanted::all ? n : 1;
     if (seqs) {
@@ -701,10 +741,10 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
                 cuda::geglu_tanh(gate, up, gate, ffn, stream_);
         }
         observe(first_layer_ + l, ProjectionInput::ffn_down, gate, n, lc.ffn_dim);
-        if (decode && !c.post_norms) {
-            project_outputs({{&d.w_down, d.b_down, x}}, gate, n, true);
+        if (decode && !c.post_norms) {   // gate's int8 form may have come with it (project_glu)
+            project_outputs({{&d.w_down, d.b_down, x}}, gate, n, true, false);
         } else {
-            project(d.w_down, gate, n, d.b_down, out);
+            project(d.w_down, gate, n, d.b_down, out, false);
             cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
         }
     }

@@ -44,6 +44,13 @@ struct CudaOptions {
     // f16|int8|f32 sets it (engine/backend_factory.cpp), so a GPU run can time each path.
     enum class Prefill : uint8_t { automatic, f16, int8, f32 };
     Prefill prefill = Prefill::automatic;
+    // The forward's kernels go out as programmatic dependent launches where the device has them (compute
+    // capability 9.0+, kernels/cuda/dependent_launch.h): each may start while the one before it drains, and
+    // a captured decode step keeps the relation as programmatic edges. TERN_CUDA_PDL=0 turns it off.
+    bool programmatic_launches = true;
+    // Decode's gated FFN launch writes its output's int8 form for the down projection too (matmul_q8_glu_q8:
+    // one launch less a layer, the same bytes). TERN_CUDA_GLU_Q8=0 quantizes in a launch of its own instead.
+    bool glu_writes_q8 = true;
 };
 
 class CudaBackend final : public Backend {
@@ -130,6 +137,10 @@ private:
     // they take int8 activations, the norm's launch writes those too (rmsnorm_rows_q8) and q8_input finds
     // them: pass new_input false to the projections that read xn next.
     void norm_for(const float* x, const float* norm, float* xn, int64_t n, float eps, const DeviceWeight& reader);
+    // project_glu's y also as int8 for the down projection (one launch less); false where the down projection
+    // reads f32 or the kernel cannot (ffn width not whole 32-element blocks).
+    bool glu_writes_q8(const DeviceLayer& d, const float* y) const;
+    unsigned* glu_counters(int64_t n, int64_t n_out);
     // Whether decode multiplies w by int8 activations (else by f32 ones), and x (n, n_in) in that form.
     bool uses_q8(const DeviceWeight& w) const;
     const void* q8_input(const float* x, int64_t n, int64_t n_in);
@@ -172,6 +183,8 @@ private:
     bool graphs_ = true;
     bool exact_ = false;
     CudaOptions::Prefill prefill_ = CudaOptions::Prefill::automatic;
+    bool programmatic_ = false;   // CudaOptions::programmatic_launches on a device that has them
+    bool glu_q8_ = true;          // CudaOptions::glu_writes_q8
     bool int8_gemm_ = false;   // the device runs the int8 tensor-core prefill (kernels/cuda/gemm_q8.h)
     bool per_column_ = false;  // this forward's projections take the per-column kernels whatever n (forward_on_device)
     cudaStream_t stream_ = nullptr;
@@ -204,8 +217,12 @@ private:
     const float* f16_of_ = nullptr;   // ... of this f32 input
     int64_t f16_n_ = 0, f16_width_ = 0;
     DeviceScratch q8_acts_;        // a projection input as int8 (kernels/cuda/matmul_q8.h) ...
-    const float* q8_of_ = nullptr; // ... of this f32 input
+    const float* q8_of_ = nullptr; // ... of this f32 input (n columns), at q8_at_: q8_acts_ or q8_ffn_
     int64_t q8_n_ = 0;
+    const void* q8_at_ = nullptr;
+    // The gated FFN's output as int8, written by its decode launch for the down projection (matmul_q8_glu_q8),
+    // and that launch's group counters (zeroed when allocated; every launch leaves them zero).
+    DeviceScratch q8_ffn_, glu_done_;
     DeviceBuffer row_ids_;         // 0, 1, 2, ... for the prefill path's dequantizer
     DeviceScratch top_logits_;     // top_logits: its candidates, penalty pairs and selection scratch
     int n_logit_rows_ = 0;

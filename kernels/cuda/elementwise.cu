@@ -73,6 +73,7 @@ template <> struct Vec<4> {
 // block are always active together) row r is also written as q8 units at q8 + r * q8_column_bytes(width).
 template <int VEC, NormOut MODE>
 __global__ void rmsnorm_rows_kernel(const float* src, const float* w, float* dst, int width, float eps, uint8_t* q8) {
+    dependent_launch::wait_and_release();
     using V = Vec<VEC>;
     using T = typename V::type;
     const int64_t row_offset = static_cast<int64_t>(blockIdx.x) * width;
@@ -124,14 +125,14 @@ void launch_rmsnorm_rows(const float* src, const float* w, float* dst, int64_t r
     if constexpr (MODE == NormOut::store_q8) {
         require(rmsnorm_rows_q8_takes(src, w, dst, q8, width),
                 "q8 output needs a width of whole 32-element blocks and 16-byte alignment");
-        launch(rmsnorm_rows_kernel<4, MODE>, grid, dim3(row_threads(width / 4, 4)), 0, stream, src, w, dst,
-               static_cast<int>(width), eps, q8);
+        launch_dependent(rmsnorm_rows_kernel<4, MODE>, grid, dim3(row_threads(width / 4, 4)), 0, stream, src, w, dst,
+                         static_cast<int>(width), eps, q8);
     } else if (vec4) {
-        launch(rmsnorm_rows_kernel<4, MODE>, grid, dim3(row_threads(width / 4, 4)), 0, stream, src, w, dst,
-               static_cast<int>(width), eps, q8);
+        launch_dependent(rmsnorm_rows_kernel<4, MODE>, grid, dim3(row_threads(width / 4, 4)), 0, stream, src, w, dst,
+                         static_cast<int>(width), eps, q8);
     } else {
-        launch(rmsnorm_rows_kernel<1, MODE>, grid, dim3(row_threads(width, 16)), 0, stream, src, w, dst,
-               static_cast<int>(width), eps, q8);
+        launch_dependent(rmsnorm_rows_kernel<1, MODE>, grid, dim3(row_threads(width, 16)), 0, stream, src, w, dst,
+                         static_cast<int>(width), eps, q8);
     }
 }
 
@@ -154,6 +155,7 @@ struct AddOp {
 // out[i] = op(a[i], b[i]) for i < n (b null: op(a[i], 0)); out may be a or b. A grid-stride loop over float4
 // words when VEC is 4 (a, b, out 16-byte aligned); the n % 4 last floats then go to the grid's first threads.
 template <int VEC, typename Op> __global__ void map_kernel(Op op, const float* a, const float* b, float* out, int n) {
+    dependent_launch::wait_and_release();
     using V = Vec<VEC>;
     using T = typename V::type;
     const int units = n / VEC;
@@ -187,9 +189,9 @@ template <typename Op> void launch_map(Op op, const float* a, const float* b, fl
         const int64_t units = vec ? count / 4 : count;
         const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>((units + threads - 1) / threads, 1, max_blocks)));
         if (vec)
-            launch(map_kernel<4, Op>, grid, dim3(threads), 0, stream, op, ab, bb, ob, count);
+            launch_dependent(map_kernel<4, Op>, grid, dim3(threads), 0, stream, op, ab, bb, ob, count);
         else
-            launch(map_kernel<1, Op>, grid, dim3(threads), 0, stream, op, ab, bb, ob, count);
+            launch_dependent(map_kernel<1, Op>, grid, dim3(threads), 0, stream, op, ab, bb, ob, count);
     }
 }
 

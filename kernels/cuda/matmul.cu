@@ -94,6 +94,7 @@ __device__ __forceinline__ void accumulate_slice(const uint8_t* __restrict__ wr,
 template <GgmlType T, int NC, Kind K, bool kIndexed>
 __global__ void __launch_bounds__(kRowsPerBlock * 32, 4)
     matmul_slices(LaunchRows rows, int n_in, const float* __restrict__ x) {
+    dependent_launch::wait_and_release();
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
     constexpr int kPassColumns = kIndexed ? 1 : kMaxColumns;
@@ -145,6 +146,7 @@ __device__ __forceinline__ void accumulate_element(const uint8_t* __restrict__ w
 template <GgmlType T, int NC, Kind K, bool kIndexed>
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     matmul_plain_ragged(LaunchRows rows, int n_in, const float* __restrict__ x) {
+    dependent_launch::wait_and_release();
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
     constexpr int kPassColumns = kIndexed ? 1 : kMaxColumns;
@@ -167,6 +169,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kEmbedThreads)
     embed_slices(const uint8_t* __restrict__ table, int64_t row_bytes, int dim, const int32_t* __restrict__ tokens,
                  float scale, float* __restrict__ x) {
+    dependent_launch::wait_and_release();
     using D = dequant::Dequant<T>;
     const int q = static_cast<int>(blockIdx.y * kEmbedThreads + threadIdx.x);
     if (q >= dim / 8) return;
@@ -186,6 +189,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kEmbedThreads)
     embed_plain_ragged(const uint8_t* __restrict__ table, int64_t row_bytes, int dim,
                        const int32_t* __restrict__ tokens, float scale, float* __restrict__ x) {
+    dependent_launch::wait_and_release();
     const int e = static_cast<int>(blockIdx.y * kEmbedThreads + threadIdx.x);
     if (e >= dim) return;
     float v = dequant::plain_element<T>(table + tokens[blockIdx.x] * row_bytes, e);
@@ -212,9 +216,9 @@ struct F32Family {
                               cudaStream_t stream) {
         const dim3 grid(blocks, passes), block(kRowsPerBlock * 32);
         if (by_slices(n_in))
-            launch(matmul_slices<T, NC, K, kIndexed>, grid, block, 0, stream, rows, n_in, x);
+            launch_dependent(matmul_slices<T, NC, K, kIndexed>, grid, block, 0, stream, rows, n_in, x);
         else if constexpr (dequant::is_plain(T))
-            launch(matmul_plain_ragged<T, NC, K, kIndexed>, grid, block, 0, stream, rows, n_in, x);
+            launch_dependent(matmul_plain_ragged<T, NC, K, kIndexed>, grid, block, 0, stream, rows, n_in, x);
     }
 };
 
@@ -297,10 +301,10 @@ void embed_rows(GgmlType type, const void* table, int64_t dim, const int32_t* to
             const int64_t slices = dim / 8;
             const dim3 grid(static_cast<unsigned>(n),
                             static_cast<unsigned>((slices + kEmbedThreads - 1) / kEmbedThreads));
-            launch(embed_slices<T>, grid, dim3(kEmbedThreads), 0, stream, t, rb, d, tokens, scale, x);
+            launch_dependent(embed_slices<T>, grid, dim3(kEmbedThreads), 0, stream, t, rb, d, tokens, scale, x);
         } else if constexpr (dequant::is_plain(T)) {
             const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((dim + kEmbedThreads - 1) / kEmbedThreads));
-            launch(embed_plain_ragged<T>, grid, dim3(kEmbedThreads), 0, stream, t, rb, d, tokens, scale, x);
+            launch_dependent(embed_plain_ragged<T>, grid, dim3(kEmbedThreads), 0, stream, t, rb, d, tokens, scale, x);
         }
     });
 }

@@ -13,6 +13,9 @@
 // kernels with kIndexed: each matrix is a stack of experts, pass blockIdx.y is slot p of one column, whose
 // weights are the stack's matrix expert_ids[p] (read from device memory, so a captured decode step replays with
 // the router's new choice) and whose input is column p / x_group of x.
+//
+// A quantized GLU launch may also write y as q8 units (y_q8: quantize_activations' bytes of y, the input of the
+// down projection), saving that launch: quantize_finished_group below.
 #include <cstdint>
 #include <string>
 
@@ -21,6 +24,7 @@
 #include "kernels/cuda/column_reduce.cuh"
 #include "kernels/cuda/format_list.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/q8_units.cuh"
 #include "kernels/cuda/runtime.h"
 
 namespace tern::cuda {
@@ -66,6 +70,10 @@ struct LaunchRows {
     const int32_t* expert_ids;
     int64_t expert_bytes;
     int x_group;
+    // Quantized GLU launches only (null elsewhere): y also as q8 units, and one counter per 32-row group of y
+    // and pass (zero between launches) for quantize_finished_group.
+    uint8_t* y_q8;
+    unsigned* group_done;
 };
 
 // Matrix m's entry of one of LaunchRows' arrays, picked by selects.
@@ -128,6 +136,37 @@ __device__ __forceinline__ void finish_columns(const float (&acc)[NC], const flo
     }
 }
 
+// With r.y_q8 (a GLU launch, n_out a multiple of 32): y's 32-row groups of pass blockIdx.y also as q8 units, as
+// quantize_activations writes them from y. A group's rows are 32 warps in up to 32 / kRowsPerBlock blocks; each
+// warp, once its y is stored (finish_columns), counts itself on the group's counter, and the last of the 32 reads
+// the group's outputs of every column back from L2 (the others' stores, fenced before their counts) and writes
+// them through q8_units::write_block, which gives quantize_activations' bytes for the same floats. atomicInc
+// wraps the counter back to 0 for the next launch. All 32 lanes of the warp call it.
+template <int NC, int kRowsPerBlock, int kMaxColumns>
+__device__ __forceinline__ void quantize_finished_group(const LaunchRows& r, int lane) {
+    if (!r.y_q8) return;
+    constexpr int kGroup = 32;             // outputs per activation block
+    constexpr unsigned kLast = kGroup - 1;   // the count the group's last warp finds
+    const int n_out = r.n_out[0];
+    const int group = warp_row<Kind::glu, kRowsPerBlock>(r).row / kGroup;
+    unsigned* done = r.group_done + static_cast<int64_t>(blockIdx.y) * (n_out / kGroup) + group;
+    __threadfence();   // this warp's stores of y before its count
+    __syncwarp();
+    unsigned before = 0;
+    if (lane == 0) before = atomicInc(done, kLast);
+    if (__shfl_sync(0xFFFFFFFFu, before, 0) != kLast) return;
+    __threadfence();   // the counted warps' stores before the reads below
+    const int t = lane % q8_units::kLanesPerBlock;
+    TERN_UNROLL
+    for (int first = 0; first < NC; first += 32 / q8_units::kLanesPerBlock) {
+        const int c = first + lane / q8_units::kLanesPerBlock;   // 4 columns at a time, 8 lanes each
+        if (c >= NC) break;
+        const int64_t col = static_cast<int64_t>(blockIdx.y) * kMaxColumns + c;
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(r.y[0] + col * n_out + kGroup * group) + t);
+        q8_units::write_block(v, t, group, n_out, r.y_q8 + col * (n_out + n_out / 2));
+    }
+}
+
 // ---- host side ----------------------------------------------------------------------------------------
 
 // The launch's matrices for `outputs` (GLU: gate and up as outputs 0 and 1, n_outputs 2) and the blocks
@@ -169,10 +208,15 @@ inline void check_weights_aligned(const char* fn, const MatmulOutput* outputs, i
         if (outputs[i].n_out > 0) column_passes::check_aligned(fn, outputs[i].w, "w");
 }
 
-// The same launch from column `first` on: every output moved by `first` of its columns.
-inline LaunchRows from_column(LaunchRows r, int64_t first) {
+// The same launch from column `first` (a multiple of max_columns) on: every output moved by `first` of its
+// columns, the q8 output and its group counters too.
+inline LaunchRows from_column(LaunchRows r, int64_t first, int max_columns) {
     for (int i = 0; i < kMaxMatmulOutputs; ++i)
         if (r.y[i]) r.y[i] += first * r.n_out[i];
+    if (r.y_q8) {
+        r.y_q8 += first * (r.n_out[0] + r.n_out[0] / 2);
+        r.group_done += first / max_columns * (r.n_out[0] / 32);
+    }
     return r;
 }
 
@@ -181,14 +225,17 @@ inline LaunchRows from_column(LaunchRows r, int64_t first) {
 // the alignment of the weights and of x, then, per group of column passes (column_passes::for_each_launch),
 // Family::launch_passes<T, NC, K>(rows, blocks, n_in, x from the pass's first column, passes, stream) for the
 // format, the pass's column count and the kernel shape. Family::Formats is the family's FormatList;
-// x_column_stride counts the X elements from one column of x to the next.
+// x_column_stride counts the X elements from one column of x to the next. y_q8 and group_done: a GLU launch's
+// q8 output and its counters (LaunchRows), checked by the caller.
 template <class Family, int kRowsPerBlock, int kMaxColumns, class X>
 void launch_matmul(const char* fn, GgmlType type, int64_t n_in, const MatmulOutput* outputs, int n_outputs,
                    Epilogue e, const X* x, const char* x_name, int64_t x_column_stride, int64_t n_cols,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, uint8_t* y_q8 = nullptr, unsigned* group_done = nullptr) {
     unsigned blocks = 0;
     const auto rb = static_cast<int64_t>(row_bytes(type, n_in));
-    const LaunchRows rows = launch_rows(fn, outputs, n_outputs, rb, e, kRowsPerBlock, kMaxColumns, &blocks);
+    LaunchRows rows = launch_rows(fn, outputs, n_outputs, rb, e, kRowsPerBlock, kMaxColumns, &blocks);
+    rows.y_q8 = y_q8;
+    rows.group_done = group_done;
     if (blocks == 0 || n_cols == 0) return;
     check_weights_aligned(fn, outputs, n_outputs);
     column_passes::check_aligned(fn, x, x_name);
@@ -197,7 +244,7 @@ void launch_matmul(const char* fn, GgmlType type, int64_t n_in, const MatmulOutp
         constexpr GgmlType T = decltype(tag)::value;
         column_passes::for_each_launch<kMaxColumns>(n_cols, [&](auto nc, int64_t first, unsigned passes) {
             constexpr int NC = decltype(nc)::value;
-            const LaunchRows at = from_column(rows, first);
+            const LaunchRows at = from_column(rows, first, kMaxColumns);
             const X* xc = x + first * x_column_stride;
             switch (kind_of(e, n_outputs)) {
             case Kind::one: Family::template launch_passes<T, NC, Kind::one>(at, blocks, n, xc, passes, stream); break;

@@ -53,6 +53,7 @@ using matmul_epilogue::warp_row;
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_q8_units(const float* __restrict__ x, int64_t n_blocks, int blocks_per_column, int column_bytes,
                       uint8_t* __restrict__ out) {
+    dependent_launch::wait_and_release();
     const int64_t g = static_cast<int64_t>(blockIdx.x) * (kQuantizeThreads / kThreadsPerActBlock) +
                       threadIdx.x / kThreadsPerActBlock;
     if (g >= n_blocks) return;   // the 8 threads of a block leave together
@@ -115,6 +116,7 @@ template <Kind K, int NC, bool kIndexed> constexpr int min_blocks_per_sm() {
 template <GgmlType T, int NC, Kind K, bool kIndexed>
 __global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC, kIndexed>())
     matmul_q8_units(LaunchRows rows, int n_in, const uint8_t* __restrict__ xq) {
+    dependent_launch::wait_and_release();
     const int lane = static_cast<int>(threadIdx.x % 32);
     constexpr bool kGlu = K == Kind::glu;
     constexpr int kPassColumns = kIndexed ? 1 : kMaxColumns;
@@ -145,6 +147,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, min_blocks_per_sm<K, NC, k
     for (; u < n_units; u += 32)
         accumulate_unit<T, NC, kGlu>(wr, wr_up, u, xq, n_in, column_bytes, acc, acc_up);
     finish_columns<K, NC, kRowsPerBlock, kPassColumns>(acc, acc_up, lane, rows);
+    if constexpr (kGlu && !kIndexed)
+        matmul_epilogue::quantize_finished_group<NC, kRowsPerBlock, kMaxColumns>(rows, lane);
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -158,7 +162,8 @@ struct Q8Family {
     template <GgmlType T, int NC, Kind K, bool kIndexed = false>
     static void launch_passes(const LaunchRows& rows, unsigned blocks, int n_in, const uint8_t* x, unsigned passes,
                               cudaStream_t stream) {
-        launch(matmul_q8_units<T, NC, K, kIndexed>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream, rows, n_in, x);
+        launch_dependent(matmul_q8_units<T, NC, K, kIndexed>, dim3(blocks, passes), dim3(kRowsPerBlock * 32), 0, stream,
+                         rows, n_in, x);
     }
 };
 
@@ -210,8 +215,9 @@ void quantize_activations(const float* x, int64_t n_cols, int64_t n_in, void* ou
     check_aligned("quantize_activations", x, "x");
     check_aligned("quantize_activations", out, "out");
     const dim3 grid(static_cast<unsigned>((n_blocks + kBlocksPerLaunchBlock - 1) / kBlocksPerLaunchBlock));
-    launch(quantize_q8_units, grid, dim3(kQuantizeThreads), 0, stream, x, n_blocks,
-           static_cast<int>(n_in / kQ8ActBlock), static_cast<int>(q8_column_bytes(n_in)), static_cast<uint8_t*>(out));
+    launch_dependent(quantize_q8_units, grid, dim3(kQuantizeThreads), 0, stream, x, n_blocks,
+                     static_cast<int>(n_in / kQ8ActBlock), static_cast<int>(q8_column_bytes(n_in)),
+                     static_cast<uint8_t*>(out));
 }
 
 bool matmul_q8_supports(GgmlType type) { return Q8Family::Formats::contains(type); }
@@ -233,6 +239,31 @@ void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gat
                    cudaStream_t stream) {
     const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
     run_matmul_q8("matmul_q8_glu", type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), x_q, n_cols, stream);
+}
+
+bool matmul_q8_glu_q8_takes(int64_t n_out, const float* y, const void* y_q) {
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return n_out > 0 && n_out % kQ8ActBlock == 0 && aligned(y) && aligned(y_q);
+}
+
+size_t matmul_q8_glu_q8_counters(int64_t n_cols, int64_t n_out) {
+    return static_cast<size_t>((n_cols + kMaxColumns - 1) / kMaxColumns) * static_cast<size_t>(n_out / kQ8ActBlock);
+}
+
+void matmul_q8_glu_q8(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate,
+                      const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
+                      void* y_q, unsigned* group_done, cudaStream_t stream) {
+    const char* fn = "matmul_q8_glu_q8";
+    if (!matmul_q8_glu_q8_takes(n_out, y, y_q))
+        refuse(std::string(fn) + ": n_out = " + std::to_string(n_out) +
+               " is not a multiple of the activation block, or y / y_q is not 16-byte aligned");
+    if (n_cols > 0 && !group_done) refuse(std::string(fn) + ": no group counters");
+    check_q8_format(fn, type, n_in);
+    if (n_cols < 0) refuse(std::string(fn) + ": n_cols = " + std::to_string(n_cols) + " out of range");
+    const MatmulOutput outputs[2] = {{w_gate, n_out, b_gate, y}, {w_up, n_out, b_up, nullptr}};
+    matmul_epilogue::launch_matmul<Q8Family, kRowsPerBlock, kMaxColumns>(
+        fn, type, n_in, outputs, 2, matmul_epilogue::glu_epilogue(act), static_cast<const uint8_t*>(x_q), "x_q",
+        q8_column_bytes(n_in), n_cols, stream, static_cast<uint8_t*>(y_q), group_done);
 }
 
 void matmul_q8_experts(GgmlType type, const void* w, int64_t n_in, int64_t n_out, const ExpertSlots& slots,

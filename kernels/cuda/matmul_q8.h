@@ -65,6 +65,18 @@ void matmul_q8_glu(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gat
                    const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
                    cudaStream_t stream);
 
+// matmul_q8_glu that also writes y as quantize_activations(y, n_cols, n_out) would, into y_q (16-byte aligned,
+// quantized_activation_bytes(n_cols, n_out) bytes): the down projection's input without a launch of its own,
+// the same bytes. The last warp to finish each 32-output group of a column pass quantizes it; group_done is
+// matmul_q8_glu_q8_counters(n_cols, n_out) counters of device memory, zero before the launch and left zero
+// (zero them once; launches on one stream may share them). Refuses, besides matmul_q8_glu's refusals, what
+// matmul_q8_glu_q8_takes says no to: n_out not a multiple of kQ8ActBlock, y or y_q not 16-byte aligned.
+bool matmul_q8_glu_q8_takes(int64_t n_out, const float* y, const void* y_q);
+size_t matmul_q8_glu_q8_counters(int64_t n_cols, int64_t n_out);
+void matmul_q8_glu_q8(GgmlType type, int64_t n_in, int64_t n_out, const void* w_gate, const float* b_gate,
+                      const void* w_up, const float* b_up, GluActivation act, const void* x_q, int64_t n_cols, float* y,
+                      void* y_q, unsigned* group_done, cudaStream_t stream);
+
 // The expert projections of matmul.h (matmul_experts, matmul_experts_glu) on quantized activations: x_q holds
 // the columns the slots read (quantize_activations' layout), each slot matmul_q8() / matmul_q8_glu() of its
 // expert's matrix and column, bit for bit. Refusals as matmul_q8()'s and matmul_experts()'.

@@ -46,6 +46,7 @@ __device__ __forceinline__ float sigmoid_prob(float l) { return __fdiv_rn(1.0f, 
 __global__ void __launch_bounds__(kRouterWarps * 32)
     route_tokens(const float* __restrict__ logits, int64_t n, RouterParams p, int32_t* __restrict__ ids,
                  float* __restrict__ weights) {
+    dependent_launch::wait_and_release();
     const int lane = static_cast<int>(threadIdx.x % 32);
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouterWarps + threadIdx.x / 32;
     if (t >= n) return;   // the whole warp
@@ -104,6 +105,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 __global__ void __launch_bounds__(kRowThreads)
     combine_rows(const float* __restrict__ y, const float* __restrict__ weights, int n_used, int dim,
                  float* __restrict__ out) {
+    dependent_launch::wait_and_release();
     const int d = static_cast<int>(blockIdx.y * kRowThreads + threadIdx.x);
     if (d >= dim) return;
     const int64_t t = blockIdx.x;
@@ -117,6 +119,7 @@ __global__ void __launch_bounds__(kRowThreads)
 __global__ void __launch_bounds__(kRowThreads)
     copy_rows_kernel(const float* __restrict__ src, const int32_t* __restrict__ src_rows, float* __restrict__ dst,
                      const int32_t* __restrict__ dst_rows, int width) {
+    dependent_launch::wait_and_release();
     const int d = static_cast<int>(blockIdx.y * kRowThreads + threadIdx.x);
     if (d >= width) return;
     const int64_t i = blockIdx.x;
@@ -141,8 +144,8 @@ void route_experts(const float* logits, int64_t n, const RouterParams& p, int32_
     if (n < 0 || (n + kRouterWarps - 1) / kRouterWarps > kIntMax)
         refuse("route_experts: n = " + std::to_string(n) + " out of range");
     if (n == 0) return;
-    launch(route_tokens, dim3(static_cast<unsigned>((n + kRouterWarps - 1) / kRouterWarps)), dim3(kRouterWarps * 32),
-           0, stream, logits, n, p, ids, weights);
+    launch_dependent(route_tokens, dim3(static_cast<unsigned>((n + kRouterWarps - 1) / kRouterWarps)),
+                     dim3(kRouterWarps * 32), 0, stream, logits, n, p, ids, weights);
 }
 
 void moe_combine(const float* y, const float* weights, int64_t n, int64_t n_used, int64_t dim, float* out,
@@ -151,8 +154,8 @@ void moe_combine(const float* y, const float* weights, int64_t n, int64_t n_used
         refuse("moe_combine: n = " + std::to_string(n) + ", n_used = " + std::to_string(n_used) +
                ", dim = " + std::to_string(dim) + " out of range");
     if (n == 0 || dim == 0) return;
-    launch(combine_rows, dim3(static_cast<unsigned>(n), row_blocks(dim)), dim3(kRowThreads), 0, stream, y, weights,
-           static_cast<int>(n_used), static_cast<int>(dim), out);
+    launch_dependent(combine_rows, dim3(static_cast<unsigned>(n), row_blocks(dim)), dim3(kRowThreads), 0, stream, y,
+                     weights, static_cast<int>(n_used), static_cast<int>(dim), out);
 }
 
 void copy_rows(const float* src, const int32_t* src_rows, float* dst, const int32_t* dst_rows, int64_t n,
@@ -160,8 +163,8 @@ void copy_rows(const float* src, const int32_t* src_rows, float* dst, const int3
     if (n < 0 || n > kIntMax || width < 0 || width > kIntMax)
         refuse("copy_rows: n = " + std::to_string(n) + ", width = " + std::to_string(width) + " out of range");
     if (n == 0 || width == 0) return;
-    launch(copy_rows_kernel, dim3(static_cast<unsigned>(n), row_blocks(width)), dim3(kRowThreads), 0, stream, src,
-           src_rows, dst, dst_rows, static_cast<int>(width));
+    launch_dependent(copy_rows_kernel, dim3(static_cast<unsigned>(n), row_blocks(width)), dim3(kRowThreads), 0,
+                     stream, src, src_rows, dst, dst_rows, static_cast<int>(width));
 }
 
 } // namespace TERN_CUDA_ABI

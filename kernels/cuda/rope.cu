@@ -75,6 +75,7 @@ __device__ inline double pair_scale(int i, const RopeArgs& a) {
 //
 // Dynamic shared memory: cos[n_rot/2], sin[n_rot/2], then head_dim floats per warp.
 template <bool kKv, KvType F> __global__ void qk_norm_rope_kernel(RopeArgs a) {
+    dependent_launch::wait_and_release();
     constexpr int kScratchFloats = kKv && F == KvType::f8_e4m3 ? kv_codec::kF8ScratchFloats : 1;
     __shared__ float kv_scratch[kWarps][kScratchFloats];   // store_f8_block's per-warp scratch
     const int token = static_cast<int>(blockIdx.x);
@@ -220,7 +221,7 @@ template <bool kKv, KvType F> void launch_rope(const RopeArgs& args, int64_t n, 
         (static_cast<size_t>(args.n_rot) + static_cast<size_t>(warps) * args.head_dim) * sizeof(float);
     require(shared <= 48 * 1024, "head_dim too large for the shared-memory staging");
     const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
-    launch(qk_norm_rope_kernel<kKv, F>, grid, dim3(32 * warps), shared, stream, args);
+    launch_dependent(qk_norm_rope_kernel<kKv, F>, grid, dim3(32 * warps), shared, stream, args);
 }
 
 } // namespace

@@ -149,6 +149,10 @@ unsigned active_mask();
 unsigned char* dynamic_shared_base(size_t* bytes);
 [[noreturn]] void fault(const std::string& what, const std::source_location& where);
 long long clock_counter();
+// Programmatic dependent launch: the calling thread has waited for the grid before it (cudaGridDependencySynchronize);
+// check_dependency_waited faults a thread of a programmatic launch that touches memory (`what`) before that.
+void grid_dependency_wait(const std::source_location& where);
+void check_dependency_waited(const char* what, const std::source_location& where);
 
 template <typename T> uint64_t to_bits(const T& v) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp intrinsics take values of up to 8 bytes");
@@ -194,6 +198,13 @@ inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 }
 inline long long clock64() { return cuda_emu::detail::clock_counter(); }
 inline void __nanosleep(unsigned) {}
+// Programmatic dependent launch (griddepcontrol.wait / .launch_dependents, the device runtime's names): the
+// launches here run one after another, so waiting is a mark the scheduler checks (see cuda_emu_host.h's launch)
+// and the trigger does nothing.
+inline void cudaGridDependencySynchronize(const std::source_location& where = std::source_location::current()) {
+    cuda_emu::detail::grid_dependency_wait(where);
+}
+inline void cudaTriggerProgrammaticLaunchCompletion() {}
 
 // ---- warp shuffles and votes --------------------------------------------------------------------------
 template <typename T>

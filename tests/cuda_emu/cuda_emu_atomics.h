@@ -9,6 +9,7 @@ namespace cuda_emu::detail {
 
 template <typename T> void check_atomic_address(const T* p, const std::source_location& where) {
     if (reinterpret_cast<uintptr_t>(p) % sizeof(T) != 0) fault("misaligned atomic address", where);
+    check_dependency_waited("an atomic", where);
 }
 
 template <typename T> using AtomicInt = std::enable_if_t<std::is_integral_v<T>, T>;

@@ -79,7 +79,11 @@ namespace cuda_emu {
 // Runs `body` once per thread of the grid (the launcher wraps the kernel and its copied arguments).
 // Returns (and records as the last error) a launch-configuration error as the runtime would; throws
 // Fault on undefined behaviour inside the kernel. A stream under capture records the launch instead.
-cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, std::function<void()> body);
+// `programmatic`: launched as a programmatic dependent of the previous kernel (cudaLaunchKernelEx with
+// cudaLaunchAttributeProgrammaticStreamSerialization): every thread must call cudaGridDependencySynchronize()
+// before an atomic and before it exits, or the launch faults (the device would let it race the kernel before).
+cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, std::function<void()> body,
+                   bool programmatic = false);
 cudaError_t emu_set_last_error(cudaError_t e);
 // Queues `op` on `stream`: runs it now, or records it while the stream is being captured.
 cudaError_t emu_record_launch(cudaStream_t stream, std::function<void()> op);

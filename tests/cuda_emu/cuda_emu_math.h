@@ -124,5 +124,6 @@ inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
 
 template <typename T> T __ldg(const T* p) { return *p; }
+template <typename T> T __ldcg(const T* p) { return *p; }   // L2 only on the device; one memory here
 template <typename T> T __ldcs(const T* p) { return *p; }
 template <typename T> void __stcs(T* p, T v) { *p = v; }

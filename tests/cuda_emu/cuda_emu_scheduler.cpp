@@ -96,6 +96,7 @@ struct Fiber {
     unsigned waiting_mask = 0;
     uint64_t result = 0;
     void* fake_stack = nullptr;
+    bool waited = false;   // called cudaGridDependencySynchronize (a programmatic dependent launch)
 };
 
 struct PendingWarpOp {
@@ -131,6 +132,7 @@ struct Block {
     Fiber* current = nullptr;
     std::vector<unsigned char> dyn;   // red zone | arena | red zone
     size_t dyn_bytes = 0;
+    bool programmatic = false;        // launched as a programmatic dependent (launch_dependent, launch.h)
 };
 
 // One per OS thread that runs blocks.
@@ -266,6 +268,12 @@ void release_barrier(Block& b) {
 }
 
 void on_exit(Block& b, Fiber& f) {
+    // A programmatic dependent may start before the kernel it follows ends; a thread that never waited for it
+    // may have read what that kernel had not yet written (or written what it still reads).
+    if (b.programmatic && !f.waited)
+        fiber_fault(b, f,
+                    "exited without cudaGridDependencySynchronize() in a kernel launched as a programmatic dependent "
+                    "(it must wait before touching memory the previous kernel writes or reads)");
     f.state = State::exited;
     --b.live;
     Warp& w = b.warps[f.warp];
@@ -479,6 +487,16 @@ void fault(const std::string& what, const std::source_location& where) {
     fiber_fault(b, *b.current, what + at(where));
 }
 
+void grid_dependency_wait(const std::source_location& where) { current_block(where).current->waited = true; }
+
+void check_dependency_waited(const char* what, const std::source_location& where) {
+    Block& b = current_block(where);
+    if (b.programmatic && !b.current->waited)
+        fiber_fault(b, *b.current,
+                    std::string(what) + " before cudaGridDependencySynchronize() in a kernel launched as a "
+                                        "programmatic dependent" + at(where));
+}
+
 long long clock_counter() { return g_clock.fetch_add(1, std::memory_order_relaxed); }
 
 namespace {
@@ -508,8 +526,10 @@ std::string deadlock_message(const Block& b) {
     return s.str();
 }
 
-void run_block(Worker& wk, const dim3& block_dim, size_t dyn_bytes, const std::function<void()>& body) {
+void run_block(Worker& wk, const dim3& block_dim, size_t dyn_bytes, const std::function<void()>& body,
+               bool programmatic) {
     Block& b = wk.block;
+    b.programmatic = programmatic;
     const unsigned n = block_dim.x * block_dim.y * block_dim.z;
     const unsigned nwarps = (n + 31) / 32;
     b.fibers.resize(n);
@@ -546,6 +566,7 @@ void run_block(Worker& wk, const dim3& block_dim, size_t dyn_bytes, const std::f
         f.state = State::runnable;
         f.result = 0;
         f.fake_stack = nullptr;
+        f.waited = false;
         b.warps[f.warp].exists |= 1u << f.lane;
         context_make(f.ctx, f.stack->base + kGuardBytes, kStackBytes, fiber_main);
     }
@@ -595,7 +616,8 @@ std::atomic<size_t> g_kernel_launches{0};
 
 size_t kernel_launches() { return g_kernel_launches.load(std::memory_order_relaxed); }
 
-cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, std::function<void()> body) {
+cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, std::function<void()> body,
+                   bool programmatic) {
     const unsigned long long threads = 1ull * block.x * block.y * block.z;
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 || block.x > 1024 ||
         block.y > 1024 || block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7FFFFFFFu) {
@@ -603,7 +625,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stre
     }
     if (shared_bytes > 227 * 1024) return emu_set_last_error(cudaErrorInvalidValue);
     g_kernel_launches.fetch_add(1, std::memory_order_relaxed);
-    auto run = [grid, block, shared_bytes, body = std::move(body)] {
+    auto run = [grid, block, shared_bytes, programmatic, body = std::move(body)] {
         const long long nblocks = 1ll * grid.x * grid.y * grid.z;
         std::mutex error_mutex;
         std::string first_error;
@@ -618,7 +640,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stre
                                  static_cast<unsigned>(i / (1ll * grid.x * grid.y))};
                 blockDim = block;
                 gridDim = grid;
-                detail::run_block(wk, block, shared_bytes, body);
+                detail::run_block(wk, block, shared_bytes, body, programmatic);
                 if (!wk.block.error.empty()) {
                     std::lock_guard<std::mutex> lock(error_mutex);
                     if (first_error.empty()) first_error = wk.block.error;
