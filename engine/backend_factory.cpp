@@ -49,6 +49,10 @@ std::unique_ptr<Backend> gpu_backend(int index, const CpuOptions& cpu, int32_t g
     // measure what the graphs save, or to rule them out).
     const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
     options.graphs = !(graphs && std::string_view(graphs) == "0");
+    // TERN_CUDA_ATTN=old decodes with the previous attention kernel and split rule (kernels/cuda/attention.h
+    // set_old_decode_attention), to time the streaming one against it.
+    const char* attn = std::getenv("TERN_CUDA_ATTN");
+    options.old_decode_attention = attn && std::string_view(attn) == "old";
     auto gpu = std::make_unique<CudaBackend>(options);
     if (gpu_layers < 0) return gpu;
     return std::make_unique<SplitBackend>(std::make_unique<CpuBackend>(cpu), std::move(gpu), gpu_layers);

@@ -88,6 +88,7 @@ ActivationWidths activation_widths(const ModelConfig& c) {
 CudaBackend::CudaBackend(const CudaOptions& options)
     : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
+    cuda::set_old_decode_attention(options.old_decode_attention);
     int8_gemm_ = cuda::gemm_q8_device_supported(device_);
     cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
     step_ = DeviceBuffer(2 * sizeof(int32_t), "the decode step's values");

@@ -36,6 +36,8 @@ struct CudaOptions {
     // CPU backend do: decode's matmul_q8 and, from compute capability 8.0, prefill's tensor-core gemm_q8):
     // the tests' tight comparison with the CPU.
     bool exact_matmul = false;
+    // Decode attention with the previous kernel and split rule (TERN_CUDA_ATTN=old), for timing; process-wide.
+    bool old_decode_attention = false;
 };
 
 class CudaBackend final : public Backend {
