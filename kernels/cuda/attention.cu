@@ -40,8 +40,9 @@
 //   - tiles dealt out evenly over the splits, and the merge in one online pass taking 8 states per L2
 //     round trip: 49 states in 7.
 // The split count changes every 128 positions up to its cap, so a captured decode graph is recaptured as
-// often as before (the old rule changed it every 64 up to 66). Drafts with more than 8 rows, prefill and
-// attention_tokens keep the single-buffer kernel (2 blocks a multiprocessor by registers).
+// often as before (the old rule changed it every 64 up to 66). Drafts with more than 8 rows and prefill keep
+// the single-buffer kernel (2 blocks a multiprocessor by registers); attention_tokens runs the kernel its
+// rows ask for with its fixed splits.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
