@@ -6,7 +6,9 @@
 //             (and, for the float formats, the small head dims 4..40 of small models, groups up to 64),
 //             decode / drafts / prefill, sliding windows, softcap, ragged sizes and positions up to n_ctx;
 //             The split-KV path (partial states merged by the last block) and the single pass both run,
-//             and the launchers allocate no device memory;
+//             and the launchers allocate no device memory; decode and drafts at 5000 positions over tens
+//             of splits, paged and with pos0 read from device memory as a replayed graph (the same bits),
+//             and the previous decode kernel (set_old_decode_attention) too;
 //   kv_erase  bit for bit with the CPU's KvCache::erase (engine/cpu/kv_cache_erase.cpp), rope styles,
 //             partial rotation and frequency factors included, rows moved in parallel waves or in order.
 #include <doctest/doctest.h>
