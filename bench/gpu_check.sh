@@ -4,7 +4,8 @@
 # every CUDA test on the GPU, compute-sanitizer memcheck on the kernel suites, the whole-model CUDA-vs-CPU
 # suite, the GPU's copy and read bandwidth (bench/cuda_copy_bandwidth.cu), and `tern bench --device cuda`
 # on random-weight llama-8b files in q4_k_m, q8_0, f16 and f8_e4m3 (prefill 512 and 4096, decode 128 at
-# depth 0 and 4096; prefill 512 of the formats whose default is the int8 tiles again on f16 tensor cores,
+# depth 0 and 4096; the first format's depth 4096 again with TERN_CUDA_ATTN=old, the previous decode
+# attention; prefill 512 of the formats whose default is the int8 tiles again on f16 tensor cores,
 # TERN_CUDA_PREFILL=f16); with --with-llamacpp also llama.cpp's CUDA llama-bench on the same files
 # (bench/llamacpp_cuda.sh). A failing step is recorded and the next one runs; each step runs under
 # `timeout` inside a total budget (--budget, default 540 s: room to spare under a 10-minute limit), and the
@@ -748,6 +749,18 @@ print("%s=0: decode %.1f tok/s, %.3f ms a step" % (sys.argv[2], d["decode_tps"],
         "$log" "$2")
 }
 
+# Decode at depth 4096 with the previous attention kernel and split rule (TERN_CUDA_ATTN=old), against the
+# streaming one's bench:<format>:p0:n128:d4096 when that ran: what the decode attention change gives.
+bench_oldattn() {   # format
+    local f=$models/$shape-$1.gguf
+    [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
+    TERN_CUDA_ATTN=old tmo 150 "$tern" bench -m "$f" --device cuda -p 0 -n 128 -d 4096 -r "$reps" --json \
+        > "$logs/bench-oldattn-$1.json" || return
+    STEP_NOTE=$(python3 -c 'import json, os, sys; d = json.load(open(sys.argv[1])); note = "old attention, depth 4096: decode %.1f tok/s" % d["decode_tps"]
+if os.path.exists(sys.argv[2]): note += " (streaming: %.1f tok/s)" % json.load(open(sys.argv[2]))["decode_tps"]
+print(note)' "$logs/bench-oldattn-$1.json" "$logs/bench-$1-p0-n128-d4096.json")
+}
+
 # The whole model at full size, CUDA against the CPU: greedy text from the same prompt on both devices (the
 # suites check small models token by token; this catches what only large shapes reach: grid limits, sizes
 # past 2^31, scratch sizing). Random weights make near-ties likelier than in a trained model, so a late
@@ -886,6 +899,7 @@ first_format=${formats%% *}
 run_step "nographs:$first_format" bench_nographs "$first_format"
 run_step "nopdl:$first_format" bench_off "$first_format" TERN_CUDA_PDL
 run_step "noglu8:$first_format" bench_off "$first_format" TERN_CUDA_GLU_Q8
+run_step "oldattn:$first_format" bench_oldattn "$first_format"
 run_step "agree:$first_format" agree "$first_format"
 if [ "$with_llamacpp" = 1 ] && wanted llamacpp; then
     bg_finish llamacpp-build 120   # llama-bench needs about two minutes for three llama-8b files

@@ -66,6 +66,10 @@ std::unique_ptr<Backend> gpu_backend(int index, const CpuOptions& cpu, int32_t g
     // rather than in the FFN's launch (to measure what the fusion saves, or to rule it out).
     const char* glu_q8 = std::getenv("TERN_CUDA_GLU_Q8");
     options.glu_writes_q8 = !(glu_q8 && std::string_view(glu_q8) == "0");
+    // TERN_CUDA_ATTN=old decodes with the previous attention kernel and split rule (kernels/cuda/attention.h
+    // set_old_decode_attention), to time the streaming one against it.
+    const char* attn = std::getenv("TERN_CUDA_ATTN");
+    options.old_decode_attention = attn && std::string_view(attn) == "old";
     auto gpu = std::make_unique<CudaBackend>(options);
     if (gpu_layers < 0) return gpu;
     return std::make_unique<SplitBackend>(std::make_unique<CpuBackend>(cpu), std::move(gpu), gpu_layers);

@@ -97,6 +97,7 @@ CudaBackend::CudaBackend(const CudaOptions& options)
     : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul), prefill_(options.prefill),
       glu_q8_(options.glu_writes_q8) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
+    cuda::set_old_decode_attention(options.old_decode_attention);
     int8_gemm_ = cuda::gemm_q8_device_supported(device_);
     programmatic_ = options.programmatic_launches && cuda::programmatic_launch_supported(device_);
     cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");

@@ -51,6 +51,8 @@ struct CudaOptions {
     // Decode's gated FFN launch writes its output's int8 form for the down projection too (matmul_q8_glu_q8:
     // one launch less a layer, the same bytes). TERN_CUDA_GLU_Q8=0 quantizes in a launch of its own instead.
     bool glu_writes_q8 = true;
+    // Decode attention with the previous kernel and split rule (TERN_CUDA_ATTN=old), for timing; process-wide.
+    bool old_decode_attention = false;
 };
 
 class CudaBackend final : public Backend {

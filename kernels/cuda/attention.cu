@@ -17,7 +17,34 @@
 // Decode has few (token, KV head) items, so the key range is split over several blocks (flash-decoding):
 // each writes its unnormalised state to a device scratch buffer, and the last block of an item to finish
 // (an arrival counter) merges the states and writes the output, in the same launch.
+//
+// Decode streams the cache: its arithmetic per byte is small (a few rows against each key), so the bytes
+// in flight decide its speed. HBM at ~3 TB/s with ~700 ns of latency needs ~2 MB in flight, ~16 KB per
+// multiprocessor of an H100's 132, all the time. llama-8b at depth 4096 reads 8 heads x 4097 keys x 2 x
+// 256 B = 16.8 MB of f16 K/V a layer: 5.6 us at that rate. The first decode kernel (still there for
+// timing: TERN_CUDA_ATTN=old) had ~46 us: a block had 4 KB in flight at most (4 loads of 8 B a thread),
+// waited for K and then for V in every tile, and had only 2 tiles to walk (64 splits of 64 keys); the last
+// block then merged the 64 states in two passes of one L2 round trip per state. Decode (<= 8 rows a
+// block) now runs the paired kernel:
+//   - K and V of a tile are loaded together, every load of both issued before the first store
+//     (stage_pair): 16 KB in flight per block at head dim 128 in f16 (8.5 KB in q8_0 and f8, 32 KB in f32
+//     over two batches), one wait per tile instead of two, into two shared buffers;
+//   - 3 blocks per multiprocessor: the launch bounds hold ptxas to 168 registers (3 x 128 x 168 = 64512 of
+//     65536), and a block's shared memory (2 x 32 x 132 floats, queries, scores) is ~37 KB at head dim
+//     128; while one block computes, two wait on memory: up to 48 KB in flight per multiprocessor;
+//   - splits (make_plan): blocks = items x splits up to what the GPU holds at once (3 x 132 = 396 on an
+//     H100, fewer where shared memory binds, as at head dim 256), rounded down so that no second wave of
+//     a few blocks doubles the time, and at least 4 key tiles a split so that a block's fixed costs (Q,
+//     its state, the arrival) stay small against its loads. llama-8b (8 items): 32 splits of 4 tiles at
+//     depth 4096 (256 blocks, 2 a multiprocessor), 49 from 6272 on (392 blocks; ~21 tiles each at 32k);
+//   - tiles dealt out evenly over the splits, and the merge in one online pass taking 8 states per L2
+//     round trip: 49 states in 7.
+// The split count changes every 128 positions up to its cap, so a captured decode graph is recaptured as
+// often as before (the old rule changed it every 64 up to 66). Drafts with more than 8 rows and prefill keep
+// the single-buffer kernel (2 blocks a multiprocessor by registers); attention_tokens runs the kernel its
+// rows ask for with its fixed splits.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -46,6 +73,9 @@ constexpr float kLog2e = 1.44269504088896340736f;
 // must not overlap, i.e. attention runs on one stream at a time. Plans that would not fit use fewer splits.
 constexpr int64_t kPartialFloats = int64_t{1} << 20; // 4 MiB
 constexpr int kMaxSplitItems = 4096;
+constexpr int kMergeBatch = 8; // split states the merging block loads at once
+constexpr int kPairedBlocksPerSm = 3; // the paired kernel's launch bounds: blocks a multiprocessor holds
+constexpr int kMinTilesPerSplit = 4; // and the fewest key tiles a split streams
 __device__ float g_partials[kPartialFloats];
 __device__ unsigned g_arrivals[kMaxSplitItems]; // blocks of an item done; the last resets it to 0
 
@@ -74,13 +104,15 @@ __host__ __device__ constexpr int row_slices(int rows) {
 // accepted because a padding chosen at run time made ptxas schedule the common head dims' P V loop worse),
 // the scaled queries, the scores (one slice per head-dim share; slice 0 then holds the probabilities), each
 // row's rescale factor and final (m, l).
+// A paired kernel (K and V staged together) keeps the V tile in a second buffer after the first.
 struct Layout {
-    int kv_stride, qs, sp, alpha, ml, floats;
+    int kv_stride, v_tile, qs, sp, alpha, ml, floats;
 };
-__host__ __device__ constexpr Layout layout_for(int rows, int head_dim, int head_dim_v) {
+__host__ __device__ constexpr Layout layout_for(int rows, int head_dim, int head_dim_v, bool paired) {
     Layout l{};
     l.kv_stride = (head_dim > head_dim_v ? head_dim : head_dim_v) + 4;
-    l.qs = kKeyTile * l.kv_stride;
+    l.v_tile = paired ? kKeyTile * l.kv_stride : 0;
+    l.qs = (paired ? 2 : 1) * kKeyTile * l.kv_stride;
     l.sp = l.qs + rows * head_dim;
     l.alpha = l.sp + (kWarps / row_slices(rows)) * rows * kKeyTile;
     l.ml = l.alpha + rows;
@@ -139,6 +171,73 @@ __device__ __forceinline__ void stage_tile(const uint8_t* first_row, int in_page
     }
 }
 
+// Where stage_pair's loads of one tile are: row r, float4 c of a row of `quads`, stepping by the block.
+struct TileCursor {
+    int quads, step_r, step_c, r, c;
+};
+__device__ __forceinline__ TileCursor tile_cursor(int dim) {
+    TileCursor t;
+    t.quads = dim / 4;
+    t.step_r = kThreads / t.quads;
+    t.step_c = kThreads - t.step_r * t.quads;
+    t.r = static_cast<int>(threadIdx.x) / t.quads;
+    t.c = static_cast<int>(threadIdx.x) - t.r * t.quads;
+    return t;
+}
+__device__ __forceinline__ void advance(TileCursor& t) {
+    t.r += t.step_r;
+    t.c += t.step_c;
+    if (t.c >= t.quads) {
+        t.c -= t.quads;
+        ++t.r;
+    }
+}
+
+// stage_tile of the K tile (dim dk) and the V tile (dim dv) of the same keys at once: up to kPairBatch
+// loads of each issued before any store, so a block waits for memory once per tile instead of twice and
+// has both tiles in flight (16 KB at head dim 128 in f16: the whole tile pair in one batch).
+constexpr int kPairBatch = 8;
+template <KvType F>
+__device__ __forceinline__ void stage_pair(const uint8_t* k_first, const uint8_t* k_next, int k_row_bytes, int dk,
+                                           const uint8_t* v_first, const uint8_t* v_next, int v_row_bytes, int dv,
+                                           int in_page, int count, float* k_dst, float* v_dst, int stride) {
+    TileCursor ck = tile_cursor(dk), cv = tile_cursor(dv);
+    while (ck.r < count || cv.r < count) {
+        float4 xk[kPairBatch], xv[kPairBatch];
+        const TileCursor k0 = ck, v0 = cv; // the stores replay the cursors: fewer registers than addresses
+        TERN_UNROLL
+        for (int u = 0; u < kPairBatch; ++u) {
+            if (ck.r < count) {
+                const uint8_t* row = ck.r < in_page ? k_first + static_cast<int64_t>(ck.r) * k_row_bytes
+                                                    : k_next + static_cast<int64_t>(ck.r - in_page) * k_row_bytes;
+                xk[u] = kv_codec::load4<F>(row, 4 * ck.c);
+            }
+            advance(ck);
+        }
+        TERN_UNROLL
+        for (int u = 0; u < kPairBatch; ++u) {
+            if (cv.r < count) {
+                const uint8_t* row = cv.r < in_page ? v_first + static_cast<int64_t>(cv.r) * v_row_bytes
+                                                    : v_next + static_cast<int64_t>(cv.r - in_page) * v_row_bytes;
+                xv[u] = kv_codec::load4<F>(row, 4 * cv.c);
+            }
+            advance(cv);
+        }
+        ck = k0;
+        cv = v0;
+        TERN_UNROLL
+        for (int u = 0; u < kPairBatch; ++u) {
+            if (ck.r < count) *reinterpret_cast<float4*>(k_dst + ck.r * stride + 4 * ck.c) = xk[u];
+            advance(ck);
+        }
+        TERN_UNROLL
+        for (int u = 0; u < kPairBatch; ++u) {
+            if (cv.r < count) *reinterpret_cast<float4*>(v_dst + cv.r * stride + 4 * cv.c) = xv[u];
+            advance(cv);
+        }
+    }
+}
+
 __device__ __forceinline__ float4 fma4(float p, float4 v, float4 acc) {
     return make_float4(fmaf(p, v.x, acc.x), fmaf(p, v.y, acc.y), fmaf(p, v.z, acc.z), fmaf(p, v.w, acc.w));
 }
@@ -150,15 +249,19 @@ __device__ __forceinline__ float4 scale4(float4 v, float s) {
 // softmax passes of 16 rows. The decode variant (<= 8 rows) keeps all three small. The explicit minimum
 // of one block per SM lets ptxas use the registers it needs (about 145 for decode, 188 for the general
 // variant at sm_89): with the thread count alone it aimed at 96 for decode and spilled.
-template <KvType F, int kMaxWarpRows, int kMaxQuads, int kMaxPasses>
-__global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
+//
+// kPaired: K and V of a tile staged together (stage_pair) into two buffers, the streaming decode kernel;
+// else K, then V into the buffer K used, once the scores are done (the previous kernel, TERN_CUDA_ATTN=old).
+template <KvType F, int kMaxWarpRows, int kMaxQuads, int kMaxPasses, bool kPaired>
+__global__ void __launch_bounds__(kThreads, kPaired ? kPairedBlocksPerSm : 1) attention_kernel(AttnArgs a) {
     __shared__ int last_block;
     if (a.pos0_device) a.pos0 = *a.pos0_device;
     const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
     const int D = a.head_dim, Dv = a.head_dim_v, rows = a.rows, group = a.group;
-    const Layout L = layout_for(rows, D, Dv);
+    const Layout L = layout_for(rows, D, Dv, kPaired);
     float* smem = dynamic_shared<float>();
     float* kv = smem;
+    float* vt = kPaired ? smem + L.v_tile : smem; // the V tile
     float* qs = smem + L.qs;
     float* sp = smem + L.sp;
     float* alpha_s = smem + L.alpha;
@@ -177,8 +280,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
     const int khi = a.pos0 + tok_end - 1;
     const int klo = a.window > 0 ? max(0, a.pos0 + tok0 - a.window + 1) : 0;
     const int n_tiles = (khi - klo + kKeyTile) / kKeyTile;
-    const int per_split = a.tiles_per_split > 0 ? a.tiles_per_split : (n_tiles + a.splits - 1) / a.splits;
-    const int tile_begin = split * per_split, tile_end = min(n_tiles, tile_begin + per_split);
+    // attention_tokens: fixed shares from the first key. Else the tiles dealt out evenly, the shares differing
+    // by one at most: rounding the share up instead would leave the last splits empty (157 tiles over 39
+    // splits: shares of 5 and 7 idle blocks) and make the others longer.
+    int tile_begin, tile_end;
+    if (a.tiles_per_split > 0) {
+        tile_begin = split * a.tiles_per_split;
+        tile_end = min(n_tiles, tile_begin + a.tiles_per_split);
+    } else {
+        tile_begin = static_cast<int>(static_cast<int64_t>(split) * n_tiles / a.splits);
+        tile_end = static_cast<int>(static_cast<int64_t>(split + 1) * n_tiles / a.splits);
+    }
 
     // Queries, scaled: row r is token tok0 + r / group, head g * group + r % group (zeros past n).
     for (int t = tid; t < rows * (D / 4); t += kThreads) {
@@ -234,8 +346,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
         const int count = min(kKeyTile, khi + 1 - key0);
         const int in_page = kv_rows_in_page(a.k, pages, key0, count);
         __syncthreads(); // the previous tile's P V is done with the buffer and the probabilities (and Q is in)
-        stage_tile<F>(kv_row(a.k, pages, g, key0), in_page, kv_row(a.k, pages, g, key0 + in_page - (in_page == count)),
-                      a.k.row_bytes, count, D, kv, L.kv_stride);
+        const int next_page_key = key0 + in_page - (in_page == count);
+        if constexpr (kPaired)
+            stage_pair<F>(kv_row(a.k, pages, g, key0), kv_row(a.k, pages, g, next_page_key), a.k.row_bytes, D,
+                          kv_row(a.v, pages, g, key0), kv_row(a.v, pages, g, next_page_key), a.v.row_bytes, Dv,
+                          in_page, count, kv, vt, L.kv_stride);
+        else
+            stage_tile<F>(kv_row(a.k, pages, g, key0), in_page, kv_row(a.k, pages, g, next_page_key), a.k.row_bytes,
+                          count, D, kv, L.kv_stride);
         __syncthreads();
 
         float s[kMaxWarpRows];
@@ -302,15 +420,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
                 if (lane % kRowLanes == 0) alpha_s[r] = alpha;
             }
         }
-        stage_tile<F>(kv_row(a.v, pages, g, key0), in_page, kv_row(a.v, pages, g, key0 + in_page - (in_page == count)),
-                      a.v.row_bytes, count, Dv, kv, L.kv_stride);
+        if constexpr (!kPaired)
+            stage_tile<F>(kv_row(a.v, pages, g, key0), in_page, kv_row(a.v, pages, g, next_page_key), a.v.row_bytes,
+                          count, Dv, kv, L.kv_stride);
         __syncthreads();
 
         TERN_UNROLL
         for (int i = 0; i < kMaxQuads; ++i)
             if (prow[i] >= 0) acc[i] = scale4(acc[i], alpha_s[prow[i]]);
         for (int j = 0; j < count; ++j) {
-            const float* vrow = kv + j * L.kv_stride;
+            const float* vrow = vt + j * L.kv_stride;
             TERN_UNROLL
             for (int i = 0; i < kMaxQuads; ++i) {
                 if (prow[i] >= 0) {
@@ -372,19 +491,32 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
         float* out = out_of(prow[i]);
         if (!out) continue;
         const int r = prow[i];
-        float m_max = -INFINITY;
-        for (int s = 0; s < a.splits; ++s)
-            if (load_other(part_ml + s * 2 * rows + 2 * r + 1) > 0.0f)
-                m_max = fmaxf(m_max, load_other(part_ml + s * 2 * rows + 2 * r));
-        float l = 0.0f;
+        // One pass with a running max, kMergeBatch splits' states loaded before any is combined: the
+        // loads are in flight together, one L2 round trip per batch rather than two per split (a max pass,
+        // then a sum pass) as the states of 32 splits and more would otherwise cost.
+        float m = -INFINITY, l = 0.0f;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int s = 0; s < a.splits; ++s) {
-            const float ls = load_other(part_ml + s * 2 * rows + 2 * r + 1);
-            if (!(ls > 0.0f)) continue; // a split that saw none of this row's keys
-            const float w = exp2f(load_other(part_ml + s * 2 * rows + 2 * r) - m_max);
-            l += ls * w;
-            o = fma4(w, load_other4(part_acc + s * state_floats + r * Dv + 4 * pcol[i]), o);
+        for (int s0 = 0; s0 < a.splits; s0 += kMergeBatch) {
+            float ms[kMergeBatch], ls[kMergeBatch];
+            float4 os[kMergeBatch];
+            TERN_UNROLL
+            for (int u = 0; u < kMergeBatch; ++u) {
+                const int s = min(s0 + u, a.splits - 1);
+                ms[u] = load_other(part_ml + s * 2 * rows + 2 * r);
+                ls[u] = s0 + u < a.splits ? load_other(part_ml + s * 2 * rows + 2 * r + 1) : 0.0f;
+                os[u] = load_other4(part_acc + s * state_floats + r * Dv + 4 * pcol[i]);
+            }
+            TERN_UNROLL
+            for (int u = 0; u < kMergeBatch; ++u) {
+                if (!(ls[u] > 0.0f)) continue; // a split that saw none of this row's keys (or past the last)
+                const float m_new = fmaxf(m, ms[u]);
+                const float w_old = exp2f(m - m_new), w = exp2f(ms[u] - m_new);
+                l = l * w_old + ls[u] * w;
+                o = fma4(w, os[u], scale4(o, w_old));
+                m = m_new;
+            }
         }
+        // (m, l): the row's final softmax state over all its keys.
         *reinterpret_cast<float4*>(out + 4 * pcol[i]) = scale4(o, l > 0.0f ? 1.0f / l : 0.0f);
     }
     if (tid == 0) g_arrivals[item] = 0; // ready for the next launch
@@ -394,7 +526,11 @@ struct Plan {
     AttentionPlan pub;
     int32_t group = 0, rows = 0;
     bool decode_variant = false;
+    bool paired = false; // the decode variant's streaming kernel (stage_pair)
 };
+
+// TERN_CUDA_ATTN=old (set_old_decode_attention): the previous decode kernel and split rule, for timing.
+std::atomic<bool> g_old_decode{false};
 
 int multiprocessors() {
     int device = 0;
@@ -408,6 +544,29 @@ int multiprocessors() {
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "attention: cudaDeviceGetAttribute");
     return std::max(1, sms);
 #endif
+}
+
+// Shared memory of one multiprocessor, in bytes (the emulator has no limit: an H100's 228 KiB).
+int64_t shared_per_multiprocessor() {
+#if defined(TERN_CUDA_EMULATOR)
+    return 228 * 1024;
+#else
+    int device = 0, bytes = 0;
+    check(cudaGetDevice(&device), "attention: cudaGetDevice");
+    check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+          "attention: cudaDeviceGetAttribute");
+    return std::max(1, bytes);
+#endif
+}
+
+// Blocks of this plan's kernel one multiprocessor holds at once: the registers' bound (kPairedBlocksPerSm for
+// the paired kernel, whose launch bounds cap it at 168 registers; 2 for the others at about 150 and 195),
+// lowered where the shared memory does not fit that many (1 KiB a block is the runtime's).
+int64_t resident_blocks_per_sm(const Plan& plan, const KvLayer& layer) {
+    const int64_t by_registers = plan.paired ? kPairedBlocksPerSm : 2;
+    const int64_t bytes =
+        int64_t{sizeof(float)} * layout_for(plan.rows, layer.head_dim, layer.head_dim_v, plan.paired).floats + 1024;
+    return std::max<int64_t>(1, std::min(by_registers, shared_per_multiprocessor() / bytes));
 }
 
 Plan make_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, int32_t window) {
@@ -429,17 +588,23 @@ Plan make_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, i
     const int32_t tokens = static_cast<int32_t>(std::min<int64_t>(n, std::max(1, rows_cap / plan.group)));
     plan.rows = tokens * plan.group;
     plan.decode_variant = plan.rows <= 8 && plan.rows * layer.head_dim_v <= 2048;
+    const bool old = g_old_decode.load(std::memory_order_relaxed);
+    plan.paired = plan.decode_variant && !old;
     plan.pub.tokens_per_block = tokens;
     plan.pub.query_tiles = static_cast<int32_t>((n + tokens - 1) / tokens);
 
-    // Enough blocks to fill the GPU a few times over, but at least 2 key tiles per split.
+    // Splits (top comment): as many blocks as the GPU holds at once and no more (a second wave of a few blocks
+    // would double the time), with at least kMinTilesPerSplit key tiles each. The old rule: 4 blocks per
+    // multiprocessor rounded up, at least 2 tiles.
     const int64_t items = int64_t{plan.pub.query_tiles} * layer.n_kv_heads;
     const int64_t span = window > 0 ? std::min<int64_t>(int64_t{window} + tokens - 1, pos0 + n) : pos0 + n;
     const int64_t key_tiles = (span + kKeyTile - 1) / kKeyTile;
-    const int64_t target_blocks = 4 * int64_t{multiprocessors()};
+    const int64_t target_blocks = (old ? 4 : resident_blocks_per_sm(plan, layer)) * int64_t{multiprocessors()};
+    const int64_t per_item = old ? (target_blocks + items - 1) / items : target_blocks / items;
+    const int64_t min_tiles = old ? 2 : kMinTilesPerSplit;
     int64_t splits = 1;
     if (items < target_blocks && items <= kMaxSplitItems) {
-        splits = std::min((target_blocks + items - 1) / items, std::max<int64_t>(1, key_tiles / 2));
+        splits = std::min(per_item, std::max<int64_t>(1, key_tiles / min_tiles));
         splits = std::min(splits, kPartialFloats / (items * plan.rows * (layer.head_dim_v + 2)));
         splits = std::max<int64_t>(splits, 1);
     }
@@ -447,11 +612,11 @@ Plan make_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, i
     return plan;
 }
 
-template <KvType F, int kMaxWarpRows, int kMaxQuads, int kMaxPasses>
+template <KvType F, int kMaxWarpRows, int kMaxQuads, int kMaxPasses, bool kPaired>
 void launch_attention(const AttnArgs& args, const Plan& plan, int32_t n_kv_heads, cudaStream_t stream) {
-    const auto kernel = attention_kernel<F, kMaxWarpRows, kMaxQuads, kMaxPasses>;
+    const auto kernel = attention_kernel<F, kMaxWarpRows, kMaxQuads, kMaxPasses, kPaired>;
     const size_t bytes =
-        sizeof(float) * static_cast<size_t>(layout_for(args.rows, args.head_dim, args.head_dim_v).floats);
+        sizeof(float) * static_cast<size_t>(layout_for(args.rows, args.head_dim, args.head_dim_v, kPaired).floats);
     if (bytes > 48 * 1024)
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
               "attention: shared memory size");
@@ -462,17 +627,23 @@ void launch_attention(const AttnArgs& args, const Plan& plan, int32_t n_kv_heads
 }
 
 template <KvType F> void launch_for_type(const AttnArgs& args, const Plan& plan, int32_t n_kv_heads, cudaStream_t s) {
-    if (plan.decode_variant)
-        launch_attention<F, 2, 4, 1>(args, plan, n_kv_heads, s);
+    if (plan.paired)
+        launch_attention<F, 2, 4, 1, true>(args, plan, n_kv_heads, s);
+    else if (plan.decode_variant)
+        launch_attention<F, 2, 4, 1, false>(args, plan, n_kv_heads, s);
     else
-        launch_attention<F, kMaxRows / 4, kMaxRowElems / 4 / kThreads, kMaxRows / kRowsPerPass>(args, plan, n_kv_heads,
-                                                                                                s);
+        launch_attention<F, kMaxRows / 4, kMaxRowElems / 4 / kThreads, kMaxRows / kRowsPerPass, false>(args, plan,
+                                                                                                       n_kv_heads, s);
 }
 
 } // namespace
 
 AttentionPlan attention_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window) {
     return make_plan(layer, n, n_heads, pos0, sliding_window).pub;
+}
+
+void set_old_decode_attention(bool old) {
+    g_old_decode.store(old, std::memory_order_relaxed);
 }
 
 namespace {

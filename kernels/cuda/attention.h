@@ -98,6 +98,12 @@ struct AttentionPlan {
 };
 AttentionPlan attention_plan(const KvLayer& layer, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window);
 
+// Decode (blocks of up to 8 query rows) with the previous kernel and split rule (true) instead of the
+// streaming one (false, the default), to time one against the other on a GPU (TERN_CUDA_ATTN=old, read
+// into CudaOptions::old_decode_attention). Process-wide: attention_plan() follows it too, so set it before
+// planning or capturing anything. Both give results within attention()'s tolerance.
+void set_old_decode_attention(bool old);
+
 // The context shift: removes positions [begin, end) of the n_past cached ones. Rows after `end` move
 // down by end - begin; their K rows are turned back by as many positions with `rope` (decoded to f32,
 // rotated, re-encoded in the cache's format), V rows move as bytes. The rotation's cos/sin are computed
