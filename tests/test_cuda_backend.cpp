@@ -322,10 +322,12 @@ TEST_CASE("cuda backend: a mixture of experts (qwen3moe, Mixtral) routes and sum
 TEST_CASE("cuda backend: gpt-oss (attention sinks, windows, expert biases, softmax_weight, clamped SwiGLU, YaRN) gives "
           "the CPU's logits and greedy ids") {
     // tiny-gpt-oss: a window of 16 on the even layers, 4 of 8 biased experts a token. 24 tokens: the experts
-    // grouped (prefill), past the window; 5 tokens: by slot; then greedy decode through the captured graph and
-    // launched one by one, which must agree bit for bit.
+    // grouped (prefill), past the window; 5 tokens: by slot; then (F32, the emulator's slowest part) greedy decode
+    // through the captured graph and launched one by one, which must agree bit for bit.
     test::TempDir dir;
-    for (const char* type : {"f32", "q4_k_m", "mxfp4_moe"}) {
+    std::vector<const char*> types = {"f32", "q4_k_m", "mxfp4_moe"};
+    if (quick_mode()) types = {"f32"};
+    for (const char* type : types) {
         CAPTURE(type);
         Opened o = open_both(synth_file(dir, "tiny-gpt-oss", type), 64);
         REQUIRE(o.model.config.attn_sinks);
@@ -335,6 +337,7 @@ TEST_CASE("cuda backend: gpt-oss (attention sinks, windows, expert biases, softm
         const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 5);
         for (Backend* b : {o.cpu.get(), o.cuda.get()}) b->kv_truncate(0);
         CHECK(max_row_error(batch_logits(*o.cuda, prompt), batch_logits(*o.cpu, prompt)) < kLogitTolerance);
+        if (std::string(type) != "f32") continue;
         for (Backend* b : {o.cpu.get(), o.cuda.get()}) b->kv_truncate(0);
         std::vector<bool> ties;
         const std::vector<int32_t> cpu_ids = greedy(*o.cpu, prompt, &ties);
