@@ -8,7 +8,10 @@
 //             The split-KV path (partial states merged by the last block) and the single pass both run,
 //             and the launchers allocate no device memory; decode and drafts at 5000 positions over tens
 //             of splits, paged and with pos0 read from device memory as a replayed graph (the same bits),
-//             and the previous decode kernel (set_old_decode_attention) too;
+//             and the previous decode kernel (set_old_decode_attention) too; attention sinks (gpt-oss) on
+//             both paths;
+//   attention_tokens (sequences over a paged pool) against the double-precision reference, sinks, windows and
+//             split tokens included;
 //   kv_erase  bit for bit with the CPU's KvCache::erase (engine/cpu/kv_cache_erase.cpp), rope styles,
 //             partial rotation and frequency factors included, rows moved in parallel waves or in order.
 #include <doctest/doctest.h>
@@ -236,13 +239,36 @@ struct AttnCase {
     int32_t head_dim, head_dim_v, n_kv_heads, group;
     int32_t n_ctx, pos0, n, window;
     float softcap;
+    bool sinks = false;   // gpt-oss's attention sinks: a logit per query head in each softmax's denominator
 };
 
 std::string describe(const AttnCase& c) {
     return std::string(kv_type_name(c.type)) + " D=" + std::to_string(c.head_dim) + "/" + std::to_string(c.head_dim_v) +
            " kv_heads=" + std::to_string(c.n_kv_heads) + " group=" + std::to_string(c.group) +
            " n_ctx=" + std::to_string(c.n_ctx) + " pos0=" + std::to_string(c.pos0) + " n=" + std::to_string(c.n) +
-           " window=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap);
+           " window=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap) + (c.sinks ? " sinks" : "");
+}
+
+// Sinks for n_heads query heads: around the peaked scores' maxima (a few units), some far above them (the output
+// then near zero: the rescaling to the larger maximum matters) and some far below (no effect).
+std::vector<float> sink_logits(int32_t n_heads, uint32_t seed) {
+    std::vector<float> s = test::random_normal(static_cast<size_t>(n_heads), seed, 2.0f);
+    for (size_t h = 0; h < s.size(); ++h) {
+        s[h] += 4.0f;
+        if (h % 5 == 3) s[h] = 60.0f;
+        if (h % 7 == 6) s[h] = -60.0f;
+    }
+    return s;
+}
+
+// The double-precision softmax of scores w (in place: the weights) with an optional sink joining the sum.
+void softmax_with_sink(std::vector<double>& w, const float* sink) {
+    double mx = -INFINITY;
+    for (double x : w) mx = std::max(mx, x);
+    if (sink) mx = std::max(mx, static_cast<double>(*sink));
+    double sum = sink ? std::exp(static_cast<double>(*sink) - mx) : 0.0;
+    for (double& x : w) sum += (x = std::exp(x - mx));
+    for (double& x : w) x /= sum;
 }
 
 // Tolerance of the normalised error max |gpu - ref| / max |ref|. Both sides sum up to 256-term f32 dot
@@ -271,9 +297,10 @@ AttnResult run_attention_case(const AttnCase& c, uint32_t seed) {
     const std::vector<float> k = test::random_normal(static_cast<size_t>(total) * c.n_kv_heads * D, seed, 1.6f);
     const std::vector<float> v = test::random_normal(static_cast<size_t>(total) * c.n_kv_heads * Dv, seed + 1, 1.0f);
     const std::vector<float> q = test::random_normal(static_cast<size_t>(c.n) * n_heads * D, seed + 2, 1.6f);
+    const std::vector<float> sinks = c.sinks ? sink_logits(n_heads, seed + 3) : std::vector<float>{};
 
     DeviceCache cache(c.type, c.n_kv_heads, D, Dv, c.n_ctx);
-    DeviceBuffer dk = upload(k), dv = upload(v), dq = upload(q);
+    DeviceBuffer dk = upload(k), dv = upload(v), dq = upload(q), dsinks = upload(sinks);
     DeviceBuffer datt(sizeof(float) * static_cast<size_t>(c.n) * n_heads * Dv);
     if (c.pos0 > 0) cuda::kv_write(cache.layer, dk.as<float>(), dv.as<float>(), c.pos0, 0, nullptr);
     cuda::kv_write(cache.layer, dk.as<float>() + static_cast<size_t>(c.pos0) * c.n_kv_heads * D,
@@ -281,7 +308,7 @@ AttnResult run_attention_case(const AttnCase& c, uint32_t seed) {
     AttnResult res;
     res.plan = cuda::attention_plan(cache.layer, c.n, n_heads, c.pos0, c.window);
     cuda::attention(cache.layer, dq.as<float>(), c.n, n_heads, c.pos0, c.window, scale, c.softcap, datt.as<float>(),
-                    nullptr);
+                    nullptr, nullptr, c.sinks ? dsinks.as<float>() : nullptr);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     const std::vector<float> att = download<float>(datt.p, static_cast<size_t>(c.n) * n_heads * Dv);
 
@@ -314,7 +341,6 @@ AttnResult run_attention_case(const AttnCase& c, uint32_t seed) {
             const int32_t g = h / c.group;
             const float* qh = q.data() + (static_cast<size_t>(i) * n_heads + h) * D;
             w.assign(static_cast<size_t>(pos - lo + 1), 0.0);
-            double mx = -INFINITY;
             for (int32_t p = lo; p <= pos; ++p) {
                 const float* kr = kd.data() + (static_cast<size_t>(g) * total + p) * D;
                 double s = 0.0;
@@ -323,17 +349,14 @@ AttnResult run_attention_case(const AttnCase& c, uint32_t seed) {
                 s *= scale;
                 if (c.softcap > 0.0f) s = c.softcap * std::tanh(s / c.softcap);
                 w[static_cast<size_t>(p - lo)] = s;
-                mx = std::max(mx, s);
             }
-            double sum = 0.0;
-            for (double& x : w)
-                sum += (x = std::exp(x - mx));
+            softmax_with_sink(w, c.sinks ? &sinks[static_cast<size_t>(h)] : nullptr);
             double* out = ref.data() + (static_cast<size_t>(i) * n_heads + h) * Dv;
             for (int32_t d = 0; d < Dv; ++d)
                 out[d] = 0.0;
             for (int32_t p = lo; p <= pos; ++p) {
                 const float* vr = vd.data() + (static_cast<size_t>(g) * total + p) * Dv;
-                const double wp = w[static_cast<size_t>(p - lo)] / sum;
+                const double wp = w[static_cast<size_t>(p - lo)];
                 for (int32_t d = 0; d < Dv; ++d)
                     out[d] += wp * vr[d];
             }
@@ -348,6 +371,7 @@ AttnResult run_attention_case(const AttnCase& c, uint32_t seed) {
     ap.group = c.group;
     ap.scale = scale;
     ap.softcap = c.softcap;
+    ap.sinks = c.sinks ? sinks.data() : nullptr;
     std::vector<const void*> k_heads(static_cast<size_t>(c.n_kv_heads)), v_heads(static_cast<size_t>(c.n_kv_heads));
     for (int32_t g = 0; g < c.n_kv_heads; ++g) {
         k_heads[static_cast<size_t>(g)] = k_img.data() + static_cast<size_t>(g) * c.n_ctx * k_rb;
@@ -604,6 +628,139 @@ TEST_CASE("attention: a sweep of shapes, groups, positions, windows and split co
         splits_seen = std::max(splits_seen, r.plan.splits);
     }
     CHECK(splits_seen >= 3); // the most below 450 positions (4 key tiles a split); the long-depth case has more
+}
+
+TEST_CASE("attention with sinks: decode split and merged, drafts, prefill, windows and softcap") {
+    // The sink joins the denominator where the final (m, l) is formed: after a single pass and after the merge
+    // of split states, so both are covered (the coverage checks below), with sinks above every score, around the
+    // largest ones and far below them, against the references with the same sinks.
+    std::vector<AttnCase> cases = {
+        {KvType::f16, 128, 128, 2, 4, 512, 300, 1, 0, 0.0f, true},     // decode, split
+        {KvType::q8_0, 64, 64, 2, 4, 512, 200, 5, 0, 0.0f, true},      // draft verification
+        {KvType::f32, 64, 64, 2, 2, 128, 0, 77, 0, 0.0f, true},        // prefill from empty
+        {KvType::bf16, 64, 64, 2, 2, 160, 123, 37, 16, 0.0f, true},    // chunked prefill in a window
+        {KvType::f16, 64, 64, 2, 4, 300, 250, 1, 16, 0.0f, true},      // decode in a window
+        {KvType::f8_e4m3, 64, 64, 1, 8, 96, 93, 3, 0, 30.0f, true},    // softcap
+        {KvType::f16, 128, 64, 1, 4, 1100, 1030, 2, 0, 0.0f, true},    // one item over many splits
+    };
+    const Coverage cov = check_attention_cases(cases, 4400);
+    CHECK(cov.split);
+    CHECK(cov.single);
+    CHECK(cov.max_splits >= 8);
+}
+
+// attention_tokens over a paged pool: two sequences whose pages are scattered over the pool's slots, a batch
+// mixing their tokens at ragged positions, against a double-precision reference over the rows as the CPU encodes
+// and decodes them. A token past kTokenKeysPerSplit keys takes several splits, merged by the last block.
+void check_attention_tokens(KvType type, int32_t window, bool with_sinks, uint32_t seed) {
+    CAPTURE(kv_type_name(type));
+    CAPTURE(window);
+    CAPTURE(with_sinks);
+    const int32_t D = 64, Dv = 64, n_kv_heads = 2, group = 2, n_heads = n_kv_heads * group, P = kKvPagePositions;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const std::vector<std::vector<int32_t>> tables = {{3, 0, 4}, {1, 2}};   // slots of each sequence's pages
+    const std::vector<int32_t> lengths = {330, 200};                         // positions written per sequence
+    const int32_t n_slots = 5;
+    const size_t k_rb = kv_row_bytes(type, D), v_rb = kv_row_bytes(type, Dv);
+    DeviceBuffer kpool(k_rb * n_kv_heads * P * n_slots), vpool(v_rb * n_kv_heads * P * n_slots);
+    // Host rows as decoded after encoding, per sequence (head, pos, dim).
+    std::vector<std::vector<float>> kd(2), vd(2);
+    std::vector<DeviceBuffer> dtables;
+    for (size_t sq = 0; sq < 2; ++sq) {
+        const int32_t len = lengths[sq];
+        const auto rows = static_cast<size_t>(len) * n_kv_heads;
+        const auto seed_k = seed + 10 * static_cast<uint32_t>(sq);
+        const std::vector<float> k = test::random_normal(rows * D, seed_k, 1.6f);
+        const std::vector<float> v = test::random_normal(rows * Dv, seed_k + 1);
+        dtables.push_back(upload(tables[sq]));
+        cuda::KvLayer layer;
+        layer.type = type;
+        layer.k = kpool.p;
+        layer.v = vpool.p;
+        layer.n_kv_heads = n_kv_heads;
+        layer.head_dim = D;
+        layer.head_dim_v = Dv;
+        layer.n_ctx = static_cast<int32_t>(tables[sq].size()) * P;
+        layer.pages = dtables.back().as<int32_t>();
+        DeviceBuffer dk = upload(k), dv = upload(v);
+        cuda::kv_write(layer, dk.as<float>(), dv.as<float>(), len, 0, nullptr);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);   // before dk and dv are freed
+        kd[sq].resize(static_cast<size_t>(n_kv_heads) * len * D);
+        vd[sq].resize(static_cast<size_t>(n_kv_heads) * len * Dv);
+        std::vector<uint8_t> row(std::max(k_rb, v_rb));
+        for (int32_t p = 0; p < len; ++p)
+            for (int32_t g = 0; g < n_kv_heads; ++g) {
+                kv_store_row(type, k.data() + (static_cast<size_t>(p) * n_kv_heads + g) * D, row.data(), D);
+                kv_load_row(type, row.data(), kd[sq].data() + (static_cast<size_t>(g) * len + p) * D, D);
+                kv_store_row(type, v.data() + (static_cast<size_t>(p) * n_kv_heads + g) * Dv, row.data(), Dv);
+                kv_load_row(type, row.data(), vd[sq].data() + (static_cast<size_t>(g) * len + p) * Dv, Dv);
+            }
+    }
+
+    // The batch: sequence 0 at 329 (two splits without a window), 128 (a page's first row), 5; sequence 1 at 199, 0.
+    const std::vector<int32_t> seq = {0, 1, 0, 0, 1}, pos = {329, 199, 128, 5, 0};
+    const std::vector<int32_t> table_of = {0, 3};   // where each sequence's table starts in the concatenation
+    std::vector<int32_t> all_tables, table;
+    for (const auto& t : tables) all_tables.insert(all_tables.end(), t.begin(), t.end());
+    for (int32_t sq : seq) table.push_back(table_of[static_cast<size_t>(sq)]);
+    const auto n = static_cast<int64_t>(pos.size());
+    const std::vector<float> q = test::random_normal(static_cast<size_t>(n) * n_heads * D, seed + 7, 1.6f);
+    const std::vector<float> sinks = with_sinks ? sink_logits(n_heads, seed + 8) : std::vector<float>{};
+    DeviceBuffer dq = upload(q), dpos = upload(pos), dtable = upload(table), dall = upload(all_tables),
+                 dsinks = upload(sinks), datt(sizeof(float) * static_cast<size_t>(n) * n_heads * Dv);
+    cuda::KvLayer layer;
+    layer.type = type;
+    layer.k = kpool.p;
+    layer.v = vpool.p;
+    layer.n_kv_heads = n_kv_heads;
+    layer.head_dim = D;
+    layer.head_dim_v = Dv;
+    layer.n_ctx = 3 * P;
+    layer.pages = dall.as<int32_t>();   // the paged layout (the map's tables name the pages), as the backend's layers
+    const cuda::KvTokenMap map{dpos.as<int32_t>(), dtable.as<int32_t>(), dall.as<int32_t>()};
+    cuda::attention_tokens(layer, dq.as<float>(), n, n_heads, window, scale, 0.0f, datt.as<float>(), map, 329, nullptr,
+                           with_sinks ? dsinks.as<float>() : nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const std::vector<float> att = download<float>(datt.p, static_cast<size_t>(n) * n_heads * Dv);
+
+    double d_max = 0.0, ref_max = 0.0;
+    std::vector<double> w;
+    for (int64_t i = 0; i < n; ++i) {
+        const auto sq = static_cast<size_t>(seq[static_cast<size_t>(i)]);
+        const int32_t len = lengths[sq], p_i = pos[static_cast<size_t>(i)];
+        const int32_t lo = window > 0 ? std::max(0, p_i - window + 1) : 0;
+        for (int32_t h = 0; h < n_heads; ++h) {
+            const int32_t g = h / group;
+            const float* qh = q.data() + (static_cast<size_t>(i) * n_heads + h) * D;
+            w.assign(static_cast<size_t>(p_i - lo + 1), 0.0);
+            for (int32_t p = lo; p <= p_i; ++p) {
+                const float* kr = kd[sq].data() + (static_cast<size_t>(g) * len + p) * D;
+                double s = 0.0;
+                for (int32_t d = 0; d < D; ++d) s += static_cast<double>(qh[d]) * kr[d];
+                w[static_cast<size_t>(p - lo)] = s * scale;
+            }
+            softmax_with_sink(w, with_sinks ? &sinks[static_cast<size_t>(h)] : nullptr);
+            for (int32_t d = 0; d < Dv; ++d) {
+                double o = 0.0;
+                for (int32_t p = lo; p <= p_i; ++p)
+                    o += w[static_cast<size_t>(p - lo)] * vd[sq][(static_cast<size_t>(g) * len + p) * Dv + d];
+                const float got = att[(static_cast<size_t>(i) * n_heads + h) * Dv + d];
+                CAPTURE(i);
+                CAPTURE(h);
+                CAPTURE(d);
+                REQUIRE(std::isfinite(got));
+                d_max = std::max(d_max, std::fabs(got - o));
+                ref_max = std::max(ref_max, std::fabs(o));
+            }
+        }
+    }
+    CHECK(d_max / ref_max < kAttnTolerance);
+}
+
+TEST_CASE("attention_tokens: sequences over a paged pool, with and without sinks, windows, split tokens merged") {
+    check_attention_tokens(KvType::f16, 0, true, 7100);
+    check_attention_tokens(KvType::q8_0, 33, true, 7200);
+    check_attention_tokens(KvType::f32, 0, false, 7300);
 }
 
 TEST_CASE("attention at the small head dims of small models, float formats") {

@@ -11,6 +11,7 @@
 //     |tanh| <= 1); scaled by |0.5 x up| (at most about max |out| for these inputs) plus the roundings of
 //     two products that is under 6e-7 of the largest output. Moving every tanh of these inputs by 2 ulp
 //     on the CPU gives 2e-7 (geglu) and 1.6e-7 (softcap); the emulator, with the CPU's tanhf, gives 0.
+//   swiglu_oai: normalised error 2e-6, the device's expf (a few ulp from the CPU's std::exp) in the sigmoid.
 //   argmax_rows, argmax_rows_split: the same index, exactly.
 #include <doctest/doctest.h>
 
@@ -266,6 +267,38 @@ TEST_CASE("geglu_tanh and softcap match geglu_tanh_f32 and softcap_f32 within 2e
                 tern::softcap_f32(x.data(), n, cap);
                 CHECK(normalised_error(get(dg), x) <= 2e-6);
             }
+        }
+    }
+}
+
+TEST_CASE("swiglu_oai matches swiglu_oai_f32 within 2e-6 (the device's expf), clamps and NaN included") {
+    // Gate and up of N(0, 6^2): a third of each past gpt-oss's limit of 7, so both clamps are taken.
+    for (int64_t n : {int64_t{1}, int64_t{33}, int64_t{2048 + 7}}) {
+        for (int offset : {0, 1}) {
+            CAPTURE(n);
+            CAPTURE(offset);
+            const size_t count = static_cast<size_t>(n);
+            std::vector<float> gate = tern::test::random_normal(count, 41, 6.0f);
+            std::vector<float> up = tern::test::random_normal(count, 42, 6.0f);
+            if (count > 3) {
+                gate[1] = std::numeric_limits<float>::quiet_NaN();   // a NaN stays one through either clamp
+                up[2] = std::numeric_limits<float>::quiet_NaN();
+            }
+            std::vector<float> want(count);
+            tern::swiglu_oai_f32(gate.data(), up.data(), want.data(), n, 1.702f, 7.0f, 1);
+            std::vector<float> padded_g(count + 1, 0.0f), padded_u(count + 1, 0.0f);
+            std::copy(gate.begin(), gate.end(), padded_g.begin() + offset);
+            std::copy(up.begin(), up.end(), padded_u.begin() + offset);
+            DeviceArray<float> dg(padded_g), du(padded_u);
+            tern::cuda::swiglu_oai(dg.get() + offset, du.get() + offset, dg.get() + offset, n, nullptr);
+            const std::vector<float> all = dg.read();
+            std::vector<float> got(all.begin() + offset, all.begin() + offset + static_cast<ptrdiff_t>(count));
+            for (size_t i = 0; i < count; ++i) {
+                CAPTURE(i);
+                REQUIRE(std::isnan(got[i]) == std::isnan(want[i]));
+                if (std::isnan(want[i])) got[i] = want[i] = 0.0f;
+            }
+            CHECK(normalised_error(got, want) <= 2e-6);
         }
     }
 }

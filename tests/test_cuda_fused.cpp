@@ -163,8 +163,10 @@ void check_glu(const Input& in, GgmlType type, int64_t n_in, const Matrix& gate,
     plain_matmul(in, type, n_in, up.output(u.get()), n_cols);
     if (act == GluActivation::silu)
         tern::cuda::swiglu(g.get(), u.get(), g.get(), static_cast<int64_t>(n), nullptr);
-    else
+    else if (act == GluActivation::gelu_tanh)
         tern::cuda::geglu_tanh(g.get(), u.get(), g.get(), static_cast<int64_t>(n), nullptr);
+    else
+        tern::cuda::swiglu_oai(g.get(), u.get(), g.get(), static_cast<int64_t>(n), nullptr);
     const std::vector<float> got = fused.read(), want = g.read();
     CHECK(bit_mismatches(got, want) == 0);
     for (size_t i = n; i < n + kGuard; ++i) REQUIRE(got[i] == 1234.5f);
@@ -201,7 +203,10 @@ void check_family(bool q8) {
                 const bool accumulate = (ic + ic / 4) % 2 == 1;   // every set both ways
                 CAPTURE(accumulate);
                 check_outputs(in, type, n_in, sets[ic % sets.size()], n_cols, accumulate, seed + 30);
-                const GluActivation act = ic % 2 == 0 ? GluActivation::silu : GluActivation::gelu_tanh;
+                // The three activations rotate against the bias-less pairs (ic % 3 == 2): each meets both.
+                constexpr GluActivation kActs[] = {GluActivation::silu, GluActivation::gelu_tanh,
+                                                   GluActivation::swiglu_oai};
+                const GluActivation act = kActs[(ic + ic / 3) % 3];
                 CAPTURE(static_cast<int>(act));
                 if (ic % 3 == 2)
                     check_glu(in, type, n_in, gate_nb, up_nb, n_cols, act, seed + 40);

@@ -1,8 +1,9 @@
 // The mixture-of-experts kernels through the CUDA emulator (kernels/cuda/moe.h, the expert launches of
 // kernels/cuda/matmul.h and matmul_q8.h):
 //   - route_experts: the ids equal engine/moe_router.h's (the CPU's) on random logits and on logits full of
-//     ties, NaNs and infinities, for both gatings, with and without normalisation and scale; the weights
-//     within a few ulp (the device's expf);
+//     ties, NaNs and infinities, for the three gatings (gpt-oss's softmax_weight included), with and without
+//     normalisation and scale; the weights within a few ulp (the device's expf);
+//   - add_expert_bias: each slot's row plus its expert's bias row, bit for bit the host's addition;
 //   - matmul_experts(_glu) and matmul_q8_experts(_glu): per slot bit for bit the plain launch of the slot's
 //     expert and column (matmul / matmul_glu / matmul_q8 / matmul_q8_glu, themselves tested against the CPU's
 //     reference dequantization), and within f32 rounding of a double product of the reference dequantization;
@@ -60,6 +61,7 @@ void check_router(const RouterCase& rc, const std::vector<float>& logits) {
     p.n_expert = rc.n_expert;
     p.n_used = rc.n_used;
     p.sigmoid = rc.gating == tern::ExpertGating::sigmoid;
+    p.softmax_weight = rc.gating == tern::ExpertGating::softmax_weight;
     p.normalize = rc.norm;
     p.scale = rc.scale;
     const DeviceArray<float> dl(logits);
@@ -92,6 +94,8 @@ const RouterCase kRouterCases[] = {
     {33, 3, tern::ExpertGating::softmax, false, 2.5f},  {128, 8, tern::ExpertGating::softmax, true, 1.0f},
     {256, 8, tern::ExpertGating::sigmoid, true, 2.5f},  {60, 4, tern::ExpertGating::sigmoid, false, 1.0f},
     {1024, 64, tern::ExpertGating::softmax, true, 1.0f}, {40, 40, tern::ExpertGating::sigmoid, false, 1.0f},
+    {32, 4, tern::ExpertGating::softmax_weight, false, 1.0f}, {128, 4, tern::ExpertGating::softmax_weight, false, 1.0f},
+    {8, 8, tern::ExpertGating::softmax_weight, true, 2.5f},   {1, 1, tern::ExpertGating::softmax_weight, false, 1.0f},
 };
 
 TEST_CASE("route_experts picks the CPU router's experts and weights on random logits") {
@@ -322,6 +326,30 @@ TEST_CASE("moe_combine sums a token's expert rows in rank order, bit for bit the
                 });
                 CHECK(bit_mismatches(got, want) == 0);
             }
+}
+
+TEST_CASE("add_expert_bias adds each slot's expert's bias row, bit for bit the host's addition") {
+    uint32_t seed = 950;
+    for (const int64_t n_slots : {1, 5, 24})
+        for (const int64_t width : {1, 255, 256, 300}) {
+            CAPTURE(n_slots);
+            CAPTURE(width);
+            const int64_t n_expert = 6;
+            const std::vector<float> y = tern::test::random_normal(static_cast<size_t>(n_slots * width), ++seed);
+            const std::vector<float> bias = tern::test::random_normal(static_cast<size_t>(n_expert * width), ++seed);
+            std::vector<int32_t> ids(static_cast<size_t>(n_slots));
+            for (size_t s = 0; s < ids.size(); ++s) ids[s] = static_cast<int32_t>((s * 7 + 3) % n_expert);
+            std::vector<float> want = y;
+            for (int64_t s = 0; s < n_slots; ++s)
+                for (int64_t d = 0; d < width; ++d)
+                    want[static_cast<size_t>(s * width + d)] +=
+                        bias[static_cast<size_t>(ids[static_cast<size_t>(s)] * width + d)];
+            DeviceArray<float> dy(y);
+            const DeviceArray<float> db(bias);
+            const DeviceArray<int32_t> dids(ids);
+            tern::cuda::add_expert_bias(dy.get(), dids.get(), db.get(), n_slots, width, nullptr);
+            CHECK(bit_mismatches(dy.read(), want) == 0);
+        }
 }
 
 TEST_CASE("copy_rows gathers and scatters rows by index") {

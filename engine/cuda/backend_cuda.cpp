@@ -57,14 +57,20 @@ std::vector<const WeightRef*> matrices(const ModelWeights& w) {
     return m;
 }
 
-// The 1-D tensors the forward reads as f32.
+// The 1-D tensors the forward reads as f32, and the experts' bias stacks (one row per expert).
 std::vector<const WeightRef*> vectors(const ModelWeights& w) {
     std::vector<const WeightRef*> v = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short};
     for (const LayerWeights& l : w.layers)
         for (const WeightRef* p : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
-                                   &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm})
+                                   &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm, &l.attn_sinks,
+                                   &l.ffn_gate_inp_b, &l.gate_exps_b, &l.up_exps_b, &l.down_exps_b})
             v.push_back(p);
     return v;
+}
+
+// Elements of one of those: every row of a bias stack.
+int64_t vector_elems(const WeightRef& v) {
+    return v.n_in() * std::max<int64_t>(v.n_out(), 1);
 }
 
 // f32 elements of one forward's activations per token (engine/cuda/backend_cuda.cpp forward), and the
@@ -118,7 +124,7 @@ MemoryNeed CudaBackend::plan_memory(const ModelConfig& c, const ModelWeights& w,
     for (const WeightRef* m : matrices(w))
         if (m->present() && seen.insert(m->data).second) need.weights += tensor_bytes(*m);
     for (const WeightRef* v : vectors(w))
-        if (v->present()) need.weights += 4ull * static_cast<uint64_t>(v->n_in());
+        if (v->present()) need.weights += 4ull * static_cast<uint64_t>(vector_elems(*v));
     need.copies = need.weights;   // all of it is copied to the GPU
     need.kv = kv_cache_bytes(c, r.kv_type, std::max(r.kv_pool_positions, r.n_ctx));   // the pool's pages
     const ActivationWidths aw = activation_widths(c);
@@ -193,9 +199,9 @@ void CudaBackend::upload_weights(const ModelWeights& w, int32_t n_ctx,
     for (const WeightRef* v : vectors(w)) {
         if (!v->present()) continue;
         vector_offsets[v] = host_vectors.size();
-        const size_t n = static_cast<size_t>(v->n_in());
+        const size_t n = static_cast<size_t>(vector_elems(*v));
         host_vectors.resize(host_vectors.size() + (n + 63) / 64 * 64);
-        dequantize_row(v->type, v->data, host_vectors.data() + vector_offsets[v], v->n_in());
+        dequantize_row(v->type, v->data, host_vectors.data() + vector_offsets[v], vector_elems(*v));
     }
     vectors_buffer_ = DeviceBuffer(host_vectors.size() * sizeof(float), "norm weights and biases");
     cuda_call(cudaMemcpyAsync(vectors_buffer_.get(), host_vectors.data(), host_vectors.size() * sizeof(float),
@@ -238,6 +244,11 @@ void CudaBackend::upload_weights(const ModelWeights& w, int32_t n_ctx,
         d.b_up = device_vector(lw.b_up);
         d.b_down = device_vector(lw.b_down);
         d.post_ffn_norm = device_vector(lw.post_ffn_norm);
+        d.attn_sinks = device_vector(lw.attn_sinks);
+        d.router_b = device_vector(lw.ffn_gate_inp_b);
+        d.gate_exps_b = device_vector(lw.gate_exps_b);
+        d.up_exps_b = device_vector(lw.up_exps_b);
+        d.down_exps_b = device_vector(lw.down_exps_b);
     }
     // 0 .. n-1 for the GEMM path's dequantizer (the widest matrix's rows).
     int64_t widest = 0;
@@ -256,9 +267,6 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     loaded_ = false;
     reset_graph();
-    if (config.attn_sinks || config.expert_bias || config.ffn_act == FfnActivation::swiglu_oai)
-        throw UsageError("the CUDA backend does not run gpt-oss (attention sinks, expert biases, clamped SwiGLU) yet; "
-                         "run it on the CPU");
     if (config.moe()) check_moe_runs(config, weights);
     // Shapes the kernels cannot run are refused before anything is uploaded: the block KV formats' head
     // dims (worded with the flag by the app), then what the attention kernel takes (head dims, group size).
@@ -406,15 +414,13 @@ void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const flo
         float* u = up_.floats(static_cast<size_t>(n * up.n_out), "activations");
         project(gate, x, n, d.b_gate, y, new_input);
         project(up, x, n, d.b_up, u, false);
-        if (act == FfnActivation::silu)
-            cuda::swiglu(y, u, y, n * gate.n_out, stream_);
-        else
-            cuda::geglu_tanh(y, u, y, n * gate.n_out, stream_);
+        glu_activation(act, y, u, n * gate.n_out);
         return;
     }
     if (new_input) q8_of_ = nullptr;
-    const cuda::GluActivation a =
-        act == FfnActivation::silu ? cuda::GluActivation::silu : cuda::GluActivation::gelu_tanh;
+    const cuda::GluActivation a = act == FfnActivation::silu        ? cuda::GluActivation::silu
+                                  : act == FfnActivation::gelu_tanh ? cuda::GluActivation::gelu_tanh
+                                                                    : cuda::GluActivation::swiglu_oai;
     if (uses_q8(gate) && glu_writes_q8(d, y)) {   // y's int8 form for the down projection in the same launch
         const void* x_q = q8_input(x, n, gate.n_in);
         void* y_q = q8_ffn_.reserve(cuda::quantized_activation_bytes(n, gate.n_out), "quantized activations");
@@ -447,6 +453,14 @@ unsigned* CudaBackend::glu_counters(int64_t n, int64_t n_out) {
 bool CudaBackend::glu_writes_q8(const DeviceLayer& d, const float* y) const {
     return glu_q8_ && uses_q8(d.w_down) && d.w_down.n_in == d.w_gate.n_out &&
            cuda::matmul_q8_glu_q8_takes(d.w_gate.n_out, y, q8_ffn_.data());
+}
+
+void CudaBackend::glu_activation(FfnActivation act, float* gate, const float* up, int64_t n) {
+    switch (act) {
+    case FfnActivation::silu: cuda::swiglu(gate, up, gate, n, stream_); return;
+    case FfnActivation::gelu_tanh: cuda::geglu_tanh(gate, up, gate, n, stream_); return;
+    case FfnActivation::swiglu_oai: cuda::swiglu_oai(gate, up, gate, n, stream_); return;
+    }
 }
 
 void CudaBackend::observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width) {
@@ -699,10 +713,10 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         }
         if (seqs)
             cuda::attention_tokens(kv_.layer(l), q, n, lc.n_heads, lc.sliding_window, c.attn_scale, c.attn_softcap,
-                                   att, seqs->map, seqs->max_pos, stream_);
+                                   att, seqs->map, seqs->max_pos, stream_, d.attn_sinks);
         else
             cuda::attention(kv_.layer(l), q, n, lc.n_heads, pos0, lc.sliding_window, c.attn_scale, c.attn_softcap,
-                            att, stream_, pos0_device);
+                            att, stream_, pos0_device, d.attn_sinks);
 
         // Output projection (+ bias), gemma's post-attention norm, residual. Without a post-norm, decode adds
         // the projection straight into the stream.
@@ -735,11 +749,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
         } else {
             project(d.w_gate, xn, n, d.b_gate, gate);
             project(d.w_up, xn, n, d.b_up, up, false);   // gate and up read one input
-            const int64_t ffn = static_cast<int64_t>(n) * lc.ffn_dim;
-            if (c.ffn_act == FfnActivation::silu)
-                cuda::swiglu(gate, up, gate, ffn, stream_);
-            else
-                cuda::geglu_tanh(gate, up, gate, ffn, stream_);
+            glu_activation(c.ffn_act, gate, up, static_cast<int64_t>(n) * lc.ffn_dim);
         }
         observe(first_layer_ + l, ProjectionInput::ffn_down, gate, n, lc.ffn_dim);
         if (decode && !c.post_norms) {   // gate's int8 form may have come with it (project_glu)

@@ -111,6 +111,10 @@ private:
         const float *attn_norm = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr,
                     *k_norm = nullptr, *bo = nullptr, *post_attn_norm = nullptr, *ffn_norm = nullptr,
                     *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr, *post_ffn_norm = nullptr;
+        // gpt-oss: the attention sinks (n_heads), the router's bias (n_expert) and the experts' biases (one row of
+        // the expert's n_out per expert).
+        const float *attn_sinks = nullptr, *router_b = nullptr, *gate_exps_b = nullptr, *up_exps_b = nullptr,
+                    *down_exps_b = nullptr;
     };
 
     void upload_weights(const ModelWeights& weights, int32_t n_ctx,
@@ -135,6 +139,8 @@ private:
                          bool new_input = true);
     void project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y,
                      bool new_input = true);
+    // gate = act(gate) * up, n elements: the gated activation after separate gate and up projections.
+    void glu_activation(FfnActivation act, float* gate, const float* up, int64_t n);
     // xn = RMSNorm(x) * norm (n rows of reader.n_in), the input of projections of `reader`'s format. When
     // they take int8 activations, the norm's launch writes those too (rmsnorm_rows_q8) and q8_input finds
     // them: pass new_input false to the projections that read xn next.

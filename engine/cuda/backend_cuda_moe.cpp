@@ -14,6 +14,11 @@
 //     matrices once per batch, and the outputs are scattered back to their slots. A device-side sort would
 //     save the round trip, but the host must know each expert's row count anyway to size its launches, and at
 //     prefill sizes the wait (tens of microseconds a layer) is small beside the layer's matmuls.
+// gpt-oss's biases (ModelConfig::expert_bias): the router's is the router projection's bias; the experts' are rows of
+// a stack, one per expert. Grouped, each expert's projections add their own row; by slot, the expert matmuls
+// (which take no bias) are followed by add_expert_bias on each slot's rows, one addition each as a projection's bias
+// is added, so gate and up run as two launches there and the activation after them.
+//
 // Batch invariance (a batch of several sequences): both ways take per-column kernels there (per_column_), whose
 // column sums are the same bits in any pass, and quantize each column alone, so a token's bits do not depend on
 // the batch.
@@ -36,7 +41,9 @@ namespace {
 constexpr int64_t kGroupedMinTokens = 16;
 
 cuda::GluActivation glu_of(FfnActivation a) {
-    return a == FfnActivation::silu ? cuda::GluActivation::silu : cuda::GluActivation::gelu_tanh;
+    return a == FfnActivation::silu        ? cuda::GluActivation::silu
+           : a == FfnActivation::gelu_tanh ? cuda::GluActivation::gelu_tanh
+                                           : cuda::GluActivation::swiglu_oai;
 }
 
 } // namespace
@@ -71,11 +78,12 @@ void CudaBackend::moe_ffn(const DeviceLayer& d, const float* xn, int64_t n, floa
     float* weights = moe_weights_.floats(slots, "expert weights");
     float* expert_out = moe_out_.floats(slots * static_cast<size_t>(dim), "expert outputs");
 
-    project(d.router, xn, n, nullptr, logits, new_input);
+    project(d.router, xn, n, d.router_b, logits, new_input);
     cuda::RouterParams p;
     p.n_expert = c.n_expert;
     p.n_used = static_cast<int>(k);
     p.sigmoid = c.expert_gating == ExpertGating::sigmoid;
+    p.softmax_weight = c.expert_gating == ExpertGating::softmax_weight;
     p.normalize = c.expert_weights_norm;
     p.scale = c.expert_weights_scale;
     cuda::route_experts(logits, n, p, ids, weights, stream_);
@@ -102,7 +110,8 @@ void CudaBackend::moe_experts_by_slot(const DeviceLayer& d, const float* xn, int
             cuda::matmul_experts(w.type, w.data, w.n_in, w.n_out, s, x, y, stream_);
     };
     float* g = gate_.floats(static_cast<size_t>(n_slots * ffn), "activations");
-    if (gate.type == up.type) {   // gate, up and the activation in one launch
+    const bool biased = d.gate_exps_b || d.up_exps_b;
+    if (gate.type == up.type && !biased) {   // gate, up and the activation in one launch
         if (uses_q8(gate))
             cuda::matmul_q8_experts_glu(gate.type, gate.n_in, ffn, gate.data, up.data, glu_of(c.ffn_act), by_token,
                                         q8_input(xn, n, gate.n_in), g, stream_);
@@ -113,13 +122,13 @@ void CudaBackend::moe_experts_by_slot(const DeviceLayer& d, const float* xn, int
         float* u = up_.floats(static_cast<size_t>(n_slots * ffn), "activations");
         run(gate, by_token, xn, n, g);
         run(up, by_token, xn, n, u);
-        if (c.ffn_act == FfnActivation::silu)
-            cuda::swiglu(g, u, g, n_slots * ffn, stream_);
-        else
-            cuda::geglu_tanh(g, u, g, n_slots * ffn, stream_);
+        if (d.gate_exps_b) cuda::add_expert_bias(g, ids, d.gate_exps_b, n_slots, ffn, stream_);
+        if (d.up_exps_b) cuda::add_expert_bias(u, ids, d.up_exps_b, n_slots, ffn, stream_);
+        glu_activation(c.ffn_act, g, u, n_slots * ffn);
     }
     q8_of_ = nullptr;   // g is a new input (the same buffer as the last layer's)
     run(down, by_slot, g, n_slots, expert_out);
+    if (d.down_exps_b) cuda::add_expert_bias(expert_out, ids, d.down_exps_b, n_slots, down.n_out, stream_);
 }
 
 void CudaBackend::moe_experts_grouped(const DeviceLayer& d, const float* xn, int64_t n, const int32_t* ids,
@@ -157,6 +166,7 @@ void CudaBackend::moe_experts_grouped(const DeviceLayer& d, const float* xn, int
 
     const DeviceWeight &gate = d.gate_exps, &up = d.up_exps, &down = d.down_exps;
     const int64_t ffn = gate.n_out;
+    auto bias_row = [](const float* stack, int64_t e, int64_t width) { return stack ? stack + e * width : nullptr; };
     auto expert = [](const DeviceWeight& stack, int64_t e) {
         DeviceWeight m = stack;
         m.data = static_cast<const uint8_t*>(stack.data) +
@@ -170,16 +180,14 @@ void CudaBackend::moe_experts_grouped(const DeviceLayer& d, const float* xn, int
     for (int64_t e = 0; e < n_expert; ++e) {
         const int64_t s0 = first[static_cast<size_t>(e)], m = first[static_cast<size_t>(e + 1)] - s0;
         if (m == 0) continue;
-        project(expert(gate, e), grouped + s0 * dim, m, nullptr, g + s0 * ffn);
-        project(expert(up, e), grouped + s0 * dim, m, nullptr, u + s0 * ffn, false);   // one input for both
+        project(expert(gate, e), grouped + s0 * dim, m, bias_row(d.gate_exps_b, e, ffn), g + s0 * ffn);
+        project(expert(up, e), grouped + s0 * dim, m, bias_row(d.up_exps_b, e, ffn), u + s0 * ffn,
+                false);   // one input for both
     }
-    if (c.ffn_act == FfnActivation::silu)
-        cuda::swiglu(g, u, g, n_slots * ffn, stream_);
-    else
-        cuda::geglu_tanh(g, u, g, n_slots * ffn, stream_);
+    glu_activation(c.ffn_act, g, u, n_slots * ffn);
     for (int64_t e = 0; e < n_expert; ++e) {   // the grouped inputs are spent: the outputs take their rows
         const int64_t s0 = first[static_cast<size_t>(e)], m = first[static_cast<size_t>(e + 1)] - s0;
-        if (m > 0) project(expert(down, e), g + s0 * ffn, m, nullptr, grouped + s0 * dim);
+        if (m > 0) project(expert(down, e), g + s0 * ffn, m, bias_row(d.down_exps_b, e, dim), grouped + s0 * dim);
     }
     cuda::copy_rows(grouped, nullptr, expert_out, rows + n_slots, n_slots, dim, stream_);
 }

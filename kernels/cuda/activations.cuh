@@ -6,6 +6,8 @@
 //         FMAs, 2^n through the exponent bits), so SwiGLU gives the CPU's bits on the device too.
 //   gelu_tanh / softcap: tanhf, the one step that differs: the device's tanhf is within 2 ulp of tanh and
 //         the CPU's libm is correctly rounded or nearly, so these agree to a few ulp, not bit for bit.
+//   swiglu_oai (gpt-oss's clamped SwiGLU): the CPU's swiglu_oai_f32 (kernels/cpu/ops.cpp) calls std::exp, so the
+//         device's expf is that step's difference: a few ulp, not bit for bit.
 #include <cstdint>
 
 #include "kernels/cuda/runtime.h"
@@ -20,6 +22,8 @@ inline constexpr float kExpHi = 88.0f, kExpLo = -87.0f;
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 inline constexpr float kSqrt2OverPi = 0.79788456080286535588f, kGeluCoef = 0.044715f;
+// gpt-oss's clamped SwiGLU: the engine's constants (engine/cpu/backend_cpu.cpp passes the same to the CPU's).
+inline constexpr float kOaiAlpha = 1.702f, kOaiLimit = 7.0f;
 } // namespace activation_detail
 
 // kernels/cpu/silu.cpp exp_f32, step for step.
@@ -56,6 +60,16 @@ __device__ __forceinline__ float swiglu_f32(float gate, float up) {
 }
 __device__ __forceinline__ float geglu_tanh_f32(float gate, float up) {
     return __fmul_rn(gelu_tanh_f32(gate), up);
+}
+
+// min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1), grouped as the CPU's expression is; the clamps
+// are the CPU's comparisons (std::min / std::clamp), which keep a NaN where fminf would drop it.
+__device__ __forceinline__ float swiglu_oai_f32(float gate, float up) {
+    using namespace activation_detail;
+    const float g = kOaiLimit < gate ? kOaiLimit : gate;
+    const float u = up < -kOaiLimit ? -kOaiLimit : (kOaiLimit < up ? kOaiLimit : up);
+    const float sig = __fdiv_rn(g, __fadd_rn(1.0f, expf(__fmul_rn(-kOaiAlpha, g))));
+    return __fmul_rn(sig, __fadd_rn(u, 1.0f));
 }
 
 __device__ __forceinline__ float softcap_f32(float x, float cap) {

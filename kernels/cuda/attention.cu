@@ -43,6 +43,10 @@
 // often as before (the old rule changed it every 64 up to 66). Drafts with more than 8 rows and prefill keep
 // the single-buffer kernel (2 blocks a multiprocessor by registers); attention_tokens runs the kernel its
 // rows ask for with its fixed splits.
+//
+// Attention sinks (gpt-oss): a logit per query head that joins the softmax's denominator only. It enters where
+// a row's final (m, l) is turned into 1 / denominator (sink_inverse), after the single pass or the merge, so
+// the tile loop and the split states do not change.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -91,6 +95,7 @@ struct AttnArgs {
     int32_t tiles_per_split;      // attention_tokens: key tiles per split, fixed; else 0 (split evenly)
     float q_scale; // scale * log2(e), or scale alone when softcap > 0 (the cap applies before log2(e))
     float softcap;
+    const float* sinks; // n_heads logits (natural log domain), or null
 };
 
 // Row slices of the score step: 4 when there are 4 rows or more, else the rows (1, 2; 3 rows use 2).
@@ -134,6 +139,17 @@ __device__ __forceinline__ float4 load_other4(const float* p) {
 #else
     return *reinterpret_cast<const float4*>(p);
 #endif
+}
+
+// 1 / the softmax denominator of a row whose final state is (m, l) in the log2 domain: l alone, or with head h's
+// sink exp(sinks[h]) added, both rescaled to the larger of m and the sink's log2 (the CPU's attn_finish: a sink far
+// above every score leaves the output near zero instead of overflowing). 0 where nothing contributes.
+__device__ __forceinline__ float sink_inverse(float m, float l, const float* sinks, int h) {
+    if (!sinks) return l > 0.0f ? 1.0f / l : 0.0f;
+    const float s = sinks[h] * kLog2e;
+    const float mx = fmaxf(m, s);
+    const float a = l > 0.0f ? exp2f(m - mx) : 0.0f;
+    return a / (l * a + exp2f(s - mx));
 }
 
 // Rows [0, count) of a K or V tile decoded to f32 at dst (row stride `stride` floats), 4 elements per
@@ -451,6 +467,7 @@ __global__ void __launch_bounds__(kThreads, kPaired ? kPairedBlocksPerSm : 1) at
     }
     __syncthreads();
 
+    auto head_of = [&](int r) { return g * group + r % group; };
     auto out_of = [&](int r) { // the output row of block row r, or null past n
         const int tok = tok0 + r / group;
         return tok < tok_end ? a.att + (static_cast<int64_t>(tok) * a.n_heads + g * group + r % group) * Dv : nullptr;
@@ -460,8 +477,8 @@ __global__ void __launch_bounds__(kThreads, kPaired ? kPairedBlocksPerSm : 1) at
         for (int i = 0; i < kMaxQuads; ++i) {
             if (prow[i] < 0) continue;
             float* out = out_of(prow[i]);
-            const float l = ml[2 * prow[i] + 1];
-            if (out) *reinterpret_cast<float4*>(out + 4 * pcol[i]) = scale4(acc[i], l > 0.0f ? 1.0f / l : 0.0f);
+            const float inv = sink_inverse(ml[2 * prow[i]], ml[2 * prow[i] + 1], a.sinks, head_of(prow[i]));
+            if (out) *reinterpret_cast<float4*>(out + 4 * pcol[i]) = scale4(acc[i], inv);
         }
         return;
     }
@@ -516,8 +533,8 @@ __global__ void __launch_bounds__(kThreads, kPaired ? kPairedBlocksPerSm : 1) at
                 m = m_new;
             }
         }
-        // (m, l): the row's final softmax state over all its keys.
-        *reinterpret_cast<float4*>(out + 4 * pcol[i]) = scale4(o, l > 0.0f ? 1.0f / l : 0.0f);
+        // (m, l): the row's final softmax state over all its keys; a sink joins its denominator here.
+        *reinterpret_cast<float4*>(out + 4 * pcol[i]) = scale4(o, sink_inverse(m, l, a.sinks, head_of(r)));
     }
     if (tid == 0) g_arrivals[item] = 0; // ready for the next launch
 }
@@ -650,7 +667,7 @@ namespace {
 
 // The arguments of both launchers but the plan's and the positions'.
 AttnArgs layer_args(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t group,
-                    int32_t sliding_window, float scale, float softcap, float* att) {
+                    int32_t sliding_window, float scale, float softcap, float* att, const float* sinks) {
     if (!layer.k || !layer.v) throw std::invalid_argument("attention: the layer has no K or V buffer");
     AttnArgs a{};
     a.k = kv_rows_of(layer, false);
@@ -666,6 +683,7 @@ AttnArgs layer_args(const KvLayer& layer, const float* q, int64_t n, int32_t n_h
     a.window = sliding_window > 0 ? sliding_window : 0;
     a.softcap = softcap > 0.0f ? softcap : 0.0f;
     a.q_scale = a.softcap > 0.0f ? scale : scale * kLog2e;
+    a.sinks = sinks;
     return a;
 }
 
@@ -693,10 +711,11 @@ void launch_any(KvType type, const AttnArgs& a, const Plan& plan, int32_t n_kv_h
 } // namespace
 
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
-               float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device) {
+               float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device,
+               const float* sinks) {
     const Plan plan = make_plan(layer, n, n_heads, pos0, sliding_window);
     if (n == 0) return;
-    AttnArgs a = layer_args(layer, q, n, n_heads, plan.group, sliding_window, scale, softcap, att);
+    AttnArgs a = layer_args(layer, q, n, n_heads, plan.group, sliding_window, scale, softcap, att, sinks);
     a.pos0 = pos0;
     a.pos0_device = pos0_device;
     a.tokens_per_block = plan.pub.tokens_per_block;
@@ -707,7 +726,7 @@ void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads,
 
 void attention_tokens(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t sliding_window,
                       float scale, float softcap, float* att, const KvTokenMap& map, int32_t max_pos,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const float* sinks) {
     // The checks of attention() for one token at the last position any token has.
     Plan plan = make_plan(layer, std::min<int64_t>(n, 1), n_heads, std::max(max_pos, 0), sliding_window);
     if (n == 0) return;
@@ -727,7 +746,7 @@ void attention_tokens(const KvLayer& layer, const float* q, int64_t n, int32_t n
     for (int64_t first = 0; first < n; first += chunk) {
         const int64_t count = std::min(chunk, n - first);
         AttnArgs a = layer_args(layer, q + first * n_heads * layer.head_dim, count, n_heads, plan.group, sliding_window,
-                                scale, softcap, att + first * n_heads * layer.head_dim_v);
+                                scale, softcap, att + first * n_heads * layer.head_dim_v, sinks);
         a.map = {map.pos + first, map.table + first, map.tables};
         a.tokens_per_block = 1;
         a.rows = plan.rows;

@@ -72,19 +72,22 @@ void qk_norm_rope_kv_write_tokens(const KvLayer& layer, float* q, float* k, cons
 // 128, 64 at head dims up to 64 (the small ones included: the cap of 64 rows a block binds there).
 // A split KV range keeps its partial states in one device buffer of this module: attention() launches
 // must not overlap each other (issue them on one stream, or order the streams).
+// sinks (gpt-oss's attention sinks, or null): n_heads logits, one per query head, each joining its head's softmax
+// denominator as exp(sinks[h]) with no value row (the CPU's AttnParams::sinks).
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
-               float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device = nullptr);
+               float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device = nullptr,
+               const float* sinks = nullptr);
 
 // attention() for the tokens of several sequences (KvTokenMap): token i at position map.pos[i] attends to its
 // own sequence's positions [lo, map.pos[i]] (lo as above). Batch invariant by construction: one token per
 // block (its group of query heads), and its visible key range cut into splits of kTokenKeysPerSplit keys from
 // its first visible key, so the blocks that see a token's keys, and every operation on them, depend on that
 // token's position only, never on which or how many other tokens share the launch. max_pos (host) is the
-// largest position in map.pos, which sizes the launch.
+// largest position in map.pos, which sizes the launch. sinks as attention()'s.
 inline constexpr int32_t kTokenKeysPerSplit = 256;
 void attention_tokens(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t sliding_window,
                       float scale, float softcap, float* att, const KvTokenMap& map, int32_t max_pos,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const float* sinks = nullptr);
 
 // How attention() shares out the work for these arguments (for tests and tuning): blocks of
 // tokens_per_block query tokens (each with all query heads of one KV head), query_tiles of them per KV

@@ -144,6 +144,9 @@ struct SwigluOp {
 struct GegluTanhOp {
     __device__ __forceinline__ float operator()(float g, float u) const { return geglu_tanh_f32(g, u); }
 };
+struct SwigluOaiOp {
+    __device__ __forceinline__ float operator()(float g, float u) const { return swiglu_oai_f32(g, u); }
+};
 struct SoftcapOp {
     float cap;
     __device__ __forceinline__ float operator()(float x, float) const { return softcap_f32(x, cap); }
@@ -292,6 +295,10 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStrea
 
 void geglu_tanh(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
     launch_map(GegluTanhOp{}, gate, up, out, n, stream);
+}
+
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
+    launch_map(SwigluOaiOp{}, gate, up, out, n, stream);
 }
 
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {

@@ -28,6 +28,8 @@ void add_residual(float* x, const float* y, const float* w, int64_t rows, int64_
 // out = silu(gate) * up (SwiGLU) / gelu_tanh(gate) * up (GeGLU), n elements; out may equal gate.
 void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 void geglu_tanh(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+// out = gpt-oss's clamped SwiGLU of gate and up (activations.cuh swiglu_oai_f32), n elements; out may equal gate.
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 
 // x = cap * tanh(x / cap), n elements in place; cap > 0.
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream);

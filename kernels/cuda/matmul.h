@@ -41,6 +41,7 @@ inline constexpr int kMaxMatmulOutputs = 3;   // q, k and v
 enum class GluActivation : uint8_t {
     silu,        // SwiGLU: elementwise.h swiglu
     gelu_tanh,   // GeGLU: elementwise.h geglu_tanh
+    swiglu_oai,  // gpt-oss's clamped SwiGLU: elementwise.h swiglu_oai
 };
 
 // For each of the n_outputs (1 .. kMaxMatmulOutputs) matrices of one format that read x: y = x W^T (+ bias)

@@ -38,13 +38,18 @@ enum class Epilogue : uint8_t {
     add,          // y = y + s: add_residual's __fadd_rn(x, out) (kernels/cuda/elementwise.cu)
     swiglu,       // y = swiglu_f32(s_gate, s_up)
     geglu_tanh,   // y = geglu_tanh_f32(s_gate, s_up)
+    swiglu_oai,   // y = swiglu_oai_f32(s_gate, s_up)
 };
-constexpr bool is_glu(Epilogue e) { return e == Epilogue::swiglu || e == Epilogue::geglu_tanh; }
+constexpr bool is_glu(Epilogue e) {
+    return e == Epilogue::swiglu || e == Epilogue::geglu_tanh || e == Epilogue::swiglu_oai;
+}
 
 // The epilogues the entry points ask for: *_outputs stores or adds, *_glu combines with its activation.
 constexpr Epilogue outputs_epilogue(bool accumulate) { return accumulate ? Epilogue::add : Epilogue::store; }
 constexpr Epilogue glu_epilogue(GluActivation act) {
-    return act == GluActivation::silu ? Epilogue::swiglu : Epilogue::geglu_tanh;
+    return act == GluActivation::silu        ? Epilogue::swiglu
+           : act == GluActivation::gelu_tanh ? Epilogue::geglu_tanh
+                                             : Epilogue::swiglu_oai;
 }
 
 // The kernels' shapes, a template parameter: one matrix (matmul itself and the residual adds: with the
@@ -130,7 +135,9 @@ __device__ __forceinline__ void finish_columns(const float (&acc)[NC], const flo
     float* out = pick(r.y, wr.m) + (static_cast<int64_t>(blockIdx.y) * kMaxColumns + s.col) * wr.n_out + wr.row;
     if constexpr (kGlu) {
         if (r.bias[1]) up = up + r.bias[1][wr.row];
-        *out = r.epilogue == Epilogue::swiglu ? swiglu_f32(v, up) : geglu_tanh_f32(v, up);
+        *out = r.epilogue == Epilogue::swiglu       ? swiglu_f32(v, up)
+               : r.epilogue == Epilogue::geglu_tanh ? geglu_tanh_f32(v, up)
+                                                    : swiglu_oai_f32(v, up);
     } else {
         *out = r.epilogue == Epilogue::add ? __fadd_rn(*out, v) : v;
     }

@@ -6,7 +6,10 @@
 // lane ends the round with the same winner. The winner's lane marks it taken in a per-lane bit mask; lane 0
 // writes its id and weight, and at the end normalises and scales the token's weights in rank order.
 //
-// moe_combine and copy_rows are row-wise: a thread per element, a block row of threads per token row.
+// softmax_weight (gpt-oss) skips the softmax over all experts: the rounds rank the logits, and lane 0 turns the
+// chosen logits into their softmax at the end, as the host does.
+//
+// moe_combine, add_expert_bias and copy_rows are row-wise: a thread per element, a block row of threads per token row.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -53,7 +56,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     const float* row = logits + t * p.n_expert;
     float max = -INFINITY;
     double sum = 0.0;
-    if (!p.sigmoid) {
+    if (!p.sigmoid && !p.softmax_weight) {
         for (int e = lane; e < p.n_expert; e += 32)
             if (row[e] > max) max = row[e];   // NaN never raises it, as on the host
         for (int off = 16; off > 0; off /= 2) {
@@ -66,7 +69,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     const float inv = sum > 0.0 ? static_cast<float>(1.0 / sum) : 0.0f;
     // Ranking the logits ranks the probabilities, save where the host's softmax had no positive sum: its
     // probabilities are then 0 or NaN, and those are ranked.
-    const bool by_prob = !p.sigmoid && !(sum > 0.0);
+    const bool by_prob = !p.sigmoid && !p.softmax_weight && !(sum > 0.0);
     uint32_t taken = 0;   // bit j: expert lane + 32 j
     int32_t* tid = ids + t * p.n_used;
     float* tw = weights + t * p.n_used;
@@ -87,10 +90,22 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         if (best_id % 32 == lane) taken |= 1u << (best_id / 32);
         if (lane == 0) {
             tid[r] = best_id;
-            tw[r] = p.sigmoid ? sigmoid_prob(row[best_id]) : softmax_prob(row[best_id], max, inv);
+            tw[r] = p.softmax_weight ? row[best_id]
+                    : p.sigmoid      ? sigmoid_prob(row[best_id])
+                                     : softmax_prob(row[best_id], max, inv);
         }
     }
     if (lane != 0) return;
+    if (p.softmax_weight) {   // the host's softmax over the chosen logits, the largest (rank 0) as the max
+        const float top = tw[0];
+        double s = 0.0;
+        for (int r = 0; r < p.n_used; ++r) {
+            tw[r] = expf(__fsub_rn(tw[r], top));
+            s += static_cast<double>(tw[r]);
+        }
+        const float inv_s = static_cast<float>(1.0 / s);
+        for (int r = 0; r < p.n_used; ++r) tw[r] = __fmul_rn(tw[r], inv_s);
+    }
     if (p.normalize) {
         float s = 0.0f;
         for (int r = 0; r < p.n_used; ++r) s = __fadd_rn(s, tw[r]);
@@ -114,6 +129,14 @@ __global__ void __launch_bounds__(kRowThreads)
     float o = __fmul_rn(wt[0], yt[0]);
     for (int r = 1; r < n_used; ++r) o = __fadd_rn(o, __fmul_rn(wt[r], yt[static_cast<int64_t>(r) * dim]));
     out[t * dim + d] = o;
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    add_bias_rows(float* __restrict__ y, const int32_t* __restrict__ ids, const float* __restrict__ bias, int width) {
+    const int d = static_cast<int>(blockIdx.y * kRowThreads + threadIdx.x);
+    if (d >= width) return;
+    const int64_t s = blockIdx.x;
+    y[s * width + d] = __fadd_rn(y[s * width + d], bias[static_cast<int64_t>(ids[s]) * width + d]);
 }
 
 __global__ void __launch_bounds__(kRowThreads)
@@ -156,6 +179,16 @@ void moe_combine(const float* y, const float* weights, int64_t n, int64_t n_used
     if (n == 0 || dim == 0) return;
     launch_dependent(combine_rows, dim3(static_cast<unsigned>(n), row_blocks(dim)), dim3(kRowThreads), 0, stream, y,
                      weights, static_cast<int>(n_used), static_cast<int>(dim), out);
+}
+
+void add_expert_bias(float* y, const int32_t* ids, const float* bias, int64_t n_slots, int64_t width,
+                     cudaStream_t stream) {
+    if (n_slots < 0 || n_slots > kIntMax || width < 0 || width > kIntMax)
+        refuse("add_expert_bias: n_slots = " + std::to_string(n_slots) + ", width = " + std::to_string(width) +
+               " out of range");
+    if (n_slots == 0 || width == 0) return;
+    launch(add_bias_rows, dim3(static_cast<unsigned>(n_slots), row_blocks(width)), dim3(kRowThreads), 0, stream, y,
+           ids, bias, static_cast<int>(width));
 }
 
 void copy_rows(const float* src, const int32_t* src_rows, float* dst, const int32_t* dst_rows, int64_t n,
