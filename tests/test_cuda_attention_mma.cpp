@@ -3,8 +3,9 @@
 // (the kernel's inputs to its first product), and attention() with PrefillAttention::f32 (the f32 kernel)
 // against the reference with q as given, for prefill chunks of 16 .. 300 tokens after 0 .. 200 cached
 // positions, contiguous and paged caches (pages out of order; the rows no position reaches are f16 NaNs, so
-// a kernel that lets one into a product fails), GQA groups 1 / 4 / 8, head dims 64 / 128 / 256, sliding
-// windows and softcap; and which shapes attention_mma_fits hands to the tensor cores.
+// a kernel that lets one into a product fails), GQA groups 1 / 4 / 8 (and 3, 6: blocks with rows to spare),
+// head dims 64 / 128 / 256, sliding windows and softcap; and which shapes attention_mma_fits hands to the
+// tensor cores.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -211,6 +212,8 @@ TEST_CASE("attention_mma: sliding windows, softcap and GQA groups") {
         {256, 1, 4, 20, 50, 40, 50.0f, false},  // window and softcap at 256
         {128, 1, 1, 300, 64, 100, 20.0f, true}, // window below every cached position
         {64, 1, 4, 10, 20, 1000, 0.0f, true},   // window above every position
+        {128, 2, 6, 5, 40, 0, 0.0f, true},      // group 6: 10 tokens, 60 of a block's 64 rows
+        {64, 1, 3, 0, 50, 24, 0.0f, false},     // group 3: 21 tokens, 63 rows, and a window
     };
     check_cases(cases, 100);
 }

@@ -33,8 +33,8 @@ inline namespace TERN_CUDA_ABI {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kRows = 64;         // rows of a block: 16 a warp, one mma's M
-constexpr int kMaxGroup = kRows;  // a token's query heads must fit one block
+constexpr int kRows = 64;        // rows of a block: 16 a warp, one mma's M
+constexpr int kMaxGroup = kRows; // a token's query heads must fit one block
 constexpr float kLog2e = 1.44269504088896340736f;
 
 // Keys a tile, shared-memory row stride in halves (16 bytes of padding: the 8 rows one ldmatrix matrix reads
@@ -47,12 +47,12 @@ template <int D> struct MmaShape {
 
 struct MmaArgs {
     KvRows k, v;
-    const int32_t* pages;         // the sequence's page table, or null (kv_rows.cuh)
+    const int32_t* pages; // the sequence's page table, or null (kv_rows.cuh)
     const float* q;
     float* att;
     int32_t n, n_heads, group, pos0, window, tokens_per_block, rows;
-    const int32_t* pos0_device;   // when set, pos0 is read there
-    float q_scale; // scale * log2(e), or scale alone when softcap > 0 (the cap applies before log2(e))
+    const int32_t* pos0_device; // when set, pos0 is read there
+    float q_scale;              // scale * log2(e), or scale alone when softcap > 0 (the cap applies before log2(e))
     float softcap;
 };
 
@@ -88,8 +88,8 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) attention_mma_ke
         const int tok = tok0 + r / group;
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (r < a.rows && tok < tok_end)
-            x = *reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(tok) * a.n_heads + g * group + r % group) * D +
-                                                 4 * c);
+            x = *reinterpret_cast<const float4*>(
+                a.q + (static_cast<int64_t>(tok) * a.n_heads + g * group + r % group) * D + 4 * c);
         *reinterpret_cast<uint2*>(qs + r * kStride + 4 * c) = make_uint2(pack_half2(x.x, x.y), pack_half2(x.z, x.w));
     }
 
@@ -211,8 +211,8 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) attention_mma_ke
             for (int dn = 0; dn < D / 16; ++dn) {
                 // Matrices: keys 16kk + 0..7 and + 8..15 at dims 16dn + 0..7, then the same keys at + 8..15.
                 uint32_t vb[4];
-                ldmatrix_x4_trans(vb, vs + (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * kStride + 16 * dn +
-                                          8 * (lane / 16));
+                ldmatrix_x4_trans(vb,
+                                  vs + (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * kStride + 16 * dn + 8 * (lane / 16));
                 mma_m16n8k16_f32_f16(o[2 * dn], pa, vb, o[2 * dn]);
                 mma_m16n8k16_f32_f16(o[2 * dn + 1], pa, vb + 2, o[2 * dn + 1]);
             }
