@@ -5,12 +5,13 @@
 // positions, contiguous and paged caches (pages out of order; the rows no position reaches are f16 NaNs, so
 // a kernel that lets one into a product fails), GQA groups 1 / 4 / 8 (and 3, 6: blocks with rows to spare),
 // head dims 64 / 128 / 256, sliding windows and softcap; and which shapes attention_mma_fits hands to the
-// tensor cores.
+// tensor cores, and that a launch with attention sinks keeps the f32 kernel.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -216,6 +217,48 @@ TEST_CASE("attention_mma: sliding windows, softcap and GQA groups") {
         {64, 1, 3, 0, 50, 24, 0.0f, false},     // group 3: 21 tokens, 63 rows, and a window
     };
     check_cases(cases, 100);
+}
+
+TEST_CASE("attention with sinks keeps the f32 kernel whatever the prefill choice") {
+    // gpt-oss's sinks are the f32 kernel's alone: PrefillAttention::mma with sinks gives its bits exactly.
+    const int32_t D = 64, n_kv_heads = 2, group = 4, n_heads = n_kv_heads * group, n = 40, n_ctx = 64;
+    const std::vector<float> k = test::random_normal(static_cast<size_t>(n) * n_kv_heads * D, 7, 1.6f);
+    const std::vector<float> v = test::random_normal(k.size(), 8, 1.0f);
+    const std::vector<float> q = test::random_normal(static_cast<size_t>(n) * n_heads * D, 9, 1.6f);
+    const std::vector<float> sinks = test::random_normal(static_cast<size_t>(n_heads), 10, 2.0f);
+    std::vector<uint16_t> k_img(static_cast<size_t>(n_kv_heads) * n_ctx * D), v_img(k_img.size());
+    for (int32_t p = 0; p < n; ++p)
+        for (int32_t h = 0; h < n_kv_heads; ++h)
+            for (int32_t d = 0; d < D; ++d) {
+                const size_t src = (static_cast<size_t>(p) * n_kv_heads + h) * D + d;
+                k_img[(static_cast<size_t>(h) * n_ctx + p) * D + d] = f32_to_f16(k[src]);
+                v_img[(static_cast<size_t>(h) * n_ctx + p) * D + d] = f32_to_f16(v[src]);
+            }
+    DeviceBytes dk(k_img.data(), k_img.size() * 2), dv(v_img.data(), v_img.size() * 2);
+    DeviceBytes dq(q.data(), q.size() * sizeof(float)), dsinks(sinks.data(), sinks.size() * sizeof(float));
+    const size_t out_floats = static_cast<size_t>(n) * n_heads * D;
+    std::vector<float> poison(out_floats, NAN);
+    DeviceBytes d_mma(poison.data(), out_floats * sizeof(float)), d_f32(poison.data(), out_floats * sizeof(float));
+    cuda::KvLayer layer;
+    layer.type = KvType::f16;
+    layer.k = dk.p;
+    layer.v = dv.p;
+    layer.n_kv_heads = n_kv_heads;
+    layer.head_dim = layer.head_dim_v = D;
+    layer.n_ctx = n_ctx;
+    REQUIRE(cuda::attention_mma_fits(layer, n, n_heads));
+    const auto* qp = static_cast<const float*>(dq.p);
+    const auto* sp = static_cast<const float*>(dsinks.p);
+    for (const auto choice : {cuda::PrefillAttention::mma, cuda::PrefillAttention::f32})
+        cuda::attention(layer, qp, n, n_heads, 0, 0, 0.125f, 0.0f,
+                        static_cast<float*>(choice == cuda::PrefillAttention::mma ? d_mma.p : d_f32.p), nullptr,
+                        nullptr, sp, choice);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<float> mma(out_floats), f32(out_floats);
+    REQUIRE(cudaMemcpy(mma.data(), d_mma.p, out_floats * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(f32.data(), d_f32.p, out_floats * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::all_of(f32.begin(), f32.end(), [](float x) { return std::isfinite(x); }));
+    CHECK(std::memcmp(mma.data(), f32.data(), out_floats * sizeof(float)) == 0);
 }
 
 TEST_CASE("attention_mma_fits: only prefill-sized f16 launches of the supported shapes") {
