@@ -761,6 +761,17 @@ if os.path.exists(sys.argv[2]): note += " (streaming: %.1f tok/s)" % json.load(o
 print(note)' "$logs/bench-oldattn-$1.json" "$logs/bench-$1-p0-n128-d4096.json")
 }
 
+# Prefill 4096 with attention on the f32 kernel (TERN_CUDA_ATTN_PREFILL=f32) instead of the f16 tensor cores
+# (kernels/cuda/attention_mma.h, the default): the bench step's p4096 row against this one is what they save.
+bench_attn_f32() {   # format
+    local f=$models/$shape-$1.gguf
+    [ -s "$f" ] || { STEP_NOTE="no $f"; return 1; }
+    TERN_CUDA_ATTN_PREFILL=f32 tmo 150 "$tern" bench -m "$f" --device cuda -p 4096 -n 0 -d 0 -r "$reps" --json \
+        > "$logs/bench-attn-f32-$1.json" || return
+    STEP_NOTE=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("f32 prefill attention: prefill 4096 %.1f tok/s" % d["prefill_tps"])' "$logs/bench-attn-f32-$1.json")
+}
+
 # The whole model at full size, CUDA against the CPU: greedy text from the same prompt on both devices (the
 # suites check small models token by token; this catches what only large shapes reach: grid limits, sizes
 # past 2^31, scratch sizing). Random weights make near-ties likelier than in a trained model, so a late
@@ -900,6 +911,7 @@ run_step "nographs:$first_format" bench_nographs "$first_format"
 run_step "nopdl:$first_format" bench_off "$first_format" TERN_CUDA_PDL
 run_step "noglu8:$first_format" bench_off "$first_format" TERN_CUDA_GLU_Q8
 run_step "oldattn:$first_format" bench_oldattn "$first_format"
+run_step "attn-f32:$first_format" bench_attn_f32 "$first_format"
 run_step "agree:$first_format" agree "$first_format"
 if [ "$with_llamacpp" = 1 ] && wanted llamacpp; then
     bg_finish llamacpp-build 120   # llama-bench needs about two minutes for three llama-8b files

@@ -70,6 +70,14 @@ std::unique_ptr<Backend> gpu_backend(int index, const CpuOptions& cpu, int32_t g
     // set_old_decode_attention), to time the streaming one against it.
     const char* attn = std::getenv("TERN_CUDA_ATTN");
     options.old_decode_attention = attn && std::string_view(attn) == "old";
+    // TERN_CUDA_ATTN_PREFILL=f32|mma: prefill attention on the f32 kernel instead of the f16 tensor cores (mma,
+    // the default; kernels/cuda/attention_mma.h), to measure what they save or to rule them out.
+    if (const char* attn_prefill = std::getenv("TERN_CUDA_ATTN_PREFILL"); attn_prefill && *attn_prefill) {
+        const std::string_view p(attn_prefill);
+        if (p == "f32") options.prefill_attention = cuda::PrefillAttention::f32;
+        else if (p == "mma") options.prefill_attention = cuda::PrefillAttention::mma;
+        else throw UsageError("TERN_CUDA_ATTN_PREFILL=" + std::string(p) + ": expected f32 or mma");
+    }
     auto gpu = std::make_unique<CudaBackend>(options);
     if (gpu_layers < 0) return gpu;
     return std::make_unique<SplitBackend>(std::make_unique<CpuBackend>(cpu), std::move(gpu), gpu_layers);

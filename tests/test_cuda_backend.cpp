@@ -54,6 +54,10 @@ constexpr double kLogitTolerance = 1e-3;
 // KV rows in q8_0 / f8_e4m3: both backends store the same bytes, but the CPU's flash kernels read them
 // through their own conversions and accumulation order; still far below one quantization step of a logit.
 constexpr double kQuantizedKvTolerance = 1e-2;
+// Prefill attention on f16 tensor cores: q and the softmax probabilities rounded to f16 (relative 2^-11)
+// before their products; the emulator measures at most 7e-4 on the tiny shapes (printed), 5e-3 leaves room
+// for the device.
+constexpr double kTensorCoreAttentionTolerance = 5e-3;
 // A greedy step whose top two CPU logits are closer than this (relative to the row's largest magnitude)
 // is a near-tie: either id is right, and the paths may part there.
 constexpr double kNearTie = 2e-3;
@@ -156,10 +160,11 @@ void check_greedy(const std::vector<int32_t>& cuda, const std::vector<int32_t>& 
     }
 }
 
-// The CUDA backend with the CPU reference's arithmetic (no int8 activations).
+// The CUDA backend with the CPU reference's arithmetic (no int8 activations, prefill attention in f32).
 CudaOptions exact() {
     CudaOptions o;
     o.exact_matmul = true;
+    o.prefill_attention = cuda::PrefillAttention::f32;
     return o;
 }
 
@@ -880,6 +885,39 @@ TEST_CASE("cuda backend: bad batches are refused as on the CPU") {
     CHECK_THROWS_AS(o.cuda->logits(0), UsageError);
     CHECK(o.cuda->device_kind() == DeviceKind::cuda);
     CHECK(o.cuda->device_name() == "cuda:0");
+}
+
+TEST_CASE("cuda backend: prefill attention on f16 tensor cores stays within its rounding of the CPU's logits") {
+    // Head dims 64 (llama, gemma2's softcap and sliding window) and 128 (qwen3, gemma3's windows), GQA
+    // groups 2 and 4, an f16 cache; a prompt of 80 tokens in one forward, then a chunk of 40 after it (pos0 >
+    // 0). The tensor-core kernel rounds q and the probabilities to f16 (the cache is f16 on both sides): the
+    // emulator measures logit errors up to 7e-4 against the CPU, the f32 kernel's stay below 1e-4; a run
+    // that never reached the tensor cores would give the f32 kernel's logits (checked: the two CUDA runs differ).
+    test::TempDir dir;
+    double worst = 0.0;
+    for (const char* shape : {"tiny", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3"}) {
+        CAPTURE(shape);
+        const Model model = load_model(synth_file(dir, shape, "f16"));
+        CpuBackend cpu(CpuOptions{2, true});
+        CudaOptions tc = exact();
+        tc.prefill_attention = cuda::PrefillAttention::mma;
+        CudaBackend cuda_tc(tc), cuda_f32(exact());
+        for (Backend* b : std::initializer_list<Backend*>{&cpu, &cuda_tc, &cuda_f32})
+            b->load(model.config, model.weights, RunOptions{160, KvType::f16});
+        const std::vector<int32_t> tokens = ramp_tokens(120, model.config.vocab);
+        for (const auto& chunk : {std::vector<int32_t>(tokens.begin(), tokens.begin() + 80),
+                                  std::vector<int32_t>(tokens.begin() + 80, tokens.end())}) {
+            const auto want = batch_logits(cpu, chunk);
+            const double e_tc = max_row_error(batch_logits(cuda_tc, chunk), want);
+            const double e_f32 = max_row_error(batch_logits(cuda_f32, chunk), want);
+            CAPTURE(e_f32);
+            CHECK(e_tc < kTensorCoreAttentionTolerance);
+            CHECK(e_f32 < kLogitTolerance);
+            CHECK(e_tc != e_f32);
+            worst = std::max(worst, e_tc);
+        }
+    }
+    MESSAGE("largest normalised logit error with tensor-core prefill attention " << worst);
 }
 
 } // namespace tern

@@ -568,6 +568,25 @@ TEST_CASE("ldmatrix and mma.m16n8k16 wrappers follow the PTX fragment layouts") 
     }
 }
 
+TEST_CASE("ldmatrix_x4_trans gives the B fragments of a row-major (k, n) tile") {
+    std::mt19937 rng(10);
+    std::uniform_int_distribution<int> small(-8, 8);   // small integers: every product and sum is exact
+    std::vector<__half> a(16 * 16), b(16 * 16);
+    for (__half& v : a) v = __float2half(static_cast<float>(small(rng)) / 4.0f);
+    for (__half& v : b) v = __float2half(static_cast<float>(small(rng)) / 2.0f);
+    std::vector<float> d0(16 * 8, NAN), d1(16 * 8, NAN);
+    launch(samples::mma_tile_trans, dim3(1), dim3(32), 0, nullptr, a.data(), b.data(), d0.data(), d1.data());
+    for (int i = 0; i < 16; ++i) {
+        for (int j = 0; j < 16; ++j) {
+            double want = 0;
+            for (int k = 0; k < 16; ++k) want += static_cast<double>(float(a[i * 16 + k])) * float(b[k * 16 + j]);
+            CAPTURE(i);
+            CAPTURE(j);
+            REQUIRE((j < 8 ? d0[i * 8 + j] : d1[i * 8 + j - 8]) == static_cast<float>(want));
+        }
+    }
+}
+
 TEST_CASE("ldmatrix and the int8 mma.m16n8k32 / m16n8k16 wrappers follow the PTX fragment layouts") {
     std::mt19937 rng(11);
     std::uniform_int_distribution<int> byte(-128, 127), acc(-1 << 20, 1 << 20);

@@ -29,12 +29,14 @@ struct Loaded {
     std::unique_ptr<Session> session;
 };
 
-// `exact`: the CUDA backend with the CPU's exact arithmetic (the tight comparisons with the CPU).
+// `exact`: the CUDA backend with the CPU's exact arithmetic (the tight comparisons with the CPU): no int8
+// activations, prefill attention in f32.
 Loaded cuda_session(const std::string& file, bool exact, int32_t n_ctx = 256, KvType kv = KvType::f16) {
     Loaded l;
     l.model = std::make_shared<Model>(load_model(test::shared_path(file).string()));
     CudaOptions o;
     o.exact_matmul = exact;
+    if (exact) o.prefill_attention = cuda::PrefillAttention::f32;
     auto backend = std::make_unique<CudaBackend>(o);
     backend->load(l.model->config, l.model->weights, RunOptions{n_ctx, kv});
     l.session = std::make_unique<Session>(std::move(backend), Tokenizer::from_gguf(l.model->file), n_ctx, l.model);

@@ -101,7 +101,7 @@ ActivationWidths activation_widths(const ModelConfig& c) {
 
 CudaBackend::CudaBackend(const CudaOptions& options)
     : device_(options.device), graphs_(options.graphs), exact_(options.exact_matmul), prefill_(options.prefill),
-      glu_q8_(options.glu_writes_q8) {
+      glu_q8_(options.glu_writes_q8), prefill_attention_(options.prefill_attention) {
     cuda_call(cudaSetDevice(device_), "selecting the GPU");
     cuda::set_old_decode_attention(options.old_decode_attention);
     int8_gemm_ = cuda::gemm_q8_device_supported(device_);
@@ -716,7 +716,7 @@ void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* st
                                    att, seqs->map, seqs->max_pos, stream_, d.attn_sinks);
         else
             cuda::attention(kv_.layer(l), q, n, lc.n_heads, pos0, lc.sliding_window, c.attn_scale, c.attn_softcap,
-                            att, stream_, pos0_device, d.attn_sinks);
+                            att, stream_, pos0_device, d.attn_sinks, prefill_attention_);
 
         // Output projection (+ bias), gemma's post-attention norm, residual. Without a post-norm, decode adds
         // the projection straight into the stream.

@@ -53,6 +53,9 @@ struct CudaOptions {
     bool glu_writes_q8 = true;
     // Decode attention with the previous kernel and split rule (TERN_CUDA_ATTN=old), for timing; process-wide.
     bool old_decode_attention = false;
+    // Prefill attention on f16 tensor cores where the shapes allow (kernels/cuda/attention_mma.h), or the f32
+    // kernel throughout (TERN_CUDA_ATTN_PREFILL=f32: to time both, or to rule the tensor cores out).
+    cuda::PrefillAttention prefill_attention = cuda::PrefillAttention::mma;
 };
 
 class CudaBackend final : public Backend {
@@ -193,6 +196,7 @@ private:
     CudaOptions::Prefill prefill_ = CudaOptions::Prefill::automatic;
     bool programmatic_ = false;   // CudaOptions::programmatic_launches on a device that has them
     bool glu_q8_ = true;          // CudaOptions::glu_writes_q8
+    cuda::PrefillAttention prefill_attention_ = cuda::PrefillAttention::mma;
     bool int8_gemm_ = false;   // the device runs the int8 tensor-core prefill (kernels/cuda/gemm_q8.h)
     bool per_column_ = false;  // this forward's projections take the per-column kernels whatever n (forward_on_device)
     cudaStream_t stream_ = nullptr;

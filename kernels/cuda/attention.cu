@@ -55,6 +55,7 @@
 #include <string>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/kv_codec.cuh"
 #include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launch.h"
@@ -712,9 +713,13 @@ void launch_any(KvType type, const AttnArgs& a, const Plan& plan, int32_t n_kv_h
 
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
                float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device,
-               const float* sinks) {
+               const float* sinks, PrefillAttention prefill) {
     const Plan plan = make_plan(layer, n, n_heads, pos0, sliding_window);
     if (n == 0) return;
+    if (prefill == PrefillAttention::mma && !sinks && attention_mma_fits(layer, n, n_heads)) {
+        attention_mma(layer, q, n, n_heads, pos0, sliding_window, scale, softcap, att, stream, pos0_device);
+        return;
+    }
     AttnArgs a = layer_args(layer, q, n, n_heads, plan.group, sliding_window, scale, softcap, att, sinks);
     a.pos0 = pos0;
     a.pos0_device = pos0_device;

@@ -74,9 +74,13 @@ void qk_norm_rope_kv_write_tokens(const KvLayer& layer, float* q, float* k, cons
 // must not overlap each other (issue them on one stream, or order the streams).
 // sinks (gpt-oss's attention sinks, or null): n_heads logits, one per query head, each joining its head's softmax
 // denominator as exp(sinks[h]) with no value row (the CPU's AttnParams::sinks).
+// With `prefill` mma, the shapes attention_mma_fits takes (kernels/cuda/attention_mma.h: prefill-sized n, f16
+// cache, head dims 64 / 128 / 256, compute capability 8.0+, no sinks) run on f16 tensor cores instead, within a
+// tolerance of this f32 kernel; everything else, decode and draft verification included, stays here.
+enum class PrefillAttention { f32, mma };
 void attention(const KvLayer& layer, const float* q, int64_t n, int32_t n_heads, int32_t pos0, int32_t sliding_window,
                float scale, float softcap, float* att, cudaStream_t stream, const int32_t* pos0_device = nullptr,
-               const float* sinks = nullptr);
+               const float* sinks = nullptr, PrefillAttention prefill = PrefillAttention::f32);
 
 // attention() for the tokens of several sequences (KvTokenMap): token i at position map.pos[i] attends to its
 // own sequence's positions [lo, map.pos[i]] (lo as above). Batch invariant by construction: one token per

@@ -4,7 +4,7 @@
 // and "ldmatrix") rebuilt from warp shuffles, so kernels using them run in the emulator tests unchanged.
 // Every lane of the warp must call them together (they are .sync.aligned on the device).
 //
-// The mma wrappers need sm_80 or later (on sm_75 they trap); ldmatrix_x4 needs sm_75.
+// The mma wrappers need sm_80 or later (on sm_75 they trap); ldmatrix_x4 and ldmatrix_x4_trans need sm_75.
 // Layouts, with g = lane / 4 and t = lane % 4:
 //   mma_m16n8k16_f32_f16:
 //     A (16x16 f16, row-major), a[4] of two halves each: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1],
@@ -171,6 +171,31 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row_addre
 #else
     const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row_address));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+#endif
+}
+
+// ldmatrix .x4 .trans of 16-bit elements: addresses as ldmatrix_x4, but every lane receives matrix i
+// transposed: r[i] = matrix i's elements (row 2 (lane % 4), column lane / 4) in the low half and (row
+// 2 (lane % 4) + 1, column lane / 4) in the high half. A row-major (k, n) tile in shared memory (rows of
+// keys, say) so gives the "col" B fragments of mma_m16n8k16_f32_f16 without a transposed copy.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* row_address) {
+#if defined(TERN_CUDA_EMULATOR)
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const auto* row_lo = static_cast<const unsigned char*>(
+            __shfl_sync(0xFFFFFFFFu, row_address, static_cast<int>(8 * i + 2 * t)));
+        const auto* row_hi = static_cast<const unsigned char*>(
+            __shfl_sync(0xFFFFFFFFu, row_address, static_cast<int>(8 * i + 2 * t + 1)));
+        uint16_t lo, hi;
+        __builtin_memcpy(&lo, row_lo + 2 * g, 2);
+        __builtin_memcpy(&hi, row_hi + 2 * g, 2);
+        r[i] = lo | static_cast<uint32_t>(hi) << 16;
+    }
+#else
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row_address));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
 #endif

@@ -91,6 +91,32 @@ __global__ void mma_tile(const __half* __restrict__ a, const __half* __restrict_
     d[(g + 8) * 8 + 2 * t + 1] = out[3];
 }
 
+// One warp: d (16x8, row-major f32) = a (16x16 row-major halves) times b (16x16 row-major halves, staged in
+// shared memory and loaded with ldmatrix_x4_trans as the B fragments of two 8-column tiles), columns 0..7 of
+// b in d's first 8 columns' tile d0 and columns 8..15 in d1: each 16x8 row-major f32.
+__global__ void mma_tile_trans(const __half* __restrict__ a, const __half* __restrict__ b, float* __restrict__ d0,
+                               float* __restrict__ d1) {
+    __shared__ __align__(16) __half a_tile[16 * 16];
+    __shared__ __align__(16) __half b_tile[16 * 16];
+    const unsigned lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (unsigned i = lane; i < 256; i += 32) a_tile[i] = a[i], b_tile[i] = b[i];
+    __syncwarp();
+    uint32_t af[4], bf[4];
+    ldmatrix_x4(af, &a_tile[(lane % 16) * 16 + (lane / 16) * 8]);
+    // Matrices: (k 0..7, n 0..7), (k 8..15, n 0..7), (k 0..7, n 8..15), (k 8..15, n 8..15).
+    ldmatrix_x4_trans(bf, &b_tile[(lane % 8 + 8 * (lane / 8 % 2)) * 16 + 8 * (lane / 16)]);
+    const float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int half = 0; half < 2; ++half) {
+        float out[4];
+        mma_m16n8k16_f32_f16(out, af, bf + 2 * half, c);
+        float* d = half ? d1 : d0;
+        d[g * 8 + 2 * t] = out[0];
+        d[g * 8 + 2 * t + 1] = out[1];
+        d[(g + 8) * 8 + 2 * t] = out[2];
+        d[(g + 8) * 8 + 2 * t + 1] = out[3];
+    }
+}
+
 // One warp: d32 (16x8 row-major s32) = a (16x32 row-major s8, staged in shared memory and loaded with
 // ldmatrix) times b (32x8 row-major s8) plus c (16x8 s32) through one int8 mma.m16n8k32, and d16 the same
 // over k 0 .. 15 only through one mma.m16n8k16 (the first halves of the k32 fragments).
