@@ -34,8 +34,9 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-// How long a waiting answer sleeps between looks at whether its client is still connected.
-constexpr auto kPollInterval = 200ms;
+// How long a waiting answer sleeps between looks at whether its client is still connected: a client that went
+// away stops its generation within this (a small model makes thousands of tokens a second).
+constexpr auto kPollInterval = 50ms;
 
 void send_error(httplib::Response& res, const ApiError& e) {
     res.status = e.status;
