@@ -27,7 +27,9 @@ inline thread_local bool programmatic_launches_on = false;
 
 class ProgrammaticLaunches {
 public:
-    explicit ProgrammaticLaunches(bool enabled) : saved_(programmatic_launches_on) { programmatic_launches_on = enabled; }
+    explicit ProgrammaticLaunches(bool enabled) : saved_(programmatic_launches_on) {
+        programmatic_launches_on = enabled;
+    }
     ~ProgrammaticLaunches() { programmatic_launches_on = saved_; }
     ProgrammaticLaunches(const ProgrammaticLaunches&) = delete;
     ProgrammaticLaunches& operator=(const ProgrammaticLaunches&) = delete;

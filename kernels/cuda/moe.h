@@ -1,9 +1,9 @@
 #pragma once
 // The mixture-of-experts pieces around the expert matmuls (kernels/cuda/moe.cu): the router's choice of experts
 // per token, the weighted sum of a token's expert outputs, the experts' biases on the slots that ran them, and the
-// row moves that group a batch's slots by expert. Host-callable launchers; every pointer is device memory, f32 row-major. The expert projections
-// themselves are matmul_experts / matmul_q8_experts (kernels/cuda/matmul.h, matmul_q8.h) or, over the tokens
-// grouped by expert, the plain matmul and GEMM launchers.
+// row moves that group a batch's slots by expert. Host-callable launchers; every pointer is device memory, f32
+// row-major. The expert projections themselves are matmul_experts / matmul_q8_experts (kernels/cuda/matmul.h,
+// matmul_q8.h) or, over the tokens grouped by expert, the plain matmul and GEMM launchers.
 #include <cstdint>
 
 #include "kernels/cuda/runtime.h"
