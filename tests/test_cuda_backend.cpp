@@ -410,9 +410,13 @@ TEST_CASE("cuda backend: gpt-oss (attention sinks, windows, expert biases, softm
     }
 }
 
-TEST_CASE("cuda backend: gpt-oss with int8 activations (the default) stays within their rounding") {
+namespace {
+
+// A mixture of experts with int8 activations on the CUDA backend against the exact CPU backend, within three times
+// the CPU's own int8 error (or 1e-3): a prefill of 20 tokens, then `decode_steps` single-token steps.
+void check_moe_int8_within_rounding(const char* shape, int32_t decode_steps) {
     test::TempDir dir;
-    const Model model = load_model(synth_file(dir, "tiny-gpt-oss", "q4_k_m"));
+    const Model model = load_model(synth_file(dir, shape, "q4_k_m"));
     Int8Comparison on(model);
     const std::vector<int32_t> tokens = ramp_tokens(20, model.config.vocab);
     const std::vector<std::vector<float>> exact_rows = batch_logits(on.exact_cpu, tokens);
@@ -420,38 +424,26 @@ TEST_CASE("cuda backend: gpt-oss with int8 activations (the default) stays withi
     const double ggml = max_row_error(batch_logits(on.ggml_cpu, tokens), exact_rows);
     double decode = 0.0, ggml_decode = 0.0;
     for (Backend* b : on.all()) b->kv_truncate(0);
-    for (int32_t i = 0; i < 6; ++i) {
+    for (int32_t i = 0; i < decode_steps; ++i) {
         const std::vector<int32_t> one = {tokens[static_cast<size_t>(i)]};
         for (Backend* b : on.all()) b->forward({one, i, LogitsWanted::last});
         decode = std::max(decode, row_error(on.cuda.logits(0), on.exact_cpu.logits(0)));
         ggml_decode = std::max(ggml_decode, row_error(on.ggml_cpu.logits(0), on.exact_cpu.logits(0)));
     }
-    MESSAGE("gpt-oss int8: prefill vs exact " << prefill << ", decode " << decode << "; the CPU's int8 " << ggml
-                                              << ", " << ggml_decode);
+    MESSAGE(shape << " int8: prefill vs exact " << prefill << ", decode " << decode << "; the CPU's int8 " << ggml
+                  << ", " << ggml_decode);
     CHECK(prefill < std::max(3.0 * ggml, 1e-3));
     CHECK(decode < std::max(3.0 * ggml_decode, 1e-3));
 }
 
+} // namespace
+
+TEST_CASE("cuda backend: gpt-oss with int8 activations (the default) stays within their rounding") {
+    check_moe_int8_within_rounding("tiny-gpt-oss", 6);
+}
+
 TEST_CASE("cuda backend: a mixture of experts with int8 activations (the default) stays within their rounding") {
-    test::TempDir dir;
-    const Model model = load_model(synth_file(dir, "tiny-qwen3moe", "q4_k_m"));
-    Int8Comparison on(model);
-    const std::vector<int32_t> tokens = ramp_tokens(20, model.config.vocab);
-    const std::vector<std::vector<float>> exact_rows = batch_logits(on.exact_cpu, tokens);
-    const double prefill = max_row_error(batch_logits(on.cuda, tokens), exact_rows);
-    const double ggml = max_row_error(batch_logits(on.ggml_cpu, tokens), exact_rows);
-    double decode = 0.0, ggml_decode = 0.0;
-    for (Backend* b : on.all()) b->kv_truncate(0);
-    for (int32_t i = 0; i < 8; ++i) {
-        const std::vector<int32_t> one = {tokens[static_cast<size_t>(i)]};
-        for (Backend* b : on.all()) b->forward({one, i, LogitsWanted::last});
-        decode = std::max(decode, row_error(on.cuda.logits(0), on.exact_cpu.logits(0)));
-        ggml_decode = std::max(ggml_decode, row_error(on.ggml_cpu.logits(0), on.exact_cpu.logits(0)));
-    }
-    MESSAGE("qwen3moe int8: prefill vs exact " << prefill << ", decode " << decode << "; the CPU's int8 " << ggml
-                                               << ", " << ggml_decode);
-    CHECK(prefill < std::max(3.0 * ggml, 1e-3));
-    CHECK(decode < std::max(3.0 * ggml_decode, 1e-3));
+    check_moe_int8_within_rounding("tiny-qwen3moe", 8);
 }
 
 TEST_CASE("cuda backend: a mixture of experts it does not run is refused in one line at load") {
