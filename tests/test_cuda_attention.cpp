@@ -12,6 +12,8 @@
 //             both paths;
 //   attention_tokens (sequences over a paged pool) against the double-precision reference, sinks, windows and
 //             split tokens included;
+//   both launched as programmatic dependents (as the backend's forward launches them): the same bits, every
+//             launch programmatic, the emulator's check of the wait before the split merge's atomics passing;
 //   kv_erase  bit for bit with the CPU's KvCache::erase (engine/cpu/kv_cache_erase.cpp), rope styles,
 //             partial rotation and frequency factors included, rows moved in parallel waves or in order.
 #include <doctest/doctest.h>
@@ -29,6 +31,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/rope_shift.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/dependent_launch.h"
 #include "tests/kernel_test_data.h"
 
 namespace tern {
@@ -493,6 +496,7 @@ TEST_CASE("attention: many KV splits merged by the last block, the arrival count
 struct AttnRun {
     bool paged = false;
     int32_t plan_pos0 = -1; // -1: pos0 passed on the host
+    bool programmatic = false; // launched as programmatic dependents (kernels/cuda/dependent_launch.h)
 };
 std::vector<float> attention_output(const AttnCase& c, uint32_t seed, const AttnRun& run) {
     const int32_t n_heads = c.n_kv_heads * c.group, D = c.head_dim, Dv = c.head_dim_v;
@@ -531,9 +535,15 @@ std::vector<float> attention_output(const AttnCase& c, uint32_t seed, const Attn
         host_pos0 = run.plan_pos0;
         pos0_device = dpos.as<int32_t>();
     }
-    cuda::attention(cache.layer, dq.as<float>(), c.n, n_heads, host_pos0, c.window, scale, c.softcap, datt.as<float>(),
-                    nullptr, pos0_device);
+    const size_t launches = cuda_emu::kernel_launches(), dependents = cuda_emu::programmatic_launches();
+    {
+        const cuda::ProgrammaticLaunches scope(run.programmatic);
+        cuda::attention(cache.layer, dq.as<float>(), c.n, n_heads, host_pos0, c.window, scale, c.softcap,
+                        datt.as<float>(), nullptr, pos0_device);
+    }
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cuda_emu::kernel_launches() - launches == 1);
+    CHECK(cuda_emu::programmatic_launches() - dependents == (run.programmatic ? 1u : 0u));
     return download<float>(datt.p, static_cast<size_t>(c.n) * n_heads * Dv);
 }
 
@@ -574,6 +584,48 @@ TEST_CASE("attention: decode and drafts at long depths, many splits, paged and r
         }
     }
     CHECK(max_splits >= 24);
+}
+
+TEST_CASE("attention: launched as programmatic dependents, the same bits as plain launches") {
+    // Every variant waits for the kernels before it first thing: pos0 from device memory, the cache, the split
+    // states and arrival counters (the emulator faults a thread that takes an atomic or exits before its wait).
+    // Decode split and merged and in one pass, head dims 64 and 128, groups 1, 4 and 8, paged and replayed; the
+    // drafts' general kernel; prefill; the previous decode kernel.
+    const EmulatedMultiprocessors sms(8);
+    const AttnCase cases[] = {
+        {KvType::f16, 128, 128, 2, 4, 1200, 1100, 1, 0, 0.0f},    // the streaming kernel, split
+        {KvType::q8_0, 64, 64, 1, 8, 1200, 1000, 1, 0, 0.0f},     // split, group 8
+        {KvType::f32, 64, 64, 2, 1, 40, 30, 1, 0, 0.0f},          // one pass
+        {KvType::bf16, 128, 128, 1, 4, 100, 20, 1, 0, 30.0f},     // one pass, softcap
+        {KvType::f16, 128, 128, 1, 8, 700, 600, 8, 0, 0.0f},      // drafts: the general kernel
+        {KvType::f8_e4m3, 64, 64, 2, 4, 80, 0, 60, 0, 0.0f},      // prefill
+    };
+    struct Restore {
+        ~Restore() { cuda::set_old_decode_attention(false); }
+    } restore;
+    bool split = false, single = false;
+    uint32_t seed = 9100;
+    for (bool old : {false, true}) {
+        cuda::set_old_decode_attention(old);
+        for (const AttnCase& c : cases) {
+            CAPTURE(old);
+            CAPTURE(describe(c));
+            seed += 7;
+            const DeviceCache cache(c.type, c.n_kv_heads, c.head_dim, c.head_dim_v, c.n_ctx);
+            const int32_t splits =
+                cuda::attention_plan(cache.layer, c.n, c.n_kv_heads * c.group, c.pos0, c.window).splits;
+            (splits > 1 ? split : single) = true;
+            const std::vector<float> plain = attention_output(c, seed, {});
+            const std::vector<float> dependent = attention_output(c, seed, {false, -1, true});
+            CHECK(std::memcmp(plain.data(), dependent.data(), plain.size() * sizeof(float)) == 0);
+            if (c.n == 1) {
+                const std::vector<float> replayed = attention_output(c, seed, {true, c.pos0 - 3, true});
+                CHECK(std::memcmp(plain.data(), replayed.data(), plain.size() * sizeof(float)) == 0);
+            }
+        }
+    }
+    CHECK(split);
+    CHECK(single);
 }
 
 TEST_CASE("attention: the previous decode kernel and split rule (set_old_decode_attention) still match") {
@@ -763,6 +815,11 @@ TEST_CASE("attention_tokens: sequences over a paged pool, with and without sinks
     check_attention_tokens(KvType::f16, 0, true, 7100);
     check_attention_tokens(KvType::q8_0, 33, true, 7200);
     check_attention_tokens(KvType::f32, 0, false, 7300);
+    // Launched as a programmatic dependent (kv_write's launches stay plain): the token at 329 takes two splits.
+    const cuda::ProgrammaticLaunches on(true);
+    const size_t dependents = cuda_emu::programmatic_launches();
+    check_attention_tokens(KvType::f16, 0, false, 7400);
+    CHECK(cuda_emu::programmatic_launches() - dependents == 1);
 }
 
 TEST_CASE("attention at the small head dims of small models, float formats") {

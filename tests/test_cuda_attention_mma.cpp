@@ -5,7 +5,8 @@
 // positions, contiguous and paged caches (pages out of order; the rows no position reaches are f16 NaNs, so
 // a kernel that lets one into a product fails), GQA groups 1 / 4 / 8 (and 3, 6: blocks with rows to spare),
 // head dims 64 / 128 / 256, sliding windows and softcap; and which shapes attention_mma_fits hands to the
-// tensor cores, and that a launch with attention sinks keeps the f32 kernel.
+// tensor cores, and that a launch with attention sinks keeps the f32 kernel; launched as a programmatic
+// dependent (as the backend's forward does), the same bits.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,10 +15,12 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/dependent_launch.h"
 #include "quant/half.h"
 #include "tests/kernel_test_data.h"
 
@@ -64,9 +67,12 @@ constexpr double kF32Tolerance = 2e-5;
 
 struct MmaResult {
     double err_mma = 0.0, err_f32 = 0.0;
+    std::vector<float> mma; // the tensor-core kernel's output
 };
 
-MmaResult run_case(const MmaCase& c, uint32_t seed) {
+// `programmatic`: the tensor-core kernel launched as a programmatic dependent (kernels/cuda/dependent_launch.h),
+// as the CUDA backend's forward launches it.
+MmaResult run_case(const MmaCase& c, uint32_t seed, bool programmatic = false) {
     const int32_t D = c.head_dim, n_heads = c.n_kv_heads * c.group, total = c.pos0 + c.n;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     // Peaked softmaxes (scores with a std of about 2.5) so every key's weight matters.
@@ -119,8 +125,14 @@ MmaResult run_case(const MmaCase& c, uint32_t seed) {
     layer.pages = c.paged ? static_cast<const int32_t*>(dpages.p) : nullptr;
     REQUIRE(cuda::attention_mma_fits(layer, c.n, n_heads));
     const auto* qp = static_cast<const float*>(dq.p);
-    cuda::attention(layer, qp, c.n, n_heads, c.pos0, c.window, scale, c.softcap, static_cast<float*>(d_mma.p), nullptr,
-                    nullptr, nullptr, cuda::PrefillAttention::mma);
+    const size_t launches = cuda_emu::kernel_launches(), dependents = cuda_emu::programmatic_launches();
+    {
+        const cuda::ProgrammaticLaunches scope(programmatic);
+        cuda::attention(layer, qp, c.n, n_heads, c.pos0, c.window, scale, c.softcap, static_cast<float*>(d_mma.p),
+                        nullptr, nullptr, nullptr, cuda::PrefillAttention::mma);
+    }
+    CHECK(cuda_emu::kernel_launches() - launches == 1);
+    CHECK(cuda_emu::programmatic_launches() - dependents == (programmatic ? 1u : 0u));
     cuda::attention(layer, qp, c.n, n_heads, c.pos0, c.window, scale, c.softcap, static_cast<float*>(d_f32.p), nullptr,
                     nullptr, nullptr, cuda::PrefillAttention::f32);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
@@ -171,6 +183,7 @@ MmaResult run_case(const MmaCase& c, uint32_t seed) {
         }
         (rounded_q ? res.err_mma : res.err_f32) = diff / ref_max;
     }
+    res.mma = std::move(mma);
     return res;
 }
 
@@ -217,6 +230,20 @@ TEST_CASE("attention_mma: sliding windows, softcap and GQA groups") {
         {64, 1, 3, 0, 50, 24, 0.0f, false},     // group 3: 21 tokens, 63 rows, and a window
     };
     check_cases(cases, 100);
+}
+
+TEST_CASE("attention_mma: launched as a programmatic dependent, the same bits as a plain launch") {
+    // The kernel waits for the kernels before it first thing (the emulator faults a thread that exits without
+    // the wait); what it computes does not change.
+    const MmaCase cases[] = {{64, 1, 4, 37, 17, 0, 0.0f, true}, {128, 2, 4, 0, 64, 0, 0.0f, false},
+                             {256, 1, 8, 61, 40, 0, 30.0f, true}};
+    uint32_t seed = 500;
+    for (const MmaCase& c : cases) {
+        CAPTURE(describe(c));
+        const MmaResult plain = run_case(c, seed += 11), dependent = run_case(c, seed, true);
+        CHECK(dependent.err_mma < kMmaTolerance);
+        CHECK(std::memcmp(plain.mma.data(), dependent.mma.data(), plain.mma.size() * sizeof(float)) == 0);
+    }
 }
 
 TEST_CASE("attention with sinks keeps the f32 kernel whatever the prefill choice") {

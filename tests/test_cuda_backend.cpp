@@ -865,6 +865,49 @@ TEST_CASE("cuda backend: launches per decode step with the fused epilogues") {
         }
     }
 }
+
+TEST_CASE("cuda backend: every kernel of a decode step is a programmatic dependent launch") {
+    // Each kernel of a decode step starts with dependent_launch::wait_and_release (the emulator faults one that
+    // takes an atomic or exits first), so none needs a full launch gap: all of the step's launches, attention's
+    // included, go out programmatic; in a 2-sequence batch (attention_tokens) too. Graphs off and on (the first
+    // decode step after a prefill is captured, its launches counted); none with CudaOptions::programmatic_launches
+    // off. (A prefill's int8 tensor-core GEMMs still launch plainly.)
+    test::TempDir dir;
+    for (const char* shape : {"tiny", "tiny-gemma3"}) {
+        CAPTURE(shape);
+        const Model model = load_model(synth_file(dir, shape, "q8_0"));
+        for (const bool programmatic : {true, false}) {
+            for (const bool graphs : {false, true}) {
+                CAPTURE(programmatic);
+                CAPTURE(graphs);
+                CudaOptions options;
+                options.graphs = graphs;
+                options.programmatic_launches = programmatic;
+                CudaBackend cuda(options);
+                RunOptions run{64, KvType::f16};
+                run.kv_pool_positions = 256;
+                cuda.load(model.config, model.weights, run);
+                // Of the step's launches (at least one), those that went out programmatic: all of them or none.
+                const auto check_step = [&](const ForwardBatch& batch) {
+                    const size_t all = cuda_emu::kernel_launches(), dependents = cuda_emu::programmatic_launches();
+                    cuda.forward(batch);
+                    const size_t step = cuda_emu::kernel_launches() - all;
+                    CHECK(step > 0);
+                    CHECK(cuda_emu::programmatic_launches() - dependents == (programmatic ? step : 0));
+                };
+                cuda.forward({ramp_tokens(40, model.config.vocab), 0, LogitsWanted::last});
+                check_step({std::vector<int32_t>{5}, 40, LogitsWanted::last});
+                cuda.seq_create(1);
+                const std::vector<int32_t> tokens = {7, 1, 2, 3};
+                const std::vector<SequenceSpan> spans = {{0, 1, LogitsWanted::last}, {1, 3, LogitsWanted::all}};
+                ForwardBatch batch;
+                batch.tokens = tokens;
+                batch.spans = spans;
+                check_step(batch);
+            }
+        }
+    }
+}
 #endif
 
 TEST_CASE("cuda backend: bad batches are refused as on the CPU") {

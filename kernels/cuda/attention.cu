@@ -271,6 +271,9 @@ __device__ __forceinline__ float4 scale4(float4 v, float s) {
 // else K, then V into the buffer K used, once the scores are done (the previous kernel, TERN_CUDA_ATTN=old).
 template <KvType F, int kMaxWarpRows, int kMaxQuads, int kMaxPasses, bool kPaired>
 __global__ void __launch_bounds__(kThreads, kPaired ? kPairedBlocksPerSm : 1) attention_kernel(AttnArgs a) {
+    // First: pos0_device, the KV cache, the queries and the split scratch (states, arrival counters) are all
+    // written or read by kernels before this one in a programmatic launch (dependent_launch.h).
+    dependent_launch::wait_and_release();
     __shared__ int last_block;
     if (a.pos0_device) a.pos0 = *a.pos0_device;
     const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
@@ -638,10 +641,10 @@ void launch_attention(const AttnArgs& args, const Plan& plan, int32_t n_kv_heads
     if (bytes > 48 * 1024)
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
               "attention: shared memory size");
-    launch(kernel,
-           dim3(static_cast<unsigned>(plan.pub.query_tiles), static_cast<unsigned>(n_kv_heads),
-                static_cast<unsigned>(plan.pub.splits)),
-           dim3(kThreads), bytes, stream, args);
+    launch_dependent(kernel,
+                     dim3(static_cast<unsigned>(plan.pub.query_tiles), static_cast<unsigned>(n_kv_heads),
+                          static_cast<unsigned>(plan.pub.splits)),
+                     dim3(kThreads), bytes, stream, args);
 }
 
 template <KvType F> void launch_for_type(const AttnArgs& args, const Plan& plan, int32_t n_kv_heads, cudaStream_t s) {

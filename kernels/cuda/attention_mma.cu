@@ -67,6 +67,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 1) attention_mma_ke
     using Shape = MmaShape<D>;
     constexpr int kKeys = Shape::keys, kStride = Shape::stride;
     constexpr int kChunks = D / 8; // 16-byte pieces of a row
+    dependent_launch::wait_and_release(); // first: pos0_device, q and the KV cache come from earlier kernels
     if (a.pos0_device) a.pos0 = *a.pos0_device;
     const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
     const int quad = lane / 4, t4 = lane % 4; // the mma fragments' g and t
@@ -252,8 +253,8 @@ template <int D> void launch_mma(const MmaArgs& args, int32_t query_tiles, int32
     if constexpr (bytes > 48 * 1024)
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
               "attention_mma: shared memory size");
-    launch(kernel, dim3(static_cast<unsigned>(query_tiles), static_cast<unsigned>(n_kv_heads)), dim3(kThreads), bytes,
-           stream, args);
+    launch_dependent(kernel, dim3(static_cast<unsigned>(query_tiles), static_cast<unsigned>(n_kv_heads)),
+                     dim3(kThreads), bytes, stream, args);
 }
 
 } // namespace

@@ -92,6 +92,8 @@ size_t device_bytes_in_use();
 // Kernel launches issued so far (run at once or recorded into a graph being captured; a graph's replay
 // counts none): tests count the launches a piece of host code makes.
 size_t kernel_launches();
+// Of those, the ones launched as programmatic dependents: tests check which kernels a forward launches that way.
+size_t programmatic_launches();
 } // namespace cuda_emu
 
 const char* cudaGetErrorString(cudaError_t e);

@@ -612,9 +612,11 @@ int worker_threads() { return detail::g_worker_threads > 0 ? detail::g_worker_th
 
 namespace {
 std::atomic<size_t> g_kernel_launches{0};
+std::atomic<size_t> g_programmatic_launches{0};
 } // namespace
 
 size_t kernel_launches() { return g_kernel_launches.load(std::memory_order_relaxed); }
+size_t programmatic_launches() { return g_programmatic_launches.load(std::memory_order_relaxed); }
 
 cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, std::function<void()> body,
                    bool programmatic) {
@@ -625,6 +627,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stre
     }
     if (shared_bytes > 227 * 1024) return emu_set_last_error(cudaErrorInvalidValue);
     g_kernel_launches.fetch_add(1, std::memory_order_relaxed);
+    if (programmatic) g_programmatic_launches.fetch_add(1, std::memory_order_relaxed);
     auto run = [grid, block, shared_bytes, programmatic, body = std::move(body)] {
         const long long nblocks = 1ll * grid.x * grid.y * grid.z;
         std::mutex error_mutex;
