@@ -535,15 +535,19 @@ std::vector<float> attention_output(const AttnCase& c, uint32_t seed, const Attn
         host_pos0 = run.plan_pos0;
         pos0_device = dpos.as<int32_t>();
     }
+#if defined(TERN_CUDA_EMULATOR)   // the emulator counts launches, and which of them are programmatic
     const size_t launches = cuda_emu::kernel_launches(), dependents = cuda_emu::programmatic_launches();
+#endif
     {
         const cuda::ProgrammaticLaunches scope(run.programmatic);
         cuda::attention(cache.layer, dq.as<float>(), c.n, n_heads, host_pos0, c.window, scale, c.softcap,
                         datt.as<float>(), nullptr, pos0_device);
     }
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+#if defined(TERN_CUDA_EMULATOR)
     CHECK(cuda_emu::kernel_launches() - launches == 1);
     CHECK(cuda_emu::programmatic_launches() - dependents == (run.programmatic ? 1u : 0u));
+#endif
     return download<float>(datt.p, static_cast<size_t>(c.n) * n_heads * Dv);
 }
 
@@ -817,9 +821,13 @@ TEST_CASE("attention_tokens: sequences over a paged pool, with and without sinks
     check_attention_tokens(KvType::f32, 0, false, 7300);
     // Launched as a programmatic dependent (kv_write's launches stay plain): the token at 329 takes two splits.
     const cuda::ProgrammaticLaunches on(true);
+#if defined(TERN_CUDA_EMULATOR)
     const size_t dependents = cuda_emu::programmatic_launches();
+#endif
     check_attention_tokens(KvType::f16, 0, false, 7400);
+#if defined(TERN_CUDA_EMULATOR)
     CHECK(cuda_emu::programmatic_launches() - dependents == 1);
+#endif
 }
 
 TEST_CASE("attention at the small head dims of small models, float formats") {
