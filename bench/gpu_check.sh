@@ -79,8 +79,8 @@ reps=3
 jobs=$(nproc 2>/dev/null || echo 2)
 bench_runs=${TERN_BENCH_RUNS:-"512:128:0 4096:0:0 0:128:4096"}   # prefill:decode:depth per tern bench call
 memcheck_suites="test_cuda_matmul test_cuda_matmul_q8 test_cuda_fused test_cuda_gemm_q8 test_cuda_gemm_f16
-                 test_cuda_attention test_cuda_elementwise test_cuda_rope test_cuda_sampling test_cuda_sequences
-                 test_cuda_moe"
+                 test_cuda_attention test_cuda_attention_mma test_cuda_elementwise test_cuda_rope test_cuda_sampling
+                 test_cuda_sequences test_cuda_moe"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
