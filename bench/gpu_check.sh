@@ -25,7 +25,7 @@
 #                    packages, gpu and deps, always run; a second run on the same machine with
 #                    `--only synth,bandwidth,bench,llamacpp` reuses the build, the models and llama.cpp's build)
 #   --budget S       seconds for the whole run (default 540); -r N: tern bench repetitions (default 3)
-#   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the eleven kernel suites)
+#   --memcheck "S.." the suites run under compute-sanitizer memcheck (default: the twelve kernel suites)
 #   --profile        also Nsight Compute's time per kernel of decode steps and 8-token verifications (the
 #                    first format; profile-<format>.md in the logs)
 #   --arch SM        CUDA architecture (default: nvidia-smi's compute capability, e.g. 90 on H100/H200)
