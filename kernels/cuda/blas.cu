@@ -15,24 +15,13 @@ inline namespace TERN_CUDA_ABI {
 
 #if defined(TERN_CUDA_EMULATOR)
 
-void gemm_f32(const float* w, int64_t n_out, int64_t n_in, const float* x, int64_t n_cols, float* y, int64_t ldy,
-              cudaStream_t stream) {
-    if (n_out == 0 || n_cols == 0) return;
-    check(cuda_emu::emu_record_launch(stream,
-                                      [=] {
-#pragma omp parallel for schedule(static)
-                                          for (int64_t c = 0; c < n_cols; ++c)
-                                              for (int64_t r = 0; r < n_out; ++r) {
-                                                  float acc = 0.0f;
-                                                  for (int64_t i = 0; i < n_in; ++i) acc += w[r * n_in + i] * x[c * n_in + i];
-                                                  y[c * ldy + r] = acc;
-                                              }
-                                      }),
-          "gemm_f32");
-}
+namespace {
 
-void gemm_f16(const uint16_t* w, int64_t n_out, int64_t n_in, const uint16_t* x, int64_t n_cols, float* y,
-              int64_t ldy, cudaStream_t stream) {
+// The emulator's product for both entry points: y (n_cols, n_out) = x W^T, each operand read as f32 through
+// `value` (the f16 path's values are exactly its halves), f32 sums, queued on the stream like a kernel.
+template <typename T, typename Value>
+void host_gemm(const T* w, int64_t n_out, int64_t n_in, const T* x, int64_t n_cols, float* y, int64_t ldy,
+               cudaStream_t stream, Value value, const char* what) {
     if (n_out == 0 || n_cols == 0) return;
     check(cuda_emu::emu_record_launch(stream,
                                       [=] {
@@ -41,11 +30,23 @@ void gemm_f16(const uint16_t* w, int64_t n_out, int64_t n_in, const uint16_t* x,
                                               for (int64_t r = 0; r < n_out; ++r) {
                                                   float acc = 0.0f;
                                                   for (int64_t i = 0; i < n_in; ++i)
-                                                      acc += f16_to_f32(w[r * n_in + i]) * f16_to_f32(x[c * n_in + i]);
+                                                      acc += value(w[r * n_in + i]) * value(x[c * n_in + i]);
                                                   y[c * ldy + r] = acc;
                                               }
                                       }),
-          "gemm_f16");
+          what);
+}
+
+} // namespace
+
+void gemm_f32(const float* w, int64_t n_out, int64_t n_in, const float* x, int64_t n_cols, float* y, int64_t ldy,
+              cudaStream_t stream) {
+    host_gemm(w, n_out, n_in, x, n_cols, y, ldy, stream, [](float v) { return v; }, "gemm_f32");
+}
+
+void gemm_f16(const uint16_t* w, int64_t n_out, int64_t n_in, const uint16_t* x, int64_t n_cols, float* y,
+              int64_t ldy, cudaStream_t stream) {
+    host_gemm(w, n_out, n_in, x, n_cols, y, ldy, stream, [](uint16_t v) { return f16_to_f32(v); }, "gemm_f16");
 }
 
 #else
