@@ -12,6 +12,7 @@
 #include "app/commands.h"
 #include "app/common_options.h"
 #include "app/serve/api_server.h"
+#include "app/serve/http_socket.h"
 #include "app/serve/prompt_maker.h"
 #include "app/signals.h"
 #include "base/error.h"
@@ -91,7 +92,8 @@ int serve(const ServeFlags& f) {
     ShutdownSignals signals;   // before any thread starts, so none runs with the old handlers' intent
     const int port = server.bind();
     server.start();
-    std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://" << terminal_safe(f.host) << ":" << port
+    std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://" << terminal_safe(host_for_url(f.host))
+              << ":" << port
               << "/v1 (" << loaded.device << ", context " << loaded.n_ctx << ", parallel " << f.parallel << ", queue "
               << f.max_queue << (f.api_key.empty() ? "" : ", API key required")
               << "); Ctrl-C or SIGTERM finishes the requests in progress and exits\n";
