@@ -341,7 +341,7 @@ size_t BodyDecoder::feed(std::string_view bytes, std::string& body) {
         }
         const LineByte b = take_line_byte(c, line_, after_cr_);
         if (b == LineByte::more) {
-            if (step_ == Step::data_end) {
+            if (step_ == Step::data_end && !line_.empty()) {
                 fail(400, "a chunk's data is longer than its size says (no CRLF after it)");
             } else if (step_ == Step::size_line && line_.size() > kMaxChunkLine) {
                 fail(400, "a chunk size line is longer than " + std::to_string(kMaxChunkLine) + " bytes");
