@@ -57,7 +57,9 @@ int status_of(std::string_view bytes, HttpLimits limits = {}) {
     return whole.state == ParseState::complete ? 0 : whole.error.status;
 }
 
-std::string get(std::string_view fields) { return "GET / HTTP/1.1\r\nHost: x\r\n" + std::string(fields) + "\r\n"; }
+std::string get(std::string_view fields) {
+    return "GET / HTTP/1.1\r\nHost: x\r\n" + std::string(fields) + "\r\n";
+}
 
 struct Body {
     ParseState state;
@@ -137,12 +139,12 @@ TEST_CASE("need more until the empty line; empty lines before a request line are
 
 TEST_CASE("the request line: METHOD SP /target SP HTTP/1.x, else 400 (505 for other versions)") {
     CHECK(status_of("GET / HTTP/1.0\r\n\r\n") == 0);
-    CHECK(status_of("GET  / HTTP/1.1\r\nHost: x\r\n\r\n") == 400);      // two spaces
-    CHECK(status_of("GET / HTTP/1.1 \r\nHost: x\r\n\r\n") == 400);      // trailing space
-    CHECK(status_of("GET /a b HTTP/1.1\r\nHost: x\r\n\r\n") == 400);    // space in the target
+    CHECK(status_of("GET  / HTTP/1.1\r\nHost: x\r\n\r\n") == 400);   // two spaces
+    CHECK(status_of("GET / HTTP/1.1 \r\nHost: x\r\n\r\n") == 400);   // trailing space
+    CHECK(status_of("GET /a b HTTP/1.1\r\nHost: x\r\n\r\n") == 400); // space in the target
     CHECK(status_of("GET\r\nHost: x\r\n\r\n") == 400);
-    CHECK(status_of("G(T / HTTP/1.1\r\nHost: x\r\n\r\n") == 400);       // a method that is not a token
-    CHECK(status_of("GET x HTTP/1.1\r\nHost: x\r\n\r\n") == 400);       // not origin-form
+    CHECK(status_of("G(T / HTTP/1.1\r\nHost: x\r\n\r\n") == 400); // a method that is not a token
+    CHECK(status_of("GET x HTTP/1.1\r\nHost: x\r\n\r\n") == 400); // not origin-form
     CHECK(status_of("GET http://h/ HTTP/1.1\r\nHost: x\r\n\r\n") == 400);
     CHECK(status_of("GET /\x7f HTTP/1.1\r\nHost: x\r\n\r\n") == 400);
     CHECK(status_of("GET /\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n") == 400);
@@ -163,22 +165,22 @@ TEST_CASE("lines end with CRLF: a bare CR or a bare LF anywhere is 400") {
 
 TEST_CASE("field lines: name ':' OWS value OWS, else 400") {
     CHECK(status_of(get("A: b\r\n")) == 0);
-    CHECK(status_of(get("A:\r\n")) == 0);   // an empty value
+    CHECK(status_of(get("A:\r\n")) == 0); // an empty value
     CHECK(status_of(get("A:\tb\t\r\n")) == 0);
     CHECK(parse(get("A: \t b c \t\r\n")).head.headers[1].value == "b c");
-    CHECK(status_of(get("A : b\r\n")) == 400);    // whitespace before the colon
+    CHECK(status_of(get("A : b\r\n")) == 400); // whitespace before the colon
     CHECK(status_of(get("A\t: b\r\n")) == 400);
-    CHECK(status_of(get("A b\r\n")) == 400);      // no colon
+    CHECK(status_of(get("A b\r\n")) == 400); // no colon
     CHECK(status_of(get("Ab\r\n")) == 400);
-    CHECK(status_of(get(": b\r\n")) == 400);      // an empty name
-    CHECK(status_of(get("A(b: c\r\n")) == 400);   // not a token
-    CHECK(status_of(get("A: b\r\n c\r\n")) == 400);    // obs-fold
+    CHECK(status_of(get(": b\r\n")) == 400);        // an empty name
+    CHECK(status_of(get("A(b: c\r\n")) == 400);     // not a token
+    CHECK(status_of(get("A: b\r\n c\r\n")) == 400); // obs-fold
     CHECK(status_of(get("A: b\r\n\tc\r\n")) == 400);
-    CHECK(status_of("GET / HTTP/1.1\r\n Host: x\r\n\r\n") == 400);   // whitespace before the first field
-    CHECK(status_of(get(std::string("A: b\0c\r\n", 9))) == 400);      // control characters in a value
+    CHECK(status_of("GET / HTTP/1.1\r\n Host: x\r\n\r\n") == 400); // whitespace before the first field
+    CHECK(status_of(get(std::string("A: b\0c\r\n", 9))) == 400);   // control characters in a value
     CHECK(status_of(get("A: b\x01\r\n")) == 400);
     CHECK(status_of(get("A: b\x7f\r\n")) == 400);
-    CHECK(status_of(get("A: caf\xc3\xa9\r\n")) == 0);   // obs-text is allowed
+    CHECK(status_of(get("A: caf\xc3\xa9\r\n")) == 0); // obs-text is allowed
     CHECK(parse(get("A: b\r\n")).error.message.empty());
     CHECK(parse(get("A b\r\n")).error.message.find("colon") != std::string::npos);
 }
@@ -195,8 +197,8 @@ TEST_CASE("framing: Transfer-Encoding and Content-Length (RFC 9112 section 6)") 
     CHECK(parse(get("Transfer-Encoding: CHUNKED\r\n")).head.framing == BodyFraming::chunked);
     CHECK(status_of(get("Transfer-Encoding: chunked\r\nContent-Length: 3\r\n")) == 400);
     CHECK(status_of(get("Content-Length: 3\r\nTransfer-Encoding: chunked\r\n")) == 400);
-    CHECK(status_of(get("Transfer-Encoding: gzip\r\n")) == 400);             // not chunked last: no length
-    CHECK(status_of(get("Transfer-Encoding: gzip, chunked\r\n")) == 501);    // a coding we do not decode
+    CHECK(status_of(get("Transfer-Encoding: gzip\r\n")) == 400);          // not chunked last: no length
+    CHECK(status_of(get("Transfer-Encoding: gzip, chunked\r\n")) == 501); // a coding we do not decode
     CHECK(status_of(get("Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n")) == 501);
     CHECK(status_of(get("Transfer-Encoding: chunked, chunked\r\n")) == 400);
     CHECK(status_of(get("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n")) == 400);
@@ -214,7 +216,7 @@ TEST_CASE("framing: Transfer-Encoding and Content-Length (RFC 9112 section 6)") 
     CHECK(status_of(get("Content-Length: 0x10\r\n")) == 400);
     CHECK(status_of(get("Content-Length:\r\n")) == 400);
     CHECK(parse(get("Content-Length: 18446744073709551615\r\n")).head.content_length == UINT64_MAX);
-    CHECK(status_of(get("Content-Length: 18446744073709551616\r\n")) == 400);   // beyond 64 bits
+    CHECK(status_of(get("Content-Length: 18446744073709551616\r\n")) == 400); // beyond 64 bits
 }
 
 TEST_CASE("Connection and Expect") {
@@ -236,17 +238,18 @@ TEST_CASE("caps at their edges: request line 8 KiB (414), 100 fields and 32 KiB 
     const std::string at_cap(lim.max_request_line - prefix.size() - suffix.size(), 'a');
     CHECK(status_of(prefix + at_cap + suffix + "\r\nHost: x\r\n\r\n") == 0);
     CHECK(status_of(prefix + at_cap + "a" + suffix + "\r\nHost: x\r\n\r\n") == 414);
-    CHECK(status_of(prefix + std::string(lim.max_request_line, 'a')) == 414);   // no line end needed
+    CHECK(status_of(prefix + std::string(lim.max_request_line, 'a')) == 414); // no line end needed
 
     // 100 fields (Host is one of them) pass, 101 do not.
     std::string fields;
-    for (int i = 1; i < 100; ++i) fields += "F" + std::to_string(i) + ": v\r\n";
+    for (int i = 1; i < 100; ++i)
+        fields += "F" + std::to_string(i) + ": v\r\n";
     CHECK(status_of(get(fields)) == 0);
     CHECK(status_of(get(fields + "G: v\r\n")) == 431);
 
     // The whole head: exactly max_head_bytes passes, one more is 431, before the head ends.
     std::string head = "GET / HTTP/1.1\r\nHost: x\r\nF: ";
-    const size_t fill = lim.max_head_bytes - head.size() - 4;   // the value, CRLF, then the empty line
+    const size_t fill = lim.max_head_bytes - head.size() - 4; // the value, CRLF, then the empty line
     head += std::string(fill, 'v') + "\r\n\r\n";
     REQUIRE(head.size() == lim.max_head_bytes);
     CHECK(status_of(head) == 0);
@@ -255,7 +258,8 @@ TEST_CASE("caps at their edges: request line 8 KiB (414), 100 fields and 32 KiB 
     CHECK(status_of(over) == 431);
     // A flood never completes but is refused once the cap is passed, whatever follows.
     std::string flood = "GET / HTTP/1.1\r\nHost: x\r\n";
-    while (flood.size() < 40'000) flood += "X-Flood: " + std::string(100, 'f') + "\r\n";
+    while (flood.size() < 40'000)
+        flood += "X-Flood: " + std::string(100, 'f') + "\r\n";
     const Parsed p = parse(flood);
     CHECK(p.state == ParseState::failed);
     CHECK(p.error.status == 431);
@@ -304,10 +308,10 @@ TEST_CASE("Content-Length bodies: exactly that many bytes, the rest is the next 
     b = decode(p.head, "hel");
     CHECK(b.state == ParseState::need_more);
     CHECK(decode(p.head, "hello", 5).state == ParseState::complete);
-    CHECK(decode(p.head, "hello", 4).status == 413);   // refused before any byte
+    CHECK(decode(p.head, "hello", 4).status == 413); // refused before any byte
     CHECK(decode(p.head, "", 4).status == 413);
     CHECK(decode(p.head, "hello GET", 1 << 20, true).body == "hello");
-    CHECK(BodyDecoder(parse(get("")).head, 10).state() == ParseState::complete);   // no body
+    CHECK(BodyDecoder(parse(get("")).head, 10).state() == ParseState::complete); // no body
 }
 
 TEST_CASE("chunked bodies: sizes, extensions, trailers, and everything malformed") {
@@ -316,33 +320,33 @@ TEST_CASE("chunked bodies: sizes, extensions, trailers, and everything malformed
     CHECK(body == "hello world");
     CHECK(chunked_status("A\r\n0123456789\r\n0\r\n\r\n", 1 << 20, &body) == 0);
     CHECK(body == "0123456789");
-    CHECK(chunked_status("a;name=value;x\r\n0123456789\r\n0\r\n\r\n", 1 << 20, &body) == 0);   // extensions
-    CHECK(chunked_status("a ;n=v\r\n0123456789\r\n0\r\n\r\n") == 0);   // BWS before ';'
-    CHECK(chunked_status("00000000000000000000005\r\nhello\r\n0\r\n\r\n", 1 << 20, &body) == 0);   // leading zeros
+    CHECK(chunked_status("a;name=value;x\r\n0123456789\r\n0\r\n\r\n", 1 << 20, &body) == 0);     // extensions
+    CHECK(chunked_status("a ;n=v\r\n0123456789\r\n0\r\n\r\n") == 0);                             // BWS before ';'
+    CHECK(chunked_status("00000000000000000000005\r\nhello\r\n0\r\n\r\n", 1 << 20, &body) == 0); // leading zeros
     CHECK(body == "hello");
     CHECK(chunked_status("5\r\nhello\r\n0\r\nTrailer-A: b\r\nC: d\r\n\r\n") == 0);
     CHECK(chunked_status("5\r\nhello\r\n0\r\n") == -1);
     CHECK(chunked_status("5\r\nhel") == -1);
 
-    CHECK(chunked_status("\r\nhello\r\n0\r\n\r\n") == 400);           // no size
+    CHECK(chunked_status("\r\nhello\r\n0\r\n\r\n") == 400); // no size
     CHECK(chunked_status("x\r\nhello\r\n0\r\n\r\n") == 400);
     CHECK(chunked_status("-5\r\nhello\r\n0\r\n\r\n") == 400);
-    CHECK(chunked_status("5 x\r\nhello\r\n0\r\n\r\n") == 400);        // not ';' after the size
-    CHECK(chunked_status("5;\x01\r\nhello\r\n0\r\n\r\n") == 400);     // a control character in an extension
-    CHECK(chunked_status("5\nhello\r\n0\r\n\r\n") == 400);            // bare LF
+    CHECK(chunked_status("5 x\r\nhello\r\n0\r\n\r\n") == 400);    // not ';' after the size
+    CHECK(chunked_status("5;\x01\r\nhello\r\n0\r\n\r\n") == 400); // a control character in an extension
+    CHECK(chunked_status("5\nhello\r\n0\r\n\r\n") == 400);        // bare LF
     CHECK(chunked_status("5\r\nhello\n0\r\n\r\n") == 400);
-    CHECK(chunked_status("5\r\nhelloX\r\n0\r\n\r\n") == 400);         // data longer than its size
+    CHECK(chunked_status("5\r\nhelloX\r\n0\r\n\r\n") == 400); // data longer than its size
     CHECK(chunked_status("5\r\nhello\r\n0\r\nbad trailer\r\n\r\n") == 400);
-    CHECK(chunked_status("5\r\nhello\r\n0\r\nA: b\r\n c\r\n\r\n") == 400);   // folded trailer
-    CHECK(chunked_status("5;" + std::string(5000, 'e') + "\r\nhello\r\n0\r\n\r\n") == 400);   // extension too long
-    CHECK(chunked_status("10000000000000000\r\n") == 413);   // beyond 64 bits
-    CHECK(chunked_status("FFFFFFFFFFFFFFFF\r\n") == 413);    // fits 64 bits, not the cap
+    CHECK(chunked_status("5\r\nhello\r\n0\r\nA: b\r\n c\r\n\r\n") == 400);                  // folded trailer
+    CHECK(chunked_status("5;" + std::string(5000, 'e') + "\r\nhello\r\n0\r\n\r\n") == 400); // extension too long
+    CHECK(chunked_status("10000000000000000\r\n") == 413);                                  // beyond 64 bits
+    CHECK(chunked_status("FFFFFFFFFFFFFFFF\r\n") == 413);                                   // fits 64 bits, not the cap
 }
 
 TEST_CASE("chunked bodies: the --max-body cap counts the payload only, at its edge") {
     CHECK(chunked_status("5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n", 10) == 0);
     CHECK(chunked_status("5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n", 10) == 413);
-    CHECK(chunked_status("b\r\n", 10) == 413);   // refused at the size line, before its data
+    CHECK(chunked_status("b\r\n", 10) == 413); // refused at the size line, before its data
 }
 
 TEST_CASE("chunked trailers count against the head's caps") {
@@ -350,7 +354,8 @@ TEST_CASE("chunked trailers count against the head's caps") {
     const Parsed p = parse("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nA: b\r\n\r\n");
     REQUIRE(p.state == ParseState::complete);
     std::string trailers;
-    for (int i = 0; i < 97; ++i) trailers += "T: v\r\n";
+    for (int i = 0; i < 97; ++i)
+        trailers += "T: v\r\n";
     CHECK(decode(p.head, "0\r\n" + trailers + "\r\n").state == ParseState::complete);
     CHECK(decode(p.head, "0\r\n" + trailers + "T: v\r\n\r\n").status == 431);
     // Bytes: the head's size plus the trailers' may not pass 32 KiB.
@@ -359,7 +364,8 @@ TEST_CASE("chunked trailers count against the head's caps") {
 }
 
 TEST_CASE("response heads: the framing field and Connection once each") {
-    const std::string h = response_head(503, "application/json", {{"Retry-After", "1"}}, 12, false, ConnectionAfter::close);
+    const std::string h =
+        response_head(503, "application/json", {{"Retry-After", "1"}}, 12, false, ConnectionAfter::close);
     CHECK(h == "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                "Content-Length: 12\r\nConnection: close\r\n\r\n");
     CHECK(response_head(200, "", {}, std::nullopt, true, ConnectionAfter::keep_alive) ==

@@ -37,7 +37,9 @@ HttpReply json_reply(int status, const json& body) {
     return r;
 }
 
-HttpReply error_body(const ApiError& e) { return json_reply(e.status, e.body()); }
+HttpReply error_body(const ApiError& e) {
+    return json_reply(e.status, e.body());
+}
 
 ApiError error(int status, std::string message, std::string type, std::string code, std::string param = "") {
     ApiError e;
@@ -77,19 +79,19 @@ private:
 struct ApiServer::Exchange {
     std::mutex mutex;
     std::condition_variable cv;
-    std::string pending;               // streamed text not yet written
-    std::string pending_reasoning;     // ... of a channelled reply's reasoning (before `pending` in time)
-    std::unique_ptr<ReplyChannels> channels;   // a chat reply in channels (gpt-oss), split as it streams
+    std::string pending;                     // streamed text not yet written
+    std::string pending_reasoning;           // ... of a channelled reply's reasoning (before `pending` in time)
+    std::unique_ptr<ReplyChannels> channels; // a chat reply in channels (gpt-oss), split as it streams
     std::optional<BatchResult> result;
-    bool finished = false;             // on_done ran (result may have been taken since)
-    std::atomic<bool> abandoned{false};   // the client went away: on_text says stop
+    bool finished = false;              // on_done ran (result may have been taken since)
+    std::atomic<bool> abandoned{false}; // the client went away: on_text says stop
     RequestId id = 0;
     bool stream = false;
     bool chat = false;
     bool include_usage = false;
-    bool logprobs = false;             // the answer carries its tokens' log-probabilities
-    bool in_channels = false;          // the reply's text has its control tokens, to split into reasoning and answer
-    std::string echo;                  // completions with echo: the prompt, written first
+    bool logprobs = false;    // the answer carries its tokens' log-probabilities
+    bool in_channels = false; // the reply's text has its control tokens, to split into reasoning and answer
+    std::string echo;         // completions with echo: the prompt, written first
     ResponseHeader header;
 };
 
@@ -107,7 +109,9 @@ ApiServer::ApiServer(BatchEngine& engine, const PromptMaker& prompts, ServeOptio
     server_ = std::make_unique<HttpServer>(http, handlers());
 }
 
-ApiServer::~ApiServer() { stop(); }
+ApiServer::~ApiServer() {
+    stop();
+}
 
 bool ApiServer::authorized(const HttpRequest& req) const {
     if (options_.api_key.empty()) return true;
@@ -180,12 +184,13 @@ std::optional<HttpReply> ApiServer::screen(const HttpRequest& req) const {
                                       "started with --api-key)",
                                 "invalid_request_error", "invalid_api_key"));
     if (route_of(req) == Route::none)
-        return error_body(error(404,
-                                "unknown endpoint: " + terminal_safe(req.head.method.substr(0, 16)) + " " +
-                                    terminal_safe(req.path.substr(0, 100)) +
-                                    " (this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, "
-                                    "GET /health, GET /metrics)",
-                                "invalid_request_error", "unknown_url"));
+        return error_body(
+            error(404,
+                  "unknown endpoint: " + terminal_safe(req.head.method.substr(0, 16)) + " " +
+                      terminal_safe(req.path.substr(0, 100)) +
+                      " (this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, "
+                      "GET /health, GET /metrics)",
+                  "invalid_request_error", "unknown_url"));
     return std::nullopt;
 }
 
@@ -194,19 +199,38 @@ HttpReply ApiServer::error_reply(const HttpError& e) const {
     a.status = e.status;
     a.message = e.message;
     switch (e.status) {
-    case 408: a.code = "request_timeout"; break;
+    case 408:
+        a.code = "request_timeout";
+        break;
     case 413:
-        a.message = "the request body is larger than " + std::to_string(options_.max_body_bytes) + " bytes (--max-body)";
+        a.message =
+            "the request body is larger than " + std::to_string(options_.max_body_bytes) + " bytes (--max-body)";
         a.code = "request_too_large";
         break;
-    case 414: a.code = "uri_too_long"; break;
-    case 417: a.code = "expectation_failed"; break;
-    case 431: a.code = "headers_too_large"; break;
-    case 501: a.code = "not_implemented"; break;
-    case 503: a.code = "too_many_connections"; break;
-    case 505: a.code = "http_version_not_supported"; break;
-    case 500: a.code = "internal_error"; break;
-    default: a.code = "invalid_request"; break;
+    case 414:
+        a.code = "uri_too_long";
+        break;
+    case 417:
+        a.code = "expectation_failed";
+        break;
+    case 431:
+        a.code = "headers_too_large";
+        break;
+    case 501:
+        a.code = "not_implemented";
+        break;
+    case 503:
+        a.code = "too_many_connections";
+        break;
+    case 505:
+        a.code = "http_version_not_supported";
+        break;
+    case 500:
+        a.code = "internal_error";
+        break;
+    default:
+        a.code = "invalid_request";
+        break;
     }
     if (e.status >= 500) a.type = "server_error";
     return error_body(a);
@@ -248,16 +272,16 @@ void ApiServer::serve(const HttpRequest& req, HttpResponder& out) {
     case Route::completions:
         return generation(req, out, RequestKind::completions);
     case Route::none:
-        break;   // screen() answered it
+        break; // screen() answered it
     }
 }
 
 void ApiServer::generation(const HttpRequest& req, HttpResponder& out, RequestKind kind) {
-    InFlight counted(in_flight_);   // from here on, a drain waits for this answer
+    InFlight counted(in_flight_); // from here on, a drain waits for this answer
     const auto send_error = [&out](const ApiError& e) { out.send(error_body(e)); };
     if (draining_)
-        return send_error(error(503, "the server is shutting down and takes no new requests", "server_error",
-                                "shutting_down"));
+        return send_error(
+            error(503, "the server is shutting down and takes no new requests", "server_error", "shutting_down"));
 
     try {
         const json j = parse_request_json(req.body);
@@ -275,7 +299,8 @@ void ApiServer::generation(const HttpRequest& req, HttpResponder& out, RequestKi
         ex->include_usage = g.include_usage;
         ex->logprobs = g.logprobs >= 0;
         if (g.echo) ex->echo = g.prompt;
-        ex->header.id = std::string(ex->chat ? "chatcmpl-" : "cmpl-") + id_tag_ + "-" + std::to_string(next_response_id_++);
+        ex->header.id =
+            std::string(ex->chat ? "chatcmpl-" : "cmpl-") + id_tag_ + "-" + std::to_string(next_response_id_++);
         ex->header.model = options_.model_name;
         ex->header.created = static_cast<int64_t>(std::time(nullptr));
 
@@ -287,7 +312,7 @@ void ApiServer::generation(const HttpRequest& req, HttpResponder& out, RequestKi
         br.repeat_guard = options_.repeat_guard;
         br.logprobs = g.logprobs;
         br.special_text = ex->in_channels = ex->chat && prompts_.chat_template().reply_has_channels();
-        if (br.special_text && ex->stream)   // on the engine thread only: on_text and on_done
+        if (br.special_text && ex->stream) // on the engine thread only: on_text and on_done
             ex->channels = std::make_unique<ReplyChannels>([ex](ReplyPart part, std::string_view text) {
                 {
                     std::lock_guard<std::mutex> lock(ex->mutex);
@@ -299,7 +324,7 @@ void ApiServer::generation(const HttpRequest& req, HttpResponder& out, RequestKi
         br.on_text = [ex](std::string_view piece) {
             if (ex->channels) {
                 ex->channels->push(piece);
-            } else if (ex->stream) {   // a whole answer is written from the result: nothing to wake it for
+            } else if (ex->stream) { // a whole answer is written from the result: nothing to wake it for
                 {
                     std::lock_guard<std::mutex> lock(ex->mutex);
                     ex->pending.append(piece);
@@ -309,7 +334,7 @@ void ApiServer::generation(const HttpRequest& req, HttpResponder& out, RequestKi
             return !ex->abandoned.load();
         };
         br.on_done = [ex](BatchResult r) {
-            if (ex->channels) ex->channels->finish();   // what it held back as a possible marker
+            if (ex->channels) ex->channels->finish(); // what it held back as a possible marker
             {
                 std::lock_guard<std::mutex> lock(ex->mutex);
                 ex->result = std::move(r);
@@ -330,7 +355,7 @@ void ApiServer::generation(const HttpRequest& req, HttpResponder& out, RequestKi
             return send_error(error(400, sub.message, "invalid_request_error", "invalid_request"));
         }
         ex->id = sub.id;
-        counted.hand_over();   // answer() counts it down
+        counted.hand_over(); // answer() counts it down
         answer(ex, out);
     } catch (const ApiException& e) {
         send_error(e.error());
@@ -352,7 +377,7 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, HttpResponder& out) 
             }
             if (!finished) {
                 ex->abandoned = true;
-                engine.cancel(ex->id);   // not under ex->mutex: a waiting request's on_done runs right here
+                engine.cancel(ex->id); // not under ex->mutex: a waiting request's on_done runs right here
             }
             --in_flight;
         }
@@ -386,7 +411,7 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, HttpResponder& out) 
                 ex->result.reset();
             }
         }
-        if (ex->stream && !reasoning.empty())   // a reply's reasoning comes before its answer
+        if (ex->stream && !reasoning.empty()) // a reply's reasoning comes before its answer
             if (!write(sse_event(chat_reasoning_chunk(ex->header, reasoning)))) return;
         if (ex->stream && !text.empty()) {
             const json chunk = ex->chat ? chat_content_chunk(ex->header, text) : completion_chunk(ex->header, text);
@@ -439,7 +464,9 @@ int ApiServer::bind() {
     return port;
 }
 
-void ApiServer::start() { server_->start(); }
+void ApiServer::start() {
+    server_->start();
+}
 
 void ApiServer::begin_drain() {
     draining_ = true;

@@ -39,9 +39,9 @@ namespace tern::app {
 
 struct ServeOptions {
     std::string host = "127.0.0.1";
-    int port = 8080;                        // 0: any free port (bind() returns it)
-    std::string api_key;                    // empty: no authentication
-    size_t max_connections = 128;           // requests answered at once; as many more may wait
+    int port = 8080;              // 0: any free port (bind() returns it)
+    std::string api_key;          // empty: no authentication
+    size_t max_connections = 128; // requests answered at once; as many more may wait
     size_t max_body_bytes = size_t{8} << 20;
     std::string model_name;                 // the id /v1/models lists
     std::vector<std::string> model_aliases; // other names a request may give (the file name, general.name)
@@ -92,7 +92,7 @@ private:
     std::atomic<bool> draining_{false};
     std::atomic<int64_t> in_flight_{0};
     std::atomic<uint64_t> next_response_id_{1};
-    std::string id_tag_;   // random per process, so response ids of two runs differ
+    std::string id_tag_; // random per process, so response ids of two runs differ
     mutable std::mutex counters_mutex_;
     std::map<int, uint64_t> responses_;
 };

@@ -15,8 +15,21 @@ bool is_tchar(unsigned char c) {
     if (c >= '0' && c <= '9') return true;
     if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return true;
     switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '-': case '.':
-    case '^': case '_': case '`': case '|': case '~':
+    case '!':
+    case '#':
+    case '$':
+    case '%':
+    case '&':
+    case '\'':
+    case '*':
+    case '+':
+    case '-':
+    case '.':
+    case '^':
+    case '_':
+    case '`':
+    case '|':
+    case '~':
         return true;
     default:
         return false;
@@ -24,21 +37,30 @@ bool is_tchar(unsigned char c) {
 }
 
 bool is_token(std::string_view s) {
-    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return is_tchar(static_cast<unsigned char>(c)); });
+    return !s.empty() &&
+           std::all_of(s.begin(), s.end(), [](char c) { return is_tchar(static_cast<unsigned char>(c)); });
 }
 
-bool is_ows(char c) { return c == ' ' || c == '\t'; }
+bool is_ows(char c) {
+    return c == ' ' || c == '\t';
+}
 
 // A field value's byte: visible ASCII, obs-text (bytes >= 0x80), SP or HTAB; no other control character.
-bool is_field_byte(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
+bool is_field_byte(unsigned char c) {
+    return c == '\t' || (c >= 0x20 && c != 0x7f);
+}
 
 std::string_view trim_ows(std::string_view s) {
-    while (!s.empty() && is_ows(s.front())) s.remove_prefix(1);
-    while (!s.empty() && is_ows(s.back())) s.remove_suffix(1);
+    while (!s.empty() && is_ows(s.front()))
+        s.remove_prefix(1);
+    while (!s.empty() && is_ows(s.back()))
+        s.remove_suffix(1);
     return s;
 }
 
-char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
+char lower(char c) {
+    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
+}
 
 // The elements of a comma-separated list (RFC 9110 section 5.6.1), trimmed; empty elements skipped.
 std::vector<std::string_view> list_elements(std::string_view s) {
@@ -82,10 +104,11 @@ const char* line_error(LineByte b) {
 
 // A field line (the head's or a trailer's) into `out`; the error when it is malformed.
 std::optional<HttpError> parse_field_line(std::string_view line, HttpHeader& out) {
-    if (is_ows(line.front()))   // obs-fold (RFC 9112 section 5.2), or whitespace before the first field
+    if (is_ows(line.front())) // obs-fold (RFC 9112 section 5.2), or whitespace before the first field
         return HttpError{400, "a header line starts with whitespace (folded header lines are not accepted)"};
     size_t i = 0;
-    while (i < line.size() && is_tchar(static_cast<unsigned char>(line[i]))) ++i;
+    while (i < line.size() && is_tchar(static_cast<unsigned char>(line[i])))
+        ++i;
     if (i == line.size()) return HttpError{400, "a header line has no colon (expected 'Name: value')"};
     if (line[i] != ':') {
         if (is_ows(line[i])) return HttpError{400, "whitespace between a header name and its colon"};
@@ -123,7 +146,9 @@ int hex_value(char c) {
 
 } // namespace
 
-bool same_field_name(std::string_view a, std::string_view b) { return same_text_nocase(a, b); }
+bool same_field_name(std::string_view a, std::string_view b) {
+    return same_text_nocase(a, b);
+}
 
 const std::string* RequestHead::header(std::string_view name) const {
     for (const HttpHeader& h : headers)
@@ -191,7 +216,7 @@ size_t HeadParser::feed(std::string_view bytes) {
 
 void HeadParser::end_of_line() {
     if (in_request_line_) {
-        if (!line_.empty()) request_line(line_);   // empty lines before a request line are skipped
+        if (!line_.empty()) request_line(line_); // empty lines before a request line are skipped
         return;
     }
     if (line_.empty()) return finish();
@@ -240,14 +265,16 @@ void HeadParser::finish() {
         if (same_field_name(f.name, "Host")) {
             ++hosts;
         } else if (same_field_name(f.name, "Transfer-Encoding")) {
-            for (std::string_view e : list_elements(f.value)) codings.push_back(e);
+            for (std::string_view e : list_elements(f.value))
+                codings.push_back(e);
             if (list_elements(f.value).empty()) return fail(400, "an empty Transfer-Encoding");
         } else if (same_field_name(f.name, "Content-Length")) {
             const std::vector<std::string_view> v = list_elements(f.value);
             if (v.empty()) return fail(400, "an empty Content-Length");
             lengths.insert(lengths.end(), v.begin(), v.end());
         } else if (same_field_name(f.name, "Connection")) {
-            for (std::string_view e : list_elements(f.value)) connection.push_back(e);
+            for (std::string_view e : list_elements(f.value))
+                connection.push_back(e);
         } else if (same_field_name(f.name, "Expect")) {
             if (expect) return fail(417, "more than one Expect header");
             expect = &f.value;
@@ -258,7 +285,8 @@ void HeadParser::finish() {
 
     // Framing (RFC 9112 section 6.3): a request whose body length two readers could disagree on is refused.
     if (!codings.empty()) {
-        if (!lengths.empty()) return fail(400, "both Transfer-Encoding and Content-Length (the body length is ambiguous)");
+        if (!lengths.empty())
+            return fail(400, "both Transfer-Encoding and Content-Length (the body length is ambiguous)");
         if (h.minor_version == 0) return fail(400, "Transfer-Encoding in an HTTP/1.0 request");
         if (!same_text_nocase(codings.back(), "chunked"))
             return fail(400, "the last transfer coding is not chunked (the body length is unknown)");
@@ -287,9 +315,8 @@ void HeadParser::finish() {
     }
     h.keep_alive = !close && (h.minor_version == 1 || keep_alive);
     if (expect) {
-        if (!same_text_nocase(*expect, "100-continue"))
-            return fail(417, "Expect: only 100-continue is supported");
-        h.expect_continue = h.minor_version == 1;   // RFC 9110 section 10.1.1: HTTP/1.0 ignores it
+        if (!same_text_nocase(*expect, "100-continue")) return fail(417, "Expect: only 100-continue is supported");
+        h.expect_continue = h.minor_version == 1; // RFC 9110 section 10.1.1: HTTP/1.0 ignores it
     }
     h.head_bytes = head_bytes_;
     line_.clear();
@@ -329,8 +356,10 @@ size_t BodyDecoder::feed(std::string_view bytes, std::string& body) {
             used += n;
             remaining_ -= n;
             if (remaining_ == 0) {
-                if (!chunked_) state_ = ParseState::complete;
-                else step_ = Step::data_end;
+                if (!chunked_)
+                    state_ = ParseState::complete;
+                else
+                    step_ = Step::data_end;
             }
             continue;
         }
@@ -379,11 +408,13 @@ void BodyDecoder::chunk_size_line(std::string_view line, const std::string& body
         size = size * 16 + static_cast<uint64_t>(hex_value(line[i]));
     }
     if (i == 0) return fail(400, "a chunk size is not a hexadecimal number");
-    std::string_view ext = line.substr(i);   // BWS ";" ... (RFC 9112 section 7.1.1); ignored
-    while (!ext.empty() && is_ows(ext.front())) ext.remove_prefix(1);
+    std::string_view ext = line.substr(i); // BWS ";" ... (RFC 9112 section 7.1.1); ignored
+    while (!ext.empty() && is_ows(ext.front()))
+        ext.remove_prefix(1);
     if (!ext.empty() && ext.front() != ';') return fail(400, "a chunk size is followed by something other than ';'");
     for (char c : ext)
-        if (!is_field_byte(static_cast<unsigned char>(c))) return fail(400, "a chunk extension holds a control character");
+        if (!is_field_byte(static_cast<unsigned char>(c)))
+            return fail(400, "a chunk extension holds a control character");
     if (size > max_body_ - std::min<uint64_t>(max_body_, body.size()))
         return fail(413, "the request body is larger than " + std::to_string(max_body_) + " bytes");
     if (size == 0) {
@@ -402,7 +433,7 @@ void BodyDecoder::trailer_line(std::string_view line) {
     }
     if (fields_left_ == 0) return fail(431, "the chunked body's trailers hold more fields than the head may");
     --fields_left_;
-    HttpHeader h;   // read to check it, then dropped: nothing here uses trailers
+    HttpHeader h; // read to check it, then dropped: nothing here uses trailers
     if (std::optional<HttpError> e = parse_field_line(line, h)) fail(e->status, std::move(e->message));
 }
 

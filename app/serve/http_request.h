@@ -34,23 +34,23 @@
 namespace tern::app {
 
 struct HttpHeader {
-    std::string name;   // as sent (compare with same_field_name: names are case-insensitive)
-    std::string value;  // without the surrounding whitespace
+    std::string name;  // as sent (compare with same_field_name: names are case-insensitive)
+    std::string value; // without the surrounding whitespace
 };
 
 struct HttpLimits {
-    size_t max_request_line = 8 * 1024;  // bytes without the CRLF: the longest URL a client needs is far below
-    size_t max_header_fields = 100;      // field lines of the head, and of a chunked body's trailers with them
-    size_t max_head_bytes = 32 * 1024;   // the head from its first byte to its empty line (trailers: the same)
+    size_t max_request_line = 8 * 1024; // bytes without the CRLF: the longest URL a client needs is far below
+    size_t max_header_fields = 100;     // field lines of the head, and of a chunked body's trailers with them
+    size_t max_head_bytes = 32 * 1024;  // the head from its first byte to its empty line (trailers: the same)
 };
 
 enum class BodyFraming { none, content_length, chunked };
 
 struct RequestHead {
     std::string method;
-    std::string target;  // origin-form: "/path" or "/path?query"
+    std::string target; // origin-form: "/path" or "/path?query"
     int minor_version = 1;
-    std::vector<HttpHeader> headers;  // in the order sent
+    std::vector<HttpHeader> headers; // in the order sent
     BodyFraming framing = BodyFraming::none;
     uint64_t content_length = 0;  // framing == content_length: the body's length (> 0)
     bool keep_alive = true;       // HTTP/1.1 without "Connection: close", or HTTP/1.0 with "keep-alive"
@@ -131,11 +131,11 @@ private:
     ParseState state_ = ParseState::need_more;
     HttpError error_;
     bool chunked_ = false;
-    uint64_t remaining_ = 0;  // bytes of the body (Content-Length) or of the current chunk
+    uint64_t remaining_ = 0; // bytes of the body (Content-Length) or of the current chunk
     Step step_ = Step::size_line;
     std::string line_;
     bool after_cr_ = false;
-    size_t fields_left_ = 0;      // trailers: what the head left of the caps
+    size_t fields_left_ = 0; // trailers: what the head left of the caps
     size_t trailer_bytes_left_ = 0;
 };
 

@@ -14,9 +14,9 @@ namespace tern::app {
 
 struct HttpReply {
     int status = 200;
-    std::string content_type;         // empty: no Content-Type (and no body expected)
+    std::string content_type; // empty: no Content-Type (and no body expected)
     std::string body;
-    std::vector<HttpHeader> headers;  // more fields (Retry-After, Cache-Control); never framing or Connection
+    std::vector<HttpHeader> headers; // more fields (Retry-After, Cache-Control); never framing or Connection
 };
 
 // "OK", "Bad Request", ... ("Unknown" for a status without one here).

@@ -30,11 +30,15 @@ constexpr size_t kReadSize = 16 * 1024;
 constexpr int kEpollBatch = 64;
 constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 
-SteadyClock::time_point now() { return SteadyClock::now(); }
+SteadyClock::time_point now() {
+    return SteadyClock::now();
+}
 
 // A small answer written by the reception thread without waiting: a fresh or idle socket's send buffer
 // has room for it, and a client that left none gets no answer rather than a thread.
-void send_now(int fd, std::string_view bytes) { (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT); }
+void send_now(int fd, std::string_view bytes) {
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
 
 // Enough descriptors for the connections allowed: the soft limit is often 1024, below 512 open
 // connections plus lingering ones plus the model's files.
@@ -60,31 +64,30 @@ struct HttpServer::Connection {
 
     int fd;
     HeadParser parser;
-    std::string pending;   // read beyond the head being parsed: a body's first bytes, pipelined requests
+    std::string pending; // read beyond the head being parsed: a body's first bytes, pipelined requests
     bool lingering = false;
     size_t discarded = 0;
     SteadyClock::time_point deadline{};
-    std::atomic<size_t>* open;   // counts this connection toward max_open (null: a refused one)
+    std::atomic<size_t>* open; // counts this connection toward max_open (null: a refused one)
 };
 
 // ---------------------------------------------------------------------------------------------------
 // HttpResponder
 
-HttpResponder::HttpResponder(int fd, const RequestHead& head, bool must_close, const HttpServerOptions& options,
-                             const std::function<void(int)>& on_response)
+HttpResponder::HttpResponder(int fd, const RequestHead& head, bool must_close, const HttpServer& server)
     : fd_(fd), head_only_(head.method == "HEAD"), http10_(head.minor_version == 0),
-      keep_alive_(head.keep_alive && !must_close), write_timeout_(options.write_timeout), on_response_(on_response) {}
+      keep_alive_(head.keep_alive && !must_close), server_(server) {}
 
 bool HttpResponder::put(std::string_view bytes) {
     if (broken_) return false;
-    if (!send_all(fd_, bytes, write_timeout_)) broken_ = true;
+    if (!send_all(fd_, bytes, server_.options_.write_timeout)) broken_ = true;
     return !broken_;
 }
 
 ConnectionAfter HttpResponder::begin(int status) {
     started_ = true;
-    if (on_response_) on_response_(status);
-    closes_ = !keep_alive_;
+    if (server_.on_response_) server_.on_response_(status);
+    closes_ = !keep_alive_ || server_.draining_;
     if (closes_) return ConnectionAfter::close;
     return http10_ ? ConnectionAfter::keep_alive_http10 : ConnectionAfter::keep_alive;
 }
@@ -99,7 +102,7 @@ bool HttpResponder::send(const HttpReply& reply) {
 
 bool HttpResponder::start_stream(int status, std::string_view content_type, const std::vector<HttpHeader>& headers) {
     if (started_) return false;
-    if (http10_) keep_alive_ = false;   // no chunked coding in HTTP/1.0: the end of the body is the end of the connection
+    if (http10_) keep_alive_ = false; // no chunked coding in HTTP/1.0: the end of the body is the end of the connection
     const ConnectionAfter after = begin(status);
     streaming_ = true;
     chunked_ = !http10_ && !head_only_;
@@ -118,7 +121,9 @@ bool HttpResponder::finish() {
     return chunked_ ? put(kLastChunk) : !broken_;
 }
 
-bool HttpResponder::client_gone() const { return broken_ || peer_gone(fd_); }
+bool HttpResponder::client_gone() const {
+    return broken_ || peer_gone(fd_);
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Setup and teardown
@@ -156,7 +161,8 @@ void HttpServer::start() {
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
     ev.data.fd = listen_fd_;
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
-    for (size_t i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { work(); });
+    for (size_t i = 0; i < options_.workers; ++i)
+        workers_.emplace_back([this] { work(); });
     reception_ = std::thread([this] { reception(); });
 }
 
@@ -178,10 +184,12 @@ void HttpServer::stop() {
     if (reception_.joinable()) reception_.join();
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        for (int fd : serving_) ::shutdown(fd, SHUT_RDWR);   // a worker's blocked read or write returns
+        for (int fd : serving_)
+            ::shutdown(fd, SHUT_RDWR); // a worker's blocked read or write returns
     }
     ready_cv_.notify_all();
-    for (std::thread& t : workers_) t.join();
+    for (std::thread& t : workers_)
+        t.join();
     workers_.clear();
     std::lock_guard<std::mutex> lock(mutex_);
     ready_.clear();
@@ -231,14 +239,16 @@ void HttpServer::reception() {
             ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
             ::close(listen_fd_);
             listen_fd_ = -1;
-            std::vector<int> idle;   // no request in progress: idle, or a head still arriving
+            std::vector<int> idle; // no request in progress: idle, or a head still arriving
             for (const auto& [fd, c] : owned_)
                 if (!c->lingering) idle.push_back(fd);
-            for (int fd : idle) close_owned(fd);
+            for (int fd : idle)
+                close_owned(fd);
         }
         expire(now());
     }
-    while (!owned_.empty()) close_owned(owned_.begin()->first);
+    while (!owned_.empty())
+        close_owned(owned_.begin()->first);
     std::lock_guard<std::mutex> lock(mutex_);
     returned_.clear();
 }
@@ -261,7 +271,7 @@ void HttpServer::accept_all() {
                 ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
                 accept_paused_until_ = now() + kAcceptPause;
             }
-            return;   // EAGAIN: all taken
+            return; // EAGAIN: all taken
         }
         prepare_accepted(fd);
         if (draining_) {
@@ -273,8 +283,8 @@ void HttpServer::accept_all() {
         adopt(std::move(c));
         if (over) {
             ++refused_;
-            answer_and_linger(fd, {503, "too many connections: " + std::to_string(options_.max_open) +
-                                            " are open; try again"});
+            answer_and_linger(
+                fd, {503, "too many connections: " + std::to_string(options_.max_open) + " are open; try again"});
         } else {
             set_deadline(*owned_.at(fd), now() + options_.idle_timeout);
         }
@@ -302,14 +312,14 @@ void HttpServer::close_owned(int fd) {
     deadlines_.erase({it->second->deadline, fd});
     if (it->second->lingering) --lingering_;
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-    owned_.erase(it);   // closes the socket
+    owned_.erase(it); // closes the socket
 }
 
 void HttpServer::on_readable(Connection& c) {
     char buf[kReadSize];
     const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    if (n <= 0) return close_owned(c.fd);   // the client left (or the socket failed): nobody to answer
+    if (n <= 0) return close_owned(c.fd); // the client left (or the socket failed): nobody to answer
     if (c.lingering) {
         c.discarded += static_cast<size_t>(n);
         if (c.discarded > kLingerBytes) close_owned(c.fd);
@@ -356,7 +366,8 @@ void HttpServer::answer_and_linger(int fd, const HttpError& error) {
     Connection& c = *owned_.at(fd);
     const HttpReply r = error_reply(error);
     if (on_response_) on_response_(r.status);
-    send_now(fd, response_head(r.status, r.content_type, r.headers, r.body.size(), false, ConnectionAfter::close) + r.body);
+    send_now(fd,
+             response_head(r.status, r.content_type, r.headers, r.body.size(), false, ConnectionAfter::close) + r.body);
     linger(c);
 }
 
@@ -387,7 +398,7 @@ void HttpServer::expire(SteadyClock::time_point t) {
         const int fd = deadlines_.begin()->second;
         Connection& c = *owned_.at(fd);
         if (c.lingering || !c.parser.started()) {
-            close_owned(fd);   // done lingering, or idle: nothing to answer
+            close_owned(fd); // done lingering, or idle: nothing to answer
         } else {
             const auto secs = std::chrono::duration_cast<std::chrono::seconds>(options_.head_timeout).count();
             answer_and_linger(fd, {408, "the request head did not arrive within " + std::to_string(secs) + " s"});
@@ -403,7 +414,7 @@ void HttpServer::take_returned() {
     }
     for (auto& [c, after] : back) {
         Connection& conn = *c;
-        if (draining_ && after == After::resume) continue;   // dropped: closes it
+        if (draining_ && after == After::resume) continue; // dropped: closes it
         const bool started = conn.parser.started();
         adopt(std::move(c));
         if (after == After::close_gracefully) {
@@ -431,7 +442,7 @@ void HttpServer::work() {
         After after = After::close_now;
         try {
             after = serve_connection(*c);
-        } catch (...) {   // out of memory building an answer: this connection ends, the server goes on
+        } catch (...) { // out of memory building an answer: this connection ends, the server goes on
         }
         std::lock_guard<std::mutex> lock(mutex_);
         serving_.erase(c->fd);
@@ -457,10 +468,10 @@ HttpServer::After HttpServer::serve_connection(Connection& c) {
         c.pending.erase(0, used);
         switch (c.parser.state()) {
         case ParseState::need_more:
-            return After::resume;   // the reception thread reads the rest
+            return After::resume; // the reception thread reads the rest
         case ParseState::failed: {
             const HttpReply r = error_reply(c.parser.error());
-            HttpResponder out(c.fd, RequestHead{}, true, options_, on_response_);
+            HttpResponder out(c.fd, RequestHead{}, true, *this);
             out.send(r);
             return After::close_gracefully;
         }
@@ -475,7 +486,7 @@ HttpServer::After HttpServer::serve_request(Connection& c, HttpRequest& req) {
     if (handlers_.screen) {
         if (std::optional<HttpReply> early = handlers_.screen(req)) {
             // Its body is not read, so the connection cannot go on.
-            HttpResponder out(c.fd, req.head, has_body, options_, on_response_);
+            HttpResponder out(c.fd, req.head, has_body, *this);
             if (!out.send(*early)) return After::close_now;
             return has_body ? After::close_gracefully : After::resume;
         }
@@ -484,15 +495,15 @@ HttpServer::After HttpServer::serve_request(Connection& c, HttpRequest& req) {
     if (has_body && body.state() != ParseState::failed) {
         if (req.head.expect_continue && c.pending.empty() && !send_all(c.fd, kContinue, options_.write_timeout))
             return After::close_now;
-        if (const After a = read_body(c, req, body); a != After::resume) return a;   // gone, or timed out
+        if (const After a = read_body(c, req, body); a != After::resume) return a; // gone, or timed out
     }
     if (body.state() == ParseState::failed) {
-        HttpResponder out(c.fd, req.head, true, options_, on_response_);
+        HttpResponder out(c.fd, req.head, true, *this);
         out.send(error_reply(body.error()));
         return After::close_gracefully;
     }
 
-    HttpResponder out(c.fd, req.head, draining_.load(), options_, on_response_);
+    HttpResponder out(c.fd, req.head, false, *this);
     try {
         handlers_.serve(req, out);
     } catch (const std::exception& e) {
@@ -501,7 +512,7 @@ HttpServer::After HttpServer::serve_request(Connection& c, HttpRequest& req) {
     }
     if (!out.started()) out.send(error_reply({500, "internal error: the request got no answer"}));
     if (out.broken_) return After::close_now;
-    if (out.streaming_) return After::close_now;   // a stream left unfinished cannot be followed by anything
+    if (out.streaming_) return After::close_now; // a stream left unfinished cannot be followed by anything
     return out.closes_ ? After::close_gracefully : After::resume;
 }
 
@@ -513,10 +524,9 @@ HttpServer::After HttpServer::read_body(Connection& c, HttpRequest& req, BodyDec
     while (body.state() == ParseState::need_more) {
         const auto deadline = std::min(whole_deadline, now() + options_.body_stall_timeout);
         const long n = recv_some(c.fd, buf, sizeof buf, deadline);
-        if (n == 0) return After::close_now;   // the client left
-        if (n < 0) {
-            if (now() < deadline) return After::close_now;   // the socket failed
-            HttpResponder out(c.fd, req.head, true, options_, on_response_);
+        if (n == 0 || n == -1) return After::close_now; // the client left, or the socket failed
+        if (n == kRecvTimedOut) {
+            HttpResponder out(c.fd, req.head, true, *this);
             out.send(error_reply({408, "the request body did not arrive in time"}));
             return After::close_gracefully;
         }

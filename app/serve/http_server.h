@@ -53,9 +53,9 @@
 namespace tern::app {
 
 struct HttpServerOptions {
-    size_t workers = 128;   // requests answered at once (`tern serve --max-connections`)
-    size_t queue = 128;     // complete requests waiting for a worker
-    size_t max_open = 512;  // open connections in all
+    size_t workers = 128;  // requests answered at once (`tern serve --max-connections`)
+    size_t queue = 128;    // complete requests waiting for a worker
+    size_t max_open = 512; // open connections in all
     uint64_t max_body_bytes = uint64_t{8} << 20;
     HttpLimits limits;
     std::chrono::milliseconds head_timeout{10'000};
@@ -65,11 +65,13 @@ struct HttpServerOptions {
     std::chrono::milliseconds write_timeout{10'000};
 };
 
+class HttpServer;
+
 // A request as a handler sees it.
 struct HttpRequest {
     RequestHead head;
-    std::string path;  // head.path(): the target without its query, percent-decoded
-    std::string body;  // empty in HttpHandlers::screen (not read yet)
+    std::string path; // head.path(): the target without its query, percent-decoded
+    std::string body; // empty in HttpHandlers::screen (not read yet)
 
     const std::string* header(std::string_view name) const { return head.header(name); }
 };
@@ -91,22 +93,20 @@ public:
 
 private:
     friend class HttpServer;
-    HttpResponder(int fd, const RequestHead& head, bool must_close, const HttpServerOptions& options,
-                  const std::function<void(int)>& on_response);
+    HttpResponder(int fd, const RequestHead& head, bool must_close, const HttpServer& server);
     bool put(std::string_view bytes);
     ConnectionAfter begin(int status);
 
     int fd_;
-    bool head_only_;   // HEAD: the fields but no body
+    bool head_only_; // HEAD: the fields but no body
     bool http10_;
-    bool keep_alive_;  // what the request asked for, and nothing forbids
-    std::chrono::milliseconds write_timeout_;
-    const std::function<void(int)>& on_response_;
+    bool keep_alive_;          // what the request asked for, and nothing forbids
+    const HttpServer& server_; // its write timeout, whether it drains (then the answer closes), its counters
     bool started_ = false;
     bool streaming_ = false;
     bool chunked_ = false;
-    bool closes_ = true;   // the answer said "Connection: close" (or ends with the connection)
-    bool broken_ = false;  // a write failed
+    bool closes_ = true;  // the answer said "Connection: close" (or ends with the connection)
+    bool broken_ = false; // a write failed
 };
 
 struct HttpHandlers {
@@ -142,6 +142,7 @@ public:
     size_t open_connections() const { return open_.load(); }
 
 private:
+    friend class HttpResponder;
     struct Connection;
     using ConnectionPtr = std::unique_ptr<Connection>;
     enum class After { resume, close_gracefully, close_now };
@@ -187,15 +188,15 @@ private:
     std::unordered_map<int, ConnectionPtr> owned_;
     std::set<std::pair<std::chrono::steady_clock::time_point, int>> deadlines_;
     size_t lingering_ = 0;
-    bool drained_ = false;   // begin_drain's closing done
+    bool drained_ = false; // begin_drain's closing done
     std::optional<std::chrono::steady_clock::time_point> accept_paused_until_;
 
     // Shared with the workers.
     std::mutex mutex_;
     std::condition_variable ready_cv_;
-    std::deque<ConnectionPtr> ready_;                           // complete heads waiting for a worker
-    std::vector<std::pair<ConnectionPtr, After>> returned_;    // from the workers to the reception thread
-    std::unordered_set<int> serving_;                           // the workers' sockets (stop() shuts them)
+    std::deque<ConnectionPtr> ready_;                       // complete heads waiting for a worker
+    std::vector<std::pair<ConnectionPtr, After>> returned_; // from the workers to the reception thread
+    std::unordered_set<int> serving_;                       // the workers' sockets (stop() shuts them)
 };
 
 } // namespace tern::app

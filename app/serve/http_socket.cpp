@@ -15,10 +15,12 @@ namespace tern::app {
 
 namespace {
 
-void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+void set_nonblocking(int fd) {
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+}
 
 int poll_ms(SteadyClock::time_point deadline) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
     return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 60'000));
 }
 
@@ -73,7 +75,7 @@ bool send_all(int fd, std::string_view bytes, std::chrono::milliseconds stall_li
         const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
         if (n > 0) {
             bytes.remove_prefix(static_cast<size_t>(n));
-            deadline = SteadyClock::now() + stall_limit;   // progress: the client is reading
+            deadline = SteadyClock::now() + stall_limit; // progress: the client is reading
             continue;
         }
         if (n < 0 && errno == EINTR) continue;
@@ -95,7 +97,7 @@ long recv_some(int fd, char* buf, size_t n, SteadyClock::time_point deadline) {
         if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
         pollfd p = {fd, POLLIN, 0};
         const int wait = poll_ms(deadline);
-        if (wait == 0) return -1;
+        if (wait == 0) return kRecvTimedOut;
         if (::poll(&p, 1, wait) < 0 && errno != EINTR) return -1;
         if (p.revents & POLLNVAL) return -1;
     }

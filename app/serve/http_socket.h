@@ -21,7 +21,8 @@ void prepare_accepted(int fd);
 bool send_all(int fd, std::string_view bytes, std::chrono::milliseconds stall_limit);
 
 // Reads what is there, waiting until `deadline` for something. >0: bytes read; 0: the peer closed;
-// -1: error or deadline passed.
+// -1: the socket failed; kRecvTimedOut: nothing came before the deadline.
+inline constexpr long kRecvTimedOut = -2;
 long recv_some(int fd, char* buf, size_t n, SteadyClock::time_point deadline);
 
 // Whether the peer has hung up or the socket failed, without consuming anything: bytes waiting (a
