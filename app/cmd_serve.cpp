@@ -168,7 +168,8 @@ Command add_serve_command(CLI::App& root) {
                     "requests that may wait for their turn; more are answered 429 (default 64)")
         ->check(integer_in_range(0, 100000, "requests"));
     cmd->add_option("--max-connections", f->max_connections,
-                    "connections served at once, as many more may wait; beyond, 503 at once (default 128)")
+                    "requests answered at once, as many more may wait, 4x as many connections open; beyond, 503 at "
+                    "once (default 128)")
         ->check(integer_in_range(1, 4096, "connections"));
     cmd->add_option("--max-body", f->max_body, "largest request body, suffixes K, M (default 8M)");
     cmd->add_option("--alias", f->alias, "the model's name in the API (default: the file name without .gguf)");
