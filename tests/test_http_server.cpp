@@ -98,6 +98,14 @@ struct TestServer {
     }
 };
 
+HttpServerOptions sized(size_t workers, size_t queue, size_t max_open) {
+    HttpServerOptions o;
+    o.workers = workers;
+    o.queue = queue;
+    o.max_open = max_open;
+    return o;
+}
+
 int connect_to(int port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     REQUIRE(fd >= 0);
@@ -117,49 +125,35 @@ void send_text(int fd, std::string_view s) {
     }
 }
 
-// Everything until the server closes (or `limit` passes; a reset ends it too).
-std::string read_all(int fd, std::chrono::milliseconds limit = 3000ms) {
+// Everything that arrives until the server closes (end of file or a reset) or `limit` passes; `closed`
+// says which.
+std::string read_all(int fd, std::chrono::milliseconds limit = 3000ms, bool* closed = nullptr) {
     std::string out;
     const auto end = Clock::now() + limit;
     char buf[65536];
+    if (closed) *closed = false;
     while (Clock::now() < end) {
         pollfd p = {fd, POLLIN, 0};
-        const int ms =
-            static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count());
-        if (::poll(&p, 1, std::max(ms, 1)) <= 0) break;
+        if (::poll(&p, 1, 10) <= 0) continue;
         const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) break;
+        if (n <= 0) {
+            if (closed) *closed = true;
+            break;
+        }
         out.append(buf, static_cast<size_t>(n));
     }
     return out;
 }
 
-// What arrives within `limit` without waiting for the close.
+// What arrives within `limit`, for a connection kept open.
 std::string read_for(int fd, std::chrono::milliseconds limit) {
-    std::string out;
-    const auto end = Clock::now() + limit;
-    char buf[65536];
-    while (Clock::now() < end) {
-        pollfd p = {fd, POLLIN, 0};
-        if (::poll(&p, 1, 10) <= 0) continue;
-        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        out.append(buf, static_cast<size_t>(n));
-    }
-    return out;
+    return read_all(fd, limit);
 }
 
-// Whether the server closed the connection within `limit` (end of file or a reset).
 bool closed_within(int fd, std::chrono::milliseconds limit) {
-    const auto end = Clock::now() + limit;
-    char buf[4096];
-    while (Clock::now() < end) {
-        pollfd p = {fd, POLLIN, 0};
-        if (::poll(&p, 1, 10) <= 0) continue;
-        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) return true;
-    }
-    return false;
+    bool closed = false;
+    read_all(fd, limit, &closed);
+    return closed;
 }
 
 size_t count(const std::string& s, std::string_view what) {
@@ -304,11 +298,7 @@ TEST_CASE("a header flood: 431 once the cap is passed, the connection closed, me
 }
 
 TEST_CASE("slowloris: 300 sockets dripping a head never hold a worker; a good client is answered at once") {
-    HttpServerOptions o;
-    o.workers = 2;
-    o.queue = 2;
-    o.max_open = 400;
-    TestServer s(o);
+    TestServer s(sized(2, 2, 400));
     std::vector<int> slow;
     for (int i = 0; i < 300; ++i) {
         slow.push_back(connect_to(s.port));
@@ -342,11 +332,7 @@ TEST_CASE("slowloris: 300 sockets dripping a head never hold a worker; a good cl
 }
 
 TEST_CASE("over max_open, accept answers 503 at once without reading; over the queue, 503 too") {
-    HttpServerOptions o;
-    o.workers = 1;
-    o.queue = 1;
-    o.max_open = 3;
-    TestServer s(o);
+    TestServer s(sized(1, 1, 3));
     // Two requests take the worker and the queue's place.
     const int busy = connect_to(s.port);
     send_text(busy, "GET /block HTTP/1.1\r\nHost: x\r\n\r\n");
