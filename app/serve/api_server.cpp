@@ -197,7 +197,7 @@ std::optional<HttpReply> ApiServer::screen(const HttpRequest& req) const {
 HttpReply ApiServer::error_reply(const HttpError& e) const {
     ApiError a;
     a.status = e.status;
-    a.message = e.message;
+    a.message = terminal_safe(e.message); // an exception's text may quote the request
     switch (e.status) {
     case 408:
         a.code = "request_timeout";

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <new>
 
 #include "app/serve/http_socket.h"
 
@@ -508,7 +509,9 @@ HttpServer::After HttpServer::serve_request(Connection& c, HttpRequest& req) {
         handlers_.serve(req, out);
     } catch (const std::exception& e) {
         if (out.started()) return After::close_now;
-        out.send(error_reply({500, "internal error: " + std::string(e.what()).substr(0, 200)}));
+        const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+        out.send(error_reply(
+            {500, "internal error: " + (oom ? std::string("out of memory") : std::string(e.what()).substr(0, 200))}));
     }
     if (!out.started()) out.send(error_reply({500, "internal error: the request got no answer"}));
     if (out.broken_) return After::close_now;
