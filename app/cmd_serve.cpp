@@ -92,10 +92,10 @@ int serve(const ServeFlags& f) {
     ShutdownSignals signals;   // before any thread starts, so none runs with the old handlers' intent
     const int port = server.bind();
     server.start();
-    std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://" << terminal_safe(host_for_url(f.host))
-              << ":" << port
-              << "/v1 (" << loaded.device << ", context " << loaded.n_ctx << ", parallel " << f.parallel << ", queue "
-              << f.max_queue << (f.api_key.empty() ? "" : ", API key required")
+    std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://"
+              << terminal_safe(host_for_url(f.host)) << ":" << port << "/v1 (" << loaded.device << ", context "
+              << loaded.n_ctx << ", parallel " << f.parallel << ", queue " << f.max_queue
+              << (f.api_key.empty() ? "" : ", API key required")
               << "); Ctrl-C or SIGTERM finishes the requests in progress and exits\n";
 
     // The engine runs on this thread, the one that loaded the model: a GPU's current device is a

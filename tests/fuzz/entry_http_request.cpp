@@ -35,17 +35,16 @@ struct HeadResult {
 HeadResult feed_head(HeadParser& p, std::string_view bytes, size_t split) {
     size_t used = p.feed(bytes.substr(0, split));
     if (p.state() == ParseState::need_more) {
-        require(used == split);   // need_more consumes everything it was given
+        require(used == split); // need_more consumes everything it was given
         used += p.feed(bytes.substr(split));
     }
     return {p.state(), used};
 }
 
 bool same_head(const RequestHead& a, const RequestHead& b) {
-    if (a.method != b.method || a.target != b.target || a.minor_version != b.minor_version ||
-        a.framing != b.framing || a.content_length != b.content_length || a.keep_alive != b.keep_alive ||
-        a.expect_continue != b.expect_continue || a.head_bytes != b.head_bytes ||
-        a.headers.size() != b.headers.size())
+    if (a.method != b.method || a.target != b.target || a.minor_version != b.minor_version || a.framing != b.framing ||
+        a.content_length != b.content_length || a.keep_alive != b.keep_alive ||
+        a.expect_continue != b.expect_continue || a.head_bytes != b.head_bytes || a.headers.size() != b.headers.size())
         return false;
     for (size_t i = 0; i < a.headers.size(); ++i)
         if (a.headers[i].name != b.headers[i].name || a.headers[i].value != b.headers[i].value) return false;
@@ -96,7 +95,7 @@ void http_request(Input input) {
     const HeadResult a = feed_head(whole, bytes, bytes.size());
     const HeadResult b = feed_head(parts, bytes, split);
     require(a.state == b.state && a.used == b.used);
-    require(a.used <= limits.max_head_bytes + 1);   // a cap is enforced as the byte that passes it arrives
+    require(a.used <= limits.max_head_bytes + 1); // a cap is enforced as the byte that passes it arrives
     if (a.state == ParseState::failed) {
         require(whole.error().status == parts.error().status && whole.error().message == parts.error().message);
         require(!whole.error().message.empty() && whole.error().status >= 400 && whole.error().status < 600);
