@@ -12,6 +12,7 @@
 #include "app/commands.h"
 #include "app/common_options.h"
 #include "app/serve/api_server.h"
+#include "app/serve/http_socket.h"
 #include "app/serve/prompt_maker.h"
 #include "app/signals.h"
 #include "base/error.h"
@@ -91,9 +92,10 @@ int serve(const ServeFlags& f) {
     ShutdownSignals signals;   // before any thread starts, so none runs with the old handlers' intent
     const int port = server.bind();
     server.start();
-    std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://" << terminal_safe(f.host) << ":" << port
-              << "/v1 (" << loaded.device << ", context " << loaded.n_ctx << ", parallel " << f.parallel << ", queue "
-              << f.max_queue << (f.api_key.empty() ? "" : ", API key required")
+    std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://"
+              << terminal_safe(host_for_url(f.host)) << ":" << port << "/v1 (" << loaded.device << ", context "
+              << loaded.n_ctx << ", parallel " << f.parallel << ", queue " << f.max_queue
+              << (f.api_key.empty() ? "" : ", API key required")
               << "); Ctrl-C or SIGTERM finishes the requests in progress and exits\n";
 
     // The engine runs on this thread, the one that loaded the model: a GPU's current device is a
@@ -166,7 +168,8 @@ Command add_serve_command(CLI::App& root) {
                     "requests that may wait for their turn; more are answered 429 (default 64)")
         ->check(integer_in_range(0, 100000, "requests"));
     cmd->add_option("--max-connections", f->max_connections,
-                    "connections served at once, as many more may wait; beyond, 503 at once (default 128)")
+                    "requests answered at once, as many more may wait, 4x as many connections open; beyond, 503 at "
+                    "once (default 128)")
         ->check(integer_in_range(1, 4096, "connections"));
     cmd->add_option("--max-body", f->max_body, "largest request body, suffixes K, M (default 8M)");
     cmd->add_option("--alias", f->alias, "the model's name in the API (default: the file name without .gguf)");

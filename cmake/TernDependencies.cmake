@@ -14,9 +14,6 @@ target_link_libraries(tern_xxhash INTERFACE ${XXHASH_LIBRARY})
 
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)   # libpcre2-dev
-# cpp-httplib (libcpp-httplib-dev): the HTTP server of `tern serve` (app/serve/). Debian builds it as a
-# shared library with TLS and compression; its pkg-config flags say so to the header.
-pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 find_path(DOCTEST_INCLUDE_DIR doctest/doctest.h)   # doctest-dev
 if(NOT DOCTEST_INCLUDE_DIR)

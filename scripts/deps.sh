@@ -6,8 +6,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config git python3 unzip
-          libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev
-          libcpp-httplib-dev)
+          libcli11-dev libxxhash-dev doctest-dev libpcre2-dev nlohmann-json3-dev libedit-dev)
 case "${1:-}" in
     --build) ;;
     "") packages+=(clang libclang-rt-dev libomp-dev      # scripts/fuzz.sh (libFuzzer)

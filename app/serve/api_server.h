@@ -1,5 +1,5 @@
 #pragma once
-// `tern serve`'s HTTP side: OpenAI's API over cpp-httplib on top of a BatchEngine.
+// `tern serve`'s HTTP side: OpenAI's API over our HTTP server (http_server.h) on top of a BatchEngine.
 //
 //   POST /v1/chat/completions, POST /v1/completions   streamed (server-sent events) or not
 //   GET  /v1/models, /v1/models/{id}                  the one model served
@@ -7,45 +7,41 @@
 //   GET  /metrics                                     Prometheus text (metrics_text.h)
 //
 // Every error is OpenAI's error body with a fitting status (api_error.h). Limits: a request body of at
-// most max_body_bytes (413), a prompt the context holds (400), max_connections connections served at
-// once plus as many waiting (connection_queue.h; beyond them 503 at once), the engine's waiting queue
-// (429 when full). With an API key every route but /health wants "Authorization: Bearer KEY" (401).
-// A client that goes away (closed socket, failed write) cancels its request in the engine.
+// most max_body_bytes (413), a prompt the context holds (400), max_connections requests answered at
+// once plus as many waiting (beyond them 503 at once), 4 x max_connections open connections (503 at
+// accept), the HTTP layer's caps on heads and deadlines (http_server.h), the engine's waiting queue
+// (429 when full). With an API key every route but /health wants "Authorization: Bearer KEY" (401),
+// checked on the head before any body is read. A client that goes away (closed socket, failed write)
+// cancels its request in the engine.
 //
-// Answers are written by content providers on the worker threads: the engine's callbacks only append
-// to the request's own buffer (they never block on a socket), and the provider waits on it, polling
+// Answers are written on the HTTP server's worker threads: the engine's callbacks only append to the
+// request's own buffer (they never block on a socket), and the worker waits on it, looking every 50 ms
 // whether the client is still there. A non-streamed answer is therefore sent chunked with status 200
 // decided when the request was admitted; an engine failure after that point arrives as an error body
-// (streams: an SSE event {"error": ...}).
+// (streams: an SSE event {"error": ...}). This file knows nothing of sockets.
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "app/serve/http_server.h"
 #include "app/serve/metrics_text.h"
 #include "app/serve/prompt_maker.h"
 #include "app/serve/request_fields.h"
 #include "engine/batch/batch_engine.h"
 #include "engine/generation/repeat_guard.h"
 
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-class ContentReader;
-} // namespace httplib
-
 namespace tern::app {
 
 struct ServeOptions {
     std::string host = "127.0.0.1";
-    int port = 8080;                        // 0: any free port (bind() returns it)
-    std::string api_key;                    // empty: no authentication
-    size_t max_connections = 128;           // connections served at once; as many more may wait
+    int port = 8080;              // 0: any free port (bind() returns it)
+    std::string api_key;          // empty: no authentication
+    size_t max_connections = 128; // requests answered at once; as many more may wait
     size_t max_body_bytes = size_t{8} << 20;
     std::string model_name;                 // the id /v1/models lists
     std::vector<std::string> model_aliases; // other names a request may give (the file name, general.name)
@@ -69,35 +65,34 @@ public:
     void begin_drain();
     // Generation requests whose answer is still being written.
     int64_t in_flight() const { return in_flight_.load(); }
-    // Closes the listening socket, lets the workers finish their connections, joins them.
+    // Closes every connection and joins the server's threads.
     void stop();
-    // The listening loop ended by itself (accept failed): the server no longer answers.
-    bool failed() const { return listener_ended_.load() && !stopping_.load(); }
+    // The server's reception loop ended by itself: it no longer answers.
+    bool failed() const { return server_->failed() && !stopping_.load(); }
 
     HttpCounters counters() const;
 
 private:
     struct Exchange;
 
-    void routes();
-    void generation(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
-                    RequestKind kind);
-    void answer(const std::shared_ptr<Exchange>& ex, httplib::Response& res);
-    bool authorized(const httplib::Request& req) const;
+    HttpHandlers handlers();
+    std::optional<HttpReply> screen(const HttpRequest& req) const;
+    void serve(const HttpRequest& req, HttpResponder& out);
+    HttpReply error_reply(const HttpError& e) const;
+    void generation(const HttpRequest& req, HttpResponder& out, RequestKind kind);
+    void answer(const std::shared_ptr<Exchange>& ex, HttpResponder& out);
+    bool authorized(const HttpRequest& req) const;
     bool known_model(const std::string& name) const;
 
     BatchEngine& engine_;
     const PromptMaker& prompts_;
     ServeOptions options_;
-    std::unique_ptr<class HttpServer> server_;
-    std::thread listener_;
-    std::atomic<bool> listener_ended_{false};
+    std::unique_ptr<HttpServer> server_;
     std::atomic<bool> stopping_{false};
     std::atomic<bool> draining_{false};
     std::atomic<int64_t> in_flight_{0};
     std::atomic<uint64_t> next_response_id_{1};
-    std::string id_tag_;   // random per process, so response ids of two runs differ
-    std::atomic<uint64_t> refused_connections_{0};   // counted by the ConnectionQueue
+    std::string id_tag_; // random per process, so response ids of two runs differ
     mutable std::mutex counters_mutex_;
     std::map<int, uint64_t> responses_;
 };

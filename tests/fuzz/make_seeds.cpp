@@ -8,7 +8,8 @@
 //                  global tensors), also renamed to each other architecture tern knows;
 //   tokenizer/     the strings of the vocabulary test vectors (*.inp), one file each;
 //   chat_template/ every tokenizer.chat_template found, and a few encoded conversations;
-//   prefix_entry/  valid prompt-cache entries of a few sizes and KV types.
+//   prefix_entry/  valid prompt-cache entries of a few sizes and KV types;
+//   http_request/  HTTP requests as clients send them (after the entry's two split-point bytes).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     const fs::path out = argv[1], shared = argv[2];
-    for (const char* t : {"gguf", "model_load", "tokenizer", "chat_template", "prefix_entry"})
+    for (const char* t : {"gguf", "model_load", "tokenizer", "chat_template", "prefix_entry", "http_request"})
         fs::create_directories(out / t);
 
     std::vector<fs::path> files;
@@ -180,6 +181,19 @@ int main(int argc, char** argv) {
             write_bytes(out / "prefix_entry" / ("entry-" + std::to_string(n_entries++)),
                         std::string(bytes.begin(), bytes.end()));
         }
+
+    // Requests: two bytes choosing the entry's split point, then what a client sends.
+    const std::string requests[] = {
+        "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\n"
+        "Content-Length: 15\r\n\r\n{\"prompt\": \"a\"}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+        "4;ext=1\r\n{\"a\"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\nTrailer: t\r\n\r\n",
+        "GET /v1/models/a%20b?x=1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET / HTTP/1.1\r\nHost: y\r\n\r\n",
+    };
+    for (size_t k = 0; k < std::size(requests); ++k)
+        write_bytes(out / "http_request" / ("request-" + std::to_string(k)),
+                    std::string(1, static_cast<char>(17 * k + 5)) + '\0' + requests[k]);
 
     std::printf("fuzz_make_seeds: %d gguf, %d model_load, %zu chat templates under %s\n", n_gguf, n_model,
                 templates.size(), out.c_str());
