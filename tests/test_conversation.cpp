@@ -453,6 +453,22 @@ TEST_CASE("/load refuses a KV part holding NaN or disagreeing with kv_tokens (ch
     refused(fewer, "the KV part holds " + std::to_string(held) + " positions but kv_tokens says " +
                        std::to_string(held - 1));
 
+    // Session::restore, handed a snapshot whose data holds more positions than tokens: it says both counts.
+    KvSnapshot more;
+    more.kv_type = KvType::f16;
+    more.bytes.assign(good.kv.begin(), good.kv.end());
+    more.n_past = held - 1;
+    const std::vector<int32_t> fewer_tokens(static_cast<size_t>(held - 1), 5);
+    try {
+        b->restore(more, fewer_tokens, false);
+        FAIL("restored a snapshot of another length");
+    } catch (const UsageError& e) {
+        CHECK(std::string(e.what()) == "the KV snapshot's data holds " + std::to_string(held) + " positions but " +
+                                           std::to_string(held - 1) + " tokens were given for it");
+    }
+    CHECK(b->kv_tokens().empty());   // emptied, never left half restored
+    CHECK(b->backend().n_past() == 0);
+
     // A conversation whose cache held nothing when it was saved: 0 positions, as many claimed. It loads, and the
     // next turn prefills what the cache lacks.
     a->reset();
