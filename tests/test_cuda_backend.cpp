@@ -810,17 +810,8 @@ TEST_CASE("cuda backend: scan_logits flags on the GPU what the host's scan of th
     if (!test::shared_available()) return;
     test::TempDir dir;
     // stories260K, and a copy whose output norm is NaN: every logit NaN.
-    static std::vector<float> nans;
-    const std::string damaged = test::rewrite_gguf(dir, test::stories(), "nan.gguf", [](GgufWriter&) {},
-                                                   [](GgufWriter& w, const GgufTensor& t) {
-                                                       if (t.name != "output_norm.weight") return false;
-                                                       nans.assign(static_cast<size_t>(t.n_elements()), NAN);
-                                                       w.add_tensor(t.name, GgmlType::F32, {t.ne[0]},
-                                                                    std::span<const uint8_t>(
-                                                                        reinterpret_cast<const uint8_t*>(nans.data()),
-                                                                        nans.size() * sizeof(float)));
-                                                       return true;
-                                                   });
+    const std::string damaged = test::rewrite_filled(
+        dir, test::stories(), "nan.gguf", [](const std::string& name) { return name == "output_norm.weight"; }, NAN);
     for (const std::string& path : {test::stories(), damaged}) {
         CAPTURE(path);
         const Model model = load_model(path);
