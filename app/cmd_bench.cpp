@@ -216,6 +216,7 @@ int run_bench_command(BenchArgs& a) {
     const bool on_cpu = backend->device_kind() == DeviceKind::cpu;
     const int threads = resolve_threads(a.model.threads);
 
+    a.bench.model_path = model_label;
     ProgressBar bar("bench", static_cast<uint64_t>(a.bench.repetitions + 1));
     a.bench.progress = [&](int run_index, int) { bar.update(static_cast<uint64_t>(run_index + 1)); };
     const BenchResult r = run_bench(*backend, model.config.vocab, a.bench);

@@ -58,6 +58,7 @@ int run_perplexity(PerplexityArgs& a) {
     po.n_ctx = a.model.ctx_size;
     po.n_batch = a.batch;
     po.max_chunks = a.chunks;
+    po.model_path = a.model.model;
     po.bos = tok.add_bos_token() ? tok.bos() : -1;
     InterruptGuard guard;
     po.cancel = guard.flag();

@@ -121,6 +121,12 @@ int serve(const ServeFlags& f) {
                 engine.stop();
                 std::cerr << "tern: cancelling the requests in progress\n";
             }
+            // The engine stopped for good (a model file changed under it) and failed every request: answer
+            // them, then exit with its error.
+            if (!draining && !engine.fatal_error().empty()) {
+                draining = true;
+                server.begin_drain();
+            }
             if (server.failed() && !failed) {
                 failed = true;
                 engine.stop();
@@ -144,6 +150,7 @@ int serve(const ServeFlags& f) {
         throw RuntimeFailure("--host/--port: the server stopped accepting connections on " + f.host + ":" +
                              std::to_string(port));
     server.stop();
+    if (const std::string fatal = engine.fatal_error(); !fatal.empty()) throw RuntimeFailure(fatal);
     const BatchStats st = engine.stats();
     std::cerr << "tern: served " << st.completed << " requests (" << st.cancelled << " cancelled, " << st.failed
               << " failed, " << st.refused << " refused), generated " << st.generated_tokens << " tokens\n";

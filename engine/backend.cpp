@@ -65,6 +65,8 @@ size_t Backend::top_logits(int row, const LogitPenalties& penalties, std::span<L
     return select_top_logits(logits(row), penalties, out);
 }
 
+FloatScan Backend::scan_logits(int row) { return scan_floats(logits(row)); }
+
 namespace {
 [[noreturn]] void one_sequence(const Backend& b, const char* what) {
     throw RuntimeFailure(b.device_name() + ": this backend runs one sequence (" + what + ")");

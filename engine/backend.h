@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/float_scan.h"
 #include "engine/logit_candidates.h"
 #include "engine/memory_need.h"
 #include "kernels/kv_format.h"
@@ -125,6 +126,10 @@ public:
     // on the host from logits(row) (select_top_logits); a GPU backend selects where the row is and copies
     // back only the candidates.
     virtual size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out);
+    // What kinds of float row r of the last forward's kept logits holds (engine/logit_guard.h checks every
+    // row sampled or scored with it). The default scans logits(row) on the host; a GPU backend may scan
+    // where the row is and copy back the flags.
+    virtual FloatScan scan_logits(int row);
     virtual int32_t n_past() const = 0;
     virtual void kv_truncate(int32_t n_past) = 0;          // forget positions >= n_past
     virtual KvSnapshot kv_save(int32_t n) const = 0;

@@ -130,6 +130,63 @@ int32_t kv_restore_range(const KvSnapshotShape& shape, int32_t n_past, const KvS
     return n;
 }
 
+int32_t kv_snapshot_positions(const KvSnapshot& snapshot) {
+    int32_t header[kHeaderInts] = {};
+    if (snapshot.bytes.size() < sizeof header) return -1;
+    std::memcpy(header, snapshot.bytes.data(), sizeof header);
+    return header[6];
+}
+
+namespace {
+
+uint16_t u16_at(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+uint32_t u32_at(const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+// All exponent bits set: infinity or NaN.
+bool f32_bits_finite(uint32_t u) { return (u & 0x7f800000u) != 0x7f800000u; }
+bool f16_bits_finite(uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }
+bool bf16_bits_finite(uint16_t h) { return (h & 0x7f80u) != 0x7f80u; }
+bool e4m3_finite(uint8_t q) { return (q & 0x7fu) != 0x7fu; }   // e4m3 has no infinity; S.1111.111 is NaN
+
+} // namespace
+
+bool kv_snapshot_finite(const KvSnapshot& snapshot) {
+    if (snapshot.bytes.size() < kHeaderInts * sizeof(int32_t)) return true;   // nothing stored
+    const uint8_t* p = snapshot.bytes.data() + kHeaderInts * sizeof(int32_t);
+    const size_t n = snapshot.bytes.size() - kHeaderInts * sizeof(int32_t);
+    const KvFormatInfo& f = kv_format_info(snapshot.kv_type);
+    const auto bytes = static_cast<size_t>(f.block_bytes);
+    bool ok = true;   // accumulated without branching out early: the loops vectorise
+    switch (snapshot.kv_type) {
+    case KvType::f32:
+        for (size_t i = 0; i + 4 <= n; i += 4) ok &= f32_bits_finite(u32_at(p + i));
+        break;
+    case KvType::f16:
+        for (size_t i = 0; i + 2 <= n; i += 2) ok &= f16_bits_finite(u16_at(p + i));
+        break;
+    case KvType::bf16:
+        for (size_t i = 0; i + 2 <= n; i += 2) ok &= bf16_bits_finite(u16_at(p + i));
+        break;
+    case KvType::q8_0:   // the int8 codes are always finite
+        for (size_t i = 0; i + bytes <= n; i += bytes) ok &= f16_bits_finite(u16_at(p + i));
+        break;
+    case KvType::f8_e4m3:
+        for (size_t i = 0; i + bytes <= n; i += bytes) {
+            ok &= f16_bits_finite(u16_at(p + i));
+            for (size_t j = 2; j < bytes; ++j) ok &= e4m3_finite(p[i + j]);
+        }
+        break;
+    }
+    return ok;
+}
+
 KvSnapshot kv_snapshot_join(const KvSnapshot& front, const KvSnapshot& back) {
     int32_t a[kHeaderInts] = {}, b[kHeaderInts] = {};
     if (front.bytes.size() < sizeof a || back.bytes.size() < sizeof b)

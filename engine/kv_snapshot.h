@@ -40,6 +40,15 @@ int32_t kv_restore_whole(const KvSnapshotShape& shape, const KvSnapshot& snapsho
 // copied nothing, when it does not fit: another shape or type, another start, wrong length, past n_ctx.
 int32_t kv_restore_range(const KvSnapshotShape& shape, int32_t n_past, const KvSnapshot& range, const KvRowsIn& in);
 
+// The positions a whole snapshot's header says it holds; -1 when it is too short to have a header.
+int32_t kv_snapshot_positions(const KvSnapshot& snapshot);
+
+// True when every value the snapshot stores is finite: each element of the float formats, each block's
+// scale of q8_0 and f8_e4m3 and each e4m3 code. A NaN or infinity in a cache never comes from a forward
+// of a sound model (a damaged or crafted file does hold them) and would turn every later logit into
+// NaN. The rows are uniform runs of elements or blocks, so no shape is needed. Linear in the bytes.
+bool kv_snapshot_finite(const KvSnapshot& snapshot);
+
 // A split model's cache (engine/split_backend.h) is two caches over consecutive layers. join() makes one
 // snapshot of the model from the front layers' and the back layers' snapshots of the same positions;
 // split() undoes it for a front part of `front_layers` layers with those KV head counts. Both throw

@@ -32,6 +32,7 @@ public:
     size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) override {
         return last().top_logits(row, penalties, out);
     }
+    FloatScan scan_logits(int row) override { return last().scan_logits(row); }
     int32_t n_past() const override { return last().n_past(); }
     void kv_truncate(int32_t n_past) override;
     KvSnapshot kv_save(int32_t n) const override;

@@ -1,5 +1,6 @@
 #include "formats/atomic_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string_view>
 
 #include "base/error.h"
 #include "formats/text.h"
@@ -53,13 +55,42 @@ const mode_t g_umask = [] {
     return m;
 }();
 
+// The temporary name's tail: ".tmp.<pid>.<16 lowercase hex digits>" (stale_temporary_pid reads it back).
+constexpr int kSuffixHexDigits = 16;
 std::string unique_suffix() {
     static std::mt19937_64 rng{std::random_device{}() ^ (static_cast<uint64_t>(::getpid()) << 32)};
     static std::atomic<uint64_t> counter{0};
     char buf[64];
-    std::snprintf(buf, sizeof buf, ".tmp.%d.%016llx", static_cast<int>(::getpid()),
+    std::snprintf(buf, sizeof buf, ".tmp.%d.%0*llx", static_cast<int>(::getpid()), kSuffixHexDigits,
                   static_cast<unsigned long long>(rng() ^ counter.fetch_add(1)));
     return buf;
+}
+
+// The pid in `name` when it is exactly `base`.tmp.<pid>.<16 lowercase hex digits> (an AtomicFile's temporary
+// name for PATH = .../base), else -1.
+pid_t temporary_name_pid(std::string_view name, std::string_view base) {
+    const std::string_view prefix = ".tmp.";
+    if (name.size() <= base.size() + prefix.size() || name.substr(0, base.size()) != base ||
+        name.substr(base.size(), prefix.size()) != prefix)
+        return -1;
+    std::string_view rest = name.substr(base.size() + prefix.size());
+    const size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string_view::npos || dot > 9 || rest[0] == '0') return -1;   // 1 .. 999999999
+    long pid = 0;
+    for (const char c : rest.substr(0, dot)) {
+        if (c < '0' || c > '9') return -1;
+        pid = pid * 10 + (c - '0');
+    }
+    const std::string_view hex = rest.substr(dot + 1);
+    if (hex.size() != kSuffixHexDigits) return -1;
+    for (const char c : hex)
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return -1;
+    return static_cast<pid_t>(pid);
+}
+
+std::string base_name_of(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 std::string errno_hint(int err) {
@@ -98,6 +129,37 @@ std::string directory_of(const std::string& path) {
 }
 
 } // namespace
+
+void remove_stale_temporaries(const std::string& path) noexcept {
+    const std::string base = base_name_of(path);
+    if (base.empty()) return;
+    const int dfd = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return;
+    // readdir on a duplicate, so that dfd stays ours for fstatat and unlinkat (closedir closes the duplicate).
+    const int list_fd = ::dup(dfd);
+    DIR* dir = list_fd >= 0 ? ::fdopendir(list_fd) : nullptr;
+    if (!dir) {
+        if (list_fd >= 0) ::close(list_fd);
+        ::close(dfd);
+        return;
+    }
+    const pid_t self = ::getpid();
+    const uid_t me = ::geteuid();
+    while (const dirent* e = ::readdir(dir)) {
+        const pid_t pid = temporary_name_pid(e->d_name, base);
+        if (pid <= 0 || pid == self) continue;
+        // Only a writer that is gone: ESRCH. EPERM is a live process of another user; a pid reused by a live
+        // process keeps the file (left for a later write), never the reverse.
+        if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+        // A regular file of ours, looked at where it is: never through a symlink, never another user's file.
+        struct stat st {};
+        if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (!S_ISREG(st.st_mode) || st.st_uid != me) continue;
+        ::unlinkat(dfd, e->d_name, 0);   // a name swapped since fstatat: unlinkat removes the entry, follows nothing
+    }
+    ::closedir(dir);
+    ::close(dfd);
+}
 
 void check_write_target(const std::string& path) {
     struct stat st {};
@@ -152,6 +214,7 @@ TemporaryFileName::~TemporaryFileName() {
 
 AtomicFile::AtomicFile(std::string path, Options options) : path_(std::move(path)), options_(std::move(options)) {
     check_write_target(path_);
+    remove_stale_temporaries(path_);
     for (int attempt = 0;; ++attempt) {
         temp_ = path_ + unique_suffix();
         // Claimed before the file exists, so a signal between open() and here cannot leave it.

@@ -8,8 +8,10 @@
 //   - a planted symlink is never followed: not at the temporary name (O_EXCL|O_NOFOLLOW) nor at
 //     PATH, which must be absent or a regular file (a symlink, directory, device node or FIFO there
 //     is refused, so `/save /dev/full` cannot replace a device node with a regular file);
-//   - the temporary file is removed on every way out: an exception or error (the destructor), and
-//     SIGINT/SIGTERM/SIGHUP (remove_temporary_files_now(), called by the app's signal handlers).
+//   - the temporary file is removed on every way out that runs code: an exception or error (the
+//     destructor), and SIGINT/SIGTERM/SIGHUP/SIGQUIT (remove_temporary_files_now(), called by the app's
+//     signal handlers). SIGKILL (or a power cut) runs nothing and leaves PATH.tmp.<pid>.<random>: the next
+//     write to PATH removes it (remove_stale_temporaries).
 #include <sys/types.h>
 
 #include <cstddef>
@@ -68,6 +70,13 @@ private:
 // a device node, a FIFO): such a target is refused, never replaced. Commands call it before long
 // work, so a bad OUT fails at once; AtomicFile checks again.
 void check_write_target(const std::string& path);
+
+// Removes the temporary files that writers of PATH killed without a chance to clean up (SIGKILL) left
+// beside it: entries of PATH's directory named exactly PATH.tmp.<pid>.<16 hex digits>, whose pid is not a
+// live process (kill(pid, 0) fails with ESRCH, in this pid namespace), that are regular files owned by
+// this user, examined and unlinked relative to the directory without following a symlink. Best effort:
+// nothing is reported. Every AtomicFile calls it before creating its own temporary file.
+void remove_stale_temporaries(const std::string& path) noexcept;
 
 // Unlinks every temporary file an AtomicFile (or a TemporaryFileName) holds right now. Async-signal-safe:
 // signal handlers call it before the process ends.

@@ -11,7 +11,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "formats/atomic_file.h"
@@ -21,13 +23,52 @@
 namespace tern {
 namespace {
 
-// Closes the descriptor on every path out of open(); the mapping outlives it.
+// Closes the descriptor on every path out of open() but success, where the MappedFile keeps it.
 struct FdGuard {
     int fd;
     ~FdGuard() {
         if (fd >= 0) ::close(fd);
     }
+    int release() { return std::exchange(fd, -1); }
 };
+
+FileIdentity identity_of(const struct stat& st) {
+    return {static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+            static_cast<int64_t>(st.st_mtim.tv_nsec)};
+}
+
+// The descriptor's file no longer has `at_open`'s size or modification time (or cannot be examined).
+bool identity_changed(int fd, const FileIdentity& at_open) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return true;
+    return identity_of(st) != at_open;
+}
+
+// ---- The files check_mapped_files() watches ------------------------------------------------------
+// Keyed by an id that moves with the MappedFile (its address does not), guarded by a mutex: the
+// engine thread checks while another thread may open or close a file. The descriptor is the
+// MappedFile's; it is removed here before it is closed.
+struct Watched {
+    int fd = -1;
+    FileIdentity identity;
+    std::string path;
+};
+std::mutex g_watch_mutex;
+std::map<uint64_t, Watched> g_watched;
+uint64_t g_next_watch_id = 1;
+
+uint64_t watch(int fd, const FileIdentity& identity, const std::string& path) {
+    std::lock_guard<std::mutex> lock(g_watch_mutex);
+    const uint64_t id = g_next_watch_id++;
+    g_watched.emplace(id, Watched{fd, identity, path});
+    return id;
+}
+
+void unwatch(uint64_t id) {
+    if (id == 0) return;
+    std::lock_guard<std::mutex> lock(g_watch_mutex);
+    g_watched.erase(id);
+}
 
 std::string errno_text(int err) {
     return std::strerror(err);
@@ -101,6 +142,27 @@ void unregister_mapping(int slot) {
 
 } // namespace
 
+FileChanged::FileChanged(std::string path_)
+    : RuntimeFailure(path_ + ": the file changed while tern was using it (rewritten in place: its size or "
+                             "modification time is not what it was when it was opened), so what was computed "
+                             "from it since may be wrong; write model files to a new name and rename them"),
+      path(std::move(path_)) {}
+
+void check_mapped_files() {
+    std::optional<std::string> changed;
+    {
+        std::lock_guard<std::mutex> lock(g_watch_mutex);
+        for (const auto& [id, w] : g_watched)
+            if (identity_changed(w.fd, w.identity)) {
+                changed = w.path;
+                break;
+            }
+    }
+    if (changed) throw FileChanged(*changed);
+}
+
+bool MappedFile::changed() const { return fd_ >= 0 && identity_changed(fd_, identity_); }
+
 MappedFile MappedFile::open(const std::string& path) {
     // O_NONBLOCK so that a FIFO given by mistake fails below instead of blocking forever in
     // open(); it has no effect on regular files.
@@ -135,28 +197,40 @@ MappedFile MappedFile::open(const std::string& path) {
     m.data_ = static_cast<const uint8_t*>(p);
     m.size_ = size;
     m.sigbus_slot_ = register_mapping(m.data_, m.size_, path);
+    m.identity_ = identity_of(st);
+    m.fd_ = guard.release();
+    m.watch_id_ = watch(m.fd_, m.identity_, path);
     return m;
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
-      sigbus_slot_(std::exchange(other.sigbus_slot_, -1)) {}
+      fd_(std::exchange(other.fd_, -1)), identity_(other.identity_),
+      sigbus_slot_(std::exchange(other.sigbus_slot_, -1)), watch_id_(std::exchange(other.watch_id_, 0)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     if (this != &other) {
-        unregister_mapping(sigbus_slot_);
-        if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+        close_mapping();
         path_ = std::move(other.path_);
         data_ = std::exchange(other.data_, nullptr);
         size_ = std::exchange(other.size_, 0);
+        fd_ = std::exchange(other.fd_, -1);
+        identity_ = other.identity_;
         sigbus_slot_ = std::exchange(other.sigbus_slot_, -1);
+        watch_id_ = std::exchange(other.watch_id_, 0);
     }
     return *this;
 }
 
-MappedFile::~MappedFile() {
-    unregister_mapping(sigbus_slot_);
+MappedFile::~MappedFile() { close_mapping(); }
+
+void MappedFile::close_mapping() noexcept {
+    unwatch(std::exchange(watch_id_, 0));
+    unregister_mapping(std::exchange(sigbus_slot_, -1));
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    data_ = nullptr;
+    size_ = 0;
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
 }
 
 } // namespace tern

@@ -52,6 +52,20 @@ inline std::string rewrite_zeroing(const TempDir& dir, const std::string& src, c
     });
 }
 
+// rewrite_gguf with the tensors named by `fill` replaced by F32 tensors of their shape holding `value` in every
+// element (NaN, infinity: the damaged weights the logit guard meets).
+inline std::string rewrite_filled(const TempDir& dir, const std::string& src, const std::string& name,
+                                  const std::function<bool(const std::string&)>& fill, float value) {
+    std::vector<std::vector<float>> kept;   // outlive the write, as add_tensor's spans must
+    return rewrite_gguf(dir, src, name, [](GgufWriter&) {}, [&](GgufWriter& w, const GgufTensor& t) {
+        if (!fill(t.name)) return false;
+        const std::vector<float>& v = kept.emplace_back(static_cast<size_t>(t.n_elements()), value);
+        w.add_tensor(t.name, GgmlType::F32, std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)),
+                     std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)));
+        return true;
+    });
+}
+
 // The InputError loading `path` gives, or "" when it loads.
 inline std::string load_error(const std::string& path) {
     try {

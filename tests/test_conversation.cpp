@@ -6,7 +6,10 @@
 // `tern chat` end to end (terminal and scripts) is test_cli_chat.cpp.
 #include <doctest/doctest.h>
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -17,6 +20,7 @@
 #include "engine/chat/conversation_file.h"
 #include "engine/model.h"
 #include "engine/generation/session.h"
+#include "engine/kv_snapshot.h"
 #include "base/error.h"
 #include "tests/test_support.h"
 #include "tests/test_tokenizer_support.h"
@@ -324,4 +328,159 @@ TEST_CASE("/save then /load continues with the same greedy tokens, prefilling on
         save_conversation(file, co, *other, settings);
         refused(test::read_file(file), "another model");
     }
+}
+
+// ---- The KV part of a conversation file: its count and its values --------------------------------
+
+namespace {
+
+// A conversation file's JSON and KV parts (layout: engine/chat/conversation_file.h), and the file rebuilt from
+// them with a valid checksum: damage a crafted file can hold.
+struct FileParts {
+    nlohmann::json json;
+    std::string kv;
+};
+
+uint64_t u64_at(const std::string& b, size_t at) {
+    uint64_t v = 0;
+    std::memcpy(&v, b.data() + at, sizeof v);
+    return v;
+}
+
+FileParts split_file(const std::string& bytes) {
+    const uint64_t n_json = u64_at(bytes, 16);
+    const uint64_t n_kv = u64_at(bytes, 24 + n_json);
+    return {nlohmann::json::parse(bytes.substr(24, n_json)), bytes.substr(32 + n_json, n_kv)};
+}
+
+std::string join_file(const std::string& original, const FileParts& parts) {
+    const std::string json = parts.json.dump();
+    auto u64 = [](uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), sizeof v); };
+    std::string out = original.substr(0, 16) + u64(json.size()) + json + u64(parts.kv.size()) + parts.kv;
+    return out + u64(XXH3_64bits(out.data(), out.size()));
+}
+
+KvSnapshot snapshot_of(KvType type, int32_t n, const std::vector<uint8_t>& body) {
+    KvSnapshot s;
+    s.kv_type = type;
+    s.n_past = n;
+    const int32_t header[7] = {0x32564B54, static_cast<int32_t>(type), 1, 32, 32, 64, n};
+    s.bytes.assign(reinterpret_cast<const uint8_t*>(header), reinterpret_cast<const uint8_t*>(header) + sizeof header);
+    s.bytes.insert(s.bytes.end(), body.begin(), body.end());
+    return s;
+}
+
+} // namespace
+
+TEST_CASE("kv_snapshot_finite: NaN and infinity in every KV format's values and scales, e4m3 NaN codes") {
+    // One position, one head: a K row and a V row of 32 elements each.
+    const auto check = [](KvType type, size_t at, std::vector<uint8_t> bad) {
+        CAPTURE(kv_type_name(type));
+        CAPTURE(at);
+        const size_t n = 2 * kv_row_bytes(type, 32);
+        std::vector<uint8_t> body(n, 0);
+        CHECK(kv_snapshot_finite(snapshot_of(type, 1, body)));
+        std::copy(bad.begin(), bad.end(), body.begin() + static_cast<std::ptrdiff_t>(at));
+        CHECK(!kv_snapshot_finite(snapshot_of(type, 1, body)));
+        CHECK(kv_snapshot_positions(snapshot_of(type, 1, body)) == 1);
+    };
+    for (size_t at : {size_t{0}, size_t{124}, size_t{252}}) {
+        check(KvType::f32, at, {0x00, 0x00, 0xc0, 0x7f});   // NaN
+        check(KvType::f32, at, {0x00, 0x00, 0x80, 0xff});   // -inf: no K or V is infinite
+    }
+    for (size_t at : {size_t{0}, size_t{62}, size_t{126}}) {
+        check(KvType::f16, at, {0x00, 0x7e});
+        check(KvType::f16, at, {0x00, 0x7c});
+        check(KvType::bf16, at, {0xc0, 0x7f});
+        check(KvType::bf16, at, {0x80, 0xff});
+    }
+    for (size_t at : {size_t{0}, size_t{34}}) {   // each block's f16 scale
+        check(KvType::q8_0, at, {0x00, 0x7e});
+        check(KvType::f8_e4m3, at, {0x00, 0x7c});
+    }
+    check(KvType::f8_e4m3, 40, {0x7f});   // an e4m3 NaN code
+    check(KvType::f8_e4m3, 67, {0xff});
+    // q8_0 codes are integers: any byte is a value.
+    std::vector<uint8_t> codes(68, 0xff);
+    codes[0] = codes[1] = codes[34] = codes[35] = 0;
+    CHECK(kv_snapshot_finite(snapshot_of(KvType::q8_0, 1, codes)));
+    CHECK(kv_snapshot_positions(KvSnapshot{}) == -1);
+}
+
+TEST_CASE("/load refuses a KV part holding NaN or disagreeing with kv_tokens (checksum valid), and takes 0 positions") {
+    if (!test::shared_available()) return;
+    test::TempDir dir;
+    const std::string file = (dir / "chat.tern").string();
+    const nlohmann::json settings = {{"temp", 0.0}, {"n_predict", 6}};
+    auto a = session_for(stories(), 256);
+    Conversation ca(*a, named("chatml"));
+    turn(*a, ca, "Once upon a time", 6);
+    save_conversation(file, ca, *a, settings);
+    const std::string bytes = test::read_file(file);
+    const FileParts good = split_file(bytes);
+    const int32_t held = good.json["kv_tokens"];
+    REQUIRE(held > 0);
+
+    auto b = session_for(stories(), 256);
+    Conversation cb(*b, named("chatml"));
+    turn(*b, cb, "Hello", 4);
+    const std::vector<int32_t> kept = cb.tokens();
+    const auto refused = [&](const FileParts& parts, const std::string& what) {
+        const std::string bad = (dir / "bad.tern").string();
+        test::write_file(bad, join_file(bytes, parts));
+        try {
+            apply_conversation(read_conversation(bad, *b), *b, cb);
+            FAIL("accepted a bad file");
+        } catch (const InputError& e) {
+            CHECK(std::string(e.what()) == bad + ": the file is damaged: " + what);
+        }
+        CHECK(cb.tokens() == kept);
+        const auto cached = static_cast<std::ptrdiff_t>(b->kv_tokens().size());
+        CHECK(b->kv_tokens() == std::vector<int32_t>(kept.begin(), kept.begin() + cached));
+    };
+
+    FileParts nan = good;
+    nan.kv[28 + 2 * 7] = 0x00;
+    nan.kv[28 + 2 * 7 + 1] = 0x7e;   // one f16 NaN in the first K row
+    refused(nan, "the KV part holds NaN or infinite values");
+
+    FileParts zero = good;
+    zero.json["kv_tokens"] = 0;   // the data holds `held` positions
+    refused(zero, "the KV part holds " + std::to_string(held) + " positions but kv_tokens says 0");
+
+    FileParts fewer = good;
+    fewer.json["kv_tokens"] = held - 1;
+    refused(fewer, "the KV part holds " + std::to_string(held) + " positions but kv_tokens says " +
+                       std::to_string(held - 1));
+
+    // Session::restore, handed a snapshot whose data holds more positions than tokens: it says both counts.
+    KvSnapshot more;
+    more.kv_type = KvType::f16;
+    more.bytes.assign(good.kv.begin(), good.kv.end());
+    more.n_past = held - 1;
+    const std::vector<int32_t> fewer_tokens(static_cast<size_t>(held - 1), 5);
+    try {
+        b->restore(more, fewer_tokens, false);
+        FAIL("restored a snapshot of another length");
+    } catch (const UsageError& e) {
+        CHECK(std::string(e.what()) == "the KV snapshot's data holds " + std::to_string(held) + " positions but " +
+                                           std::to_string(held - 1) + " tokens were given for it");
+    }
+    CHECK(b->kv_tokens().empty());   // emptied, never left half restored
+    CHECK(b->backend().n_past() == 0);
+
+    // A conversation whose cache held nothing when it was saved: 0 positions, as many claimed. It loads, and the
+    // next turn prefills what the cache lacks.
+    a->reset();
+    save_conversation(file, ca, *a, settings);
+    const FileParts empty_kv = split_file(test::read_file(file));
+    CHECK(empty_kv.json["kv_tokens"] == 0);
+    auto c = session_for(stories(), 256);
+    Conversation cc(*c, named("chatml"));
+    apply_conversation(read_conversation(file, *c), *c, cc);
+    CHECK(cc.tokens() == ca.tokens());
+    CHECK(c->kv_tokens().empty());
+    const GenerateResult next = turn(*c, cc, "Go on", 4);
+    CHECK(next.n_reused == 0);
+    CHECK(next.n_prefilled == static_cast<int32_t>(next.prompt_tokens.size()));
 }

@@ -37,6 +37,7 @@
 #include "engine/split_backend.h"
 #include "engine/tools/synth.h"
 #include "kernels/cuda/gemm_q8.h"
+#include "tests/gguf_rewrite.h"
 #include "tests/quick_mode.h"
 #include "tests/test_support.h"
 
@@ -803,6 +804,35 @@ TEST_CASE("cuda backend: top_logits selects on the GPU what the host selects fro
     CHECK_THROWS_AS(cuda.top_logits(0, {}, too_many), UsageError);
     std::vector<LogitCandidate> one(1);
     CHECK_THROWS_AS(cuda.top_logits(3, {}, one), UsageError);
+}
+
+TEST_CASE("cuda backend: scan_logits flags on the GPU what the host's scan of the same rows finds") {
+    if (!test::shared_available()) return;
+    test::TempDir dir;
+    // stories260K, and a copy whose output norm is NaN: every logit NaN.
+    const std::string damaged = test::rewrite_filled(
+        dir, test::stories(), "nan.gguf", [](const std::string& name) { return name == "output_norm.weight"; }, NAN);
+    for (const std::string& path : {test::stories(), damaged}) {
+        CAPTURE(path);
+        const Model model = load_model(path);
+        CudaBackend cuda;
+        cuda.load(model.config, model.weights, RunOptions{16, KvType::f16});
+        const std::vector<int32_t> tokens = ramp_tokens(3, model.config.vocab);
+        cuda.forward({tokens, 0, LogitsWanted::all});
+        for (int row = 0; row < 3; ++row) {
+            const FloatScan device = cuda.scan_logits(row);
+            const FloatScan host = scan_floats(cuda.logits(row));
+            CHECK(device.nan == host.nan);
+            CHECK(device.pos_inf == host.pos_inf);
+            CHECK(device.finite == host.finite);
+            CHECK(device.nan == (path == damaged));
+        }
+        // A later forward keeps one row: its flags are scanned again, the old rows are gone.
+        const int32_t next = 5;
+        cuda.forward({std::span<const int32_t>(&next, 1), 3, LogitsWanted::last});
+        CHECK(cuda.scan_logits(0).nan == (path == damaged));
+        CHECK_THROWS_AS(cuda.scan_logits(1), UsageError);
+    }
 }
 
 TEST_CASE("cuda backend: the weights' upload reports its progress, ending at the total") {

@@ -24,6 +24,7 @@
 #include <random>
 #include <vector>
 
+#include "base/float_scan.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/matmul_q8.h"
@@ -390,6 +391,42 @@ TEST_CASE("argmax_rows and argmax_rows_split pick the CPU's index: planted ties 
                 CHECK(got[r] == want[r]);
                 CHECK(got_split[r] == want[r]);
             }
+        }
+    }
+}
+
+TEST_CASE("scan_rows flags each row as scan_floats does: NaN, +inf and finite values in any slice, -inf none") {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t width : {int64_t{1}, int64_t{33}, int64_t{4096 + 5}, int64_t{262144}}) {
+        CAPTURE(width);
+        const auto w = static_cast<size_t>(width);
+        std::vector<std::vector<float>> rows;
+        rows.emplace_back(w, 0.5f);
+        for (size_t at : {size_t{0}, w / 2, w - 1}) {
+            for (float bad : {nan, -nan, inf, -inf}) {
+                std::vector<float> v(w, -1.5f);
+                v[at] = bad;
+                rows.push_back(v);
+            }
+        }
+        rows.emplace_back(w, -inf);
+        std::vector<float> mixed(w, -inf);   // NaN and +inf in different slices, nothing finite
+        mixed[w - 1] = nan;
+        mixed[0] = inf;
+        rows.push_back(mixed);
+        std::vector<float> all;
+        for (const std::vector<float>& r : rows) all.insert(all.end(), r.begin(), r.end());
+        DeviceArray<float> dx(all.size());
+        dx.write(all);
+        DeviceArray<uint32_t> flags(rows.size());
+        tern::cuda::scan_rows(dx.get(), static_cast<int64_t>(rows.size()), width, flags.get(), nullptr);
+        const std::vector<uint32_t> got = flags.read();
+        for (size_t r = 0; r < rows.size(); ++r) {
+            CAPTURE(r);
+            const tern::FloatScan want = tern::scan_floats(rows[r]);
+            CHECK(((got[r] & tern::cuda::kRowHasNan) != 0) == want.nan);
+            CHECK(((got[r] & tern::cuda::kRowHasPosInf) != 0) == want.pos_inf);
+            CHECK(((got[r] & tern::cuda::kRowHasFinite) != 0) == want.finite);
         }
     }
 }

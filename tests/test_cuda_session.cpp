@@ -90,6 +90,8 @@ public:
         return inner_->logits(row);
     }
     void argmax(std::span<int32_t> per_row) override { inner_->argmax(per_row); }
+    // The guard's scan of each sampled row, where the row is (on the GPU: no row copied back).
+    FloatScan scan_logits(int row) override { return inner_->scan_logits(row); }
     size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) override {
         ++top_logits_calls;
         return on_host_ ? Backend::top_logits(row, penalties, out) : inner_->top_logits(row, penalties, out);

@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "engine/quantize/held_out.h"
 #include "engine/quantize/pipeline.h"
 #include "formats/gguf.h"
+#include "formats/mapped_file.h"
 #include "quant/plan.h"
 #include "tests/test_support.h"
 
@@ -214,6 +217,32 @@ TEST_CASE("write_quantized stops at a raised cancel flag and leaves no file") {
         CHECK(std::string(err.what()) == kQuantizeInterrupted);
     }
     CHECK(fs::is_empty(dir.path()));
+}
+
+TEST_CASE("write_quantized stops when its input is rewritten in place, naming it, and leaves no file") {
+    if (!test::shared_available()) return;
+    test::TempDir dir;
+    const fs::path in = dir / "in.gguf";
+    fs::copy_file(gguf("stories260K-f32"), in);
+    fs::last_write_time(in, fs::last_write_time(in) - std::chrono::hours(1));   // a write now changes the time
+    const GgufFile f = GgufFile::open(in.string());
+    const QuantizeJob job = plan_quantize(f, plan_for("q4_0"));
+    {
+        std::fstream rewrite(in, std::ios::in | std::ios::out | std::ios::binary);
+        rewrite.seekp(static_cast<std::streamoff>(fs::file_size(in) / 2));
+        rewrite.write("\0\0\0\0", 4);
+    }
+    fs::create_directory(dir / "out");
+    Events e;
+    try {
+        write_quantized(f, job, (dir / "out" / "out.gguf").string(), nullptr, 2, nullptr, counting(e));
+        FAIL("the write did not notice the rewrite");
+    } catch (const FileChanged& err) {
+        CHECK(err.code() == ExitCode::runtime);
+        CHECK(err.path == in.string());
+    }
+    CHECK(e.tensors.size() == 1);   // noticed after the first tensor
+    CHECK(fs::is_empty(dir / "out"));
 }
 
 } // namespace tern

@@ -199,6 +199,67 @@ TEST_CASE("AtomicFile: writers racing on one file each rename a whole file of th
     }
 }
 
+namespace {
+
+// The pid of a process that has exited and been reaped: no process has it (until the kernel reuses it).
+pid_t dead_pid() {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) _exit(0);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    return pid;
+}
+
+} // namespace
+
+TEST_CASE("AtomicFile: a write removes the temporary files that killed writers of the same file left, and only those") {
+    TempDir dir;
+    const std::string out = (dir / "model.gguf").string();
+    const pid_t dead = dead_pid();
+    REQUIRE(::kill(dead, 0) != 0);
+    const std::string tail = ".0123456789abcdef";
+    const std::string stale = "model.gguf.tmp." + std::to_string(dead) + tail;
+    write_file(dir / stale, "left by SIGKILL");
+    // Kept: a live writer's (this process), a symlink, a directory, names of another form or another OUT.
+    const std::string live = "model.gguf.tmp." + std::to_string(::getpid()) + tail;
+    write_file(dir / live, "being written");
+    write_file(dir / "victim", "not ours to remove");
+    const std::string link = "model.gguf.tmp." + std::to_string(dead) + ".fedcba9876543210";
+    fs::create_symlink(dir / "victim", dir / link);
+    const std::string directory = "model.gguf.tmp." + std::to_string(dead) + ".00000000000000aa";
+    fs::create_directory(dir / directory);
+    const std::vector<std::string> other_forms = {
+        "model.gguf.tmp." + std::to_string(dead) + ".0123456789abcde",     // 15 digits
+        "model.gguf.tmp." + std::to_string(dead) + ".0123456789ABCDEF",    // upper case
+        "model.gguf.tmp.0" + std::to_string(dead) + tail,                  // a leading zero
+        "model.gguf.tmp." + std::to_string(dead) + tail + ".x",           // a longer name
+        "other.gguf.tmp." + std::to_string(dead) + tail,                   // another OUT's
+        "xmodel.gguf.tmp." + std::to_string(dead) + tail,
+    };
+    for (const std::string& name : other_forms) write_file(dir / name, "kept");
+
+    write_atomically(out, "new model");
+    CHECK(read_file(out) == "new model");
+    CHECK(!fs::exists(dir / stale));
+    CHECK(read_file(dir / live) == "being written");
+    CHECK(fs::is_symlink(dir / link));
+    CHECK(read_file(dir / "victim") == "not ours to remove");
+    CHECK(fs::is_directory(dir / directory));
+    for (const std::string& name : other_forms) CHECK(fs::exists(dir / name));
+}
+
+TEST_CASE("synth killed by SIGKILL leaves its temporary file; the next synth to that OUT removes it") {
+    TempDir dir;
+    const std::string out = (dir / "synth.gguf").string();
+    const pid_t dead = dead_pid();
+    // What a SIGKILL-ed synth leaves: its name exactly, a pid that is gone.
+    write_file(dir / ("synth.gguf.tmp." + std::to_string(dead) + ".00c0ffee00c0ffee"), std::string(4096, 'x'));
+    const CommandResult r = run_tern({"synth", out, "--shape", "tiny", "--type", "q8_0"});
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(names_in(dir.path()) == std::vector<std::string>{"synth.gguf"});
+}
+
 TEST_CASE("prompt-cache directories are created 0700, entries 0600") {
     TempDir dir;
     const fs::path cache = dir / "a" / "b" / "prompts";

@@ -71,6 +71,8 @@ public:
         ++top_logits_calls;
         return select_top_logits(logits_, penalties, out);
     }
+    // Scanned where the row is, as a GPU backend does (CudaBackend::scan_logits): not a copy of the row.
+    FloatScan scan_logits(int) override { return scan_floats(logits_); }
     void argmax(std::span<int32_t> per_row) override {
         int32_t best = 0;
         for (int32_t i = 1; i < vocab; ++i)

@@ -11,7 +11,10 @@
 #include "engine/generation/completion_stream.h"
 #include "engine/generation/session.h"
 #include "engine/load_errors.h"
+#include "engine/logit_guard.h"
+#include "engine/model.h"
 #include "engine/prefix_cache/prefix_cache.h"
+#include "formats/mapped_file.h"
 
 namespace tern {
 
@@ -213,7 +216,36 @@ void BatchEngine::run() {
     }
 }
 
-bool BatchEngine::step() { return batched_ ? step_batched() : step_one(); }
+bool BatchEngine::step() {
+    try {
+        return batched_ ? step_batched() : step_one();
+    } catch (const FileChanged& e) {
+        fail_all(e.what());
+        return true;
+    }
+}
+
+void BatchEngine::fail_all(const std::string& message) {
+    std::vector<JobPtr> jobs;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+        draining_ = true;
+        fatal_error_ = message;
+        jobs.assign(running_.begin(), running_.end());
+        jobs.insert(jobs.end(), std::make_move_iterator(resume_.begin()), std::make_move_iterator(resume_.end()));
+        jobs.insert(jobs.end(), std::make_move_iterator(waiting_.begin()), std::make_move_iterator(waiting_.end()));
+        resume_.clear();
+        waiting_.clear();
+    }
+    for (const JobPtr& j : jobs) fail_job(*j, message);
+    wake_.notify_all();
+}
+
+std::string BatchEngine::fatal_error() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fatal_error_;
+}
 
 // ---------------------------------------------------------------------------------------------
 // One request at a time through the Session.
@@ -233,6 +265,8 @@ bool BatchEngine::step_one() {
         running_.clear();
     }
     wake_.notify_all();
+    // The Session checked the model between its steps and failed the job if it changed; the engine stops then.
+    check_mapped_files();
     return true;
 }
 
@@ -317,8 +351,11 @@ bool BatchEngine::step_batched() {
         update_kv_stats();
         return worked || !running_.empty();
     }
+    // A model rewritten in place since the last step: this step's rows may be garbage (step() stops the engine).
+    check_mapped_files();
     Backend& backend = session_.backend();
     const Tokenizer& tokenizer = session_.tokenizer();
+    const std::string_view model_path = session_.model() ? std::string_view(session_.model()->file.path()) : "";
     const bool any_argmax = std::any_of(spanned.begin(), spanned.end(), [](const JobPtr& j) { return j->use_argmax; });
     if (any_argmax) {
         row_argmax_.resize(spanned.size());
@@ -351,6 +388,7 @@ bool BatchEngine::step_batched() {
             } else {
                 int32_t token = 0;
                 const int r = static_cast<int>(row);
+                check_logit_row(backend, r, static_cast<int32_t>(j.kv.size()) - 1, model_path);
                 if (j.use_argmax) {
                     token = row_argmax_[row];
                 } else if (j.top.empty()) {

@@ -219,6 +219,11 @@ public:
     // Waits for the thread start() spawned (after drain() or stop()).
     void join();
 
+    // Why the engine stopped for good ("" while it has not): a model file it reads changed under it
+    // (formats/mapped_file.h check_mapped_files). Every request running or waiting then failed with this
+    // message, and new ones are refused as after stop(): a server built on the engine should exit.
+    std::string fatal_error() const;
+
     // Nothing waiting nor running.
     bool idle() const;
     BatchStats stats() const;
@@ -251,6 +256,8 @@ private:
     void preempt(Job& job);
     void finish_job(Job& job, StopReason reason);
     void fail_job(Job& job, std::string message);
+    // Fails every running, preempted and waiting request with `message` and stops the engine (fatal_error).
+    void fail_all(const std::string& message);
     void retire(Job& job, BatchResult result, bool keep_prefix);
     void release_seq(Job& job, bool keep);
     bool drop_oldest_held();
@@ -277,6 +284,7 @@ private:
     RequestId next_id_ = 1;
     bool draining_ = false;
     bool stopping_ = false;
+    std::string fatal_error_;
     BatchStats stats_;
     std::thread thread_;
 

@@ -10,6 +10,7 @@
 
 #include "engine/model.h"
 #include "engine/generation/session.h"
+#include "engine/kv_snapshot.h"
 #include "formats/atomic_file.h"
 #include "base/error.h"
 #include "formats/input_file.h"
@@ -261,6 +262,12 @@ SavedConversation read_conversation(const std::string& path, const Session& sess
                 throw damaged("settings." + printable(key) + ": expected a number, found " +
                               std::string(value.type_name()));
         if (saved.kv.n_past > n_tokens) throw bad("the KV part holds more positions than the conversation has tokens");
+        // The KV part's own count must be the JSON's: restoring either count would pair K/V with other tokens.
+        if (const int32_t held = kv_snapshot_positions(saved.kv); held != saved.kv.n_past)
+            throw damaged("the KV part holds " + (held < 0 ? std::string("no") : std::to_string(held)) +
+                          " positions but kv_tokens says " + std::to_string(saved.kv.n_past));
+        // A NaN or infinity in the K/V would make every later logit NaN: refused here, while the chat goes on.
+        if (!kv_snapshot_finite(saved.kv)) throw damaged("the KV part holds NaN or infinite values");
         if (static_cast<int64_t>(s.tokens.size()) > session.n_ctx())
             throw ConversationMismatch(ConversationMismatch::Kind::context, path, std::to_string(s.tokens.size()),
                                        std::to_string(session.n_ctx()));

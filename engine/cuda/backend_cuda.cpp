@@ -608,6 +608,7 @@ void CudaBackend::finish_logits(int64_t rows) {
     n_logit_rows_ = static_cast<int>(rows);
     host_logits_.resize(static_cast<size_t>(rows) * static_cast<size_t>(config_.vocab));
     host_row_ready_.assign(static_cast<size_t>(rows), false);
+    host_row_flags_.clear();
 }
 
 // The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line, as the CPU backend's:
@@ -815,6 +816,28 @@ std::span<const float> CudaBackend::logits(int row) {
         host_row_ready_[static_cast<size_t>(row)] = true;
     }
     return {host, vocab};
+}
+
+FloatScan CudaBackend::scan_logits(int row) {
+    if (row < 0 || row >= n_logit_rows_)
+        throw UsageError("scan_logits: row " + std::to_string(row) + " requested but the last forward kept " +
+                         std::to_string(n_logit_rows_));
+    if (host_row_flags_.empty()) {
+        const auto rows = static_cast<size_t>(n_logit_rows_);
+        auto* flags = static_cast<uint32_t*>(row_flags_.reserve(rows * sizeof(uint32_t), "logit row flags"));
+        try {
+            cuda::scan_rows(logits_.floats(0, "logits"), n_logit_rows_, config_.vocab, flags, stream_);
+        } catch (const cuda::Error& e) {
+            throw RuntimeFailure(std::string("cuda: ") + e.what());
+        }
+        host_row_flags_.resize(rows);
+        cuda_call(cudaMemcpyAsync(host_row_flags_.data(), flags, rows * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                                  stream_),
+                  "copying the logit row flags to the host");
+        cuda_call(cudaStreamSynchronize(stream_), "copying the logit row flags to the host");
+    }
+    const uint32_t f = host_row_flags_[static_cast<size_t>(row)];
+    return {(f & cuda::kRowHasNan) != 0, (f & cuda::kRowHasPosInf) != 0, (f & cuda::kRowHasFinite) != 0};
 }
 
 void CudaBackend::argmax(std::span<int32_t> per_row) {

@@ -76,6 +76,9 @@ public:
     void argmax(std::span<int32_t> per_row) override;
     // The candidates selected on the GPU (kernels/cuda/sampling.h): k pairs are copied back, not the row.
     size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) override;
+    // Every kept row scanned on the device at the first request after a forward (kernels/cuda/elementwise.h
+    // scan_rows): a word per row crosses to the host, not the row.
+    FloatScan scan_logits(int row) override;
     int32_t n_past() const override { return kv_.n_past(); }
     void kv_truncate(int32_t n_past) override;
     KvSnapshot kv_save(int32_t n) const override;
@@ -241,6 +244,8 @@ private:
     // Host copies of logit rows, fetched on first request after each forward.
     std::vector<float> host_logits_;
     std::vector<bool> host_row_ready_;
+    DeviceScratch row_flags_;               // scan_logits: each kept row's flags on the device
+    std::vector<uint32_t> host_row_flags_;  // and on the host; empty until the first scan after a forward
     std::vector<float> observed_;   // a projection input copied back for the observer
 };
 

@@ -10,7 +10,10 @@
 #include "engine/generation/accept_drafts.h"
 #include "engine/generation/sampler.h"
 #include "engine/generation/token_logprobs.h"
+#include "engine/logit_guard.h"
+#include "engine/model.h"
 #include "engine/speculative/drafter.h"
+#include "formats/mapped_file.h"
 
 namespace tern {
 
@@ -39,12 +42,18 @@ bool length_reached(const GenerateOptions& o, const CompletionStream& stream) {
 // the sampler over the whole row.
 class TargetTokens {
 public:
-    TargetTokens(Backend& backend, const SamplingParams& params)
+    // `model`: the file named when a row is not finite.
+    TargetTokens(Backend& backend, const SamplingParams& params, std::string_view model)
         : backend_(backend), sampler_(params), device_argmax_(sampler_.greedy() && penalties_off(params)),
-          top_(static_cast<size_t>(device_argmax_ ? 0 : sampler_.candidates_needed())) {}
+          top_(static_cast<size_t>(device_argmax_ ? 0 : sampler_.candidates_needed())), model_(model) {}
 
-    // A forward left `rows` rows of logits.
-    void forwarded(size_t rows) {
+    // A forward left `rows` rows of logits, the first for the token at KV position `first_pos`. Before any
+    // is sampled, the model files must be unchanged since they were opened (check_mapped_files) and every
+    // row finite (check_logit_row: a draft's row that is not means damage as much as the newest token's).
+    void forwarded(size_t rows, int32_t first_pos) {
+        check_mapped_files();
+        for (size_t r = 0; r < rows; ++r)
+            check_logit_row(backend_, static_cast<int>(r), first_pos + static_cast<int32_t>(r), model_);
         if (!device_argmax_) return;
         row_argmax_.resize(rows);
         backend_.argmax(row_argmax_);
@@ -68,6 +77,7 @@ private:
     bool device_argmax_;
     std::vector<int32_t> row_argmax_;   // device_argmax_: the argmax of each row
     std::vector<LogitCandidate> top_;   // the candidates the sampler needs; empty: it needs the row
+    std::string_view model_;
 };
 
 // One token from logit row `row`, through every stop rule in the order plain decoding applies them. `logprobs`:
@@ -128,10 +138,10 @@ void Session::restore(const KvSnapshot& snapshot, std::span<const int32_t> token
                          std::to_string(tokens.size()) + " tokens in a " + std::to_string(n_ctx_) +
                          "-token context");
     backend_->kv_load(snapshot);
-    if (backend_->n_past() != snapshot.n_past) {   // bytes that disagree with their own count
-        reset();
-        throw UsageError("the KV snapshot's data holds " + std::to_string(backend_->n_past()) +
-                         " positions, not the " + std::to_string(snapshot.n_past) + " it claims");
+    if (const int32_t held = backend_->n_past(); held != snapshot.n_past) {   // bytes that disagree with their count
+        reset();   // the count is taken first: reset() empties the cache
+        throw UsageError("the KV snapshot's data holds " + std::to_string(held) + " positions but " +
+                         std::to_string(snapshot.n_past) + " tokens were given for it");
     }
     kv_tokens_.assign(tokens.begin(), tokens.end());
     kv_shifted_ = shifted;
@@ -189,8 +199,9 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
 }
 
 StopReason Session::decode(CompletionStream& stream, const GenerateOptions& options, GenerateResult& r) {
-    TargetTokens target(*backend_, options.sampling);
-    target.forwarded(1);         // the prefill's last row
+    const std::string_view model_path = model_ ? std::string_view(model_->file.path()) : std::string_view();
+    TargetTokens target(*backend_, options.sampling, model_path);
+    target.forwarded(1, static_cast<int32_t>(kv_tokens_.size()) - 1);   // the prefill's last row
     std::vector<int32_t> step;   // the last decode forward: the newest token, then its drafts
     for (;;) {
         const std::span<const int32_t> drafts =
@@ -207,7 +218,7 @@ StopReason Session::decode(CompletionStream& stream, const GenerateOptions& opti
         if (!make_room(options)) return StopReason::context;
         next_step(stream, options, step);
         forward_step(step, options);
-        target.forwarded(step.size());
+        target.forwarded(step.size(), static_cast<int32_t>(kv_tokens_.size() - step.size()));
     }
 }
 

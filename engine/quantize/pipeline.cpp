@@ -10,6 +10,7 @@
 #include "engine/quantize/convert.h"
 #include "formats/atomic_file.h"
 #include "formats/gguf_writer.h"
+#include "formats/mapped_file.h"
 #include "quant/compensated.h"
 
 namespace tern {
@@ -142,6 +143,8 @@ QuantizeOutcome write_quantized(const GgufFile& in, const QuantizeJob& job, cons
                            [&](uint64_t tensor_done) { shown->update(done + tensor_done); });
             done += static_cast<uint64_t>(t.n_elements());
             if (cancel && cancel->load()) throw_quantize_interrupted();
+            // The input rewritten in place while it was read: the output would mix two files (nothing is written).
+            check_mapped_files();
         });
     };
     const std::vector<TensorCalibration> reference(plan.tensors.size());

@@ -6,6 +6,8 @@
 #include <random>
 #include <string>
 
+#include "engine/logit_guard.h"
+#include "formats/mapped_file.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
 #include "base/error.h"
@@ -106,6 +108,14 @@ BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
     // timer would stop before the work did (and the next timed region would pay for it).
     int32_t picked = 0;
     const std::span<int32_t> pick(&picked, 1);
+    // Generation checks the model file and every row it samples (formats/mapped_file.h, engine/logit_guard.h):
+    // so does the measurement, whose cost it is part of. `pos0`: the position of the first row's token.
+    const auto argmax_checked = [&](std::span<int32_t> picks, int32_t pos0) {
+        check_mapped_files();
+        for (size_t row = 0; row < picks.size(); ++row)
+            check_logit_row(backend, static_cast<int>(row), pos0 + static_cast<int32_t>(row), o.model_path);
+        backend.argmax(picks);
+    };
 
     // The context every measurement starts from, filled once; runs truncate back to it. Chunks of
     // 512 keep the fill's activations small for deep contexts.
@@ -118,7 +128,7 @@ BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
                          done, LogitsWanted::last});
         done += n;
     }
-    if (o.depth > 0) backend.argmax(pick);
+    if (o.depth > 0) argmax_checked(pick, o.depth - 1);
     r.depth_fill_ms = ms_since(t_fill);
 
     const std::vector<int32_t> prompt = random_tokens(o.n_prompt, vocab, rng);
@@ -130,7 +140,7 @@ BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
             backend.kv_truncate(o.depth);
             const auto t0 = std::chrono::steady_clock::now();
             backend.forward({prompt, o.depth, LogitsWanted::last});
-            backend.argmax(pick);
+            argmax_checked(pick, o.depth + o.n_prompt - 1);
             const double ms = ms_since(t0);
             if (run > 0) r.prefill_ms.push_back(ms);
         }
@@ -142,7 +152,7 @@ BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
             for (int32_t i = 0; i < o.n_gen; ++i) {
                 backend.forward({std::span<const int32_t>(&gen[static_cast<size_t>(i)], 1), o.depth + i,
                                  LogitsWanted::last});
-                backend.argmax(pick);
+                argmax_checked(pick, o.depth + i);
             }
             const double ms = ms_since(t0);
             if (run > 0) r.decode_ms.push_back(ms);
@@ -154,7 +164,7 @@ BenchResult run_bench(Backend& backend, int32_t vocab, const BenchOptions& o) {
             std::vector<int32_t> picks(static_cast<size_t>(o.n_verify));
             const auto t0 = std::chrono::steady_clock::now();
             backend.forward({verify, o.depth, LogitsWanted::all});
-            backend.argmax(picks);
+            argmax_checked(picks, o.depth);
             const double ms = ms_since(t0);
             if (run > 0) r.verify_ms.push_back(ms);
         }

@@ -6,6 +6,7 @@
 // single-token forwards, both starting from a KV cache holding `depth` positions.
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "engine/backend.h"
@@ -42,6 +43,7 @@ struct BenchOptions {
     int32_t depth = 0;        // KV positions filled before each measurement
     int32_t n_verify = 0;     // tokens of one speculative verification forward (every row's logits; 0: none)
     uint64_t seed = 1;        // of the pseudo-random token ids
+    std::string model_path;   // names the file when a row is not finite (engine/logit_guard.h)
     // Called after the warm-up (run 0) and each timed run (1 .. repetitions); may be empty.
     std::function<void(int run, int n_runs)> progress;
 };

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "engine/backend.h"
+#include "engine/logit_guard.h"
+#include "formats/mapped_file.h"
 #include "base/error.h"
 #include "base/parallel_for.h"
 #include "kernels/cpu_features.h"
@@ -59,7 +61,11 @@ PerplexityResult compute_perplexity(Backend& backend, std::span<const int32_t> t
             const int32_t lo = std::max(first, p0), hi = std::min(ctx - 2, p0 + len - 1);
             // logits() may not be thread-safe on every backend: fetch the spans first.
             std::vector<std::span<const float>> rows;
-            for (int32_t pos = lo; pos <= hi; ++pos) rows.push_back(backend.logits(pos - p0));
+            check_mapped_files();
+            for (int32_t pos = lo; pos <= hi; ++pos) {
+                check_logit_row(backend, pos - p0, pos, opt.model_path);
+                rows.push_back(backend.logits(pos - p0));
+            }
             parallel_for(hi - lo + 1, resolve_threads(0), 8, [&](int64_t a, int64_t b) {
                 for (int32_t pos = lo + static_cast<int32_t>(a); pos < lo + static_cast<int32_t>(b); ++pos)
                     nll[static_cast<size_t>(pos)] = token_nll(rows[static_cast<size_t>(pos - lo)], chunk[static_cast<size_t>(pos + 1)]);

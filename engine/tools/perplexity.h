@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "base/error.h"
@@ -21,6 +22,7 @@ struct PerplexityOptions {
     int32_t n_batch = 2048;       // tokens per forward (a chunk takes ceil(n_ctx / n_batch) forwards)
     int64_t max_chunks = -1;      // -1: every whole chunk of the text
     int32_t bos = -1;             // replaces each chunk's first token when >= 0 (vocabularies that add BOS)
+    std::string model_path;       // names the file when a scored row is not finite (engine/logit_guard.h)
     const std::atomic<bool>* cancel = nullptr;   // checked between forwards; throws TernError(interrupted)
     std::function<void(int64_t chunks_done, int64_t chunks_total)> progress;
 };

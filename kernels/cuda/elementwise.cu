@@ -247,6 +247,32 @@ template <int VEC> __global__ void argmax_slices_kernel(const float* x, int widt
     if (threadIdx.x == 0) keys[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = key;
 }
 
+struct OrOp {
+    template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a | b; }
+};
+
+// blockIdx.y is the row, blockIdx.x one of its `chunk`-float slices: the slice's kinds ORed into flags[row]. A
+// sound slice costs one compare per value and one atomic per block.
+__global__ void scan_slices_kernel(const float* x, int width, int chunk, uint32_t* flags) {
+    const int begin = static_cast<int>(blockIdx.x) * chunk;
+    const int end = min(begin + chunk, width);
+    const float* r = x + static_cast<int64_t>(blockIdx.y) * width;
+    uint32_t mine = 0;
+    for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += static_cast<int>(blockDim.x)) {
+        const uint32_t u = __float_as_uint(r[i]);
+        const uint32_t magnitude = u & 0x7FFFFFFFu;
+        if (magnitude > 0x7F800000u)
+            mine |= kRowHasNan;
+        else if (u == 0x7F800000u)
+            mine |= kRowHasPosInf;
+        else if (u != 0xFF800000u)
+            mine |= kRowHasFinite;
+    }
+    __shared__ uint32_t partial[32];
+    const uint32_t block = block_reduce(mine, OrOp{}, partial);
+    if (threadIdx.x == 0 && block != 0) atomicOr(&flags[blockIdx.y], block);
+}
+
 // One warp per row folds the slices' keys: out[row].
 __global__ void argmax_fold_kernel(const uint64_t* keys, int slices, int32_t* out) {
     const uint64_t* k = keys + static_cast<int64_t>(blockIdx.x) * slices;
@@ -338,6 +364,17 @@ void argmax_rows_split(const float* x, int64_t rows, int64_t width, int32_t* out
         launch(argmax_slices_kernel<1>, grid, dim3(kArgmaxSliceThreads), 0, stream, x, static_cast<int>(width),
                kArgmaxSliceFloats, keys);
     launch(argmax_fold_kernel, dim3(static_cast<unsigned>(rows)), dim3(32), 0, stream, keys, slices, out);
+}
+
+void scan_rows(const float* x, int64_t rows, int64_t width, uint32_t* flags, cudaStream_t stream) {
+    check_argmax_shape(rows, width);
+    if (rows == 0) return;
+    require(rows < 65536, "scan_rows takes at most 65535 rows");
+    check(cudaMemsetAsync(flags, 0, static_cast<size_t>(rows) * sizeof(uint32_t), stream), "zeroing the row flags");
+    const int slices = static_cast<int>((width + kArgmaxSliceFloats - 1) / kArgmaxSliceFloats);
+    const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(rows));
+    launch(scan_slices_kernel, grid, dim3(kArgmaxSliceThreads), 0, stream, x, static_cast<int>(width),
+           kArgmaxSliceFloats, flags);
 }
 
 } // namespace TERN_CUDA_ABI
