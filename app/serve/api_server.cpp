@@ -392,9 +392,9 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, HttpResponder& out) 
         else if (!ex->echo.empty())
             first = sse_event(completion_chunk(ex->header, ex->echo));
         if (!write(first)) return;
-    } else if (!out.start_stream(200, "application/json")) {
-        return;
     }
+    // A whole answer is written once its result is known, so a failure gets its own status (500, 503)
+    // rather than the 200 a stream has already sent; until then the client is only watched.
 
     std::optional<BatchResult> done;
     while (!done) {
@@ -437,7 +437,8 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, HttpResponder& out) 
         }
         body += kSseDone;
     } else if (failure) {
-        body = dump_json(failure->body());
+        out.send(error_body(*failure));
+        return;
     } else {
         json logprobs = nullptr;
         if (ex->logprobs) {
@@ -448,8 +449,9 @@ void ApiServer::answer(const std::shared_ptr<Exchange>& ex, HttpResponder& out) 
         }
         std::optional<SplitReply> split;
         if (ex->in_channels) split = split_reply_channels(done->text);
-        body = dump_json(ex->chat ? chat_completion_json(ex->header, *done, logprobs, split ? &*split : nullptr)
-                                  : text_completion_json(ex->header, *done, ex->echo + done->text, logprobs));
+        out.send(json_reply(200, ex->chat ? chat_completion_json(ex->header, *done, logprobs, split ? &*split : nullptr)
+                                          : text_completion_json(ex->header, *done, ex->echo + done->text, logprobs)));
+        return;
     }
     if (write(body)) out.finish();
 }

@@ -16,9 +16,10 @@
 //
 // Answers are written on the HTTP server's worker threads: the engine's callbacks only append to the
 // request's own buffer (they never block on a socket), and the worker waits on it, looking every 50 ms
-// whether the client is still there. A non-streamed answer is therefore sent chunked with status 200
-// decided when the request was admitted; an engine failure after that point arrives as an error body
-// (streams: an SSE event {"error": ...}). This file knows nothing of sockets.
+// whether the client is still there. A non-streamed answer is written whole once its result is known,
+// so an engine failure gets its status (500; 503 when cancelled by a shutdown) and an error body; a
+// stream has sent 200 already, and a failure arrives as an SSE event {"error": ...}. This file knows
+// nothing of sockets.
 #include <atomic>
 #include <cstdint>
 #include <map>
