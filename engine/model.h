@@ -20,4 +20,8 @@ struct Model {
 // Model is move-only; moving keeps the mapping's address, so the weight views stay valid.
 Model load_model(const std::string& path);
 
+// The checks load_model makes of an opened file (metadata, every tensor's presence, shape and format, the small
+// tensors' values), the views it builds dropped: what `tern info` runs to refuse what `tern run` refuses.
+void check_model_file(const GgufFile& file);
+
 } // namespace tern
