@@ -52,6 +52,8 @@ bool is_integer(GgmlType type) {
     return type == GgmlType::I8 || type == GgmlType::I16 || type == GgmlType::I32 || type == GgmlType::I64;
 }
 
+bool has_refused_encodings(GgmlType type) { return type == GgmlType::MXFP4; }
+
 // An encoding the format excludes, whatever the block's values: E8M0 reserves 0xff for NaN (ggml's decoder
 // reads it as 2^127, which the codes then push past FLT_MAX or leave huge).
 std::string refused_encoding(GgmlType type, const uint8_t* block) {
@@ -102,15 +104,21 @@ std::optional<BadValue> find_bad_value(GgmlType type, const uint8_t* data, int64
     const auto* raw = reinterpret_cast<const uint8_t*>(bytes.data());
     for (int64_t b0 = 0; b0 < n_blocks; b0 += blocks_per_chunk) {
         const int64_t nb = std::min(blocks_per_chunk, n_blocks - b0);
-        std::memcpy(bytes.data(), data + static_cast<size_t>(b0) * ti.block_bytes, static_cast<size_t>(nb) * ti.block_bytes);
+        const int64_t n_values = nb * ti.block_elems;
+        const uint8_t* src = data + static_cast<size_t>(b0) * ti.block_bytes;
         int64_t refused = -1;
         std::string refusal;
-        for (int64_t b = 0; b < nb && refused < 0; ++b) {
-            refusal = refused_encoding(type, raw + static_cast<size_t>(b) * ti.block_bytes);
-            if (!refusal.empty()) refused = b;
+        if (type == GgmlType::F32) {   // the bytes are the values: one copy, no decode
+            std::memcpy(values.data(), src, static_cast<size_t>(n_values) * sizeof(float));
+        } else {
+            std::memcpy(bytes.data(), src, static_cast<size_t>(nb) * ti.block_bytes);
+            if (has_refused_encodings(type))
+                for (int64_t b = 0; b < nb && refused < 0; ++b) {
+                    refusal = refused_encoding(type, raw + static_cast<size_t>(b) * ti.block_bytes);
+                    if (!refusal.empty()) refused = b;
+                }
+            dequantize_row(type, raw, values.data(), n_values);
         }
-        const int64_t n_values = nb * ti.block_elems;
-        dequantize_row(type, raw, values.data(), n_values);
         const int64_t bad = first_non_finite(std::span<const float>(values.data(), static_cast<size_t>(n_values)));
         if (refused < 0 && bad < 0) continue;
         BadValue r;
