@@ -13,7 +13,9 @@
 namespace tern {
 
 // True for NaN and +-inf: every exponent bit set.
-inline bool is_non_finite_bits(uint32_t bits) { return (bits & 0x7F800000u) == 0x7F800000u; }
+inline bool is_non_finite_bits(uint32_t bits) {
+    return (bits & 0x7F800000u) == 0x7F800000u;
+}
 
 // The index of the first NaN or +-inf in `values`, or -1 when every value is finite.
 inline int64_t first_non_finite(std::span<const float> values) {

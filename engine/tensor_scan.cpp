@@ -35,7 +35,8 @@ TensorScan scan_tensor_values(const GgufFile& file, int n_threads,
         const TypeInfo& ti = type_info(t.type);
         const int64_t n_blocks = t.n_elements() / ti.block_elems;
         const int64_t per_piece = std::max<int64_t>(1, static_cast<int64_t>(kPieceBytes / ti.block_bytes));
-        for (int64_t b = 0; b < n_blocks; b += per_piece) pieces.push_back({i, b, std::min(per_piece, n_blocks - b)});
+        for (int64_t b = 0; b < n_blocks; b += per_piece)
+            pieces.push_back({i, b, std::min(per_piece, n_blocks - b)});
         ++scan.tensors_checked;
         total += t.n_bytes;
     }

@@ -30,21 +30,36 @@ struct ScaleFields {
 
 ScaleFields f16_scales(GgmlType type) {
     switch (type) {
-    case GgmlType::Q4_0: return {{{"d", offsetof(BlockQ4_0, d)}}, 1};
-    case GgmlType::Q4_1: return {{{"d", offsetof(BlockQ4_1, d)}, {"m", offsetof(BlockQ4_1, m)}}, 2};
-    case GgmlType::Q5_0: return {{{"d", offsetof(BlockQ5_0, d)}}, 1};
-    case GgmlType::Q5_1: return {{{"d", offsetof(BlockQ5_1, d)}, {"m", offsetof(BlockQ5_1, m)}}, 2};
-    case GgmlType::Q8_0: return {{{"d", offsetof(BlockQ8_0, d)}}, 1};
-    case GgmlType::Q8_1: return {{{"d", offsetof(BlockQ8_1, d)}}, 1};
-    case GgmlType::Q2_K: return {{{"d", offsetof(BlockQ2_K, d)}, {"dmin", offsetof(BlockQ2_K, dmin)}}, 2};
-    case GgmlType::Q3_K: return {{{"d", offsetof(BlockQ3_K, d)}}, 1};
-    case GgmlType::Q4_K: return {{{"d", offsetof(BlockQ4_K, d)}, {"dmin", offsetof(BlockQ4_K, dmin)}}, 2};
-    case GgmlType::Q5_K: return {{{"d", offsetof(BlockQ5_K, d)}, {"dmin", offsetof(BlockQ5_K, dmin)}}, 2};
-    case GgmlType::Q6_K: return {{{"d", offsetof(BlockQ6_K, d)}}, 1};
-    case GgmlType::IQ4_NL: return {{{"d", offsetof(BlockIQ4_NL, d)}}, 1};
-    case GgmlType::IQ4_XS: return {{{"d", offsetof(BlockIQ4_XS, d)}}, 1};
-    case GgmlType::F8_E4M3: return {{{"d", offsetof(BlockF8_E4M3, d)}}, 1};
-    default: return {};
+    case GgmlType::Q4_0:
+        return {{{"d", offsetof(BlockQ4_0, d)}}, 1};
+    case GgmlType::Q4_1:
+        return {{{"d", offsetof(BlockQ4_1, d)}, {"m", offsetof(BlockQ4_1, m)}}, 2};
+    case GgmlType::Q5_0:
+        return {{{"d", offsetof(BlockQ5_0, d)}}, 1};
+    case GgmlType::Q5_1:
+        return {{{"d", offsetof(BlockQ5_1, d)}, {"m", offsetof(BlockQ5_1, m)}}, 2};
+    case GgmlType::Q8_0:
+        return {{{"d", offsetof(BlockQ8_0, d)}}, 1};
+    case GgmlType::Q8_1:
+        return {{{"d", offsetof(BlockQ8_1, d)}}, 1};
+    case GgmlType::Q2_K:
+        return {{{"d", offsetof(BlockQ2_K, d)}, {"dmin", offsetof(BlockQ2_K, dmin)}}, 2};
+    case GgmlType::Q3_K:
+        return {{{"d", offsetof(BlockQ3_K, d)}}, 1};
+    case GgmlType::Q4_K:
+        return {{{"d", offsetof(BlockQ4_K, d)}, {"dmin", offsetof(BlockQ4_K, dmin)}}, 2};
+    case GgmlType::Q5_K:
+        return {{{"d", offsetof(BlockQ5_K, d)}, {"dmin", offsetof(BlockQ5_K, dmin)}}, 2};
+    case GgmlType::Q6_K:
+        return {{{"d", offsetof(BlockQ6_K, d)}}, 1};
+    case GgmlType::IQ4_NL:
+        return {{{"d", offsetof(BlockIQ4_NL, d)}}, 1};
+    case GgmlType::IQ4_XS:
+        return {{{"d", offsetof(BlockIQ4_XS, d)}}, 1};
+    case GgmlType::F8_E4M3:
+        return {{{"d", offsetof(BlockF8_E4M3, d)}}, 1};
+    default:
+        return {};
     }
 }
 
@@ -52,7 +67,9 @@ bool is_integer(GgmlType type) {
     return type == GgmlType::I8 || type == GgmlType::I16 || type == GgmlType::I32 || type == GgmlType::I64;
 }
 
-bool has_refused_encodings(GgmlType type) { return type == GgmlType::MXFP4; }
+bool has_refused_encodings(GgmlType type) {
+    return type == GgmlType::MXFP4;
+}
 
 // An encoding the format excludes, whatever the block's values: E8M0 reserves 0xff for NaN (ggml's decoder
 // reads it as 2^127, which the codes then push past FLT_MAX or leave huge).
@@ -108,7 +125,7 @@ std::optional<BadValue> find_bad_value(GgmlType type, const uint8_t* data, int64
         const uint8_t* src = data + static_cast<size_t>(b0) * ti.block_bytes;
         int64_t refused = -1;
         std::string refusal;
-        if (type == GgmlType::F32) {   // the bytes are the values: one copy, no decode
+        if (type == GgmlType::F32) { // the bytes are the values: one copy, no decode
             std::memcpy(values.data(), src, static_cast<size_t>(n_values) * sizeof(float));
         } else {
             std::memcpy(bytes.data(), src, static_cast<size_t>(nb) * ti.block_bytes);

@@ -16,9 +16,9 @@ namespace tern {
 bool values_checkable(GgmlType type);
 
 struct BadValue {
-    int64_t block = 0;     // the block that holds it (the element itself for the plain float formats)
-    int64_t element = 0;   // its first non-finite element, or the block's first when its encoding is refused
-    float value = 0.0f;    // what that element decodes to
+    int64_t block = 0;   // the block that holds it (the element itself for the plain float formats)
+    int64_t element = 0; // its first non-finite element, or the block's first when its encoding is refused
+    float value = 0.0f;  // what that element decodes to
     // In words, for an error line after the tensor's name: "element 17 is nan", "block 12 (elements
     // 384..415): its f16 scale d is inf (0x7c00)", "block 3 (elements 96..127): its E8M0 scale byte is 0xff
     // (NaN)", "block 9 (elements 288..319): element 300 decodes to inf".
