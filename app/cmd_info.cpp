@@ -93,8 +93,9 @@ void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors, 
     std::cout << "chat template:   " << s.chat_template << "\n";
     if (scan)
         std::cout << "check:           passed: " << scan->tensors_checked << " tensors, every value finite"
-                  << (scan->skipped.empty() ? "" : " (" + std::to_string(scan->skipped.size()) +
-                                                       " in formats tern cannot decode not checked)")
+                  << (scan->skipped.empty()
+                          ? ""
+                          : " (" + std::to_string(scan->skipped.size()) + " in formats tern cannot decode not checked)")
                   << "\n";
     if (!with_tensors) return;
     std::cout << "\n";
@@ -167,7 +168,7 @@ void check_as_run_would(const GgufFile& file, const ModelSummary& s) {
 // command's one error line (exit 2).
 TensorScan check_values(const GgufFile& file) {
     const auto t0 = std::chrono::steady_clock::now();
-    ProgressBar bar("check", 1000);   // in thousandths of the bytes to decode
+    ProgressBar bar("check", 1000); // in thousandths of the bytes to decode
     TensorScan scan = scan_tensor_values(file, resolve_threads(0), [&bar](uint64_t done, uint64_t total) {
         bar.update(total ? done * 1000 / total : 1000);
     });
@@ -201,8 +202,10 @@ Command add_info_command(CLI::App& root) {
                 std::optional<TensorScan> scan;
                 if (args->check) scan = check_values(file);
                 const TensorScan* checked = scan ? &*scan : nullptr;
-                if (args->json) print_json(file, summary, args->tensors, checked);
-                else print_text(file, summary, args->tensors, checked);
+                if (args->json)
+                    print_json(file, summary, args->tensors, checked);
+                else
+                    print_text(file, summary, args->tensors, checked);
                 std::cout.flush();
                 return 0;
             }};

@@ -174,7 +174,8 @@ constexpr FloatRange kYarnBetaRange{0.0f, false, kFloatMax, "a number of rotatio
 constexpr FloatRange kYarnLogMulRange{0.0f, true, kFloatMax, "a multiplier of YaRN's 0.1 ln(factor)"};
 constexpr FloatRange kAttnFactorRange{0.0f, false, 10.0f, "it multiplies every rotated q and k value"};
 constexpr FloatRange kSoftcapRange{0.0f, false, kFloatMax, "c * tanh(x / c) caps scores and logits at +-c"};
-constexpr FloatRange kTemperatureRange{0.0f, true, 10.0f, "q's temperature 1 + scale * ln(...) grows with the position"};
+constexpr FloatRange kTemperatureRange{0.0f, true, 10.0f,
+                                       "q's temperature 1 + scale * ln(...) grows with the position"};
 constexpr FloatRange kExpertScaleRange{0.0f, false, kFloatMax, "it multiplies the chosen experts' weights"};
 
 // llama.cpp's expert_gating_func values (LLAMA_EXPERT_GATING_FUNC_TYPE); 0 says nothing (the architecture's own).
@@ -182,9 +183,12 @@ constexpr std::array<std::string_view, 4> kGatingFuncNames = {"none", "softmax",
 
 int64_t gating_func_value(ExpertGating g) {
     switch (g) {
-    case ExpertGating::softmax: return 1;
-    case ExpertGating::sigmoid: return 2;
-    case ExpertGating::softmax_weight: return 3;
+    case ExpertGating::softmax:
+        return 1;
+    case ExpertGating::sigmoid:
+        return 2;
+    case ExpertGating::softmax_weight:
+        return 3;
     }
     return 0;
 }
@@ -201,18 +205,18 @@ void check_routing_keys(const MetaReader& meta, std::string_view arch, ExpertGat
         if (v < 0 || v >= static_cast<int64_t>(kGatingFuncNames.size()))
             meta.fail("expert_gating_func", "value " + std::to_string(v) +
                                                 " is not a gating function (the format defines 0 none, 1 softmax, "
-                                                "2 sigmoid, 3 softmax_weight; " + std::string(arch) + " routes by " +
-                                                own_text + ")");
+                                                "2 sigmoid, 3 softmax_weight; " +
+                                                std::string(arch) + " routes by " + own_text + ")");
         if (v != 0 && v != own)
-            meta.fail("expert_gating_func", "value " + std::to_string(v) + " (" +
-                                                std::string(kGatingFuncNames[size_t(v)]) + ") is not supported: " +
-                                                std::string(arch) + " routes its experts by " + own_text);
+            meta.fail("expert_gating_func",
+                      "value " + std::to_string(v) + " (" + std::string(kGatingFuncNames[size_t(v)]) +
+                          ") is not supported: " + std::string(arch) + " routes its experts by " + own_text);
     }
     if (meta.has("expert_weights_scale")) {
         const float scale = meta.get_f32_in("expert_weights_scale", 1.0f, kExpertScaleRange);
         if (scale != 1.0f)
-            meta.fail("expert_weights_scale", "value " + float_text(scale) + " is not supported: " +
-                                                  std::string(arch) + " weights its experts without a scale (1)");
+            meta.fail("expert_weights_scale", "value " + float_text(scale) + " is not supported: " + std::string(arch) +
+                                                  " weights its experts without a scale (1)");
     }
 }
 
@@ -415,7 +419,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         meta.fail("rope.scaling.type",
                   "'" + printable(scaling) + "' is not supported (supported: none, linear, yarn, longrope)");
     }
-    if (!(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))   // a factor so small its inverse overflows
+    if (!(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale)) // a factor so small its inverse overflows
         meta.fail(factor_key, "value " + float_text(factor) + " is out of range (1 / factor is not finite)");
     // YaRN's parameters; absent keys take llama.cpp's defaults (ext_factor 1, betas 32 and 1, no log multiplier).
     float yarn_ext = 0.0f, beta_fast = 32.0f, beta_slow = 1.0f, log_mul = 0.0f;

@@ -5,9 +5,9 @@
 #include <optional>
 #include <string>
 
-#include "engine/model_config.h"
 #include "base/error.h"
 #include "base/finite.h"
+#include "engine/model_config.h"
 #include "formats/gguf.h"
 #include "quant/reference.h"
 #include "quant/value_check.h"
@@ -146,7 +146,8 @@ void check_small_tensor_values(const GgufFile& file, const ModelWeights& w) {
         for (size_t i = 0; i < f.size(); ++i)
             if (!(f[i] > 0.0f))
                 throw InputError(file.path() + ": tensor " + t->name + ": element " + std::to_string(i) + " is " +
-                                 float_text(f[i]) + ", but rope factors divide the rope angles and must be > 0 (a "
+                                 float_text(f[i]) +
+                                 ", but rope factors divide the rope angles and must be > 0 (a "
                                  "damaged or wrongly converted file)");
     }
 }

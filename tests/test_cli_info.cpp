@@ -153,7 +153,7 @@ TEST_CASE("tern --version and usage errors") {
 TEST_CASE("tern info --check decodes every tensor: passes good files, names the first bad tensor and block (exit 2)") {
     if (!tern::test::shared_available()) return;
     tern::test::TempDir dir;
-    {   // A good file: the JSON says the check passed, stderr has the summary line.
+    { // A good file: the JSON says the check passed, stderr has the summary line.
         const auto r = run_tern({"info", tern::test::stories(), "--check", "--json"});
         REQUIRE(r.exit_code == 0);
         const auto j = nlohmann::json::parse(r.out);
@@ -167,28 +167,28 @@ TEST_CASE("tern info --check decodes every tensor: passes good files, names the 
         CHECK(text.exit_code == 0);
         CHECK(text.out.find("check:           passed: 48 tensors, every value finite\n") != std::string::npos);
     }
-    {   // A NaN in a big matrix: loading does not read it (plain info and run open the file), --check finds it.
+    { // A NaN in a big matrix: loading does not read it (plain info and run open the file), --check finds it.
         const std::string nan = tern::test::rewrite_with_value(dir, tern::test::stories(), "nan-matrix.gguf",
                                                                "blk.2.ffn_down.weight", 1000, NAN);
         CHECK(run_tern({"info", nan}).exit_code == 0);
         CHECK(check_error(nan) == "tensor blk.2.ffn_down.weight: element 1000 is nan" + kCheckTail);
-        const std::string inf = tern::test::rewrite_with_value(dir, tern::test::stories(), "inf-embd.gguf",
-                                                               "token_embd.weight", 4097, -INFINITY, tern::GgmlType::F16);
+        const std::string inf = tern::test::rewrite_with_value(
+            dir, tern::test::stories(), "inf-embd.gguf", "token_embd.weight", 4097, -INFINITY, tern::GgmlType::F16);
         CHECK(check_error(inf) == "tensor token_embd.weight: element 4097 is -inf" + kCheckTail);
     }
-    {   // Q4_0 and Q8_0 blocks with a NaN or inf f16 scale.
+    { // Q4_0 and Q8_0 blocks with a NaN or inf f16 scale.
         const fs::path q4 = dir / "q4_0.gguf";
         fs::copy_file(tern::test::shared_path("models/gguf/llama2xs-tok512-q4_0.gguf"), q4);
-        patch_tensor(q4, "blk.1.attn_q.weight", 18 * 7, std::string("\x00\x7e", 2));   // block 7's d = NaN
+        patch_tensor(q4, "blk.1.attn_q.weight", 18 * 7, std::string("\x00\x7e", 2)); // block 7's d = NaN
         CHECK(check_error(q4) ==
               "tensor blk.1.attn_q.weight: block 7 (elements 224..255): its f16 scale d is nan (0x7e00)" + kCheckTail);
         const fs::path q8 = dir / "q8_0.gguf";
         fs::copy_file(tern::test::shared_path("models/gguf/llama2xs-tok512-q8_0.gguf"), q8);
-        patch_tensor(q8, "blk.0.ffn_up.weight", 34 * 2, std::string("\x00\xfc", 2));   // block 2's d = -inf
+        patch_tensor(q8, "blk.0.ffn_up.weight", 34 * 2, std::string("\x00\xfc", 2)); // block 2's d = -inf
         CHECK(check_error(q8) ==
               "tensor blk.0.ffn_up.weight: block 2 (elements 64..95): its f16 scale d is -inf (0xfc00)" + kCheckTail);
     }
-    {   // A Q4_K super-block whose f16 d is inf, then one whose dmin is.
+    { // A Q4_K super-block whose f16 d is inf, then one whose dmin is.
         const fs::path q4k = dir / "q4_k.gguf";
         REQUIRE(run_tern({"synth", q4k.string(), "--shape", "tiny", "--type", "q4_k_m", "-t", "1"}).exit_code == 0);
         std::string name;
@@ -202,17 +202,18 @@ TEST_CASE("tern info --check decodes every tensor: passes good files, names the 
         }
         REQUIRE(!name.empty());
         CHECK(run_tern({"info", q4k.string(), "--check"}).exit_code == 0);
-        patch_tensor(q4k, name, 144 * 3 + 2, std::string("\x00\x7c", 2));   // block 3's dmin = inf
-        CHECK(check_error(q4k) == "tensor " + name + ": block 3 (elements 768..1023): its f16 scale dmin is inf (0x7c00)" +
-                                      kCheckTail);
-        patch_tensor(q4k, name, 144 * 3, std::string("\x00\x7c", 2));   // and its d
+        patch_tensor(q4k, name, 144 * 3 + 2, std::string("\x00\x7c", 2)); // block 3's dmin = inf
+        CHECK(check_error(q4k) ==
+              "tensor " + name + ": block 3 (elements 768..1023): its f16 scale dmin is inf (0x7c00)" + kCheckTail);
+        patch_tensor(q4k, name, 144 * 3, std::string("\x00\x7c", 2)); // and its d
         CHECK(check_error(q4k) ==
               "tensor " + name + ": block 3 (elements 768..1023): its f16 scale d is inf (0x7c00)" + kCheckTail);
     }
-    {   // MXFP4 experts: the E8M0 scale byte 0xff is NaN whatever the codes; 0xfe overflows the largest codes.
+    { // MXFP4 experts: the E8M0 scale byte 0xff is NaN whatever the codes; 0xfe overflows the largest codes.
         const fs::path mx = dir / "mxfp4.gguf";
-        REQUIRE(run_tern({"synth", mx.string(), "--shape", "tiny-gpt-oss", "--type", "mxfp4_moe", "-t", "1"}).exit_code ==
-                0);
+        REQUIRE(
+            run_tern({"synth", mx.string(), "--shape", "tiny-gpt-oss", "--type", "mxfp4_moe", "-t", "1"}).exit_code ==
+            0);
         const std::string exps = "blk.1.ffn_down_exps.weight";
         {
             const tern::GgufFile f = tern::GgufFile::open(mx.string());
@@ -222,12 +223,12 @@ TEST_CASE("tern info --check decodes every tensor: passes good files, names the 
         CHECK(run_tern({"info", mx.string(), "--check"}).exit_code == 0);
         const fs::path fe = dir / "mxfp4-fe.gguf";
         fs::copy_file(mx, fe);
-        patch_tensor(fe, exps, 17 * 6, std::string("\xfe\x07", 2));   // block 6: scale 2^127, element 0 code 12 (6.0)
-        CHECK(check_error(fe) == "tensor " + exps + ": block 6 (elements 192..223): element 192 decodes to inf" +
-                                     kCheckTail);
+        patch_tensor(fe, exps, 17 * 6, std::string("\xfe\x07", 2)); // block 6: scale 2^127, element 0 code 12 (6.0)
+        CHECK(check_error(fe) ==
+              "tensor " + exps + ": block 6 (elements 192..223): element 192 decodes to inf" + kCheckTail);
         patch_tensor(mx, exps, 17 * 5, std::string("\xff", 1));
-        CHECK(check_error(mx) == "tensor " + exps + ": block 5 (elements 160..191): its E8M0 scale byte is 0xff (NaN)" +
-                                     kCheckTail);
+        CHECK(check_error(mx) ==
+              "tensor " + exps + ": block 5 (elements 160..191): its E8M0 scale byte is 0xff (NaN)" + kCheckTail);
         // Plain info (what run checks at open) does not read the expert matrices.
         CHECK(run_tern({"info", mx.string()}).exit_code == 0);
     }
@@ -236,11 +237,12 @@ TEST_CASE("tern info --check decodes every tensor: passes good files, names the 
 TEST_CASE("tern info refuses what tern run refuses at open: metadata out of range, a NaN in a norm (exit 2)") {
     if (!tern::test::shared_available()) return;
     tern::test::TempDir dir;
-    const std::string norm = tern::test::rewrite_with_value(dir, tern::test::stories(), "nan-norm.gguf",
-                                                            "blk.3.ffn_norm.weight", 7, NAN);
-    const std::string base = tern::test::rewrite_gguf(dir, tern::test::stories(), "inf-base.gguf", [](tern::GgufWriter& w) {
-        w.set("llama.rope.freq_base", tern::GgufValue::make_f32(INFINITY));
-    });
+    const std::string norm =
+        tern::test::rewrite_with_value(dir, tern::test::stories(), "nan-norm.gguf", "blk.3.ffn_norm.weight", 7, NAN);
+    const std::string base =
+        tern::test::rewrite_gguf(dir, tern::test::stories(), "inf-base.gguf", [](tern::GgufWriter& w) {
+            w.set("llama.rope.freq_base", tern::GgufValue::make_f32(INFINITY));
+        });
     for (const auto& [path, what] : std::vector<std::pair<std::string, std::string>>{
              {norm, "tensor blk.3.ffn_norm.weight: element 7 is nan"},
              {base, "metadata llama.rope.freq_base: value inf is out of range"}}) {
@@ -252,6 +254,6 @@ TEST_CASE("tern info refuses what tern run refuses at open: metadata out of rang
         CHECK(info.out.empty());
         CHECK(count_lines(info.err) == 1);
         CHECK(info.err.starts_with("tern: " + path + ": " + what));
-        CHECK(info.err == run.err);   // the same check, the same line
+        CHECK(info.err == run.err); // the same check, the same line
     }
 }

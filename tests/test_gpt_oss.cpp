@@ -238,7 +238,8 @@ TEST_CASE("gpt-oss metadata and tensors: read, and one-line errors naming the fi
     CHECK(poked("blk.1.ffn_gate_inp.weight", 100, -INFINITY) ==
           "tensor blk.1.ffn_gate_inp.weight: element 100 is -inf" + tail);
     CHECK(poked("blk.3.ffn_gate_inp.bias", 7, NAN) == "tensor blk.3.ffn_gate_inp.bias: element 7 is nan" + tail);
-    CHECK(poked("blk.0.ffn_down_exps.bias", 2000, NAN) == "tensor blk.0.ffn_down_exps.bias: element 2000 is nan" + tail);
+    CHECK(poked("blk.0.ffn_down_exps.bias", 2000, NAN) ==
+          "tensor blk.0.ffn_down_exps.bias: element 2000 is nan" + tail);
     CHECK(poked("blk.0.ffn_up_exps.bias", 5, NAN) == "tensor blk.0.ffn_up_exps.bias: element 5 is nan" + tail);
     CHECK(poked("blk.1.attn_output.bias", 9, NAN) == "tensor blk.1.attn_output.bias: element 9 is nan" + tail);
 }

@@ -8,14 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu/backend_cpu.h"
-#include "engine/backend_factory.h"
-#include "engine/load_errors.h"
-#include "engine/model.h"
-#include "kernels/gpu_info.h"
 #include "base/error.h"
 #include "base/finite.h"
+#include "engine/backend_factory.h"
+#include "engine/cpu/backend_cpu.h"
+#include "engine/load_errors.h"
+#include "engine/model.h"
 #include "formats/gguf_writer.h"
+#include "kernels/gpu_info.h"
 #include "tests/gguf_rewrite.h"
 #include "tests/test_support.h"
 
@@ -541,14 +541,14 @@ TEST_CASE("metadata floats are finite and in their meaning's range, else one lin
         CAPTURE(v);
         GgufWriter w = tiny_writer(gemma2);
         w.set("gemma2.final_logit_softcapping", GgufValue::make_f32(v));
-        CHECK(meta_error(dir, w, "final-cap.gguf") == "metadata gemma2.final_logit_softcapping: value " +
-                                                          float_text(v) + " is out of range " + softcap_range);
+        CHECK(meta_error(dir, w, "final-cap.gguf") ==
+              "metadata gemma2.final_logit_softcapping: value " + float_text(v) + " is out of range " + softcap_range);
         GgufWriter a = tiny_writer(gemma2);
         a.set("gemma2.attn_logit_softcapping", GgufValue::make_f32(v));
-        CHECK(meta_error(dir, a, "attn-cap.gguf") == "metadata gemma2.attn_logit_softcapping: value " +
-                                                         float_text(v) + " is out of range " + softcap_range);
+        CHECK(meta_error(dir, a, "attn-cap.gguf") ==
+              "metadata gemma2.attn_logit_softcapping: value " + float_text(v) + " is out of range " + softcap_range);
     }
-    {   // A sliding window of 1 (each token alone), or 0.
+    { // A sliding window of 1 (each token alone), or 0.
         TinySpec g3 = gemma2;
         g3.arch = "gemma3";
         g3.qk_norm = true;
@@ -563,14 +563,15 @@ TEST_CASE("metadata floats are finite and in their meaning's range, else one lin
         w.set("gemma2.attention.sliding_window", GgufValue::make_u32(1));
         CHECK(meta_error(dir, w, "window2.gguf") ==
               "metadata gemma2.attention.sliding_window: value 1 is out of range (expected 2..1073741824)");
-        w.set("gemma2.attention.sliding_window", GgufValue::make_u32(2));   // the smallest window accepted
+        w.set("gemma2.attention.sliding_window", GgufValue::make_u32(2)); // the smallest window accepted
         CHECK(meta_error(dir, w, "window2.gguf") == "");
     }
 
     const TinySpec llama;
     const auto with = [&](const std::vector<std::pair<std::string, GgufValue>>& keys) {
         GgufWriter w = tiny_writer(llama);
-        for (const auto& [k, v] : keys) w.set("llama." + k, v);
+        for (const auto& [k, v] : keys)
+            w.set("llama." + k, v);
         return meta_error(dir, w, "llama.gguf");
     };
     const auto f32 = [](float v) { return GgufValue::make_f32(v); };
@@ -584,11 +585,12 @@ TEST_CASE("metadata floats are finite and in their meaning's range, else one lin
               "metadata llama.rope.scaling.factor: value " + float_text(v) + " is out of range " + yarn_range);
     }
     CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.factor", f32(1.0f)}}) == "");
-    CHECK(with({{"rope.scaling.factor", f32(0.0f)}}) == "");   // linear 0: no scaling, as the format says
+    CHECK(with({{"rope.scaling.factor", f32(0.0f)}}) == ""); // linear 0: no scaling, as the format says
     CHECK(with({{"rope.scaling.factor", f32(-2.0f)}}) ==
           "metadata llama.rope.scaling.factor: value -2 is out of range (expected a finite number > 0 and <= "
           "8.38861e+06: the original context times the factor must stay within 2^31 positions)");
-    CHECK(with({{"rope.scale_linear", f32(1e30f)}}).starts_with("metadata llama.rope.scale_linear: value 1e+30 is out"));
+    CHECK(
+        with({{"rope.scale_linear", f32(1e30f)}}).starts_with("metadata llama.rope.scale_linear: value 1e+30 is out"));
     // The rope base.
     for (const float v : {INFINITY, NAN, 0.0f, -10000.0f, 1.0f}) {
         CAPTURE(v);
@@ -609,11 +611,12 @@ TEST_CASE("metadata floats are finite and in their meaning's range, else one lin
     CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.yarn_ext_factor", f32(2.0f)}}) ==
           "metadata llama.rope.scaling.yarn_ext_factor: value 2 is out of range (expected a finite number >= 0 and "
           "<= 1: the share of the extrapolated angle in YaRN's ramp)");
-    CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.yarn_beta_slow", f32(NAN)}}).find(
-              "metadata llama.rope.scaling.yarn_beta_slow: value nan is out of range") == 0);
-    CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.yarn_log_multiplier", f32(-1.0f)}}).find(
-              "metadata llama.rope.scaling.yarn_log_multiplier: value -1 is out of range (expected a finite number "
-              ">= 0") == 0);
+    CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.yarn_beta_slow", f32(NAN)}})
+              .find("metadata llama.rope.scaling.yarn_beta_slow: value nan is out of range") == 0);
+    CHECK(
+        with({{"rope.scaling.type", yarn}, {"rope.scaling.yarn_log_multiplier", f32(-1.0f)}})
+            .find("metadata llama.rope.scaling.yarn_log_multiplier: value -1 is out of range (expected a finite number "
+                  ">= 0") == 0);
     {
         TinySpec m3;
         m3.arch = "mistral3";
@@ -646,15 +649,16 @@ TEST_CASE("small tensors (norms, biases, rope factors) hold finite values, rope 
                   "tensor output_norm.weight: element 31 is " + float_text(v) + tail);
         }
     }
-    {   // q/k norms, post norms and biases of the families that have them.
+    { // q/k norms, post norms and biases of the families that have them.
         TinySpec g;
         g.arch = "gemma3";
         g.qk_norm = g.post_norms = g.tied = true;
         GgufWriter w = tiny_writer(g);
         w.set("gemma3.attention.sliding_window", GgufValue::make_u32(16));
         const std::string gemma = write_tiny(dir, w, "gemma3.gguf");
-        for (const char* t : {"blk.0.attn_q_norm.weight", "blk.1.attn_k_norm.weight", "blk.0.post_attention_norm.weight",
-                              "blk.1.post_ffw_norm.weight", "blk.0.ffn_norm.weight"}) {
+        for (const char* t :
+             {"blk.0.attn_q_norm.weight", "blk.1.attn_k_norm.weight", "blk.0.post_attention_norm.weight",
+              "blk.1.post_ffw_norm.weight", "blk.0.ffn_norm.weight"}) {
             CAPTURE(t);
             CHECK(error(test::rewrite_with_value(dir, gemma, "g.gguf", t, 3, NAN)) ==
                   std::string("tensor ") + t + ": element 3 is nan" + tail);
@@ -666,20 +670,21 @@ TEST_CASE("small tensors (norms, biases, rope factors) hold finite values, rope 
         CHECK(error(test::rewrite_with_value(dir, qwen, "b.gguf", "blk.1.attn_k.bias", 15, INFINITY, GgmlType::F16)) ==
               "tensor blk.1.attn_k.bias: element 15 is inf" + tail);
     }
-    {   // A quantized norm: its block's f16 scale is inf.
+    { // A quantized norm: its block's f16 scale is inf.
         std::vector<uint8_t> block(34, 1);
         block[0] = 0x00;
-        block[1] = 0x7c;   // d = inf (f16 0x7c00)
-        const std::string path = test::rewrite_gguf(dir, good, "q8norm.gguf", [](GgufWriter&) {},
-                                                    [&](GgufWriter& w, const GgufTensor& t) {
-                                                        if (t.name != "blk.0.ffn_norm.weight") return false;
-                                                        w.add_tensor(t.name, GgmlType::Q8_0, {32}, block);
-                                                        return true;
-                                                    });
-        CHECK(error(path) == "tensor blk.0.ffn_norm.weight: block 0 (elements 0..31): its f16 scale d is inf (0x7c00)" +
-                                 tail);
+        block[1] = 0x7c; // d = inf (f16 0x7c00)
+        const std::string path = test::rewrite_gguf(
+            dir, good, "q8norm.gguf", [](GgufWriter&) {},
+            [&](GgufWriter& w, const GgufTensor& t) {
+                if (t.name != "blk.0.ffn_norm.weight") return false;
+                w.add_tensor(t.name, GgmlType::Q8_0, {32}, block);
+                return true;
+            });
+        CHECK(error(path) ==
+              "tensor blk.0.ffn_norm.weight: block 0 (elements 0..31): its f16 scale d is inf (0x7c00)" + tail);
     }
-    {   // LongRoPE's factor tensors and rope_freqs: finite and > 0.
+    { // LongRoPE's factor tensors and rope_freqs: finite and > 0.
         const std::string lr = factor_model(dir, RopeFactorsMode::longrope, "lr.gguf");
         const std::string fr = factor_model(dir, RopeFactorsMode::freqs_long, "fr.gguf");
         g_random_weights = false;
@@ -695,7 +700,7 @@ TEST_CASE("small tensors (norms, biases, rope factors) hold finite values, rope 
         CHECK(error(test::rewrite_with_value(dir, fr, "rf.gguf", "rope_freqs.weight", 3, -0.0f)) ==
               "tensor rope_freqs.weight: element 3 is -0, but rope factors divide the rope angles and must be > 0 (a "
               "damaged or wrongly converted file)");
-        CHECK(test::load_error(lr).empty());   // the files they were made from load
+        CHECK(test::load_error(lr).empty()); // the files they were made from load
         CHECK(test::load_error(fr).empty());
     }
 }
