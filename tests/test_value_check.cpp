@@ -142,6 +142,16 @@ TEST_CASE("find_bad_value: MXFP4's scale byte 0xff is refused whatever the codes
     std::optional<BadValue> r = find_bad_value(GgmlType::MXFP4, fe.data(), 256);
     REQUIRE(r.has_value());
     CHECK(r->what == "block 4 (elements 128..159): element 130 decodes to inf");
+    // The largest code, 12 (6.0), overflows from scale byte 0xfd up and stays finite at 0xfc: the blocks below
+    // 0xfd are not decoded, and this bound says why that misses nothing.
+    std::vector<uint8_t> fd = bytes;
+    fd[17 * 7] = 0xFC;
+    fd[17 * 7 + 1] = 0x77;   // elements 224 and 240 take code 7
+    CHECK_FALSE(find_bad_value(GgmlType::MXFP4, fd.data(), 256).has_value());
+    fd[17 * 7] = 0xFD;
+    r = find_bad_value(GgmlType::MXFP4, fd.data(), 256);
+    REQUIRE(r.has_value());
+    CHECK(r->what == "block 7 (elements 224..255): element 224 decodes to inf");
     std::vector<uint8_t> ff = bytes;
     ff[17 * 2] = 0xFF;
     std::memset(ff.data() + 17 * 2 + 1, 0x00, 16); // all codes 0: the values decode to 0, the scale is still NaN
