@@ -178,7 +178,8 @@ TensorScan check_values(const GgufFile& file) {
     std::cerr << "tern info: checked " << scan.tensors_checked << " tensors (" << format_bytes(scan.bytes_checked)
               << ") in " << format_duration(seconds) << ": every value finite";
     if (!scan.skipped.empty())
-        std::cerr << "; not checked (formats tern cannot decode): " << scan.skipped.size() << " tensors, the first "
+        std::cerr << "; not checked, in formats tern cannot decode: "
+                  << (scan.skipped.size() == 1 ? "" : std::to_string(scan.skipped.size()) + " tensors, the first ")
                   << terminal_safe(scan.skipped.front());
     std::cerr << "\n";
     return scan;

@@ -234,6 +234,34 @@ TEST_CASE("tern info --check decodes every tensor: passes good files, names the 
     }
 }
 
+TEST_CASE("tern info --check lists the tensors in formats tern cannot decode, and checks the rest") {
+    tern::test::TempDir dir;
+    const std::vector<uint8_t> zeros(1024, 0);
+    std::vector<float> values(64, 1.0f);
+    values[9] = NAN;
+    tern::GgufWriter w;
+    w.set("general.architecture", tern::GgufValue::make_string("mamba"));   // described, not loaded
+    w.add_tensor("iq.weight", tern::GgmlType::IQ2_XXS, {256}, std::span<const uint8_t>(zeros.data(), 66));
+    w.add_tensor("ints.weight", tern::GgmlType::I32, {16}, std::span<const uint8_t>(zeros.data(), 64));
+    w.add_tensor("ok.weight", tern::GgmlType::F32, {64},
+                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(zeros.data()), 256));
+    const fs::path good = dir / "iq.gguf";
+    w.write(good.string());
+    const auto r = run_tern({"info", good.string(), "--check", "--json"});
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["check"]["passed"] == true);
+    CHECK(j["check"]["tensors_checked"] == 2);
+    CHECK(j["check"]["not_checked"] == nlohmann::json::array({"iq.weight (iq2_xxs)"}));
+    CHECK(r.err.find("; not checked, in formats tern cannot decode: iq.weight (iq2_xxs)\n") !=
+          std::string::npos);
+    w.add_tensor("bad.weight", tern::GgmlType::F32, {64},
+                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(values.data()), 256));
+    const fs::path bad = dir / "bad.gguf";
+    w.write(bad.string());
+    CHECK(check_error(bad) == "tensor bad.weight: element 9 is nan" + kCheckTail);
+}
+
 TEST_CASE("tern info refuses what tern run refuses at open: metadata out of range, a NaN in a norm (exit 2)") {
     if (!tern::test::shared_available()) return;
     tern::test::TempDir dir;
