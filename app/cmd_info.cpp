@@ -1,14 +1,23 @@
-// `tern info MODEL [--tensors] [--json]`: what a GGUF file holds, without loading the model.
+// `tern info MODEL [--tensors] [--json] [--check]`: what a GGUF file holds. A file `tern run` would open is
+// checked as `run` checks it (the same functions); --check also decodes every tensor's values.
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "app/commands.h"
+#include "app/console.h"
 #include "app/model_summary.h"
+#include "base/error.h"
 #include "base/terminal_text.h"
+#include "engine/model.h"
+#include "engine/tensor_scan.h"
+#include "engine/text/tokenizer.h"
+#include "kernels/cpu_features.h"
 
 namespace tern::app {
 namespace {
@@ -17,6 +26,7 @@ struct InfoArgs {
     std::string model;
     bool tensors = false;
     bool json = false;
+    bool check = false;
 };
 
 std::string human_bytes(uint64_t n) {
@@ -44,7 +54,7 @@ std::string human_count(uint64_t n) {
 // Every string below comes from the file (or its name) and goes to a terminal: terminal_safe()
 // shows an escape sequence planted in general.name as text instead of running it. --json escapes
 // on its own.
-void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors) {
+void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors, const TensorScan* scan) {
     const auto safe = [](const std::string& text) { return terminal_safe(text); };
     std::cout << "file:            " << safe(file.path()) << "\n";
     std::cout << "gguf version:    " << file.version() << " (" << file.metadata().size() << " metadata keys, "
@@ -81,6 +91,12 @@ void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors) 
     if (s.eos >= 0) std::cout << ", eos " << s.eos;
     std::cout << "\n";
     std::cout << "chat template:   " << s.chat_template << "\n";
+    if (scan)
+        std::cout << "check:           passed: " << scan->tensors_checked << " tensors, every value finite"
+                  << (scan->skipped.empty()
+                          ? ""
+                          : " (" + std::to_string(scan->skipped.size()) + " in formats tern cannot decode not checked)")
+                  << "\n";
     if (!with_tensors) return;
     std::cout << "\n";
     for (const GgufTensor& t : file.tensors()) {
@@ -90,7 +106,7 @@ void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors) 
     }
 }
 
-void print_json(const GgufFile& file, const ModelSummary& s, bool with_tensors) {
+void print_json(const GgufFile& file, const ModelSummary& s, bool with_tensors, const TensorScan* scan) {
     nlohmann::ordered_json j;
     j["file"] = file.path();
     j["gguf_version"] = file.version();
@@ -122,6 +138,11 @@ void print_json(const GgufFile& file, const ModelSummary& s, bool with_tensors) 
     j["chat_template"] = s.chat_template;
     j["n_metadata"] = file.metadata().size();
     j["n_tensors"] = file.tensors().size();
+    if (scan)
+        j["check"] = {{"passed", scan->passed()},
+                      {"tensors_checked", scan->tensors_checked},
+                      {"bytes_checked", scan->bytes_checked},
+                      {"not_checked", scan->skipped}};
     if (with_tensors) {
         nlohmann::ordered_json ts = nlohmann::ordered_json::array();
         for (const GgufTensor& t : file.tensors()) {
@@ -135,6 +156,35 @@ void print_json(const GgufFile& file, const ModelSummary& s, bool with_tensors) 
     std::cout << j.dump(1) << "\n";
 }
 
+// What `tern run` checks when it opens a model (engine/model.h's loading checks and the tokenizer), for a file
+// it would open: one with tensors and a supported architecture. Others are described as they are.
+void check_as_run_would(const GgufFile& file, const ModelSummary& s) {
+    if (!s.architecture_supported || file.tensors().empty()) return;
+    check_model_file(file);
+    Tokenizer::from_gguf(file);
+}
+
+// Every tensor's values, with a progress bar on a terminal and a summary line on stderr; a bad block is the
+// command's one error line (exit 2).
+TensorScan check_values(const GgufFile& file) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ProgressBar bar("check", 1000); // in thousandths of the bytes to decode
+    TensorScan scan = scan_tensor_values(file, resolve_threads(0), [&bar](uint64_t done, uint64_t total) {
+        bar.update(total ? done * 1000 / total : 1000);
+    });
+    bar.finish();
+    if (scan.bad) throw InputError(describe_bad_tensor(file, *scan.bad));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cerr << "tern info: checked " << scan.tensors_checked << " tensors (" << format_bytes(scan.bytes_checked)
+              << ") in " << format_duration(seconds) << ": every value finite";
+    if (!scan.skipped.empty())
+        std::cerr << "; not checked, in formats tern cannot decode: "
+                  << (scan.skipped.size() == 1 ? "" : std::to_string(scan.skipped.size()) + " tensors, the first ")
+                  << terminal_safe(scan.skipped.front());
+    std::cerr << "\n";
+    return scan;
+}
+
 } // namespace
 
 Command add_info_command(CLI::App& root) {
@@ -143,11 +193,20 @@ Command add_info_command(CLI::App& root) {
     cmd->add_option("model", args->model, "GGUF file")->required();
     cmd->add_flag("--tensors", args->tensors, "also list every tensor: name, format, shape, bytes, offset");
     cmd->add_flag("--json", args->json, "print one JSON document instead of text");
+    cmd->add_flag("--check", args->check,
+                  "also decode every tensor's values: the first NaN, inf or invalid block (e.g. an MXFP4 scale of "
+                  "0xff) is an error naming the tensor and block (exit 2)");
     return {cmd, [args] {
                 const GgufFile file = GgufFile::open(args->model);
                 const ModelSummary summary = summarize_model(file);
-                if (args->json) print_json(file, summary, args->tensors);
-                else print_text(file, summary, args->tensors);
+                check_as_run_would(file, summary);
+                std::optional<TensorScan> scan;
+                if (args->check) scan = check_values(file);
+                const TensorScan* checked = scan ? &*scan : nullptr;
+                if (args->json)
+                    print_json(file, summary, args->tensors, checked);
+                else
+                    print_text(file, summary, args->tensors, checked);
                 std::cout.flush();
                 return 0;
             }};

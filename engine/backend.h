@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "base/float_scan.h"
+#include "base/finite.h"
 #include "engine/logit_candidates.h"
 #include "engine/memory_need.h"
 #include "kernels/kv_format.h"

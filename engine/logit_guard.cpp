@@ -1,6 +1,6 @@
 #include "engine/logit_guard.h"
 
-#include "base/float_scan.h"
+#include "base/finite.h"
 #include "engine/backend.h"
 
 namespace tern {

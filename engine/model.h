@@ -16,8 +16,13 @@ struct Model {
 };
 
 // Opens and validates a GGUF model. Throws InputError (exit 2) for an unreadable or malformed file,
-// an unsupported architecture or a missing / mis-shaped tensor.
+// an unsupported architecture, a metadata number out of its range, a missing / mis-shaped tensor or a
+// non-finite value in a small tensor (engine/weights.h).
 // Model is move-only; moving keeps the mapping's address, so the weight views stay valid.
 Model load_model(const std::string& path);
+
+// The checks load_model makes of an opened file (metadata, every tensor's presence, shape and format, the small
+// tensors' values), the views it builds dropped: what `tern info` runs to refuse what `tern run` refuses.
+void check_model_file(const GgufFile& file);
 
 } // namespace tern

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "base/error.h"
+#include "base/finite.h"
 #include "formats/gguf.h"
 #include "formats/text.h"
 
@@ -91,6 +93,25 @@ float yarn_mscale(float freq_scale, float log_mul, float attn_factor) {
     return attn * (1.0f + 0.1f * std::log(1.0f / freq_scale));
 }
 
+// The values a float key's meaning allows: finite, above lo (or at it, when lo_closed), at most hi, and a reason
+// shown with the range. No key a family reads may be NaN or infinite: each one scales, caps or rotates every
+// activation, and a value past its range gives NaN logits (an infinite softcap: inf * tanh(l / inf) = inf * 0)
+// or output nothing was trained for.
+struct FloatRange {
+    float lo = 0.0f;
+    bool lo_closed = false;
+    float hi = std::numeric_limits<float>::max();
+    const char* why = "";
+
+    bool contains(float v) const { return std::isfinite(v) && (lo_closed ? v >= lo : v > lo) && v <= hi; }
+    std::string text() const {
+        std::string t = std::string("expected a finite number ") + (lo_closed ? ">= " : "> ") + float_text(lo);
+        if (hi < std::numeric_limits<float>::max()) t += " and <= " + float_text(hi);
+        if (*why) t += ": " + std::string(why);
+        return t;
+    }
+};
+
 class MetaReader {
 public:
     MetaReader(const GgufFile& file, std::string_view arch) : file_(file), prefix_(std::string(arch) + ".") {}
@@ -111,11 +132,21 @@ public:
     [[noreturn]] void fail(std::string_view suffix, const std::string& what) const {
         throw InputError(file_.path() + ": metadata " + key(suffix) + ": " + what);
     }
-    // A positive count that fits the int32 the backends index with.
-    int32_t checked_count(std::string_view suffix, int64_t v, int64_t max = (int64_t{1} << 30)) const {
-        if (v <= 0 || v > max)
-            fail(suffix, "value " + std::to_string(v) + " is out of range (expected 1.." + std::to_string(max) + ")");
+    // A positive count (at least min) that fits the int32 the backends index with.
+    int32_t checked_count(std::string_view suffix, int64_t v, int64_t max = (int64_t{1} << 30), int64_t min = 1) const {
+        if (v < min || v > max)
+            fail(suffix, "value " + std::to_string(v) + " is out of range (expected " + std::to_string(min) + ".." +
+                             std::to_string(max) + ")");
         return static_cast<int32_t>(v);
+    }
+    // A float key's value when it is finite and within `range`; else one line naming the key, the value, the
+    // range and why the range is what it is.
+    float checked_f32(std::string_view suffix, float v, const FloatRange& range) const {
+        if (!range.contains(v)) fail(suffix, "value " + float_text(v) + " is out of range (" + range.text() + ")");
+        return v;
+    }
+    float get_f32_in(std::string_view suffix, float fallback, const FloatRange& range) const {
+        return checked_f32(suffix, get_f32(suffix, fallback), range);
     }
 
 private:
@@ -125,6 +156,69 @@ private:
 
 // Largest expert count accepted (llama.cpp's LLAMA_MAX_EXPERTS).
 constexpr int64_t kMaxExperts = 1024;
+
+// The range of every float key a family reads (FloatRange: finite always). The bounds are the keys' meanings,
+// wide enough for every published model (epsilons 1e-6..1e-5, bases 1e4..1e7, YaRN factors 4..64, attention
+// factors near 1).
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+constexpr FloatRange kEpsilonRange{0.0f, false, 1.0f, "a norm's epsilon is a small positive guard"};
+constexpr FloatRange kRopeBaseRange{1.0f, false, kFloatMax, "the rope frequencies base^(-2i/n_rot) must fall with i"};
+// The scaling factors' upper bound is set per file: the context they stretch to, factor x the original context,
+// must stay within the 2^31 positions tern indexes.
+constexpr FloatRange kLinearFactorRange{0.0f, false, kFloatMax,
+                                        "the original context times the factor must stay within 2^31 positions"};
+constexpr FloatRange kYarnFactorRange{1.0f, true, kFloatMax,
+                                      "YaRN stretches the original context by the factor, to at most 2^31 positions"};
+constexpr FloatRange kYarnExtRange{0.0f, true, 1.0f, "the share of the extrapolated angle in YaRN's ramp"};
+constexpr FloatRange kYarnBetaRange{0.0f, false, kFloatMax, "a number of rotations in the original context"};
+constexpr FloatRange kYarnLogMulRange{0.0f, true, kFloatMax, "a multiplier of YaRN's 0.1 ln(factor)"};
+constexpr FloatRange kAttnFactorRange{0.0f, false, 10.0f, "it multiplies every rotated q and k value"};
+constexpr FloatRange kSoftcapRange{0.0f, false, kFloatMax, "c * tanh(x / c) caps scores and logits at +-c"};
+constexpr FloatRange kTemperatureRange{0.0f, true, 10.0f,
+                                       "q's temperature 1 + scale * ln(...) grows with the position"};
+constexpr FloatRange kExpertScaleRange{0.0f, false, kFloatMax, "it multiplies the chosen experts' weights"};
+
+// llama.cpp's expert_gating_func values (LLAMA_EXPERT_GATING_FUNC_TYPE); 0 says nothing (the architecture's own).
+constexpr std::array<std::string_view, 4> kGatingFuncNames = {"none", "softmax", "sigmoid", "softmax_weight"};
+
+int64_t gating_func_value(ExpertGating g) {
+    switch (g) {
+    case ExpertGating::softmax:
+        return 1;
+    case ExpertGating::sigmoid:
+        return 2;
+    case ExpertGating::softmax_weight:
+        return 3;
+    }
+    return 0;
+}
+
+// The routing keys a file may carry beside what its architecture fixes (llama.cpp's keys; its graphs for these
+// families fix the gating function and apply no weight scale, so a file saying otherwise was made for a
+// different router and would run wrong, not fail): expert_gating_func must be a value the format defines and the
+// architecture's own (or 0), expert_weights_scale a finite positive 1.
+void check_routing_keys(const MetaReader& meta, std::string_view arch, ExpertGating gating) {
+    if (meta.has("expert_gating_func")) {
+        const int64_t v = meta.get_int("expert_gating_func");
+        const int64_t own = gating_func_value(gating);
+        const std::string own_text = std::to_string(own) + " " + std::string(kGatingFuncNames[size_t(own)]);
+        if (v < 0 || v >= static_cast<int64_t>(kGatingFuncNames.size()))
+            meta.fail("expert_gating_func", "value " + std::to_string(v) +
+                                                " is not a gating function (the format defines 0 none, 1 softmax, "
+                                                "2 sigmoid, 3 softmax_weight; " +
+                                                std::string(arch) + " routes by " + own_text + ")");
+        if (v != 0 && v != own)
+            meta.fail("expert_gating_func",
+                      "value " + std::to_string(v) + " (" + std::string(kGatingFuncNames[size_t(v)]) +
+                          ") is not supported: " + std::string(arch) + " routes its experts by " + own_text);
+    }
+    if (meta.has("expert_weights_scale")) {
+        const float scale = meta.get_f32_in("expert_weights_scale", 1.0f, kExpertScaleRange);
+        if (scale != 1.0f)
+            meta.fail("expert_weights_scale", "value " + float_text(scale) + " is not supported: " + std::string(arch) +
+                                                  " weights its experts without a scale (1)");
+    }
+}
 
 // A llama whose metadata counts experts (Mixtral): llama.cpp routes it like qwen3moe (softmax, the top-k
 // weights divided by their sum, no scale key read) and sizes its experts by feed_forward_length, ignoring
@@ -143,6 +237,7 @@ void read_llama_experts(const MetaReader& meta, int32_t n_layers, ModelConfig& c
                                              ": shared experts are not supported yet");
     c.expert_gating = ExpertGating::softmax;
     c.expert_weights_norm = true;
+    check_routing_keys(meta, "llama", c.expert_gating);
 }
 
 // The expert metadata (llama.cpp's keys): required and checked for an architecture with routed experts;
@@ -173,6 +268,7 @@ void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_
                                              std::string(arch) + " has no shared experts");
     c.expert_gating = traits.gating;
     c.expert_weights_norm = traits.expert_weights_norm;
+    check_routing_keys(meta, arch, c.expert_gating);
 }
 
 // The vocabulary and the embedding must agree, as llama.cpp requires: a token id without an
@@ -269,10 +365,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         read_experts(meta, traits, arch_str, c);
     c.dim = meta.checked_count("embedding_length", meta.get_int("embedding_length"));
     c.n_ctx_train = meta.checked_count("context_length", meta.get_int("context_length"));
-    c.rms_eps = meta.get_f32("attention.layer_norm_rms_epsilon");
-    if (!(c.rms_eps > 0.0f) || !std::isfinite(c.rms_eps))
-        meta.fail("attention.layer_norm_rms_epsilon",
-                  "value " + std::to_string(c.rms_eps) + " is not a positive number");
+    c.rms_eps = meta.checked_f32("attention.layer_norm_rms_epsilon", meta.get_f32("attention.layer_norm_rms_epsilon"),
+                                 kEpsilonRange);
 
     const GgufTensor& embd = file.tensor("token_embd.weight");
     if (embd.n_dims != 2 || embd.ne[0] != c.dim)
@@ -298,12 +392,18 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
                                               " must be even and at most the head dim " + std::to_string(c.head_dim));
 
     // RoPE frequencies and scaling.
-    const float rope_base = meta.get_f32("rope.freq_base", 10000.0f);
+    const float rope_base = meta.get_f32_in("rope.freq_base", 10000.0f, kRopeBaseRange);
     const std::string scaling = meta.get_string("rope.scaling.type", "linear");
-    float factor = meta.get_f32("rope.scaling.factor", 0.0f);
-    if (factor == 0.0f) factor = meta.get_f32("rope.scale_linear", 0.0f); // older spelling
+    std::string_view factor_key = "rope.scaling.factor";
+    float factor = meta.get_f32(factor_key, 0.0f);
+    if (factor == 0.0f && meta.has("rope.scale_linear")) { // older spelling
+        factor_key = "rope.scale_linear";
+        factor = meta.get_f32(factor_key);
+    }
     float rope_freq_scale = 1.0f;
     const bool yarn = scaling == "yarn";
+    c.rope_n_ctx_orig = meta.checked_count("rope.scaling.original_context_length",
+                                           meta.get_int("rope.scaling.original_context_length", c.n_ctx_train));
     c.rope_longrope = scaling == "longrope";
     // phi3's converter writes LongRoPE files without rope.scaling.type: llama.cpp takes its factor tensors wherever
     // they are present.
@@ -311,34 +411,25 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
                                  file.find_tensor("rope_factors_short.weight") != nullptr))
         c.rope_longrope = true;
     if (scaling == "linear" || yarn || c.rope_longrope) {
-        if (factor != 0.0f) rope_freq_scale = 1.0f / factor;
+        // 0 (or no key) is no scaling, as the format says; YaRN given a factor needs one that stretches.
+        FloatRange range = yarn && meta.has(factor_key) ? kYarnFactorRange : kLinearFactorRange;
+        range.hi = static_cast<float>(std::numeric_limits<int32_t>::max()) / static_cast<float>(c.rope_n_ctx_orig);
+        if (factor != 0.0f || range.lo_closed) rope_freq_scale = 1.0f / meta.checked_f32(factor_key, factor, range);
     } else if (scaling != "none") {
         meta.fail("rope.scaling.type",
                   "'" + printable(scaling) + "' is not supported (supported: none, linear, yarn, longrope)");
     }
-    if (!(rope_base > 0.0f) || !(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale))
-        meta.fail("rope.freq_base", "rope base " + std::to_string(rope_base) + " / scaling factor " +
-                                        std::to_string(factor) + " are not positive");
-    c.rope_n_ctx_orig = meta.checked_count("rope.scaling.original_context_length",
-                                           meta.get_int("rope.scaling.original_context_length", c.n_ctx_train));
+    if (!(rope_freq_scale > 0.0f) || !std::isfinite(rope_freq_scale)) // a factor so small its inverse overflows
+        meta.fail(factor_key, "value " + float_text(factor) + " is out of range (1 / factor is not finite)");
     // YaRN's parameters; absent keys take llama.cpp's defaults (ext_factor 1, betas 32 and 1, no log multiplier).
-    const float yarn_ext = yarn ? meta.get_f32("rope.scaling.yarn_ext_factor", 1.0f) : 0.0f;
-    const float beta_fast = meta.get_f32("rope.scaling.yarn_beta_fast", 32.0f);
-    const float beta_slow = meta.get_f32("rope.scaling.yarn_beta_slow", 1.0f);
-    const float log_mul = meta.get_f32("rope.scaling.yarn_log_multiplier", 0.0f);
-    const float attn_factor = meta.get_f32("rope.scaling.attn_factor", 1.0f);
+    float yarn_ext = 0.0f, beta_fast = 32.0f, beta_slow = 1.0f, log_mul = 0.0f;
     if (yarn) {
-        if (!(yarn_ext >= 0.0f) || !std::isfinite(yarn_ext))
-            meta.fail("rope.scaling.yarn_ext_factor", "value " + std::to_string(yarn_ext) + " is not a number >= 0");
-        if (!(beta_fast > 0.0f) || !std::isfinite(beta_fast))
-            meta.fail("rope.scaling.yarn_beta_fast", "value " + std::to_string(beta_fast) + " is not positive");
-        if (!(beta_slow > 0.0f) || !std::isfinite(beta_slow))
-            meta.fail("rope.scaling.yarn_beta_slow", "value " + std::to_string(beta_slow) + " is not positive");
-        if (!std::isfinite(log_mul))
-            meta.fail("rope.scaling.yarn_log_multiplier", "value " + std::to_string(log_mul) + " is not finite");
+        yarn_ext = meta.get_f32_in("rope.scaling.yarn_ext_factor", 1.0f, kYarnExtRange);
+        beta_fast = meta.get_f32_in("rope.scaling.yarn_beta_fast", beta_fast, kYarnBetaRange);
+        beta_slow = meta.get_f32_in("rope.scaling.yarn_beta_slow", beta_slow, kYarnBetaRange);
+        log_mul = meta.get_f32_in("rope.scaling.yarn_log_multiplier", log_mul, kYarnLogMulRange);
     }
-    if (!(attn_factor > 0.0f) || !std::isfinite(attn_factor))
-        meta.fail("rope.scaling.attn_factor", "value " + std::to_string(attn_factor) + " is not positive");
+    const float attn_factor = meta.get_f32_in("rope.scaling.attn_factor", 1.0f, kAttnFactorRange);
     c.rope_freq_factors = file.find_tensor("rope_freqs.weight") != nullptr;
     if (c.rope_freq_factors && c.rope_longrope)
         throw InputError(file.path() + ": tensor rope_freqs.weight cannot go with rope.scaling.type longrope "
@@ -348,11 +439,15 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
                                        "not " + arch_str);
 
     // Sliding-window layers: gemma2 alternates (even layers local), gemma3 has 5 local : 1 global.
+    // A window of 1 would leave each token of a local layer attending to itself alone.
+    constexpr int64_t kMinWindow = 2, kMaxWindow = int64_t{1} << 30;
     int32_t window = 0;
     if (c.arch == Arch::gemma2)
-        window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window", 4096));
+        window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window", 4096),
+                                    kMaxWindow, kMinWindow);
     if (c.arch == Arch::gemma3 || c.arch == Arch::gpt_oss)
-        window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window"));
+        window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window"), kMaxWindow,
+                                    kMinWindow);
     // gpt-oss alternates like gemma2 (even layers local); another pattern in the file is refused, not ignored.
     if (c.arch == Arch::gpt_oss && meta.has("attention.sliding_window_pattern")) {
         const GgufValue* v = file.find(meta.key("attention.sliding_window_pattern"));
@@ -400,8 +495,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.dim / n_heads0));
     if (traits.embed_scaled) c.embed_scale = std::sqrt(static_cast<float>(c.dim));
     if (c.arch == Arch::gemma2) {
-        c.attn_softcap = meta.get_f32("attn_logit_softcapping", 50.0f);
-        c.final_softcap = meta.get_f32("final_logit_softcapping", 30.0f);
+        c.attn_softcap = meta.get_f32_in("attn_logit_softcapping", 50.0f, kSoftcapRange);
+        c.final_softcap = meta.get_f32_in("final_logit_softcapping", 30.0f, kSoftcapRange);
     }
 
     if (c.arch == Arch::gpt_oss) {
@@ -415,9 +510,7 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     }
 
     if (c.arch == Arch::mistral3) {   // llama.cpp reads the temperature for mistral3 only
-        c.attn_temp_scale = meta.get_f32("attention.temperature_scale", 0.0f);
-        if (!std::isfinite(c.attn_temp_scale))
-            meta.fail("attention.temperature_scale", "value " + std::to_string(c.attn_temp_scale) + " is not finite");
+        c.attn_temp_scale = meta.get_f32_in("attention.temperature_scale", 0.0f, kTemperatureRange);
         if (c.attn_temp_scale != 0.0f) c.attn_temp_floor = c.rope_n_ctx_orig;   // its floor: the original context
     }
 

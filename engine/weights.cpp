@@ -2,11 +2,15 @@
 
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 
-#include "engine/model_config.h"
 #include "base/error.h"
+#include "base/finite.h"
+#include "engine/model_config.h"
 #include "formats/gguf.h"
+#include "quant/reference.h"
+#include "quant/value_check.h"
 
 namespace tern {
 namespace {
@@ -75,10 +79,12 @@ public:
 private:
     WeightRef bind(const std::string& name, int64_t n0, int64_t n1, int n_dims, const char* dims, Need need,
                    int64_t n2 = 1) const {
-        std::string expected =
-            n_dims == 1 ? "[" + std::to_string(n0) + "]" : "[" + std::to_string(n0) + ", " + std::to_string(n1);
-        if (n_dims == 2) expected += "]";
-        if (n_dims == 3) expected += ", " + std::to_string(n2) + "]";
+        // Appended piece by piece: GCC 12 misreads "[" + std::to_string(..) as an overlapping copy (-Wrestrict).
+        std::string expected = "[";
+        expected += std::to_string(n0);
+        if (n_dims >= 2) expected += ", " + std::to_string(n1);
+        if (n_dims == 3) expected += ", " + std::to_string(n2);
+        expected += "]";
         const GgufTensor* t = file_.find_tensor(name);
         if (!t) {
             if (need == Need::optional) return WeightRef{name};
@@ -108,6 +114,43 @@ private:
     const GgufFile& file_;
     std::vector<std::shared_ptr<const uint8_t>>& store_;
 };
+
+// The tensors a forward reads whole for every token: norms, biases, attention sinks, the router and rope factors.
+// One NaN or inf in any of them reaches every logit (a norm's weight multiplies every row), so their values are
+// checked when the model loads; they are a few MB at most even in the largest models, against gigabytes of
+// matrices (those `tern info --check` scans).
+std::vector<const WeightRef*> small_tensors(const ModelWeights& w) {
+    std::vector<const WeightRef*> t = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short};
+    for (const LayerWeights& l : w.layers)
+        for (const WeightRef* r : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
+                                   &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm, &l.ffn_gate_inp,
+                                   &l.ffn_gate_inp_b, &l.gate_exps_b, &l.up_exps_b, &l.down_exps_b, &l.attn_sinks})
+            t.push_back(r);
+    return t;
+}
+
+void check_small_tensor_values(const GgufFile& file, const ModelWeights& w) {
+    for (const WeightRef* t : small_tensors(w)) {
+        if (!t->present()) continue;
+        const int64_t n = t->ne[0] * t->ne[1] * t->n_mats;
+        if (const std::optional<BadValue> bad = find_bad_value(t->type, t->data, n))
+            throw InputError(file.path() + ": tensor " + t->name + ": " + bad->what +
+                             " (a norm, bias, sink, router or rope factor must hold finite values: a damaged or "
+                             "wrongly converted file)");
+    }
+    // Rope factors divide the rope angles: a zero or a negative one is no frequency.
+    for (const WeightRef* t : {&w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short}) {
+        if (!t->present()) continue;
+        std::vector<float> f(static_cast<size_t>(t->ne[0]));
+        dequantize_row(t->type, t->data, f.data(), t->ne[0]);
+        for (size_t i = 0; i < f.size(); ++i)
+            if (!(f[i] > 0.0f))
+                throw InputError(file.path() + ": tensor " + t->name + ": element " + std::to_string(i) + " is " +
+                                 float_text(f[i]) +
+                                 ", but rope factors divide the rope angles and must be > 0 (a "
+                                 "damaged or wrongly converted file)");
+    }
+}
 
 } // namespace
 
@@ -197,6 +240,7 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
             lw.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", c.dim, "[dim]");
         }
     }
+    check_small_tensor_values(file, w);
     return w;
 }
 

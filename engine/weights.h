@@ -75,8 +75,10 @@ struct ModelWeights {
 // llama.cpp and tern always write. Rows inside a tensor are aligned only to their block struct.
 inline constexpr size_t kWeightAlignment = 32;
 
-// Finds every tensor the config needs and checks its shape and format. Throws InputError naming
-// the file, the tensor, the shape found and the shape expected (with the dimension names).
+// Finds every tensor the config needs and checks its shape and format, and the values of the small ones every
+// token reads whole (norms, biases, attention sinks, the router, rope factors: finite, rope factors > 0).
+// Throws InputError naming the file and the tensor: the shape found and the shape expected (with the dimension
+// names), or the first bad value.
 ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& config);
 
 // The frequency factors a forward over a context of n_ctx positions divides rope angles by: rope_freqs, or

@@ -12,6 +12,7 @@
 #include "engine/model.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
+#include "quant/reference.h"
 #include "tests/test_support.h"
 
 namespace tern::test {
@@ -64,6 +65,26 @@ inline std::string rewrite_filled(const TempDir& dir, const std::string& src, co
                      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)));
         return true;
     });
+}
+
+// rewrite_gguf with tensor `tensor`'s values decoded, element `index` set to `value`, and stored as `type` (a
+// float format: f32, f16 or bf16 keep a NaN or an inf as such).
+inline std::string rewrite_with_value(const TempDir& dir, const std::string& src, const std::string& name,
+                                      const std::string& tensor, int64_t index, float value,
+                                      GgmlType type = GgmlType::F32) {
+    std::vector<uint8_t> bytes; // outlives the write, as add_tensor's spans must
+    return rewrite_gguf(
+        dir, src, name, [](GgufWriter&) {},
+        [&](GgufWriter& w, const GgufTensor& t) {
+            if (t.name != tensor) return false;
+            std::vector<float> values(static_cast<size_t>(t.n_elements()));
+            dequantize_row(t.type, t.data, values.data(), t.n_elements());
+            values.at(static_cast<size_t>(index)) = value;
+            bytes.resize(row_bytes(type, t.n_elements()));
+            quantize_row(type, values.data(), bytes.data(), t.n_elements());
+            w.add_tensor(t.name, type, std::vector<int64_t>(t.ne, t.ne + std::max(1, t.n_dims)), bytes);
+            return true;
+        });
 }
 
 // The InputError loading `path` gives, or "" when it loads.

@@ -692,7 +692,8 @@ TEST_CASE("a vocabulary that does not match token_embd.weight is refused at load
     const fs::path more = dir / "more-tokens.gguf";
     write_with_extra_tokens(more, 512);   // 1024 tokens over 512 rows
     for (const Command& c : model_commands(dir / "text.txt")) {
-        if (c.name == "info" || c.name == "tokenize" || c.name.starts_with("synth") || c.name == "quantize") continue;
+        // info refuses what run refuses at open (the same checks); tokenize, synth and quantize need no model.
+        if (c.name == "tokenize" || c.name.starts_with("synth") || c.name == "quantize") continue;
         CAPTURE(c.name);
         write_file(dir / "stdin.txt", c.stdin_text);
         const Outcome r = run_tern(c.args(more.string(), dir.path()), Setup{(dir / "stdin.txt").string()});

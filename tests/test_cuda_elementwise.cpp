@@ -24,7 +24,7 @@
 #include <random>
 #include <vector>
 
-#include "base/float_scan.h"
+#include "base/finite.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/matmul_q8.h"

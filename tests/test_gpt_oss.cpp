@@ -220,6 +220,28 @@ TEST_CASE("gpt-oss metadata and tensors: read, and one-line errors naming the fi
     CHECK(edited("no-post-norm.gguf", keep,
                  [](const std::string& n) { return n == "blk.1.post_attention_norm.weight"; })
               .find("tensor blk.1.post_attention_norm.weight is missing") != std::string::npos);
+    CHECK(edited("gating.gguf", [](GgufWriter& w) { w.set("gpt-oss.expert_gating_func", GgufValue::make_u32(1)); })
+              .find("metadata gpt-oss.expert_gating_func: value 1 (softmax) is not supported: gpt-oss routes its "
+                    "experts by 3 softmax_weight") != std::string::npos);
+
+    // A NaN or inf in a sink, the router, its bias or an expert's bias row: refused at load, naming the tensor.
+    const std::string tail = " (a norm, bias, sink, router or rope factor must hold finite values: a damaged or "
+                             "wrongly converted file)";
+    const auto poked = [&](const std::string& tensor, int64_t index, float v) {
+        const std::string path = test::rewrite_with_value(dir, good, "poked.gguf", tensor, index, v);
+        const std::string msg = test::load_error(path);
+        CHECK(msg.rfind(path + ": ", 0) == 0);
+        return msg.substr(std::min(msg.size(), path.size() + 2));
+    };
+    CHECK(poked("blk.2.attn_sinks.weight", 3, NAN) == "tensor blk.2.attn_sinks.weight: element 3 is nan" + tail);
+    CHECK(poked("blk.0.attn_sinks.weight", 0, INFINITY) == "tensor blk.0.attn_sinks.weight: element 0 is inf" + tail);
+    CHECK(poked("blk.1.ffn_gate_inp.weight", 100, -INFINITY) ==
+          "tensor blk.1.ffn_gate_inp.weight: element 100 is -inf" + tail);
+    CHECK(poked("blk.3.ffn_gate_inp.bias", 7, NAN) == "tensor blk.3.ffn_gate_inp.bias: element 7 is nan" + tail);
+    CHECK(poked("blk.0.ffn_down_exps.bias", 2000, NAN) ==
+          "tensor blk.0.ffn_down_exps.bias: element 2000 is nan" + tail);
+    CHECK(poked("blk.0.ffn_up_exps.bias", 5, NAN) == "tensor blk.0.ffn_up_exps.bias: element 5 is nan" + tail);
+    CHECK(poked("blk.1.attn_output.bias", 9, NAN) == "tensor blk.1.attn_output.bias: element 9 is nan" + tail);
 }
 
 // One layer with its attention output and its bias zeroed (so the layer adds only its FFN), run as a slice from a

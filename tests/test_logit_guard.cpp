@@ -1,6 +1,6 @@
-// The non-finite logit guard (engine/logit_guard.h): the scan itself (base/float_scan.h), a Session whose
+// The non-finite logit guard (engine/logit_guard.h): the scan itself (base/finite.h), a Session whose
 // backend produces NaN, +inf or a row of -inf only, and every command on a model whose weights hold NaN
-// (stories260K with a NaN output norm, or one token's embedding row NaN): one line naming the file and
+// (stories260K with a NaN query projection, or one token's embedding row NaN): one line naming the file and
 // exit 3 instead of token 0 forever; in `run --batch` only the requests that meet the damage fail.
 #include <doctest/doctest.h>
 
@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/float_scan.h"
+#include "base/finite.h"
 #include "engine/generation/session.h"
 #include "engine/logit_guard.h"
 #include "tests/fake_tokenizer.h"
@@ -145,10 +145,11 @@ std::vector<float> nan_floats(size_t n) {
     return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
 }
 
-// stories260K with output_norm.weight NaN: every logit row is NaN.
-std::string nan_norm_model(const TempDir& dir) {
+// stories260K with blk.0.attn_q.weight NaN: every logit row is NaN. (A matrix: a NaN in a norm, bias, sink
+// or router is refused when the model loads.)
+std::string nan_matrix_model(const TempDir& dir) {
     return rewrite_filled(
-        dir, stories(), "nan-norm.gguf", [](const std::string& name) { return name == "output_norm.weight"; },
+        dir, stories(), "nan-matrix.gguf", [](const std::string& name) { return name == "blk.0.attn_q.weight"; },
         std::numeric_limits<float>::quiet_NaN());
 }
 
@@ -194,7 +195,7 @@ std::vector<std::string> with(std::vector<std::string> args, const std::vector<s
 TEST_CASE("run, run --chat, chat, perplexity and bench on NaN weights: one line naming the file, exit 3") {
     if (!shared_available()) return;
     TempDir dir;
-    const std::string model = nan_norm_model(dir);
+    const std::string model = nan_matrix_model(dir);
     for (const char* temp : {"0", "0.8"}) {
         const CommandResult r =
             run_tern(with({"run", "-m", model, "-p", "Once upon a time", "-n", "16", "--temp", temp}, kCpu));

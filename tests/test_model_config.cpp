@@ -8,13 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu/backend_cpu.h"
+#include "base/error.h"
+#include "base/finite.h"
 #include "engine/backend_factory.h"
+#include "engine/cpu/backend_cpu.h"
 #include "engine/load_errors.h"
 #include "engine/model.h"
-#include "kernels/gpu_info.h"
-#include "base/error.h"
 #include "formats/gguf_writer.h"
+#include "kernels/gpu_info.h"
+#include "tests/gguf_rewrite.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -513,6 +515,194 @@ TEST_CASE("sliding-window attention: a 1-layer local model only sees the last `w
             std::max(max_windowless, double(std::abs(g.logits(11)[size_t(v)] - full.logits(11)[size_t(v)])));
     CHECK(max_windowless > 1e-2);
     MESSAGE("window 4: max |Δ| vs the last-4-tokens forward " << max_d << "; without the window " << max_windowless);
+}
+
+namespace {
+
+// The one line loading `w` (written as dir/name) fails with, without its "<path>: " head; "" when it loads.
+std::string meta_error(const test::TempDir& dir, const GgufWriter& w, const std::string& name) {
+    const std::string path = write_tiny(dir, w, name);
+    const std::string msg = error_of([&] { load_model(path); });
+    CHECK(msg.find('\n') == std::string::npos);
+    if (msg.empty()) return "";
+    if (msg.rfind(path + ": ", 0) != 0) return "(not naming " + path + ") " + msg;
+    return msg.substr(path.size() + 2);
+}
+
+} // namespace
+
+TEST_CASE("metadata floats are finite and in their meaning's range, else one line naming the key, value and range") {
+    test::TempDir dir;
+    TinySpec gemma2;
+    gemma2.arch = "gemma2";
+    gemma2.post_norms = gemma2.tied = true;
+    const std::string softcap_range = "(expected a finite number > 0: c * tanh(x / c) caps scores and logits at +-c)";
+    for (const float v : {INFINITY, -INFINITY, NAN, 0.0f, -30.0f}) {
+        CAPTURE(v);
+        GgufWriter w = tiny_writer(gemma2);
+        w.set("gemma2.final_logit_softcapping", GgufValue::make_f32(v));
+        CHECK(meta_error(dir, w, "final-cap.gguf") ==
+              "metadata gemma2.final_logit_softcapping: value " + float_text(v) + " is out of range " + softcap_range);
+        GgufWriter a = tiny_writer(gemma2);
+        a.set("gemma2.attn_logit_softcapping", GgufValue::make_f32(v));
+        CHECK(meta_error(dir, a, "attn-cap.gguf") ==
+              "metadata gemma2.attn_logit_softcapping: value " + float_text(v) + " is out of range " + softcap_range);
+    }
+    { // A sliding window of 1 (each token alone), or 0.
+        TinySpec g3 = gemma2;
+        g3.arch = "gemma3";
+        g3.qk_norm = true;
+        for (const uint32_t v : {1u, 0u}) {
+            GgufWriter w = tiny_writer(g3);
+            w.set("gemma3.attention.sliding_window", GgufValue::make_u32(v));
+            CHECK(meta_error(dir, w, "window.gguf") == "metadata gemma3.attention.sliding_window: value " +
+                                                           std::to_string(v) +
+                                                           " is out of range (expected 2..1073741824)");
+        }
+        GgufWriter w = tiny_writer(gemma2);
+        w.set("gemma2.attention.sliding_window", GgufValue::make_u32(1));
+        CHECK(meta_error(dir, w, "window2.gguf") ==
+              "metadata gemma2.attention.sliding_window: value 1 is out of range (expected 2..1073741824)");
+        w.set("gemma2.attention.sliding_window", GgufValue::make_u32(2)); // the smallest window accepted
+        CHECK(meta_error(dir, w, "window2.gguf") == "");
+    }
+
+    const TinySpec llama;
+    const auto with = [&](const std::vector<std::pair<std::string, GgufValue>>& keys) {
+        GgufWriter w = tiny_writer(llama);
+        for (const auto& [k, v] : keys)
+            w.set("llama." + k, v);
+        return meta_error(dir, w, "llama.gguf");
+    };
+    const auto f32 = [](float v) { return GgufValue::make_f32(v); };
+    const auto yarn = GgufValue::make_string("yarn");
+    // YaRN's factor: it stretches the context (>= 1), to at most 2^31 positions (2^31 / 256 here).
+    const std::string yarn_range = "(expected a finite number >= 1 and <= 8.38861e+06: YaRN stretches the original "
+                                   "context by the factor, to at most 2^31 positions)";
+    for (const float v : {0.0f, 0.5f, 1e30f, INFINITY, NAN}) {
+        CAPTURE(v);
+        CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.factor", f32(v)}}) ==
+              "metadata llama.rope.scaling.factor: value " + float_text(v) + " is out of range " + yarn_range);
+    }
+    CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.factor", f32(1.0f)}}) == "");
+    CHECK(with({{"rope.scaling.factor", f32(0.0f)}}) == ""); // linear 0: no scaling, as the format says
+    CHECK(with({{"rope.scaling.factor", f32(-2.0f)}}) ==
+          "metadata llama.rope.scaling.factor: value -2 is out of range (expected a finite number > 0 and <= "
+          "8.38861e+06: the original context times the factor must stay within 2^31 positions)");
+    CHECK(
+        with({{"rope.scale_linear", f32(1e30f)}}).starts_with("metadata llama.rope.scale_linear: value 1e+30 is out"));
+    // The rope base.
+    for (const float v : {INFINITY, NAN, 0.0f, -10000.0f, 1.0f}) {
+        CAPTURE(v);
+        CHECK(with({{"rope.freq_base", f32(v)}}) ==
+              "metadata llama.rope.freq_base: value " + float_text(v) +
+                  " is out of range (expected a finite number > 1: the rope frequencies base^(-2i/n_rot) must fall "
+                  "with i)");
+    }
+    // The other float keys, one case each.
+    CHECK(with({{"attention.layer_norm_rms_epsilon", f32(INFINITY)}}) ==
+          "metadata llama.attention.layer_norm_rms_epsilon: value inf is out of range (expected a finite number > 0 "
+          "and <= 1: a norm's epsilon is a small positive guard)");
+    CHECK(with({{"attention.layer_norm_rms_epsilon", f32(0.0f)}}).find("value 0 is out of range") != std::string::npos);
+    CHECK(with({{"rope.scaling.attn_factor", f32(1e30f)}}) ==
+          "metadata llama.rope.scaling.attn_factor: value 1e+30 is out of range (expected a finite number > 0 and <= "
+          "10: it multiplies every rotated q and k value)");
+    CHECK(with({{"rope.scaling.attn_factor", f32(0.0f)}}).find("value 0 is out of range") != std::string::npos);
+    CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.yarn_ext_factor", f32(2.0f)}}) ==
+          "metadata llama.rope.scaling.yarn_ext_factor: value 2 is out of range (expected a finite number >= 0 and "
+          "<= 1: the share of the extrapolated angle in YaRN's ramp)");
+    CHECK(with({{"rope.scaling.type", yarn}, {"rope.scaling.yarn_beta_slow", f32(NAN)}})
+              .find("metadata llama.rope.scaling.yarn_beta_slow: value nan is out of range") == 0);
+    CHECK(
+        with({{"rope.scaling.type", yarn}, {"rope.scaling.yarn_log_multiplier", f32(-1.0f)}})
+            .find("metadata llama.rope.scaling.yarn_log_multiplier: value -1 is out of range (expected a finite number "
+                  ">= 0") == 0);
+    {
+        TinySpec m3;
+        m3.arch = "mistral3";
+        GgufWriter w = tiny_writer(m3);
+        w.set("mistral3.attention.temperature_scale", f32(NAN));
+        CHECK(meta_error(dir, w, "m3.gguf") ==
+              "metadata mistral3.attention.temperature_scale: value nan is out of range (expected a finite number >= "
+              "0 and <= 10: q's temperature 1 + scale * ln(...) grows with the position)");
+    }
+}
+
+TEST_CASE("small tensors (norms, biases, rope factors) hold finite values, rope factors > 0: else refused at load") {
+    test::TempDir dir;
+    const std::string tail = " (a norm, bias, sink, router or rope factor must hold finite values: a damaged or "
+                             "wrongly converted file)";
+    // The one line loading `path` fails with, without its "<path>: " head.
+    const auto error = [](const std::string& path) {
+        const std::string msg = test::load_error(path);
+        CHECK(msg.find('\n') == std::string::npos);
+        return msg.rfind(path + ": ", 0) == 0 ? msg.substr(path.size() + 2) : "(not naming the file) " + msg;
+    };
+    TinySpec s;
+    const std::string good = write_tiny(dir, tiny_writer(s), "good.gguf");
+    for (const GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+        CAPTURE(type_name(type));
+        for (const float v : {NAN, INFINITY, -INFINITY}) {
+            CHECK(error(test::rewrite_with_value(dir, good, "norm.gguf", "blk.1.attn_norm.weight", 5, v, type)) ==
+                  "tensor blk.1.attn_norm.weight: element 5 is " + float_text(v) + tail);
+            CHECK(error(test::rewrite_with_value(dir, good, "out-norm.gguf", "output_norm.weight", 31, v, type)) ==
+                  "tensor output_norm.weight: element 31 is " + float_text(v) + tail);
+        }
+    }
+    { // q/k norms, post norms and biases of the families that have them.
+        TinySpec g;
+        g.arch = "gemma3";
+        g.qk_norm = g.post_norms = g.tied = true;
+        GgufWriter w = tiny_writer(g);
+        w.set("gemma3.attention.sliding_window", GgufValue::make_u32(16));
+        const std::string gemma = write_tiny(dir, w, "gemma3.gguf");
+        for (const char* t :
+             {"blk.0.attn_q_norm.weight", "blk.1.attn_k_norm.weight", "blk.0.post_attention_norm.weight",
+              "blk.1.post_ffw_norm.weight", "blk.0.ffn_norm.weight"}) {
+            CAPTURE(t);
+            CHECK(error(test::rewrite_with_value(dir, gemma, "g.gguf", t, 3, NAN)) ==
+                  std::string("tensor ") + t + ": element 3 is nan" + tail);
+        }
+        TinySpec q;
+        q.arch = "qwen2";
+        q.qkv_bias = true;
+        const std::string qwen = write_tiny(dir, tiny_writer(q), "qwen2.gguf");
+        CHECK(error(test::rewrite_with_value(dir, qwen, "b.gguf", "blk.1.attn_k.bias", 15, INFINITY, GgmlType::F16)) ==
+              "tensor blk.1.attn_k.bias: element 15 is inf" + tail);
+    }
+    { // A quantized norm: its block's f16 scale is inf.
+        std::vector<uint8_t> block(34, 1);
+        block[0] = 0x00;
+        block[1] = 0x7c; // d = inf (f16 0x7c00)
+        const std::string path = test::rewrite_gguf(
+            dir, good, "q8norm.gguf", [](GgufWriter&) {},
+            [&](GgufWriter& w, const GgufTensor& t) {
+                if (t.name != "blk.0.ffn_norm.weight") return false;
+                w.add_tensor(t.name, GgmlType::Q8_0, {32}, block);
+                return true;
+            });
+        CHECK(error(path) ==
+              "tensor blk.0.ffn_norm.weight: block 0 (elements 0..31): its f16 scale d is inf (0x7c00)" + tail);
+    }
+    { // LongRoPE's factor tensors and rope_freqs: finite and > 0.
+        const std::string lr = factor_model(dir, RopeFactorsMode::longrope, "lr.gguf");
+        const std::string fr = factor_model(dir, RopeFactorsMode::freqs_long, "fr.gguf");
+        g_random_weights = false;
+        for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+            CAPTURE(t);
+            const std::string head = std::string("tensor ") + t + ": element 1 is ";
+            const std::string why = ", but rope factors divide the rope angles and must be > 0 (a damaged or wrongly "
+                                    "converted file)";
+            CHECK(error(test::rewrite_with_value(dir, lr, "f0.gguf", t, 1, 0.0f)) == head + "0" + why);
+            CHECK(error(test::rewrite_with_value(dir, lr, "fn.gguf", t, 1, -1.0f)) == head + "-1" + why);
+            CHECK(error(test::rewrite_with_value(dir, lr, "fnan.gguf", t, 1, NAN)) == head + "nan" + tail);
+        }
+        CHECK(error(test::rewrite_with_value(dir, fr, "rf.gguf", "rope_freqs.weight", 3, -0.0f)) ==
+              "tensor rope_freqs.weight: element 3 is -0, but rope factors divide the rope angles and must be > 0 (a "
+              "damaged or wrongly converted file)");
+        CHECK(test::load_error(lr).empty()); // the files they were made from load
+        CHECK(test::load_error(fr).empty());
+    }
 }
 
 TEST_CASE("backend factory, KV type names, block KV types need head dims of 32") {

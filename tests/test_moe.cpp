@@ -200,6 +200,39 @@ TEST_CASE("qwen3moe metadata: read, and one-line errors naming the file and key"
     // Without the expert width: llama.cpp's fallback, feed_forward_length / expert_used_count (768 / 2 = 384).
     CHECK(edited("derived.gguf", [](GgufWriter& w) { w.remove("qwen3moe.expert_feed_forward_length"); })
               .find("but expected [256, 384, 8]") != std::string::npos);
+    // The routing keys llama.cpp defines: a gating function outside the format's values, or another than the
+    // architecture's, and a weight scale other than 1 (qwen3moe has none) are refused rather than ignored.
+    const auto gating = [&](const std::string& name, uint32_t v) {
+        return edited(name, [v](GgufWriter& w) { w.set("qwen3moe.expert_gating_func", GgufValue::make_u32(v)); });
+    };
+    CHECK(gating("gating99.gguf", 99)
+              .ends_with(": metadata qwen3moe.expert_gating_func: value 99 is not a gating function (the format "
+                         "defines 0 none, 1 "
+                         "softmax, 2 sigmoid, 3 softmax_weight; qwen3moe routes by 1 softmax)"));
+    CHECK(gating("gating2.gguf", 2)
+              .ends_with(": metadata qwen3moe.expert_gating_func: value 2 (sigmoid) is not supported: qwen3moe routes "
+                         "its experts by 1 "
+                         "softmax"));
+    CHECK(gating("gating3.gguf", 3).find("value 3 (softmax_weight) is not supported") != std::string::npos);
+    CHECK(test::load_error(test::rewrite_zeroing(dir, good, "gating1.gguf", [](GgufWriter& w) {
+              w.set("qwen3moe.expert_gating_func", GgufValue::make_u32(1));
+          })).empty());
+    CHECK(test::load_error(test::rewrite_zeroing(dir, good, "gating0.gguf", [](GgufWriter& w) {
+              w.set("qwen3moe.expert_gating_func", GgufValue::make_u32(0));
+          })).empty());
+    CHECK(edited("scale-nan.gguf",
+                 [](GgufWriter& w) { w.set("qwen3moe.expert_weights_scale", GgufValue::make_f32(NAN)); })
+              .ends_with(": metadata qwen3moe.expert_weights_scale: value nan is out of range (expected a finite "
+                         "number > 0: it multiplies the chosen experts' weights)"));
+    CHECK(
+        edited("scale2.gguf", [](GgufWriter& w) { w.set("qwen3moe.expert_weights_scale", GgufValue::make_f32(2.5f)); })
+            .ends_with(": metadata qwen3moe.expert_weights_scale: value 2.5 is not supported: qwen3moe weights its "
+                       "experts without a scale (1)"));
+    // A NaN in a router row (every token's routing would be NaN): refused at load.
+    CHECK(
+        test::load_error(test::rewrite_with_value(dir, good, "router-nan.gguf", "blk.1.ffn_gate_inp.weight", 700, NAN))
+            .ends_with("router-nan.gguf: tensor blk.1.ffn_gate_inp.weight: element 700 is nan (a norm, bias, sink, "
+                       "router or rope factor must hold finite values: a damaged or wrongly converted file)"));
 }
 
 TEST_CASE("mixtral: a llama with experts is routed like qwen3moe, its experts sized by feed_forward_length") {

@@ -46,7 +46,7 @@ int64_t argmax_rows_split_scratch_bytes(int64_t rows, int64_t width);
 void argmax_rows_split(const float* x, int64_t rows, int64_t width, int32_t* out, void* scratch,
                        cudaStream_t stream);
 
-// What each of `rows` rows of `width` floats holds, as base/float_scan.h scan_floats tells it on the host: the
+// What each of `rows` rows of `width` floats holds, as base/finite.h scan_floats tells it on the host: the
 // bits of flags[r] (device memory, one word per row, zeroed here first) say a NaN, +inf, a finite value. The
 // logit guard (engine/logit_guard.h) asks it of every sampled row: the flags cross to the host, not the row.
 // Each row is read by many blocks (slices of 4096 floats, as argmax_rows_split). rows < 65536.

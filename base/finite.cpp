@@ -1,4 +1,4 @@
-#include "base/float_scan.h"
+#include "base/finite.h"
 
 #include <cstddef>
 #include <cstdint>
