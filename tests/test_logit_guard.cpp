@@ -141,10 +141,6 @@ TEST_CASE("a Session stops at a row holding NaN, +inf or no finite value, naming
 
 namespace {
 
-std::vector<float> nan_floats(size_t n) {
-    return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
-}
-
 // stories260K with blk.0.attn_q.weight NaN: every logit row is NaN. (A matrix: a NaN in a norm, bias, sink
 // or router is refused when the model loads.)
 std::string nan_matrix_model(const TempDir& dir) {
