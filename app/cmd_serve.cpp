@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "app/commands.h"
@@ -38,7 +39,7 @@ struct ServeFlags {
     int32_t max_queue = 64;
     int32_t max_connections = 128;
     std::string max_body = "8M";
-    std::string api_key;
+    std::optional<std::string> api_key;   // --api-key as given (else $TERN_API_KEY): checked_api_key
     std::string alias;
 };
 
@@ -47,8 +48,35 @@ int64_t file_mtime(const std::string& path) {
     return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_mtime) : 0;
 }
 
+// The key every request but /health must carry: --api-key, else $TERN_API_KEY (an explicit flag wins over the
+// environment, as CLI11's own envname does). The server is open only when neither is set: an empty, blank or
+// control-character key is refused, because it comes from a deployment that meant to set one (an unset
+// variable in a template, a stray newline) and reading it as "no key" would serve everyone.
+std::string checked_api_key(const std::optional<std::string>& flag) {
+    const char* env = std::getenv("TERN_API_KEY");
+    if (!flag && !env) return "";
+    const std::string name = flag ? "--api-key" : "TERN_API_KEY";
+    const std::string key = flag ? *flag : env;
+    const std::string hint = " (to serve without a key, leave both --api-key and TERN_API_KEY unset)";
+    if (key.empty()) throw UsageError(name + ": empty; an empty key is never a key" + hint);
+    if (key.find_first_not_of(" \t") == std::string::npos)
+        throw UsageError(name + ": holds only whitespace; give a key of printable characters" + hint);
+    for (size_t i = 0; i < key.size(); ++i) {
+        const auto c = static_cast<unsigned char>(key[i]);
+        if (c < 0x20 || c == 0x7f)
+            throw UsageError(name + ": holds a control character (byte " + std::to_string(c) + " at offset " +
+                             std::to_string(i) + "), which no Authorization header can carry; give a key of "
+                             "printable characters" + hint);
+    }
+    if (key.front() == ' ' || key.back() == ' ')
+        throw UsageError(name + ": begins or ends with a space, which an Authorization header drops; give the key "
+                                "without it" + hint);
+    return key;
+}
+
 int serve(const ServeFlags& f) {
     // Flags first, so a typo does not wait for the model to load.
+    const std::string api_key = checked_api_key(f.api_key);
     resolve_sampling(f.sampling);
     check_repeat_guard(f.repeat_guard);
     prompt_cache_size_bytes(f.prompt_cache);
@@ -68,7 +96,7 @@ int serve(const ServeFlags& f) {
     ServeOptions so;
     so.host = f.host;
     so.port = f.port;
-    so.api_key = f.api_key;
+    so.api_key = api_key;
     so.max_connections = static_cast<size_t>(f.max_connections);
     so.max_body_bytes = static_cast<size_t>(*max_body);
     const std::filesystem::path path(f.model.model);
@@ -93,7 +121,7 @@ int serve(const ServeFlags& f) {
     server.start();
     std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://" << terminal_safe(f.host) << ":" << port
               << "/v1 (" << loaded.device << ", context " << loaded.n_ctx << ", parallel " << f.parallel << ", queue "
-              << f.max_queue << (f.api_key.empty() ? "" : ", API key required")
+              << f.max_queue << (api_key.empty() ? "" : ", API key required")
               << "); Ctrl-C or SIGTERM finishes the requests in progress and exits\n";
 
     // The engine runs on this thread, the one that loaded the model: a GPU's current device is a
@@ -158,8 +186,8 @@ Command add_serve_command(CLI::App& root) {
     cmd->add_option("--port", f->port, "port to listen on; 0 picks a free one (default 8080)")
         ->check(integer_in_range(0, 65535, "0 = any free port"));
     cmd->add_option("--api-key", f->api_key,
-                    "require 'Authorization: Bearer KEY' on every request but /health (default: $TERN_API_KEY)")
-        ->envname("TERN_API_KEY");
+                    "require 'Authorization: Bearer KEY' on every request but /health (default: $TERN_API_KEY; "
+                    "an empty key is refused)");
     cmd->add_option("--parallel", f->parallel, "sequences decoded together (default 1)")
         ->check(integer_in_range(1, 256, "sequences"));
     cmd->add_option("--max-queue", f->max_queue,

@@ -4,6 +4,8 @@
 // tests/serve/test_openai_client.py.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -66,6 +68,46 @@ TEST_CASE("parse_request_json: malformed, not an object, too deep: 400 invalid_j
     const std::string huge = "{\"a\": " + std::string(1'000'000, '[');
     CHECK(error_of([&] { parse_request_json(huge); }).code == "invalid_json");
     CHECK(parse_request_json("{\"a\": [[1]]}")["a"][0][0] == 1);
+}
+
+TEST_CASE("parse_request_json: a number beyond a double is a 400 naming its field, known or not") {
+    ApiError e = error_of([] { parse_request_json(R"({"messages": [], "temperature": 1e400})"); });
+    CHECK(e.status == 400);
+    CHECK(e.type == "invalid_request_error");
+    CHECK(e.param == "temperature");
+    CHECK(e.message.find("temperature: 1e400 is beyond the range of a double") == 0);
+    e = error_of([] { parse_request_json(R"({"messages": [{"role": "user", "content": -1e999999}]})"); });
+    CHECK(e.param == "messages[0].content");
+    CHECK(e.message.find("messages[0].content: -1e999999 is beyond the range of a double") == 0);
+    e = error_of([] { parse_request_json(R"({"x": {"y": [0, 1, 2E+400]}})"); });   // a field tern does not read
+    CHECK(e.param == "x.y[2]");
+    CHECK(e.message.find("x.y[2]: 2E+400") == 0);
+    // An integer of 400 digits is a double too, and beyond its range; a long one is shortened in the message.
+    e = error_of([] { parse_request_json("{\"seed\": 1" + std::string(400, '0') + "}", "the line"); });
+    CHECK(e.param == "seed");
+    CHECK(e.message.size() < 200);
+    // Underflow is no error: it reads as 0.
+    CHECK(parse_request_json(R"({"top_p": 1e-400})")["top_p"] == 0.0);
+}
+
+TEST_CASE("parse_request_json: ill-formed text is a 400 naming where it is, never another exception") {
+    ApiError e = error_of([] { parse_request_json("{\"messages\": [{\"content\": \"a\xff\"}]}"); });
+    CHECK(e.status == 400);
+    CHECK(e.code == "invalid_json");
+    CHECK(e.param == "messages[0].content");
+    CHECK(e.message.find("ill-formed UTF-8") != std::string::npos);
+    e = error_of([] { parse_request_json("{\"stop\": [\"a\", \"\\ud800\"]}"); });   // a lone surrogate
+    CHECK(e.code == "invalid_json");
+    CHECK(e.param == "stop[1]");
+    e = error_of([] { parse_request_json(R"({"a": 1, "b": tru})"); });
+    CHECK(e.param == "b");
+    e = error_of([] { parse_request_json("{\"a\": {\"b\": " + std::string(40, '[') + "}}"); });
+    std::string path = "a.b";
+    for (int i = 0; i < kMaxRequestJsonDepth - 2; ++i) path += "[0]";   // the root and "a" are two levels
+    CHECK(e.param == path);
+    CHECK(e.message.find("nests deeper than 32 levels") != std::string::npos);
+    // A repeated key keeps its last value, as nlohmann's parser does.
+    CHECK(parse_request_json(R"({"a": 1, "a": [2]})")["a"][0] == 2);
 }
 
 TEST_CASE("chat requests: messages, roles, content parts, and wrong types named by field") {
@@ -400,4 +442,43 @@ TEST_CASE("prometheus_text: counters, gauges, cumulative histogram buckets with 
         CHECK_MESSAGE(line.find(' ') != std::string::npos, line);
         CHECK_MESSAGE(line.rfind("tern_", 0) == 0, line);
     }
+}
+
+TEST_CASE("serve --api-key / TERN_API_KEY: an empty, blank or control-character key is refused at start") {
+    ::unsetenv("TERN_API_KEY");   // the cases below set it per run
+    const std::string missing = "no-such-model.gguf";   // the key is checked before the model is opened
+    const auto serve = [&](std::vector<std::string> args, std::vector<std::string> env = {}) {
+        std::vector<std::string> all = {"serve", "-m", missing};
+        all.insert(all.end(), args.begin(), args.end());
+        return test::run_tern(all, "", env);
+    };
+    const auto one_line = [](const std::string& err) { return std::count(err.begin(), err.end(), '\n') == 1; };
+
+    test::CommandResult r = serve({"--api-key", ""});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("tern: --api-key: empty") == 0);
+    CHECK(r.err.find("leave both --api-key and TERN_API_KEY unset") != std::string::npos);
+    CHECK(one_line(r.err));
+    r = serve({}, {"TERN_API_KEY="});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("tern: TERN_API_KEY: empty") == 0);
+    r = serve({}, {"TERN_API_KEY= \t "});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("TERN_API_KEY: holds only whitespace") != std::string::npos);
+    r = serve({"--api-key", "key\x01" "x"});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("--api-key: holds a control character (byte 1 at offset 3)") != std::string::npos);
+    CHECK(one_line(r.err));
+    r = serve({"--api-key", " key"});
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("begins or ends with a space") != std::string::npos);
+    // An explicit flag wins over the environment (an empty variable beside it is not read); with neither set the
+    // server is open. Both runs get past the key to the missing model (exit 2).
+    r = serve({"--api-key", "good-key"}, {"TERN_API_KEY="});
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(missing) != std::string::npos);
+    r = serve({});
+    CHECK(r.exit_code == 2);
+    r = serve({}, {"TERN_API_KEY=good-key"});
+    CHECK(r.exit_code == 2);
 }
