@@ -39,8 +39,9 @@ struct ServeFlags {
     int32_t max_queue = 64;
     int32_t max_connections = 128;
     std::string max_body = "8M";
-    std::optional<std::string> api_key;   // --api-key as given (else $TERN_API_KEY): checked_api_key
+    std::optional<std::string> api_key; // --api-key as given (else $TERN_API_KEY): checked_api_key
     std::string alias;
+    bool no_parse_special = false; // /v1/completions prompts' control-token texts are text
 };
 
 int64_t file_mtime(const std::string& path) {
@@ -59,18 +60,18 @@ std::string checked_api_key(const std::optional<std::string>& flag) {
     const std::string key = flag ? *flag : env;
     const std::string hint = " (to serve without a key, leave both --api-key and TERN_API_KEY unset)";
     if (key.empty()) throw UsageError(name + ": empty; an empty key is never a key" + hint);
+    const std::string printable = "give a key of printable characters";
     if (key.find_first_not_of(" \t") == std::string::npos)
-        throw UsageError(name + ": holds only whitespace; give a key of printable characters" + hint);
+        throw UsageError(name + ": holds only whitespace; " + printable + hint);
     for (size_t i = 0; i < key.size(); ++i) {
         const auto c = static_cast<unsigned char>(key[i]);
         if (c < 0x20 || c == 0x7f)
             throw UsageError(name + ": holds a control character (byte " + std::to_string(c) + " at offset " +
-                             std::to_string(i) + "), which no Authorization header can carry; give a key of "
-                             "printable characters" + hint);
+                             std::to_string(i) + "), which no Authorization header can carry; " + printable + hint);
     }
     if (key.front() == ' ' || key.back() == ' ')
-        throw UsageError(name + ": begins or ends with a space, which an Authorization header drops; give the key "
-                                "without it" + hint);
+        throw UsageError(name + ": begins or ends with a space, which an Authorization header drops; " + printable +
+                         " without it" + hint);
     return key;
 }
 
@@ -91,7 +92,7 @@ int serve(const ServeFlags& f) {
     attach_prompt_cache(loaded, f.model, f.prompt_cache);   // the BatchEngine takes it from the Session
     Session& session = *loaded.session;
     PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template, f.reasoning_effort),
-                        loaded.n_ctx);
+                        loaded.n_ctx, {.parse_special = !f.no_parse_special});
 
     ServeOptions so;
     so.host = f.host;
@@ -197,6 +198,9 @@ Command add_serve_command(CLI::App& root) {
                     "connections served at once, as many more may wait; beyond, 503 at once (default 128)")
         ->check(integer_in_range(1, 4096, "connections"));
     cmd->add_option("--max-body", f->max_body, "largest request body, suffixes K, M (default 8M)");
+    cmd->add_flag("--no-parse-special", f->no_parse_special,
+                  "read control-token texts such as <start_of_turn> in a /v1/completions prompt as text (chat "
+                  "messages always are)");
     cmd->add_option("--alias", f->alias, "the model's name in the API (default: the file name without .gguf)");
     cmd->add_option("-n,--n-predict", f->n_predict,
                     "tokens to generate when a request gives no max_tokens; -1 = until EOS or the context is full "

@@ -95,20 +95,22 @@ TEST_CASE("run --batch: lines in input order, each equal to a single run with th
 
 TEST_CASE("run --batch: a number beyond a double refuses its own line only, naming the field") {
     if (!shared_available()) return;
-    const CommandResult r = run({"--batch", "-"}, R"({"id": "a", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+    const CommandResult r =
+        run({"--batch", "-"}, R"({"id": "a", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
 {"id": "b", "prompt": "x", "temperature": 1e400}
 {"prompt": "x", "max_tokens": -1e999999}
 {"id": "d", "prompt": "The little dog", "max_tokens": 4, "temperature": 0}
 )");
-    CHECK_MESSAGE(r.exit_code == 2, r.err);   // some lines were refused, the others served
+    CHECK_MESSAGE(r.exit_code == 2, r.err); // some lines were refused, the others served
     const std::vector<json> out = json_lines(r.out);
     REQUIRE(out.size() == 4);
     CHECK(out[0]["id"] == "a");
     CHECK(out[0]["n_gen"] == 4);
-    CHECK(out[1]["id"] == 2);   // the line could not be read, so its id is its line number
+    CHECK(out[1]["id"] == 2); // the line could not be read, so its id is its line number
     CHECK(out[1]["error"]["type"] == "invalid_request_error");
     CHECK(out[1]["error"]["param"] == "temperature");
-    CHECK(out[1]["error"]["message"].get<std::string>().find("temperature: 1e400 is beyond the range of a double") == 0);
+    CHECK(out[1]["error"]["message"].get<std::string>().find("temperature: 1e400 is beyond the range of a double") ==
+          0);
     CHECK(out[2]["error"]["param"] == "max_tokens");
     CHECK(out[3]["id"] == "d");
     CHECK(out[3]["n_gen"] == 4);

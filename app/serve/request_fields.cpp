@@ -218,9 +218,9 @@ class BodyBuilder {
 public:
     struct Failure {
         enum Kind { syntax, number_overflow, too_deep } kind = syntax;
-        std::string path;      // the field where it happened, "" at the top
-        std::string token;     // number_overflow: the number as written (shortened)
-        std::string message;   // syntax: nlohmann's description (where and what was expected)
+        std::string path;    // the field where it happened, "" at the top
+        std::string token;   // number_overflow: the number as written (shortened)
+        std::string message; // syntax: nlohmann's description (where and what was expected)
     };
 
     bool null() { return add(json(nullptr)); }
@@ -242,7 +242,7 @@ public:
     bool parse_error(std::size_t, const std::string& last_token, const nlohmann::detail::exception& e) {
         Failure f;
         f.path = path();
-        if (e.id == 406) {   // out_of_range.406: a number that overflows a double
+        if (e.id == 406) { // out_of_range.406: a number that overflows a double
             f.kind = Failure::number_overflow;
             f.token = terminal_safe(last_token.size() > 40 ? last_token.substr(0, 40) + "..." : last_token);
         } else {
@@ -259,10 +259,10 @@ public:
 
 private:
     struct Level {
-        json* value;            // the open object or array
-        std::string key;        // an object's key whose value comes next
+        json* value;     // the open object or array
+        std::string key; // an object's key whose value comes next
         bool has_key = false;
-        size_t index = 0;       // an array's next element
+        size_t index = 0; // an array's next element
     };
 
     // Where the next value goes, made in its parent (or the root).
@@ -270,7 +270,7 @@ private:
         if (levels_.empty()) return root_;
         Level& l = levels_.back();
         if (l.value->is_array()) return l.value->emplace_back();
-        return (*l.value)[l.key];   // a repeated key: the last one wins, as nlohmann's own parser does
+        return (*l.value)[l.key]; // a repeated key: the last one wins, as nlohmann's own parser does
     }
     // The parent has its value: an array moves on to the next index, an object waits for a key.
     void advance() {
@@ -308,7 +308,7 @@ private:
                 if (!p.empty()) p += '.';
                 p += terminal_safe(l.key.size() > 40 ? l.key.substr(0, 40) + "..." : l.key);
             } else {
-                break;   // between an object's members: the object itself
+                break; // between an object's members: the object itself
             }
         }
         return p;
