@@ -48,6 +48,7 @@ settings() {
         tokenizer) echo "4096 30 tokenizer" ;;
         chat_template) echo "16384 10 chat_template" ;;
         prefix_entry) echo "65536 10 -" ;;
+        request_fields) echo "65536 10 request_fields" ;;
         *) echo "65536 20 -" ;;
     esac
 }

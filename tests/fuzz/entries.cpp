@@ -10,6 +10,7 @@ std::span<const Entry> entries() {
         {"chat_template", chat_template},
         {"model_load", model_load},
         {"prefix_entry", prefix_entry},
+        {"request_fields", request_fields},
     };
     return table;
 }

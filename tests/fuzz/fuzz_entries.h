@@ -17,6 +17,7 @@ void tokenizer(Input input);      // encode/decode with every vocabulary in ../s
 void chat_template(Input input);  // detection over the input as Jinja text, rendering for every family
 void model_load(Input input);     // `tern info` and load_model's checks, from the bytes (no forward)
 void prefix_entry(Input input);   // the prompt-cache entry reader (engine/prefix_cache/prefix_cache_entry.h)
+void request_fields(Input input); // a request body or batch line: parse_request_json + read_generation_request
 
 struct Entry {
     std::string_view name; // the target's name without "fuzz_", and its tests/data/fuzz/ folder

@@ -8,7 +8,8 @@
 //                  global tensors), also renamed to each other architecture tern knows;
 //   tokenizer/     the strings of the vocabulary test vectors (*.inp), one file each;
 //   chat_template/ every tokenizer.chat_template found, and a few encoded conversations;
-//   prefix_entry/  valid prompt-cache entries of a few sizes and KV types.
+//   prefix_entry/  valid prompt-cache entries of a few sizes and KV types;
+//   request_fields/ request bodies of both API routes and batch lines, valid and near misses.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     const fs::path out = argv[1], shared = argv[2];
-    for (const char* t : {"gguf", "model_load", "tokenizer", "chat_template", "prefix_entry"})
+    for (const char* t : {"gguf", "model_load", "tokenizer", "chat_template", "prefix_entry", "request_fields"})
         fs::create_directories(out / t);
 
     std::vector<fs::path> files;
@@ -180,6 +181,22 @@ int main(int argc, char** argv) {
             write_bytes(out / "prefix_entry" / ("entry-" + std::to_string(n_entries++)),
                         std::string(bytes.begin(), bytes.end()));
         }
+
+    const char* requests[] = {
+        R"({"model": "m", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            "temperature": 0.7, "top_p": 0.9, "max_tokens": 16, "stream": true, "stream_options": {"include_usage": true},
+            "stop": ["\n\n", "END"], "seed": 42, "logprobs": true, "top_logprobs": 3})",
+        R"({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "tool_calls": []}], "n": 1, "tools": [], "response_format": {"type": "text"},
+            "reasoning_effort": "high", "frequency_penalty": -1.5, "presence_penalty": 2, "logit_bias": {}})",
+        R"({"prompt": ["Once upon a time"], "echo": true, "logprobs": 5, "max_tokens": 1e3, "suffix": "", "best_of": 1})",
+        R"({"id": "line-1", "prompt": "x", "n_predict": -1, "temp": 0, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1,
+            "repeat_last_n": 64})",
+        R"({"id": 7, "messages": [{"role": "user", "content": "\u00e9\ud83d\ude00<end_of_turn>"}], "max_completion_tokens": 8})",
+        R"({"temperature": 1e400, "x": [[[[{"y": -1e-400}]]]], "seed": 18446744073709551615})",
+    };
+    for (size_t k = 0; k < std::size(requests); ++k)
+        write_bytes(out / "request_fields" / ("request-" + std::to_string(k)), requests[k]);
 
     std::printf("fuzz_make_seeds: %d gguf, %d model_load, %zu chat templates under %s\n", n_gguf, n_model,
                 templates.size(), out.c_str());
