@@ -117,6 +117,19 @@ TEST_CASE("run --batch: a number beyond a double refuses its own line only, nami
     CHECK(r.err.find("tern: batch: 4 of 4 requests, 2 refused") != std::string::npos);
 }
 
+TEST_CASE("run --batch: a prompt line's control-token text is the token, text with --no-parse-special") {
+    if (!shared_available()) return;
+    const std::string line = R"({"prompt": "</s>", "max_tokens": 1, "temperature": 0})"
+                             "\n";
+    const CommandResult special = run({"--batch", "-"}, line);
+    const CommandResult text = run({"--batch", "-", "--no-parse-special"}, line);
+    REQUIRE_MESSAGE(special.exit_code == 0, special.err);
+    REQUIRE_MESSAGE(text.exit_code == 0, text.err);
+    CHECK(json_lines(special.out)[0]["n_prompt"] == 2); // BOS and </s>
+    CHECK(json_lines(text.out)[0]["n_prompt"].get<int>() > 2);
+    CHECK(run({"--batch", "-", "--chat", "--no-parse-special"}, line).exit_code == 1);
+}
+
 TEST_CASE("run --batch --unordered --parallel: the same lines, as they finish; stdin with -") {
     if (!shared_available()) return;
     const CommandResult ordered = run({"--batch", "-"}, kBatch);
