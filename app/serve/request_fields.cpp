@@ -332,7 +332,7 @@ nlohmann::json parse_request_json(std::string_view text, const std::string& what
                           "invalid_json");
         case BodyBuilder::Failure::number_overflow:
             throw_invalid(f->path, (f->path.empty() ? what : f->path) + ": " + f->token +
-                                       " is beyond the range of a double (give a number of at most about 1.8e308)");
+                                       " is beyond the range of a double (at most about 1.8e308 in magnitude)");
         case BodyBuilder::Failure::syntax:
             throw_invalid(f->path, what + " is not valid JSON: " + f->message + at, "invalid_json");
         }
