@@ -2,7 +2,9 @@
 // A prompt made of two kinds of text: markup, whose control-token texts ("<start_of_turn>", "<|im_end|>")
 // are those tokens (a chat template's own words), and content, read as plain text whatever it holds (a
 // message someone wrote: typing "<end_of_turn>" must not end their turn and open a forged one, as with
-// OpenAI's API). The renderer marks the spans; Tokenizer::encode_prompt reads them.
+// OpenAI's API). The renderer marks the spans: the hand-written chat formats today, and any renderer to
+// come (a Jinja interpreter) the same way, its literal text as markup and every value taken from a
+// message as content. Tokenizer::encode_prompt reads them.
 //
 // The spans are one string to the tokenizer: text runs on across a span boundary exactly as in the
 // concatenation, so a prompt whose content holds no control-token text gets the very tokens of that
