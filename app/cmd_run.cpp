@@ -47,6 +47,7 @@ struct RunFlags {
     bool json = false;
     int32_t logprobs = 0;        // --logprobs N: each generated token's log-probability and its step's top N
     bool no_bos = false;
+    bool no_parse_special = false; // a raw prompt's control-token texts are text
     bool no_escape = false;
     int32_t keep = -1;           // --keep N: positions a context shift keeps (-1: the prompt)
     bool no_context_shift = false;
@@ -80,7 +81,12 @@ std::string read_prompt(const RunFlags& f) {
     return drop_one_newline(read_standard_input("the prompt", kMaxTextFileBytes));
 }
 
-
+// --no-parse-special is about raw prompts; under --chat every prompt is a message, always read as text.
+void check_parse_special_flag(const RunFlags& f) {
+    if (f.no_parse_special && f.chat)
+        throw UsageError("--no-parse-special: not with --chat (a chat message's text is always read as text; only "
+                         "the template's markers are control tokens)");
+}
 
 // --batch: the same model, sampling and chat flags, as defaults for every line.
 int run_batch_file(const RunFlags& f) {
@@ -101,6 +107,7 @@ int run_batch_file(const RunFlags& f) {
         refuse(f.draft.draft_model.empty() ? "--lookup" : "--draft-model", "batches decode without drafting");
     if (f.system_opt->count() > 0 && !f.chat)
         throw UsageError("--system: only with --chat (the system turn of the chat template)");
+    check_parse_special_flag(f);
 
     BatchRunOptions o;
     o.unordered = f.unordered;
@@ -116,6 +123,7 @@ int run_batch_file(const RunFlags& f) {
     o.system = f.system;
     o.chat_template = f.chat_template;
     o.reasoning_effort = f.reasoning_effort;
+    o.parse_special = !f.no_parse_special;
 
     const std::string input = read_batch_input(f.batch);   // a missing file fails before the model loads
     ModelOptions model = f.model;
@@ -140,6 +148,7 @@ int run(const RunFlags& f) {
     if (f.batch_opt->count() > 0) return run_batch_file(f);
     if (f.unordered) throw UsageError("--unordered: only with --batch");
     if (f.parallel_opt->count() > 0) throw UsageError("--parallel: only with --batch (or tern serve)");
+    check_parse_special_flag(f);
     const SamplingParams sampling = resolve_sampling(f.sampling);
     check_repeat_guard(f.repeat_guard);
     check_draft_options(f.draft);
@@ -167,16 +176,19 @@ int run(const RunFlags& f) {
 
     // A chat reply in channels (gpt-oss): its answer is the output, its reasoning only in --json.
     bool channels = false;
+    std::vector<int32_t> tokens;
     if (f.chat) {
+        // The template's markers are control tokens; the prompt and --system are text, whatever they hold.
         const ChatTemplate tmpl = resolve_chat_template(session, f.chat_template, f.reasoning_effort);
-        prompt = tmpl.render_prompt(f.system, prompt);
+        const PromptText spans = tmpl.render_prompt_spans(f.system, prompt);
+        prompt = spans.text();
+        tokens = session.tokenizer().encode_prompt(spans, !f.no_bos);
         channels = tmpl.reply_has_channels();
+    } else {
+        // As llama.cpp's CLI: "<|im_start|>" in a raw prompt is the control token (--no-parse-special: text).
+        tokens = session.tokenizer().encode(prompt,
+                                            EncodeOptions{.add_bos = !f.no_bos, .parse_special = !f.no_parse_special});
     }
-
-    EncodeOptions enc;
-    enc.add_bos = !f.no_bos;
-    enc.parse_special = true;   // as llama.cpp's CLI: "<|im_start|>" in a prompt is the control token
-    std::vector<int32_t> tokens = session.tokenizer().encode(prompt, enc);
     if (tokens.empty()) {
         // Only a vocabulary without BOS (or --no-bos) gets here with an empty prompt.
         const int32_t bos = session.tokenizer().bos();
@@ -333,6 +345,9 @@ Command add_run_command(CLI::App& root) {
     f->parallel_opt = cmd->add_option("--parallel", f->parallel, "--batch: sequences decoded together (default 1)")
                           ->check(integer_in_range(1, 256, "sequences"));
     cmd->add_flag("--no-bos", f->no_bos, "do not add the BOS token (nor EOS) to the prompt");
+    cmd->add_flag("--no-parse-special", f->no_parse_special,
+                  "read control-token texts such as <start_of_turn> in a raw prompt (-p, -f, --batch \"prompt\" "
+                  "lines) as text (a chat message's text always is)");
     cmd->add_flag("--no-escape", f->no_escape,
                   "take -p and --stop literally (default: \\n, \\t, \\xHH... are escapes)");
     return {cmd, [f] { return run(*f); }};

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "app/commands.h"
@@ -39,8 +40,9 @@ struct ServeFlags {
     int32_t max_queue = 64;
     int32_t max_connections = 128;
     std::string max_body = "8M";
-    std::string api_key;
+    std::optional<std::string> api_key; // --api-key as given (else $TERN_API_KEY): checked_api_key
     std::string alias;
+    bool no_parse_special = false; // /v1/completions prompts' control-token texts are text
 };
 
 int64_t file_mtime(const std::string& path) {
@@ -48,8 +50,35 @@ int64_t file_mtime(const std::string& path) {
     return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_mtime) : 0;
 }
 
+// The key every request but /health must carry: --api-key, else $TERN_API_KEY (an explicit flag wins over the
+// environment, as CLI11's own envname does). The server is open only when neither is set: an empty, blank or
+// control-character key is refused, because it comes from a deployment that meant to set one (an unset
+// variable in a template, a stray newline) and reading it as "no key" would serve everyone.
+std::string checked_api_key(const std::optional<std::string>& flag) {
+    const char* env = std::getenv("TERN_API_KEY");
+    if (!flag && !env) return "";
+    const std::string name = flag ? "--api-key" : "TERN_API_KEY";
+    const std::string key = flag ? *flag : env;
+    const std::string hint = " (to serve without a key, leave both --api-key and TERN_API_KEY unset)";
+    if (key.empty()) throw UsageError(name + ": empty; an empty key is never a key" + hint);
+    const std::string printable = "give a key of printable characters";
+    if (key.find_first_not_of(" \t") == std::string::npos)
+        throw UsageError(name + ": holds only whitespace; " + printable + hint);
+    for (size_t i = 0; i < key.size(); ++i) {
+        const auto c = static_cast<unsigned char>(key[i]);
+        if (c < 0x20 || c == 0x7f)
+            throw UsageError(name + ": holds a control character (byte " + std::to_string(c) + " at offset " +
+                             std::to_string(i) + "), which no Authorization header can carry; " + printable + hint);
+    }
+    if (key.front() == ' ' || key.back() == ' ')
+        throw UsageError(name + ": begins or ends with a space, which an Authorization header drops; " + printable +
+                         " without it" + hint);
+    return key;
+}
+
 int serve(const ServeFlags& f) {
     // Flags first, so a typo does not wait for the model to load.
+    const std::string api_key = checked_api_key(f.api_key);
     resolve_sampling(f.sampling);
     check_repeat_guard(f.repeat_guard);
     prompt_cache_size_bytes(f.prompt_cache);
@@ -64,12 +93,12 @@ int serve(const ServeFlags& f) {
     attach_prompt_cache(loaded, f.model, f.prompt_cache);   // the BatchEngine takes it from the Session
     Session& session = *loaded.session;
     PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template, f.reasoning_effort),
-                        loaded.n_ctx);
+                        loaded.n_ctx, {.parse_special = !f.no_parse_special});
 
     ServeOptions so;
     so.host = f.host;
     so.port = f.port;
-    so.api_key = f.api_key;
+    so.api_key = api_key;
     so.max_connections = static_cast<size_t>(f.max_connections);
     so.max_body_bytes = static_cast<size_t>(*max_body);
     const std::filesystem::path path(f.model.model);
@@ -95,7 +124,7 @@ int serve(const ServeFlags& f) {
     std::cerr << "tern: serving " << terminal_safe(so.model_name) << " at http://"
               << terminal_safe(host_for_url(f.host)) << ":" << port << "/v1 (" << loaded.device << ", context "
               << loaded.n_ctx << ", parallel " << f.parallel << ", queue " << f.max_queue
-              << (f.api_key.empty() ? "" : ", API key required")
+              << (api_key.empty() ? "" : ", API key required")
               << "); Ctrl-C or SIGTERM finishes the requests in progress and exits\n";
 
     // The engine runs on this thread, the one that loaded the model: a GPU's current device is a
@@ -167,8 +196,8 @@ Command add_serve_command(CLI::App& root) {
     cmd->add_option("--port", f->port, "port to listen on; 0 picks a free one (default 8080)")
         ->check(integer_in_range(0, 65535, "0 = any free port"));
     cmd->add_option("--api-key", f->api_key,
-                    "require 'Authorization: Bearer KEY' on every request but /health (default: $TERN_API_KEY)")
-        ->envname("TERN_API_KEY");
+                    "require 'Authorization: Bearer KEY' on every request but /health (default: $TERN_API_KEY; "
+                    "an empty key is refused)");
     cmd->add_option("--parallel", f->parallel, "sequences decoded together (default 1)")
         ->check(integer_in_range(1, 256, "sequences"));
     cmd->add_option("--max-queue", f->max_queue,
@@ -179,6 +208,9 @@ Command add_serve_command(CLI::App& root) {
                     "once (default 128)")
         ->check(integer_in_range(1, 4096, "connections"));
     cmd->add_option("--max-body", f->max_body, "largest request body, suffixes K, M (default 8M)");
+    cmd->add_flag("--no-parse-special", f->no_parse_special,
+                  "read control-token texts such as <start_of_turn> in a /v1/completions prompt as text (chat "
+                  "messages always are)");
     cmd->add_option("--alias", f->alias, "the model's name in the API (default: the file name without .gguf)");
     cmd->add_option("-n,--n-predict", f->n_predict,
                     "tokens to generate when a request gives no max_tokens; -1 = until EOS or the context is full "

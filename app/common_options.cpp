@@ -261,11 +261,6 @@ ChatTemplate resolve_chat_template(const Session& session, const std::string& te
     return with_effort(d.tmpl, reasoning_effort);
 }
 
-std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
-                               const std::string& template_override) {
-    return resolve_chat_template(session, template_override).render_prompt(system, user);
-}
-
 void add_draft_options(CLI::App& cmd, DraftOptions& o) {
     o.lookup_opt = cmd.add_option("--lookup", o.lookup,
                                   "speculative decoding by prompt lookup: draft up to K tokens by copying what "

@@ -78,11 +78,6 @@ void rewrite_llama_aliases(int argc, char** argv);
 // users' scripts rely on it; other backslashes are kept as typed.
 std::string process_escapes(std::string_view text);
 
-// The prompt wrapped in the model's chat template (or the one --chat-template names) as an
-// optional system turn plus one user turn, ending with the assistant's generation prompt.
-std::string render_chat_prompt(const Session& session, const std::string& system, const std::string& user,
-                               const std::string& template_override);
-
 // The chat format of a session: the one --chat-template names (or template text to recognise),
 // else the model's tokenizer.chat_template; Gemma-family and gpt-oss files without one get their format. Prints the
 // line about an unrecognised or missing template on stderr.

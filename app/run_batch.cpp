@@ -153,7 +153,8 @@ int run_batch(const std::string& input, LoadedSession& loaded, const BatchRunOpt
     const PromptMaker prompts(session.tokenizer(),
                               any_chat ? resolve_chat_template(session, o.chat_template, o.reasoning_effort)
                                        : *ChatTemplate::from_name("chatml"),
-                              loaded.n_ctx, o.chat, o.system);
+                              loaded.n_ctx,
+                              {.wrap_prompts = o.chat, .system = o.system, .parse_special = o.parse_special});
 
     // At most this many requests handed to the engine at once: enough to keep `parallel` sequences
     // busy, few enough that the waiting queue never refuses one.

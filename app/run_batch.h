@@ -26,6 +26,7 @@ struct BatchRunOptions {
     std::string system;              // --system, with --chat
     std::string chat_template;       // --chat-template
     std::string reasoning_effort;    // --reasoning-effort
+    bool parse_special = true;       // "prompt" lines' control-token texts are those tokens (--no-parse-special)
 };
 
 // The batch input, read before the model loads: FILE, or stdin for "-". Regular files only, capped

@@ -49,6 +49,7 @@ settings() {
         chat_template) echo "16384 10 chat_template" ;;
         prefix_entry) echo "65536 10 -" ;;
         http_request) echo "65536 10 http_request" ;;
+        request_fields) echo "65536 10 request_fields" ;;
         *) echo "65536 20 -" ;;
     esac
 }

@@ -93,6 +93,43 @@ TEST_CASE("run --batch: lines in input order, each equal to a single run with th
     CHECK(r.err.find("tern: batch: 7 of 7 requests, 3 refused") != std::string::npos);
 }
 
+TEST_CASE("run --batch: a number beyond a double refuses its own line only, naming the field") {
+    if (!shared_available()) return;
+    const CommandResult r =
+        run({"--batch", "-"}, R"({"id": "a", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+{"id": "b", "prompt": "x", "temperature": 1e400}
+{"prompt": "x", "max_tokens": -1e999999}
+{"id": "d", "prompt": "The little dog", "max_tokens": 4, "temperature": 0}
+)");
+    CHECK_MESSAGE(r.exit_code == 2, r.err); // some lines were refused, the others served
+    const std::vector<json> out = json_lines(r.out);
+    REQUIRE(out.size() == 4);
+    CHECK(out[0]["id"] == "a");
+    CHECK(out[0]["n_gen"] == 4);
+    CHECK(out[1]["id"] == 2); // the line could not be read, so its id is its line number
+    CHECK(out[1]["error"]["type"] == "invalid_request_error");
+    CHECK(out[1]["error"]["param"] == "temperature");
+    CHECK(out[1]["error"]["message"].get<std::string>().find("temperature: 1e400 is beyond the range of a double") ==
+          0);
+    CHECK(out[2]["error"]["param"] == "max_tokens");
+    CHECK(out[3]["id"] == "d");
+    CHECK(out[3]["n_gen"] == 4);
+    CHECK(r.err.find("tern: batch: 4 of 4 requests, 2 refused") != std::string::npos);
+}
+
+TEST_CASE("run --batch: a prompt line's control-token text is the token, text with --no-parse-special") {
+    if (!shared_available()) return;
+    const std::string line = R"({"prompt": "</s>", "max_tokens": 1, "temperature": 0})"
+                             "\n";
+    const CommandResult special = run({"--batch", "-"}, line);
+    const CommandResult text = run({"--batch", "-", "--no-parse-special"}, line);
+    REQUIRE_MESSAGE(special.exit_code == 0, special.err);
+    REQUIRE_MESSAGE(text.exit_code == 0, text.err);
+    CHECK(json_lines(special.out)[0]["n_prompt"] == 2); // BOS and </s>
+    CHECK(json_lines(text.out)[0]["n_prompt"].get<int>() > 2);
+    CHECK(run({"--batch", "-", "--chat", "--no-parse-special"}, line).exit_code == 1);
+}
+
 TEST_CASE("run --batch --unordered --parallel: the same lines, as they finish; stdin with -") {
     if (!shared_available()) return;
     const CommandResult ordered = run({"--batch", "-"}, kBatch);

@@ -278,6 +278,26 @@ TEST_CASE("--chat wraps the prompt in the chat template (chatml when the model h
     CHECK(j["n_prompt"].get<int>() > 10);
 }
 
+TEST_CASE("control-token texts: the token in a raw prompt (text with --no-parse-special), text in a --chat message") {
+    if (!shared_available()) return;
+    static constexpr int kEos = 2; // stories260K's </s>
+    const auto has_eos = [](const json& j) {
+        const std::vector<int> ids = j["prompt_tokens"].get<std::vector<int>>();
+        return std::find(ids.begin(), ids.end(), kEos) != ids.end();
+    };
+    const json raw = run_json({"-p", "</s>", "-n", "1", "--temp", "0"});
+    CHECK(raw["prompt_tokens"] == json::array({1, kEos}));
+    const json text = run_json({"-p", "</s>", "-n", "1", "--temp", "0", "--no-parse-special"});
+    CHECK(text["n_prompt"].get<int>() > 2);
+    CHECK_FALSE(has_eos(text));
+    // Llama 2's template: "[INST] </s> [/INST]"; the message's "</s>" is text, and so is --system's.
+    const json chat = run_json({"-p", "</s>", "--chat", "--chat-template", "llama2", "--system", "</s>", "-n", "1"});
+    CHECK_FALSE(has_eos(chat));
+    const CommandResult both = run({"-p", "x", "--chat", "--no-parse-special"});
+    CHECK(both.exit_code == 1);
+    CHECK(both.err.find("--no-parse-special: not with --chat") != std::string::npos);
+}
+
 TEST_CASE("llama.cpp spellings: -ngl and --n-gpu-layers are accepted") {
     if (!shared_available()) return;
     CHECK(run({"-p", "Once", "-n", "2", "-ngl", "99"}).exit_code == 0);

@@ -3,12 +3,15 @@
 // its own executable): the llama.cpp vocabulary test pairs in ../shared/models/vocab and where
 // the Gemma 3 model lives.
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "engine/text/tokenizer.h"
 #include "tests/test_support.h"
 
 namespace tern::test {
@@ -57,6 +60,28 @@ inline std::string find_gemma_model() {
     }
     const fs::path tmp = "/tmp/gemma/gemma-3-270m-q4_k_m.gguf";
     return fs::exists(tmp) ? tmp.string() : std::string();
+}
+
+// A SentencePiece vocabulary with Gemma's turn markers as control tokens, "\n\n" as a user-defined one and
+// byte fallback for everything else: enough to tell a marker from its text without a model file.
+// Ids: 0 <unk>, 1 <s>, 2 </s>, 3 <start_of_turn>, 4 <end_of_turn>, 5 "\n\n", then normal pieces, then bytes.
+inline std::unique_ptr<Tokenizer> marker_vocab() {
+    VocabSpec spec;
+    spec.source = "markers";
+    spec.model = "llama";
+    spec.tokens = {"<unk>",        "<s>",  "</s>",  "<start_of_turn>", "<end_of_turn>",    "\n\n",
+                   "\xE2\x96\x81", "user", "model", "hello",           "\xE2\x96\x81hello"};
+    spec.types = {2, 3, 3, 3, 3, 4, 1, 1, 1, 1, 1};
+    for (int b = 0; b < 256; ++b) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        spec.tokens.emplace_back(name);
+        spec.types.push_back(6);
+    }
+    spec.unk = 0;
+    spec.bos = 1;
+    spec.eos = 2;
+    return Tokenizer::from_vocab(spec);
 }
 
 inline std::string ids_to_string(const std::vector<int32_t>& ids) {

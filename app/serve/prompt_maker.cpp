@@ -2,10 +2,8 @@
 
 namespace tern::app {
 
-PromptMaker::PromptMaker(const Tokenizer& tokenizer, ChatTemplate tmpl, int32_t n_ctx, bool wrap_prompts,
-                         std::string system)
-    : tokenizer_(tokenizer), tmpl_(std::move(tmpl)), n_ctx_(n_ctx), wrap_prompts_(wrap_prompts),
-      system_(std::move(system)) {}
+PromptMaker::PromptMaker(const Tokenizer& tokenizer, ChatTemplate tmpl, int32_t n_ctx, PromptRules rules)
+    : tokenizer_(tokenizer), tmpl_(std::move(tmpl)), n_ctx_(n_ctx), rules_(std::move(rules)) {}
 
 PreparedPrompt PromptMaker::prepare(const GenerationRequest& r) const {
     const std::string field = r.chat ? "messages" : "prompt";
@@ -16,16 +14,15 @@ PreparedPrompt PromptMaker::prepare(const GenerationRequest& r) const {
     PreparedPrompt p;
     ChatTemplate tmpl = tmpl_;
     if (!r.reasoning_effort.empty()) tmpl.set_reasoning_effort(r.reasoning_effort);   // checked when read
-    if (r.chat)
-        p.text = tmpl.render(r.messages, true);
-    else if (wrap_prompts_)
-        p.text = tmpl.render_prompt(system_, r.prompt);
-    else
+    if (r.chat || rules_.wrap_prompts) {
+        const PromptText spans =
+            r.chat ? tmpl.render_spans(r.messages, true) : tmpl.render_prompt_spans(rules_.system, r.prompt);
+        p.text = spans.text();
+        p.tokens = tokenizer_.encode_prompt(spans, true);
+    } else {
         p.text = r.prompt;
-    EncodeOptions enc;
-    enc.add_bos = true;
-    enc.parse_special = true;   // the template's control tokens; as `tern run` reads a prompt
-    p.tokens = tokenizer_.encode(p.text, enc);
+        p.tokens = tokenizer_.encode(p.text, EncodeOptions{.add_bos = true, .parse_special = rules_.parse_special});
+    }
     if (p.tokens.empty()) {
         const int32_t bos = tokenizer_.bos();
         if (bos < 0) throw_invalid(field, field + ": the prompt is empty and the model has no BOS token to start from");

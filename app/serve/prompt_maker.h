@@ -1,9 +1,11 @@
 #pragma once
 // A request's prompt as tokens: messages through the chat template (the one `tern chat` and
 // `run --chat` use), a plain prompt as it is (or as one user turn under `run --batch --chat`), BOS
-// by the vocabulary's rule and control-token texts recognised, as `tern run` does. Refuses, with a
-// 400 naming the field, a prompt the context cannot hold and a max_tokens beyond the context.
-// Thread-safe: the tokenizer and template are only read.
+// by the vocabulary's rule. In a chat prompt only the template's markers are control tokens: what the
+// messages say is text, whatever it holds (engine/text/prompt_text.h). A plain prompt's control-token
+// texts are those tokens, as `tern run -p` reads them, unless PromptRules::parse_special is off
+// (--no-parse-special). Refuses, with a 400 naming the field, a prompt the context cannot hold and a
+// max_tokens beyond the context. Thread-safe: the tokenizer and template are only read.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,11 +21,15 @@ struct PreparedPrompt {
     std::vector<int32_t> tokens;
 };
 
+struct PromptRules {
+    bool wrap_prompts = false; // a plain prompt becomes one user turn (`run --batch --chat`) ...
+    std::string system;        // ... with this system turn before it when not empty
+    bool parse_special = true; // a plain (unwrapped) prompt's control-token texts are those tokens
+};
+
 class PromptMaker {
 public:
-    // `wrap_prompts`: a plain prompt becomes one user turn (with `system` before it when not empty).
-    PromptMaker(const Tokenizer& tokenizer, ChatTemplate tmpl, int32_t n_ctx, bool wrap_prompts = false,
-                std::string system = "");
+    PromptMaker(const Tokenizer& tokenizer, ChatTemplate tmpl, int32_t n_ctx, PromptRules rules = {});
 
     PreparedPrompt prepare(const GenerationRequest& request) const;
     int32_t n_ctx() const { return n_ctx_; }
@@ -34,8 +40,7 @@ private:
     const Tokenizer& tokenizer_;
     ChatTemplate tmpl_;
     int32_t n_ctx_;
-    bool wrap_prompts_;
-    std::string system_;
+    PromptRules rules_;
 };
 
 } // namespace tern::app

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -208,27 +209,135 @@ const json* field(const json& body, std::initializer_list<const char*> names, st
     return found;
 }
 
+// Builds a request body from nlohmann's SAX events while knowing where in the document it is, so a
+// value the parser cannot take (a number beyond a double, ill-formed UTF-8, nesting past
+// kMaxRequestJsonDepth) is refused naming its field ("messages[0].content") rather than escaping as
+// an exception the server would answer with 500. Nothing here throws: the first failure is kept and
+// parsing stops.
+class BodyBuilder {
+public:
+    struct Failure {
+        enum Kind { syntax, number_overflow, too_deep } kind = syntax;
+        std::string path;    // the field where it happened, "" at the top
+        std::string token;   // number_overflow: the number as written (shortened)
+        std::string message; // syntax: nlohmann's description (where and what was expected)
+    };
+
+    bool null() { return add(json(nullptr)); }
+    bool boolean(bool v) { return add(json(v)); }
+    bool number_integer(json::number_integer_t v) { return add(json(v)); }
+    bool number_unsigned(json::number_unsigned_t v) { return add(json(v)); }
+    bool number_float(json::number_float_t v, const json::string_t&) { return add(json(v)); }
+    bool string(json::string_t& v) { return add(json(std::move(v))); }
+    bool binary(json::binary_t& v) { return add(json(json::binary_t(std::move(v)))); }
+    bool start_object(std::size_t) { return open(json::object()); }
+    bool start_array(std::size_t) { return open(json::array()); }
+    bool key(json::string_t& k) {
+        levels_.back().key = std::move(k);
+        levels_.back().has_key = true;
+        return true;
+    }
+    bool end_object() { return close(); }
+    bool end_array() { return close(); }
+    bool parse_error(std::size_t, const std::string& last_token, const nlohmann::detail::exception& e) {
+        Failure f;
+        f.path = path();
+        if (e.id == 406) { // out_of_range.406: a number that overflows a double
+            f.kind = Failure::number_overflow;
+            f.token = terminal_safe(last_token.size() > 40 ? last_token.substr(0, 40) + "..." : last_token);
+        } else {
+            std::string why = e.what();
+            if (const size_t at = why.find("parse error"); at != std::string::npos) why = why.substr(at);
+            f.message = terminal_safe(why.substr(0, 200));
+        }
+        failure_ = std::move(f);
+        return false;
+    }
+
+    const std::optional<Failure>& failure() const { return failure_; }
+    json take() { return std::move(root_); }
+
+private:
+    struct Level {
+        json* value;     // the open object or array
+        std::string key; // an object's key whose value comes next
+        bool has_key = false;
+        size_t index = 0; // an array's next element
+    };
+
+    // Where the next value goes, made in its parent (or the root).
+    json& slot() {
+        if (levels_.empty()) return root_;
+        Level& l = levels_.back();
+        if (l.value->is_array()) return l.value->emplace_back();
+        return (*l.value)[l.key]; // a repeated key: the last one wins, as nlohmann's own parser does
+    }
+    // The parent has its value: an array moves on to the next index, an object waits for a key.
+    void advance() {
+        if (levels_.empty()) return;
+        ++levels_.back().index;
+        levels_.back().has_key = false;
+    }
+    bool add(json v) {
+        slot() = std::move(v);
+        advance();
+        return true;
+    }
+    bool open(json container) {
+        if (levels_.size() >= static_cast<size_t>(kMaxRequestJsonDepth)) {
+            failure_ = Failure{Failure::too_deep, path(), "", ""};
+            return false;
+        }
+        json& s = slot();
+        s = std::move(container);
+        levels_.push_back({&s});
+        return true;
+    }
+    bool close() {
+        levels_.pop_back();
+        advance();
+        return true;
+    }
+    // The JSON path of the value being read: messages[0].content.
+    std::string path() const {
+        std::string p;
+        for (const Level& l : levels_) {
+            if (l.value->is_array()) {
+                p += "[" + std::to_string(l.index) + "]";
+            } else if (l.has_key) {
+                if (!p.empty()) p += '.';
+                p += terminal_safe(l.key.size() > 40 ? l.key.substr(0, 40) + "..." : l.key);
+            } else {
+                break; // between an object's members: the object itself
+            }
+        }
+        return p;
+    }
+
+    json root_;
+    std::vector<Level> levels_;
+    std::optional<Failure> failure_;
+};
+
 } // namespace
 
 nlohmann::json parse_request_json(std::string_view text, const std::string& what) {
-    struct TooDeep {};
-    json body;
-    try {
-        body = json::parse(text.begin(), text.end(), [](int depth, json::parse_event_t event, json&) {
-            if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-                depth >= kMaxRequestJsonDepth)
-                throw TooDeep{};
-            return true;
-        });
-    } catch (const TooDeep&) {
-        throw_invalid("", what + " nests deeper than " + std::to_string(kMaxRequestJsonDepth) + " levels",
-                      "invalid_json");
-    } catch (const json::parse_error& e) {
-        // nlohmann's message names the byte and what it expected there.
-        std::string why = e.what();
-        if (const size_t at = why.find("parse error"); at != std::string::npos) why = why.substr(at);
-        throw_invalid("", what + " is not valid JSON: " + terminal_safe(why.substr(0, 200)), "invalid_json");
+    BodyBuilder builder;
+    json::sax_parse(text.begin(), text.end(), &builder);
+    if (const auto& f = builder.failure()) {
+        const std::string at = f->path.empty() ? "" : " (at " + f->path + ")";
+        switch (f->kind) {
+        case BodyBuilder::Failure::too_deep:
+            throw_invalid(f->path, what + " nests deeper than " + std::to_string(kMaxRequestJsonDepth) + " levels" + at,
+                          "invalid_json");
+        case BodyBuilder::Failure::number_overflow:
+            throw_invalid(f->path, (f->path.empty() ? what : f->path) + ": " + f->token +
+                                       " is beyond the range of a double (at most about 1.8e308 in magnitude)");
+        case BodyBuilder::Failure::syntax:
+            throw_invalid(f->path, what + " is not valid JSON: " + f->message + at, "invalid_json");
+        }
     }
+    json body = builder.take();
     if (!body.is_object()) throw_invalid("", what + " must be a JSON object, not " + kind_of(body), "invalid_json");
     return body;
 }

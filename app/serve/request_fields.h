@@ -54,8 +54,11 @@ struct GenerationRequest {
 // deeper document is refused while parsing, before it is built.
 inline constexpr int kMaxRequestJsonDepth = 32;
 
-// `text` as JSON: 400 (code "invalid_json") when it is not JSON, nests deeper than
-// kMaxRequestJsonDepth, or is not an object. `what` names it in messages ("the request body").
+// `text` as JSON: 400 (code "invalid_json") when it is not JSON (ill-formed UTF-8 included), nests deeper
+// than kMaxRequestJsonDepth, or is not an object; 400 naming the field ("temperature",
+// "messages[0].content", or any other key) when a number is beyond the range of a double. Every
+// failure is an ApiException whose param is the JSON path where it happened (empty at the top); no
+// other exception leaves it. `what` names the text in messages ("the request body", "the line").
 nlohmann::json parse_request_json(std::string_view text, const std::string& what = "the request body");
 
 // The request's fields checked and resolved against `defaults`.

@@ -103,23 +103,28 @@ std::vector<ChatMessage> fold_system(const std::vector<ChatMessage>& messages, b
 // channel; the generation prompt opens an assistant turn and leaves the channel to the model.
 constexpr std::string_view kHarmonyFinal = "<|channel|>final<|message|>";
 
-std::string render_harmony(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                           const std::string& effort) {
+PromptText render_harmony(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                          const std::string& effort) {
     const std::time_t now = std::time(nullptr);
     std::tm utc{};
     gmtime_r(&now, &utc);
     char today[16];
     std::strftime(today, sizeof today, "%Y-%m-%d", &utc);
-    std::string out = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
-                      "Knowledge cutoff: 2024-06\nCurrent date: " +
-                      std::string(today) +
-                      "\n\nReasoning: " + effort + "\n\n"
-                      "# Valid channels: analysis, commentary, final. Channel must be included for every message."
-                      "<|end|>";
-    std::string developer;
-    for (const ChatMessage& m : messages)
-        if (m.role == "system" || m.role == "developer") developer += (developer.empty() ? "" : "\n\n") + m.content;
-    if (!developer.empty()) out += "<|start|>developer<|message|># Instructions\n\n" + developer + "\n\n<|end|>";
+    PromptText out;
+    out.markup("<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+               "Knowledge cutoff: 2024-06\nCurrent date: " +
+               std::string(today) + "\n\nReasoning: " + effort +
+               "\n\n"
+               "# Valid channels: analysis, commentary, final. Channel must be included for every message."
+               "<|end|>");
+    PromptText developer; // the system messages, joined by blank lines
+    for (const ChatMessage& m : messages) {
+        if (m.role != "system" && m.role != "developer") continue;
+        if (!developer.empty()) developer.markup("\n\n");
+        developer.content(m.content);
+    }
+    if (!developer.empty())
+        out.markup("<|start|>developer<|message|># Instructions\n\n").append(developer).markup("\n\n<|end|>");
     for (size_t i = 0; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
         if (m.role == "system" || m.role == "developer") continue;
@@ -127,12 +132,14 @@ std::string render_harmony(const std::vector<ChatMessage>& messages, bool add_ge
             // The last message of a finished conversation ends with <|return|>, as the model wrote it; an answer
             // in the history ends its turn with <|end|>.
             const bool last = i + 1 == messages.size() && !add_generation_prompt;
-            out += "<|start|>assistant" + std::string(kHarmonyFinal) + m.content + (last ? "<|return|>" : "<|end|>");
+            out.markup("<|start|>assistant" + std::string(kHarmonyFinal))
+                .content(m.content)
+                .markup(last ? "<|return|>" : "<|end|>");
         } else {
-            out += "<|start|>" + m.role + "<|message|>" + m.content + "<|end|>";
+            out.markup("<|start|>" + m.role + "<|message|>").content(m.content).markup("<|end|>");
         }
     }
-    if (add_generation_prompt) out += "<|start|>assistant";
+    if (add_generation_prompt) out.markup("<|start|>assistant");
     return out;
 }
 
@@ -227,22 +234,24 @@ ChatTemplate::Detection ChatTemplate::resolve(std::string_view override_name, st
     return detect(model_template);
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-    std::string out;
+PromptText ChatTemplate::render_spans(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+    PromptText out;
     switch (family_) {
     case Family::chatml:
     case Family::qwen: {
         if (family_ == Family::qwen && (messages.empty() || messages.front().role != "system"))
-            out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+            out.markup("<|im_start|>system\n").content(default_system_).markup("<|im_end|>\n");
         for (const ChatMessage& m : messages)
-            out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-        if (add_generation_prompt) out += "<|im_start|>assistant\n";
+            out.markup("<|im_start|>" + m.role + "\n").content(m.content).markup("<|im_end|>\n");
+        if (add_generation_prompt) out.markup("<|im_start|>assistant\n");
         break;
     }
     case Family::llama3:
         for (const ChatMessage& m : messages)
-            out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
-        if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+            out.markup("<|start_header_id|>" + m.role + "<|end_header_id|>\n\n")
+                .content(trim(m.content))
+                .markup("<|eot_id|>");
+        if (add_generation_prompt) out.markup("<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     case Family::llama2: {
         // [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {answer} </s><s>[INST] {user} [/INST]
@@ -252,15 +261,13 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
             if (m.role == "system") {
                 system = trim(m.content);
             } else if (m.role == "assistant") {
-                out += ' ';
-                out += trim(m.content);
-                out += " </s>";
+                out.markup(" ").content(trim(m.content)).markup(" </s>");
             } else {
-                if (!first) out += "<s>";
-                out += "[INST] ";
-                if (!system.empty()) out += "<<SYS>>\n" + system + "\n<</SYS>>\n\n";
+                if (!first) out.markup("<s>");
+                out.markup("[INST] ");
+                if (!system.empty()) out.markup("<<SYS>>\n").content(system).markup("\n<</SYS>>\n\n");
                 system.clear();
-                out += trim(m.content) + " [/INST]";
+                out.content(trim(m.content)).markup(" [/INST]");
                 first = false;
             }
         }
@@ -269,9 +276,9 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     case Family::mistral_v1:
         for (const ChatMessage& m : fold_system(messages, false)) {
             if (m.role == "assistant")
-                out += " " + m.content + "</s>";
+                out.markup(" ").content(m.content).markup("</s>");
             else
-                out += " [INST] " + m.content + " [/INST]";
+                out.markup(" [INST] ").content(m.content).markup(" [/INST]");
         }
         break;
     case Family::mistral_v3:
@@ -279,9 +286,9 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
         const bool tekken = family_ == Family::mistral_v3_tekken;
         for (const ChatMessage& m : fold_system(messages, true)) {
             if (m.role == "assistant")
-                out += (tekken ? "" : " ") + m.content + "</s>";
+                out.markup(tekken ? "" : " ").content(m.content).markup("</s>");
             else
-                out += (tekken ? "[INST]" : "[INST] ") + m.content + "[/INST]";
+                out.markup(tekken ? "[INST]" : "[INST] ").content(m.content).markup("[/INST]");
         }
         break;
     }
@@ -290,76 +297,85 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
         const std::string sp = family_ == Family::mistral_v7 ? " " : "";
         for (const ChatMessage& m : messages) {
             if (m.role == "system")
-                out += "[SYSTEM_PROMPT]" + sp + m.content + "[/SYSTEM_PROMPT]";
+                out.markup("[SYSTEM_PROMPT]" + sp).content(m.content).markup("[/SYSTEM_PROMPT]");
             else if (m.role == "assistant")
-                out += sp + m.content + "</s>";
+                out.markup(sp).content(m.content).markup("</s>");
             else
-                out += "[INST]" + sp + m.content + "[/INST]";
+                out.markup("[INST]" + sp).content(m.content).markup("[/INST]");
         }
         break;
     }
     case Family::gemma:
         for (const ChatMessage& m : fold_system(messages, false))
-            out += "<start_of_turn>" + std::string(m.role == "assistant" ? "model" : "user") + "\n" + trim(m.content) +
-                   "<end_of_turn>\n";
-        if (add_generation_prompt) out += "<start_of_turn>model\n";
+            out.markup("<start_of_turn>" + std::string(m.role == "assistant" ? "model" : "user") + "\n")
+                .content(trim(m.content))
+                .markup("<end_of_turn>\n");
+        if (add_generation_prompt) out.markup("<start_of_turn>model\n");
         break;
     case Family::phi3:
         for (const ChatMessage& m : messages)
-            out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
-        if (add_generation_prompt) out += "<|assistant|>\n";
+            out.markup("<|" + m.role + "|>\n").content(m.content).markup("<|end|>\n");
+        if (add_generation_prompt) out.markup("<|assistant|>\n");
         break;
     case Family::phi4:
         for (const ChatMessage& m : messages)
-            out += "<|im_start|>" + m.role + "<|im_sep|>" + m.content + "<|im_end|>";
-        if (add_generation_prompt) out += "<|im_start|>assistant<|im_sep|>";
+            out.markup("<|im_start|>" + m.role + "<|im_sep|>").content(m.content).markup("<|im_end|>");
+        if (add_generation_prompt) out.markup("<|im_start|>assistant<|im_sep|>");
         break;
     case Family::zephyr:
         for (const ChatMessage& m : messages)
-            out += "<|" + m.role + "|>\n" + m.content + "</s>\n";
-        if (add_generation_prompt) out += "<|assistant|>\n";
+            out.markup("<|" + m.role + "|>\n").content(m.content).markup("</s>\n");
+        if (add_generation_prompt) out.markup("<|assistant|>\n");
         break;
     case Family::deepseek:
         for (const ChatMessage& m : messages) {
             if (m.role == "system")
-                out += m.content + "\n\n";
+                out.content(m.content).markup("\n\n");
             else if (m.role == "assistant")
-                out += "Assistant: " + m.content + "<｜end▁of▁sentence｜>";
+                out.markup("Assistant: ").content(m.content).markup("<｜end▁of▁sentence｜>");
             else
-                out += "User: " + m.content + "\n\n";
+                out.markup("User: ").content(m.content).markup("\n\n");
         }
-        if (add_generation_prompt) out += "Assistant:";
+        if (add_generation_prompt) out.markup("Assistant:");
         break;
     case Family::deepseek3:
         for (const ChatMessage& m : messages) {
             if (m.role == "system")
-                out += m.content;
+                out.content(m.content);
             else if (m.role == "assistant")
-                out += "<｜Assistant｜>" + m.content + "<｜end▁of▁sentence｜>";
+                out.markup("<｜Assistant｜>").content(m.content).markup("<｜end▁of▁sentence｜>");
             else
-                out += "<｜User｜>" + m.content;
+                out.markup("<｜User｜>").content(m.content);
         }
-        if (add_generation_prompt) out += "<｜Assistant｜>";
+        if (add_generation_prompt) out.markup("<｜Assistant｜>");
         break;
     case Family::command_r:
         for (const ChatMessage& m : messages) {
             const char* who = m.role == "system"      ? "<|SYSTEM_TOKEN|>"
                               : m.role == "assistant" ? "<|CHATBOT_TOKEN|>"
                                                       : "<|USER_TOKEN|>";
-            out += std::string("<|START_OF_TURN_TOKEN|>") + who + m.content + "<|END_OF_TURN_TOKEN|>";
+            out.markup(std::string("<|START_OF_TURN_TOKEN|>") + who).content(m.content).markup("<|END_OF_TURN_TOKEN|>");
         }
-        if (add_generation_prompt) out += "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>";
+        if (add_generation_prompt) out.markup("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
         break;
     case Family::gpt_oss: out = render_harmony(messages, add_generation_prompt, reasoning_effort_); break;
     }
     return out;
 }
 
-std::string ChatTemplate::render_prompt(std::string_view system, std::string_view user) const {
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+    return render_spans(messages, add_generation_prompt).text();
+}
+
+PromptText ChatTemplate::render_prompt_spans(std::string_view system, std::string_view user) const {
     std::vector<ChatMessage> messages;
     if (!system.empty()) messages.push_back({"system", std::string(system)});
     messages.push_back({"user", std::string(user)});
-    return render(messages, true);
+    return render_spans(messages, true);
+}
+
+std::string ChatTemplate::render_prompt(std::string_view system, std::string_view user) const {
+    return render_prompt_spans(system, user).text();
 }
 
 } // namespace tern

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/text/prompt_text.h"
+
 namespace tern {
 
 struct ChatTemplateDetection;
@@ -61,13 +63,18 @@ public:
     const std::string& default_system() const { return default_system_; }
 
     // The conversation in the family's format, ending with the assistant's header when
-    // add_generation_prompt. The leading BOS is NOT included: encode the text with
-    // EncodeOptions{add_bos = true, parse_special = true} so the vocabulary's BOS rule applies
-    // and the control tokens in the text are recognised. Later BOS/EOS tokens that the format
-    // puts between turns (Llama 2's "</s><s>") are in the text.
-    std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
-
+    // add_generation_prompt: the format's own text is markup, every message's content is content
+    // (engine/text/prompt_text.h), so Tokenizer::encode_prompt reads a "<end_of_turn>" typed in a
+    // message as text and only the format's markers as control tokens. The leading BOS is NOT
+    // included: encode with add_bos so the vocabulary's BOS rule applies. Later BOS/EOS tokens that
+    // the format puts between turns (Llama 2's "</s><s>") are markup.
+    PromptText render_spans(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
     // Convenience: an optional system turn and one user turn, with the generation prompt.
+    PromptText render_prompt_spans(std::string_view system, std::string_view user) const;
+
+    // The same renderings as plain text, for showing and comparing (to tokenize, use the spans: this text
+    // encoded with parse_special would read control-token texts inside messages as control tokens).
+    std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
     std::string render_prompt(std::string_view system, std::string_view user) const;
 
     // The format's replies name their channels in control tokens (harmony): generate them with

@@ -50,12 +50,11 @@ Conversation::Conversation(Session& session, ChatTemplate tmpl, std::string syst
     set_system(std::move(system));
 }
 
-std::vector<int32_t> Conversation::encode(const std::string& text, bool at_start) const {
+std::vector<int32_t> Conversation::encode(const PromptText& text, bool at_start) const {
     if (text.empty()) return {};
-    EncodeOptions o;
-    o.add_bos = at_start;   // the vocabulary's BOS rule applies to the first piece only
-    o.parse_special = true; // the template's control tokens
-    return session_.tokenizer().encode(text, o);
+    // The template's control tokens; the messages' text as text. The vocabulary's BOS rule applies to the first
+    // piece only.
+    return session_.tokenizer().encode_prompt(text, at_start);
 }
 
 std::vector<ChatMessage> Conversation::plain_messages() const {
@@ -67,8 +66,8 @@ std::vector<ChatMessage> Conversation::plain_messages() const {
 
 bool Conversation::split(const std::vector<ChatMessage>& msgs, size_t first, const std::string& known,
                          std::vector<Piece>& pieces) const {
-    const std::string full = tmpl_.render(msgs, true);
-    if (full.compare(0, known.size(), known) != 0) return false;
+    const PromptText full = tmpl_.render_spans(msgs, true);
+    if (full.text().compare(0, known.size(), known) != 0) return false;
     size_t pos = known.size();
     for (size_t i = first; i < msgs.size(); ++i) {
         const std::vector<ChatMessage> upto(msgs.begin(), msgs.begin() + static_cast<std::ptrdiff_t>(i + 1));
@@ -76,11 +75,11 @@ bool Conversation::split(const std::vector<ChatMessage>& msgs, size_t first, con
         size_t end = pos;
         // Where the rendering of the messages so far is not a prefix of the whole (a system prompt
         // folded into the next turn), this message's text goes with the next one.
-        if (t.size() >= pos && full.compare(0, t.size(), t) == 0) end = t.size();
-        pieces.push_back({full.substr(pos, end - pos), i});
+        if (t.size() >= pos && full.text().compare(0, t.size(), t) == 0) end = t.size();
+        pieces.push_back({full.slice(pos, end), i});
         pos = end;
     }
-    pieces.push_back({full.substr(pos), msgs.size()});
+    pieces.push_back({full.slice(pos, full.size()), msgs.size()});
     return true;
 }
 
@@ -183,7 +182,8 @@ void Conversation::end_turn(const GenerateResult& reply) {
         // the reasoning), so the reply's tokens become that rendering; the next prefill replaces the
         // cache's copy of the reasoning from where the two part.
         std::string answer = split_reply_channels(reply.text).answer;
-        const std::vector<int32_t> ids = encode(std::string(tmpl_.reply_prefix()) + answer, tokens_.empty());
+        const std::vector<int32_t> ids =
+            encode(PromptText().markup(tmpl_.reply_prefix()).content(answer), tokens_.empty());
         tokens_.insert(tokens_.end(), ids.begin(), ids.end());
         messages_.back().message.content = std::move(answer);
     } else {

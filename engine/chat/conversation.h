@@ -5,6 +5,9 @@
 // token as the KV cache holds them (a reply stays the tokens the model generated, never a
 // re-tokenization of its text, which can differ), and only the new turn's text is tokenized.
 //
+// Messages are text: the template's markers are control tokens, and what the user and system prompt say is
+// tokenized as plain text whatever it holds (ChatTemplate::render_spans, Tokenizer::encode_prompt).
+//
 // The template renders whole conversations; a turn's new text is what the rendering of the longer
 // conversation adds after the shorter one's. That holds for every family in chat_template.h except
 // where a template moves text between turns (mistral-v3 puts the system prompt into the LAST user
@@ -117,7 +120,7 @@ public:
 
 private:
     struct Piece {
-        std::string text;
+        PromptText text; // markup and message content, as the template rendered them
         size_t owner;   // index into the message list the pieces were split for
     };
     // Splits render(msgs, true) after `known` (text already in tokens_) into one piece per message
@@ -125,7 +128,7 @@ private:
     // not start with `known`.
     bool split(const std::vector<ChatMessage>& msgs, size_t first, const std::string& known,
                std::vector<Piece>& pieces) const;
-    std::vector<int32_t> encode(const std::string& text, bool at_start) const;
+    std::vector<int32_t> encode(const PromptText& text, bool at_start) const;
     std::vector<ChatMessage> plain_messages() const;
     void notice_once(bool& said, ConversationNotice notice);
 

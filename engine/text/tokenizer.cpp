@@ -179,14 +179,17 @@ int32_t VocabTokenizer::trie_step(int32_t node, uint8_t byte) const {
     return it != next.end() && it->first == byte ? it->second : -1;
 }
 
-std::vector<Fragment> VocabTokenizer::partition(std::string_view text, bool parse_special) const {
+std::vector<Fragment> VocabTokenizer::partition(std::string_view text, bool parse_special,
+                                                const PromptText* spans) const {
     std::vector<Fragment> frags;
     if (text.empty()) return frags;
     frags.push_back({text, -1});
 
-    auto eligible = [&](int32_t id) {
-        const TokenType t = type_of(id);
-        return t == TokenType::user_defined || parse_special;
+    // Whether the special token `id` counts where it was found, at byte `at` of `text`.
+    auto eligible = [&](int32_t id, size_t at) {
+        if (type_of(id) == TokenType::user_defined) return true;
+        if (!parse_special) return false;
+        return !spans || spans->is_markup(at, at + spec_.tokens[static_cast<size_t>(id)].size());
     };
     // One pass over the text with the trie finds which special tokens occur at all; only those
     // take part in the longest-first cutting below (Gemma has 6400 specials; most texts hold none).
@@ -199,7 +202,7 @@ std::vector<Fragment> VocabTokenizer::partition(std::string_view text, bool pars
                 node = trie_step(node, static_cast<uint8_t>(text[j]));
                 if (node < 0) break;
                 const int32_t id = trie_[static_cast<size_t>(node)].token;
-                if (id >= 0 && eligible(id)) {
+                if (id >= 0 && eligible(id, i)) {
                     present[static_cast<size_t>(id)] = 1;
                     any = true;
                 }
@@ -219,9 +222,15 @@ std::vector<Fragment> VocabTokenizer::partition(std::string_view text, bool pars
                 continue;
             }
             std::string_view rest = f.text;
+            size_t from = 0; // where in `rest` to look: past an occurrence that is content
             while (!rest.empty()) {
-                const size_t at = rest.find(tok);
+                const size_t at = rest.find(tok, from);
                 if (at == std::string_view::npos) break;
+                if (!eligible(id, static_cast<size_t>(rest.data() + at - text.data()))) {
+                    from = at + 1;
+                    continue;
+                }
+                from = 0;
                 std::string_view left = rest.substr(0, at);
                 if (lstrip_[static_cast<size_t>(id)])
                     while (!left.empty() && is_space_byte(left.back()))
@@ -241,11 +250,20 @@ std::vector<Fragment> VocabTokenizer::partition(std::string_view text, bool pars
 }
 
 std::vector<int32_t> VocabTokenizer::encode(std::string_view text, const EncodeOptions& opts) const {
+    return encode_fragments_with_bos(partition(text, opts.parse_special), opts.add_bos, text.size());
+}
+
+std::vector<int32_t> VocabTokenizer::encode_prompt(const PromptText& prompt, bool add_bos) const {
+    return encode_fragments_with_bos(partition(prompt.text(), true, &prompt), add_bos, prompt.size());
+}
+
+std::vector<int32_t> VocabTokenizer::encode_fragments_with_bos(const std::vector<Fragment>& fragments, bool add_bos,
+                                                               size_t size_hint) const {
     std::vector<int32_t> out;
-    out.reserve(text.size() / 3 + 2);
-    if (opts.add_bos && add_bos_ && spec_.bos >= 0) out.push_back(spec_.bos);
-    encode_fragments(partition(text, opts.parse_special), out);
-    if (opts.add_bos && add_eos_ && appended_eos() >= 0) out.push_back(appended_eos());
+    out.reserve(size_hint / 3 + 2);
+    if (add_bos && add_bos_ && spec_.bos >= 0) out.push_back(spec_.bos);
+    encode_fragments(fragments, out);
+    if (add_bos && add_eos_ && appended_eos() >= 0) out.push_back(appended_eos());
     return out;
 }
 
@@ -361,6 +379,28 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(VocabSpec spec) {
     detail::vocab_error(spec, "tokenizer.ggml.model '" + spec.model +
                                   "' is not supported (supported: llama (SentencePiece), gpt2 (byte-level BPE), bert "
                                   "(WordPiece))");
+}
+
+std::vector<int32_t> Tokenizer::encode_prompt(const PromptText& prompt, bool add_bos) const {
+    // Span by span: right for markup and content, though text is not merged across a boundary as
+    // VocabTokenizer's single pass does (only stand-ins for a vocabulary take this path).
+    std::vector<int32_t> out;
+    const std::string_view text = prompt.text();
+    const auto put = [&](size_t begin, size_t end, bool markup) {
+        if (begin >= end) return;
+        const std::vector<int32_t> ids = encode(text.substr(begin, end - begin), EncodeOptions{add_bos, markup});
+        out.insert(out.end(), ids.begin(), ids.end());
+        add_bos = false;
+    };
+    size_t at = 0;
+    for (const auto& [begin, end] : prompt.content_ranges()) {
+        put(at, begin, true);
+        put(begin, end, false);
+        at = end;
+    }
+    put(at, text.size(), true);
+    if (out.empty() && add_bos) out = encode("", EncodeOptions{true, true});
+    return out;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool special) const {

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/text/prompt_text.h"
+
 namespace tern {
 
 class GgufFile;
@@ -61,6 +63,11 @@ public:
     // EOS appended when opts.add_bos AND the vocabulary says add_eos_token (opts.add_bos is
     // llama.cpp's "add_special": --no-bos turns off both).
     virtual std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts = {}) const = 0;
+    // A chat prompt: control-token texts recognised in its markup only, its content read as plain text
+    // (user-defined tokens, such as Gemma's runs of newlines, are matched in both, as in any text); BOS and
+    // EOS as encode's opts.add_bos. Where the content holds no control-token text, the same tokens as
+    // encode(prompt.text(), {add_bos, parse_special = true}).
+    virtual std::vector<int32_t> encode_prompt(const PromptText& prompt, bool add_bos) const;
     // The bytes a token stands for (byte tokens -> their byte, U+2581 -> space, byte-level BPE
     // unicode -> raw bytes). Control tokens give "" unless `special` is true.
     virtual std::string token_to_piece(int32_t id, bool special = false) const = 0;

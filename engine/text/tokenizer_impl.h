@@ -29,6 +29,7 @@ public:
     explicit VocabTokenizer(VocabSpec spec);
 
     std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts) const override;
+    std::vector<int32_t> encode_prompt(const PromptText& prompt, bool add_bos) const override;
     std::string token_to_piece(int32_t id, bool special) const override;
 
     int32_t vocab_size() const override { return static_cast<int32_t>(spec_.tokens.size()); }
@@ -45,9 +46,10 @@ public:
     std::string_view token_text(int32_t id) const override;
 
     // Splits `text` at special tokens. Control (and unknown) tokens count only with
-    // parse_special; user-defined ones always. Longer tokens are cut out first, over the whole
-    // text, then shorter ones in what is left: the order llama.cpp uses, so ids agree.
-    std::vector<Fragment> partition(std::string_view text, bool parse_special) const;
+    // parse_special, and with `spans` only where their whole text is markup; user-defined ones
+    // always. Longer tokens are cut out first, over the whole text, then shorter ones in what is
+    // left: the order llama.cpp uses, so ids agree.
+    std::vector<Fragment> partition(std::string_view text, bool parse_special, const PromptText* spans = nullptr) const;
 
 protected:
     // Tokenizes the fragments (specials already resolved) and appends the ids.
@@ -66,6 +68,8 @@ protected:
     bool add_eos_ = false;
 
 private:
+    std::vector<int32_t> encode_fragments_with_bos(const std::vector<Fragment>& fragments, bool add_bos,
+                                                   size_t size_hint) const;
     struct TrieNode {
         std::vector<std::pair<uint8_t, int32_t>> next; // sorted by byte
         int32_t token = -1;

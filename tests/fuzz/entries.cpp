@@ -11,6 +11,7 @@ std::span<const Entry> entries() {
         {"model_load", model_load},
         {"prefix_entry", prefix_entry},
         {"http_request", http_request},
+        {"request_fields", request_fields},
     };
     return table;
 }

@@ -1,5 +1,6 @@
 // fuzz entry "tokenizer": every vocabulary in ../shared/models/vocab (loaded once per process)
-// encodes the input as text, with and without special-token parsing, decodes what it gave, and
+// encodes the input as text, with and without special-token parsing and as a chat prompt's markup and
+// content spans, decodes what it gave, and
 // decodes the input read as a list of arbitrary token ids (negative and out-of-range ones too).
 #include <algorithm>
 #include <cstdlib>
@@ -61,6 +62,17 @@ void exercise(const Tokenizer& tok, std::string_view text, Input input) {
     }
     (void)tok.encode(text, EncodeOptions{false, false});
     (void)tok.token_id(text);
+    // As a chat prompt: the middle third a message's content, the rest markup around it. All markup reads
+    // like text with specials, all content like text without.
+    const size_t third = text.size() / 3;
+    PromptText prompt;
+    prompt.markup(text.substr(0, third)).content(text.substr(third, third)).markup(text.substr(2 * third));
+    for (int32_t id : tok.encode_prompt(prompt, true))
+        if (id < 0 || id >= tok.vocab_size()) __builtin_trap();
+    if (tok.encode_prompt(PromptText().markup(text), true) != tok.encode(text, EncodeOptions{true, true}))
+        __builtin_trap();
+    if (tok.encode_prompt(PromptText().content(text), true) != tok.encode(text, EncodeOptions{true, false}))
+        __builtin_trap();
 
     // Arbitrary ids: raw (mostly far out of range) and folded into [-2, vocab + 2).
     std::vector<int32_t> ids = ids_from_bytes(input);

@@ -18,6 +18,7 @@ void chat_template(Input input);  // detection over the input as Jinja text, ren
 void model_load(Input input);     // `tern info` and load_model's checks, from the bytes (no forward)
 void prefix_entry(Input input);   // the prompt-cache entry reader (engine/prefix_cache/prefix_cache_entry.h)
 void http_request(Input input);   // `tern serve`'s request head parser and body decoders, whole and split
+void request_fields(Input input); // a request body or batch line: parse_request_json + read_generation_request
 
 struct Entry {
     std::string_view name; // the target's name without "fuzz_", and its tests/data/fuzz/ folder

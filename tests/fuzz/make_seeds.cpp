@@ -10,6 +10,7 @@
 //   chat_template/ every tokenizer.chat_template found, and a few encoded conversations;
 //   prefix_entry/  valid prompt-cache entries of a few sizes and KV types;
 //   http_request/  HTTP requests as clients send them (after the entry's two split-point bytes).
+//   request_fields/ request bodies of both API routes and batch lines, valid and near misses.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -116,7 +117,8 @@ int main(int argc, char** argv) {
         return 1;
     }
     const fs::path out = argv[1], shared = argv[2];
-    for (const char* t : {"gguf", "model_load", "tokenizer", "chat_template", "prefix_entry", "http_request"})
+    for (const char* t : {"gguf", "model_load", "tokenizer", "chat_template", "prefix_entry", "http_request",
+                          "request_fields"})
         fs::create_directories(out / t);
 
     std::vector<fs::path> files;
@@ -183,7 +185,7 @@ int main(int argc, char** argv) {
         }
 
     // Requests: two bytes choosing the entry's split point, then what a client sends.
-    const std::string requests[] = {
+    const std::string http_requests[] = {
         "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n",
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\n"
         "Content-Length: 15\r\n\r\n{\"prompt\": \"a\"}",
@@ -191,9 +193,25 @@ int main(int argc, char** argv) {
         "4;ext=1\r\n{\"a\"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\nTrailer: t\r\n\r\n",
         "GET /v1/models/a%20b?x=1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET / HTTP/1.1\r\nHost: y\r\n\r\n",
     };
-    for (size_t k = 0; k < std::size(requests); ++k)
+    for (size_t k = 0; k < std::size(http_requests); ++k)
         write_bytes(out / "http_request" / ("request-" + std::to_string(k)),
-                    std::string(1, static_cast<char>(17 * k + 5)) + '\0' + requests[k]);
+                    std::string(1, static_cast<char>(17 * k + 5)) + '\0' + http_requests[k]);
+
+    const char* requests[] = {
+        R"({"model": "m", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            "temperature": 0.7, "top_p": 0.9, "max_tokens": 16, "stream": true, "stream_options": {"include_usage": true},
+            "stop": ["\n\n", "END"], "seed": 42, "logprobs": true, "top_logprobs": 3})",
+        R"({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "tool_calls": []}], "n": 1, "tools": [], "response_format": {"type": "text"},
+            "reasoning_effort": "high", "frequency_penalty": -1.5, "presence_penalty": 2, "logit_bias": {}})",
+        R"({"prompt": ["Once upon a time"], "echo": true, "logprobs": 5, "max_tokens": 1e3, "suffix": "", "best_of": 1})",
+        R"({"id": "line-1", "prompt": "x", "n_predict": -1, "temp": 0, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1,
+            "repeat_last_n": 64})",
+        R"({"id": 7, "messages": [{"role": "user", "content": "\u00e9\ud83d\ude00<end_of_turn>"}], "max_completion_tokens": 8})",
+        R"({"temperature": 1e400, "x": [[[[{"y": -1e-400}]]]], "seed": 18446744073709551615})",
+    };
+    for (size_t k = 0; k < std::size(requests); ++k)
+        write_bytes(out / "request_fields" / ("request-" + std::to_string(k)), requests[k]);
 
     std::printf("fuzz_make_seeds: %d gguf, %d model_load, %zu chat templates under %s\n", n_gguf, n_model,
                 templates.size(), out.c_str());
