@@ -809,9 +809,9 @@ TEST_CASE("cuda backend: top_logits selects on the GPU what the host selects fro
 TEST_CASE("cuda backend: scan_logits flags on the GPU what the host's scan of the same rows finds") {
     if (!test::shared_available()) return;
     test::TempDir dir;
-    // stories260K, and a copy whose first query projection is NaN: every logit NaN.
+    // stories260K, and a copy whose output matrix is NaN: every logit NaN.
     const std::string damaged = test::rewrite_filled(
-        dir, test::stories(), "nan.gguf", [](const std::string& name) { return name == "blk.0.attn_q.weight"; }, NAN);
+        dir, test::stories(), "nan.gguf", [](const std::string& name) { return name == "output.weight"; }, NAN);
     for (const std::string& path : {test::stories(), damaged}) {
         CAPTURE(path);
         const Model model = load_model(path);

@@ -1,6 +1,6 @@
 // The non-finite logit guard (engine/logit_guard.h): the scan itself (base/finite.h), a Session whose
 // backend produces NaN, +inf or a row of -inf only, and every command on a model whose weights hold NaN
-// (stories260K with a NaN query projection, or one token's embedding row NaN): one line naming the file and
+// (stories260K with a NaN output matrix, or one token's embedding row NaN): one line naming the file and
 // exit 3 instead of token 0 forever; in `run --batch` only the requests that meet the damage fail.
 #include <doctest/doctest.h>
 
@@ -141,11 +141,11 @@ TEST_CASE("a Session stops at a row holding NaN, +inf or no finite value, naming
 
 namespace {
 
-// stories260K with blk.0.attn_q.weight NaN: every logit row is NaN. (A matrix: a NaN in a norm, bias, sink
+// stories260K with output.weight NaN: every logit row is NaN. (A matrix: a NaN in a norm, bias, sink
 // or router is refused when the model loads.)
 std::string nan_matrix_model(const TempDir& dir) {
     return rewrite_filled(
-        dir, stories(), "nan-matrix.gguf", [](const std::string& name) { return name == "blk.0.attn_q.weight"; },
+        dir, stories(), "nan-matrix.gguf", [](const std::string& name) { return name == "output.weight"; },
         std::numeric_limits<float>::quiet_NaN());
 }
 
