@@ -63,11 +63,9 @@ class RawConnection:
     """A client socket that sends exactly the bytes given and reads responses one by one, so that what a
     library would tidy up (duplicate headers, pipelining, a close instead of an answer) stays visible."""
 
-    def __init__(self, host, port, timeout, rcvbuf=None):
+    def __init__(self, host, port, timeout):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
-        if rcvbuf:   # before connect, so the window the server sees is small from the start
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(timeout)
         self.sock.connect((host, port))
         self.buf = b""
@@ -357,6 +355,10 @@ def timed_request(host, port, method, path, body=None, api_key=None, timeout=30)
         return 0, time.monotonic() - t0
 
 
-def small_completion(model):
-    """The well-behaved client's completion: a few greedy tokens of a short prompt."""
-    return {"model": model, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+def small_completion(model=None):
+    """The well-behaved client's completion: a few greedy tokens of a short prompt (model: the server's own
+    when None)."""
+    body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+    if model:
+        body["model"] = model
+    return body

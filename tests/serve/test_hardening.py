@@ -89,8 +89,8 @@ class ServeProcess:
                 self._listening.set()
         self._listening.set()   # the process ended
 
-    def connect(self, timeout=10, rcvbuf=None):
-        return RawConnection(self.host, self.port, timeout * SLOW, rcvbuf)
+    def connect(self, timeout=10):
+        return RawConnection(self.host, self.port, timeout * SLOW)
 
     def exchange(self, data, timeout=10):
         """The server's Response to raw request bytes on a fresh connection (None: closed without one)."""
@@ -138,6 +138,13 @@ def stream_request(max_tokens, prompt="Once upon a time"):
                        "stream": True})
     return request_bytes("POST", "/v1/completions",
                          [("Authorization", "Bearer " + API_KEY), ("Content-Type", "application/json")], body)
+
+
+def slow_body_request():
+    """A completion's head and the first bytes of its body: the rest never comes (the server reads on)."""
+    head = request_bytes("POST", "/v1/completions", [("Authorization", "Bearer " + API_KEY),
+                                                      ("Content-Type", "application/json"), ("Content-Length", "200")])
+    return head + b'{"prompt": "'
 
 
 def dripping_connection(server):
@@ -384,12 +391,12 @@ class Caps(unittest.TestCase):
         server = ServeProcess(["--max-connections", str(cap), "--parallel", "1"])
         holders = []
         try:
-            # Streams whose client never reads (a 4 KiB receive window) keep the server busy for as long as
-            # the test wants: 2 served, 2 waiting; the rest are over the cap.
+            # Requests whose body arrives slowly hold a server thread each while it reads: 2 served, then 2
+            # complete heads waiting for them; the rest are over the cap.
             first_bytes = []
             for i in range(2 * cap + 3):
-                conn = server.connect(timeout=1 * SLOW, rcvbuf=4096)
-                conn.send(stream_request(CTX - 64, prompt=f"Story {i}"))
+                conn = server.connect(timeout=1 * SLOW)
+                conn.send(slow_body_request())
                 holders.append(conn)
                 try:
                     conn.receive()
@@ -397,15 +404,26 @@ class Caps(unittest.TestCase):
                     pass   # no answer yet: served or waiting
                 first_bytes.append(conn.buf[:12])
             over = [i for i, b in enumerate(first_bytes) if b.startswith(b"HTTP/1.1 503")]
-            print(f"caps: first bytes of {len(holders)} streams: {first_bytes}", file=sys.stderr)
-            self.assertGreaterEqual(len(over), 1, "no connection over the cap got a 503 within 1 s")
-            self.assertEqual([b for b in first_bytes if b and not b.startswith((b"HTTP/1.1 200", b"HTTP/1.1 503"))],
-                             [])
+            self.assertGreaterEqual(len(over), 1, f"no request over the cap got a 503 within 1 s: {first_bytes}")
+            self.assertEqual([b for b in first_bytes if b and not b.startswith(b"HTTP/1.1 503")], [], first_bytes)
             self.assert_503_then_closed(holders[over[-1]], "a request over the cap")
-            # A connection that sends nothing is answered too, without the server reading from it.
-            idle = server.connect(timeout=1 * SLOW)
-            holders.append(idle)
-            self.assert_503_then_closed(idle, "a silent connection over the cap")
+            # Connections that send nothing, beyond the cap on open connections (a few times the served and
+            # waiting ones): those over it are answered 503 at once, without the server reading from them.
+            silent = []
+            for _ in range(6 * cap):
+                conn = server.connect(timeout=1 * SLOW)
+                holders.append(conn)
+                silent.append(conn)
+            answered = []
+            for conn in silent:
+                try:
+                    if conn.receive_until(b"\r\n\r\n"):
+                        answered.append(conn)
+                except socket.timeout:
+                    pass   # within the cap: held until the idle deadline
+            self.assertGreaterEqual(len(answered), 1, f"none of {len(silent)} silent connections got a 503")
+            for conn in answered:
+                self.assert_503_then_closed(conn, "a silent connection over the cap")
         finally:
             for conn in holders:
                 conn.close()
@@ -462,11 +480,14 @@ class Drain(unittest.TestCase):
     def test_second_sigterm_cancels_and_exits_130(self):
         server = ServeProcess(["--parallel", "1"])
         try:
-            # A stream whose client stops reading (a 4 KiB window) stays in progress until cancelled.
-            stuck = server.connect(timeout=10, rcvbuf=4096)
-            self.addCleanup(stuck.close)
-            stuck.send(stream_request(CTX - 64))
-            self.assertTrue(stuck.receive(), "no answer to the stream")
+            # Four streams of a whole context each, one at a time (--parallel 1): seconds of work in progress.
+            streams = []
+            for i in range(4):
+                conn = server.connect(timeout=10)
+                self.addCleanup(conn.close)
+                conn.send(stream_request(CTX - 64, prompt=f"Story {i}"))
+                streams.append(conn)
+            self.assertTrue(streams[0].receive_until(b"data: "), "no answer to the first stream")
             server.proc.send_signal(signal.SIGTERM)
             self.assertIsNone(server.wait_exit(1), "the first SIGTERM did not wait for the request in progress")
             t0 = time.monotonic()
