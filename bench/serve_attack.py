@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """A slowloris and a header flood against a running `tern serve` at once, while a well-behaved client times
-GET /health and a small completion every --interval seconds: prints one JSON object (and, with --table, a
-Markdown table) with each probe's p50/p99/max latency and failures, the server's resident memory before,
-at its peak and after (from /proc/PID/status), and the sockets the slowloris held.
+GET /health and a small completion every --interval seconds (and for --quiet seconds before, with no attack,
+to compare). Prints one JSON object (and, with --table, a Markdown table): each probe's p50/p99/max latency
+and failures, the server's resident memory before the attack (after the quiet probes), at its peak and after
+(from /proc/PID/status), the sockets the slowloris held, and what the flood's heads were answered.
 
   serve_attack.py --port P --pid PID [--api-key KEY] [--model NAME] [--duration 20] [--slowloris 300]
                   [--flood-connections 4] [--flood-headers 4000] [--flood-header-bytes 8000] [--table]
 
 The flood repeats (a round: --flood-connections heads of --flood-headers fields each) until the window ends;
-the slowloris connections drip a header byte every --drip seconds and are not replaced once the server closes
-them (the head deadline's effect shows in "held"). Only the standard library; every socket goes to --host
+the slowloris connections drip a header byte every --drip seconds, and one the server closes (its head
+deadline) is replaced by a new one, so --slowloris sockets press on the server all the time. Only the standard library; every socket goes to --host
 (default 127.0.0.1) and every wait is bounded by --timeout.
 """
 import argparse
@@ -59,9 +60,29 @@ def flood_rounds(args, stop, out):
         out["rounds"] += 1
 
 
+def probe_once(args, health, completion):
+    health.append(timed_request(args.host, args.port, "GET", "/health", timeout=args.timeout))
+    completion.append(timed_request(args.host, args.port, "POST", "/v1/completions", small_completion(args.model),
+                                    args.api_key, timeout=args.timeout))
+
+
+def quiet_probes(args):
+    """The same probes with no attack, for --quiet seconds: the latencies the attack is compared with. They
+    also make the server allocate what a completion needs, so RSS 'before' is that of a server in use."""
+    health, completion = [], []
+    t_end = time.monotonic() + args.quiet
+    while True:
+        tick = time.monotonic()
+        probe_once(args, health, completion)
+        if time.monotonic() >= t_end:
+            return health, completion
+        time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
+
+
 def attack(args):
     if not raise_fd_limit(2 * args.slowloris + 64):
         raise SystemExit(f"serve_attack: fewer than {2 * args.slowloris + 64} file descriptors allowed")
+    quiet_health, quiet_completion = quiet_probes(args)
     rss_before = rss_kib(args.pid) if args.pid else 0
     health, completion, held = [], [], []
     flood = {"rounds": 0, "statuses": {}, "bytes_sent": 0}
@@ -69,7 +90,7 @@ def attack(args):
     sampler = RssSampler(args.pid) if args.pid else None
     if sampler:
         sampler.__enter__()
-    slowloris = Slowloris(args.host, args.port, args.slowloris, args.drip).start()
+    slowloris = Slowloris(args.host, args.port, args.slowloris, args.drip, replace=True).start()
     flooder = threading.Thread(target=flood_rounds, args=(args, stop, flood), daemon=True)
     try:
         time.sleep(0.5)   # the slowloris connected and dripping before the first probe
@@ -78,9 +99,7 @@ def attack(args):
         while time.monotonic() < t_end:
             tick = time.monotonic()
             held.append(slowloris.held())
-            health.append(timed_request(args.host, args.port, "GET", "/health", timeout=args.timeout))
-            completion.append(timed_request(args.host, args.port, "POST", "/v1/completions",
-                                            small_completion(args.model), args.api_key, timeout=args.timeout))
+            probe_once(args, health, completion)
             time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
         held_end = slowloris.held()
         closed_statuses = slowloris.statuses()
@@ -96,10 +115,13 @@ def attack(args):
         "server": f"{args.host}:{args.port}",
         "duration_s": args.duration,
         "interval_s": args.interval,
+        "quiet_s": args.quiet,
+        "quiet_health": latency_summary(quiet_health),
+        "quiet_completion": latency_summary(quiet_completion),
         "health": latency_summary(health),
         "completion": latency_summary(completion),
-        "slowloris": {"sockets": args.slowloris, "drip_interval_s": args.drip, "held_at_start": held[0] if held else 0,
-                      "held_max": max(held, default=0), "held_at_end": held_end,
+        "slowloris": {"sockets": args.slowloris, "drip_interval_s": args.drip, "opened": slowloris.opened(),
+                      "held_min": min(held, default=0), "held_max": max(held, default=0), "held_at_end": held_end,
                       "connect_failures": slowloris.connect_failures,
                       "closed_by_server": {str(k): v for k, v in sorted(closed_statuses.items())}},
         "flood": {"connections": args.flood_connections, "headers": args.flood_headers,
@@ -113,14 +135,16 @@ def attack(args):
 
 def table(result):
     rows = ["| probe | answered | failures | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
-    for name in ("health", "completion"):
+    for name, label in (("quiet_health", "/health, no attack"), ("quiet_completion", "completion, no attack"),
+                        ("health", "/health, under attack"), ("completion", "completion, under attack")):
         s = result[name]
-        rows.append(f"| {name} | {s['n'] - s['failures']} | {s['failures']} | {s.get('p50_ms', '-')} | "
+        rows.append(f"| {label} | {s['n'] - s['failures']} | {s['failures']} | {s.get('p50_ms', '-')} | "
                     f"{s.get('p99_ms', '-')} | {s.get('max_ms', '-')} |")
     sl, fl, rss = result["slowloris"], result["flood"], result["rss_mib"]
     rows.append("")
-    rows.append(f"slowloris: {sl['sockets']} sockets, held {sl['held_at_start']} at start, {sl['held_max']} at most, "
-                f"{sl['held_at_end']} at the end; closed by the server with {sl['closed_by_server']}")
+    rows.append(f"slowloris: {sl['sockets']} sockets kept dripping ({sl['opened']} opened in all), held by the "
+                f"server {sl['held_min']} to {sl['held_max']} at the probes; closed by the server with "
+                f"{sl['closed_by_server']}")
     rows.append(f"header flood: {fl['rounds']} rounds of {fl['connections']} heads, {fl['mib_sent']} MiB sent, "
                 f"answers {fl['statuses']}")
     if rss:
@@ -135,14 +159,15 @@ def main():
     p.add_argument("--pid", type=int, default=0, help="the server's process id, for its resident memory")
     p.add_argument("--api-key", default=os.environ.get("TERN_API_KEY", ""))
     p.add_argument("--model", default=None, help="the completion's model field (default: none, the server's)")
-    p.add_argument("--duration", type=float, default=20.0)
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of attack")
+    p.add_argument("--quiet", type=float, default=5.0, help="seconds of probes before the attack")
     p.add_argument("--interval", type=float, default=0.2)
     p.add_argument("--slowloris", type=int, default=300)
     p.add_argument("--drip", type=float, default=1.0, help="seconds between a slowloris socket's bytes")
     p.add_argument("--flood-connections", type=int, default=4)
     p.add_argument("--flood-headers", type=int, default=4000)
     p.add_argument("--flood-header-bytes", type=int, default=8000)
-    p.add_argument("--max-flood-rounds", type=int, default=1000)
+    p.add_argument("--max-flood-rounds", type=int, default=100000)
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--settle", type=float, default=2.0, help="seconds after the attack before RSS 'after'")
     p.add_argument("--table", action="store_true")

