@@ -10,19 +10,18 @@ and failures, the server's resident memory before the attack (after the quiet pr
 
 The flood repeats (a round: --flood-connections heads of --flood-headers fields each) until the window ends;
 the slowloris connections drip a header byte every --drip seconds, and one the server closes (its head
-deadline) is replaced by a new one, so --slowloris sockets press on the server all the time. Only the standard library; every socket goes to --host
-(default 127.0.0.1) and every wait is bounded by --timeout.
+deadline) is replaced by a new one, so --slowloris sockets press on the server all the time. Only the
+standard library; every socket goes to --host (default 127.0.0.1) and every wait is bounded by --timeout.
 """
 import argparse
 import json
 import os
 import statistics
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "serve"))
-from attack_clients import RssSampler, Slowloris, flood_one_head, rss_kib, small_completion, timed_request  # noqa: E402
+from attack_clients import RepeatedFlood, RssSampler, Slowloris, rss_kib, small_completion, timed_request  # noqa: E402
 from connection_flood import raise_fd_limit  # noqa: E402
 
 
@@ -35,29 +34,6 @@ def latency_summary(samples):
     p99 = ok[min(len(ok) - 1, int(round(0.99 * (len(ok) - 1))))]
     return {"n": len(samples), "failures": len(failed), "failure_statuses": failed[:20],
             "p50_ms": round(statistics.median(ok), 1), "p99_ms": round(p99, 1), "max_ms": round(ok[-1], 1)}
-
-
-def flood_rounds(args, stop, out):
-    """Flood rounds until `stop`; out collects {status: count} and the rounds done."""
-    while not stop.is_set() and out["rounds"] < args.max_flood_rounds:
-        results = [None] * args.flood_connections
-
-        def one(i):
-            try:
-                results[i] = flood_one_head(args.host, args.port, args.flood_headers, args.flood_header_bytes,
-                                            args.timeout)
-            except OSError:
-                results[i] = (0, 0)
-
-        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(args.flood_connections)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(3 * args.timeout)
-        for status, sent in (r or (0, 0) for r in results):
-            out["statuses"][status] = out["statuses"].get(status, 0) + 1
-            out["bytes_sent"] += sent
-        out["rounds"] += 1
 
 
 def probe_once(args, health, completion):
@@ -85,31 +61,24 @@ def attack(args):
     quiet_health, quiet_completion = quiet_probes(args)
     rss_before = rss_kib(args.pid) if args.pid else 0
     health, completion, held = [], [], []
-    flood = {"rounds": 0, "statuses": {}, "bytes_sent": 0}
-    stop = threading.Event()
-    sampler = RssSampler(args.pid) if args.pid else None
-    if sampler:
-        sampler.__enter__()
-    slowloris = Slowloris(args.host, args.port, args.slowloris, args.drip, replace=True).start()
-    flooder = threading.Thread(target=flood_rounds, args=(args, stop, flood), daemon=True)
-    try:
-        time.sleep(0.5)   # the slowloris connected and dripping before the first probe
-        flooder.start()
-        t_end = time.monotonic() + args.duration
-        while time.monotonic() < t_end:
-            tick = time.monotonic()
-            held.append(slowloris.held())
-            probe_once(args, health, completion)
-            time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
-        held_end = slowloris.held()
-        closed_statuses = slowloris.statuses()
-    finally:
-        stop.set()
-        if flooder.ident is not None:
-            flooder.join(3 * args.timeout)
-        slowloris.stop()
-        if sampler:
-            sampler.__exit__(None, None, None)
+    with RssSampler(args.pid) as sampler:   # pid 0: nothing sampled
+        slowloris = Slowloris(args.host, args.port, args.slowloris, args.drip, replace=True).start()
+        flood = RepeatedFlood(args.host, args.port, args.flood_connections, args.flood_headers,
+                              args.flood_header_bytes, args.timeout, args.max_flood_rounds)
+        try:
+            time.sleep(0.5)   # the slowloris connected and dripping before the first probe
+            flood.start()
+            t_end = time.monotonic() + args.duration
+            while time.monotonic() < t_end:
+                tick = time.monotonic()
+                held.append(slowloris.held())
+                probe_once(args, health, completion)
+                time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
+            held_end = slowloris.held()
+            closed_statuses = slowloris.statuses()
+        finally:
+            flood.stop()
+            slowloris.stop()
     time.sleep(args.settle)
     return {
         "server": f"{args.host}:{args.port}",
@@ -125,11 +94,11 @@ def attack(args):
                       "connect_failures": slowloris.connect_failures,
                       "closed_by_server": {str(k): v for k, v in sorted(closed_statuses.items())}},
         "flood": {"connections": args.flood_connections, "headers": args.flood_headers,
-                  "header_bytes": args.flood_header_bytes, "rounds": flood["rounds"],
-                  "mib_sent": round(flood["bytes_sent"] / 2**20, 1),
-                  "statuses": {str(k): v for k, v in sorted(flood["statuses"].items())}},
+                  "header_bytes": args.flood_header_bytes, "rounds": flood.rounds,
+                  "mib_sent": round(flood.bytes_sent / 2**20, 1),
+                  "statuses": {str(k): v for k, v in sorted(flood.statuses.items())}},
         "rss_mib": ({"before": round(rss_before / 1024, 1), "peak": round(sampler.peak_kib / 1024, 1),
-                     "after": round(rss_kib(args.pid) / 1024, 1)} if sampler else None),
+                     "after": round(rss_kib(args.pid) / 1024, 1)} if args.pid else None),
     }
 
 

@@ -347,6 +347,35 @@ def header_flood(host, port, connections, header_count, header_bytes, timeout):
     return results
 
 
+class RepeatedFlood:
+    """header_flood rounds one after another (`pause` seconds apart) on a thread until stop() or `max_rounds`:
+    `statuses` {status: count} over every head, `bytes_sent`, `rounds`."""
+
+    def __init__(self, host, port, connections, header_count, header_bytes, timeout, max_rounds=100_000, pause=0.0):
+        self.args = (host, port, connections, header_count, header_bytes, timeout)
+        self.max_rounds, self.pause = max_rounds, pause
+        self.statuses, self.bytes_sent, self.rounds = {}, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set() and self.rounds < self.max_rounds:
+            for status, sent in header_flood(*self.args):
+                self.statuses[status] = self.statuses.get(status, 0) + 1
+                self.bytes_sent += sent
+            self.rounds += 1
+            self._stop.wait(self.pause)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        if self._thread.ident is not None:   # started
+            self._thread.join(3 * self.args[-1] + 5)
+
+
 def timed_request(host, port, method, path, body=None, api_key=None, timeout=30):
     """(status, seconds) of one request on a fresh connection, as a well-behaved client sends it;
     status 0 when no answer came within timeout."""

@@ -33,8 +33,8 @@ import threading
 import time
 import unittest
 
-from attack_clients import (RawConnection, RssSampler, Slowloris, header_flood, request_bytes, rss_kib,
-                            small_completion, timed_request)
+from attack_clients import (RawConnection, RepeatedFlood, RssSampler, Slowloris, header_flood, request_bytes,
+                            rss_kib, small_completion, timed_request)
 from connection_flood import raise_fd_limit
 
 ARGS = None
@@ -210,39 +210,54 @@ class Heads(unittest.TestCase):
         self.assertEqual(r.status if r else 0, 414)
         self.assertEqual(SERVER.exchange(request_bytes("GET", "/health?" + "q" * 7000)).status, 200)
 
-    def test_slowloris_leaves_well_behaved_clients_served(self):
+    def test_slowloris_and_flood_leave_well_behaved_clients_served(self):
+        # The acceptance: a slowloris of 300 sockets and a header flood at once, while a well-behaved client's
+        # /health and completion each answer within 1 s and resident memory grows by less than 64 MB.
         if not raise_fd_limit(4 * SLOWLORIS_SOCKETS):
             self.skipTest(f"fewer than {4 * SLOWLORIS_SOCKETS} file descriptors allowed")
         bound = 1.0 * SLOW
         health, completion = [], []
-        attack = Slowloris("127.0.0.1", SERVER.port, SLOWLORIS_SOCKETS, drip_interval=0.5).start()
-        try:
-            time.sleep(0.5)   # every dripping connection open and started before the first probe
-            held_during = attack.held()
-            # Probe every 200 ms, alternating, until the head deadline has closed every dripping connection.
-            limit = time.monotonic() + HEAD_DEADLINE_S + 5 * SLOW
-            k = 0
-            while time.monotonic() < limit and (attack.held() or k < 6):
-                if k % 2 == 0:
-                    health.append(timed_request("127.0.0.1", SERVER.port, "GET", "/health", timeout=10 * SLOW))
-                else:
-                    completion.append(timed_request("127.0.0.1", SERVER.port, "POST", "/v1/completions",
-                                                    small_completion(MODEL), API_KEY, timeout=10 * SLOW))
-                k += 1
-                time.sleep(0.2)
-            held_after = attack.held()
-            statuses = attack.statuses()
-        finally:
-            attack.stop()
+        before = SERVER.rss_kib()
+        with RssSampler(SERVER.proc.pid) as rss:
+            attack = Slowloris("127.0.0.1", SERVER.port, SLOWLORIS_SOCKETS, drip_interval=0.5).start()
+            # Rounds of two 32 MB heads, 50 ms apart: the flood lasts the whole attack, and leaves the
+            # client's own CPU to the probes.
+            flood = RepeatedFlood("127.0.0.1", SERVER.port, connections=2, header_count=4000, header_bytes=8000,
+                                  timeout=10 * SLOW, max_rounds=1000, pause=0.05)
+            try:
+                time.sleep(0.5)   # every dripping connection open and started before the first probe
+                flood.start()
+                held_during = attack.held()
+                # Probe every 200 ms, alternating, until the head deadline has closed every dripping connection.
+                limit = time.monotonic() + HEAD_DEADLINE_S + 5 * SLOW
+                k = 0
+                while time.monotonic() < limit and (attack.held() or k < 6):
+                    if k % 2 == 0:
+                        health.append(timed_request("127.0.0.1", SERVER.port, "GET", "/health", timeout=10 * SLOW))
+                    else:
+                        completion.append(timed_request("127.0.0.1", SERVER.port, "POST", "/v1/completions",
+                                                        small_completion(MODEL), API_KEY, timeout=10 * SLOW))
+                    k += 1
+                    time.sleep(0.2)
+                held_after = attack.held()
+                statuses = attack.statuses()
+            finally:
+                flood.stop()
+                attack.stop()
+        growth_mib = (rss.peak_kib - before) / 1024
         print(f"slowloris: {held_during} of {SLOWLORIS_SOCKETS} held at first, {held_after} after the head "
-              f"deadline; closed with {statuses}; /health max {max(t for _, t in health) * 1e3:.0f} ms, "
-              f"completion max {max(t for _, t in completion) * 1e3:.0f} ms", file=sys.stderr)
+              f"deadline; closed with {statuses}; flood: {flood.rounds} rounds, heads answered {flood.statuses}; "
+              f"/health max {max(t for _, t in health) * 1e3:.0f} ms, completion max "
+              f"{max(t for _, t in completion) * 1e3:.0f} ms; RSS +{growth_mib:.1f} MiB at most", file=sys.stderr)
         self.assertEqual([s for s, _ in health if s != 200], [], "a /health during the slowloris failed")
         self.assertEqual([s for s, _ in completion if s != 200], [], "a completion during the slowloris failed")
         self.assertLess(max(t for _, t in health), bound, "a /health took longer than 1 s during the slowloris")
         self.assertLess(max(t for _, t in completion), bound, "a completion took longer than 1 s")
         self.assertEqual(held_after, 0, "dripping connections outlived the head deadline")
         self.assertEqual(set(statuses) - {0, 408, 503}, set(), f"a dripping head was answered {statuses}")
+        self.assertGreaterEqual(flood.rounds, 1)
+        self.assertEqual(set(flood.statuses) - {0, 431}, set(), f"flood heads answered {flood.statuses}")
+        self.assertLess(growth_mib, 64, f"resident memory grew by {growth_mib:.0f} MiB during the attack")
 
 
 class Framing(unittest.TestCase):
