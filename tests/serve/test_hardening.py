@@ -16,7 +16,8 @@
   startup    an empty --api-key or TERN_API_KEY is refused (exit 1, one line); --host ::1 prints a bracketed
              URL and answers over ::1
 
-Usage: test_hardening.py --tern BIN --shared SHARED_DIR [--slow F] [unittest args]
+Usage: test_hardening.py --tern BIN --shared SHARED_DIR [--slow F] [unittest args]   ($TERN_SHARED overrides
+  --shared, as for the doctest suites)
   --slow F (default $TERN_TEST_SLOW or 1): multiplies the latency bounds; the ASan build registers 4.
 Exit 0 when every case passes, 77 when the shared model is missing. Every socket goes to 127.0.0.1 or ::1;
 every loop is bounded in count and time.
@@ -311,6 +312,8 @@ class Framing(unittest.TestCase):
         try:
             conn.send(health + models)
             first, second = conn.read_response(), conn.read_response()
+            self.assertIsNotNone(first, "two pipelined requests: the connection closed before the first answer")
+            self.assertIsNotNone(second, "two pipelined requests: the second was not answered")
             self.assertEqual((first.status, first.json().get("status")), (200, "ok"))
             self.assertEqual((second.status, second.json()["data"][0]["id"]), (200, MODEL))
             # Three in one send on the same connection, the last asking to close it.
@@ -571,6 +574,7 @@ def main():
     parser.add_argument("--shared", required=True)
     parser.add_argument("--slow", type=float, default=float(os.environ.get("TERN_TEST_SLOW", "1")))
     ARGS, rest = parser.parse_known_args()
+    ARGS.shared = os.environ.get("TERN_SHARED") or ARGS.shared   # as the doctest suites read it (test_support)
     SLOW = max(1.0, ARGS.slow)
     if not os.path.exists(model_path()):
         print(f"skipped: {MODEL_FILE} not found under {ARGS.shared}", file=sys.stderr)
