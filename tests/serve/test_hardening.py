@@ -395,6 +395,24 @@ class Fields(unittest.TestCase):
             server.stop()
 
 
+def heads_within(conns, seconds):
+    """The connections on which a whole response head (or a close) arrived within `seconds`, all waited on
+    together; what came stays in each one's buffer."""
+    deadline = time.monotonic() + seconds
+    answered = []
+    for conn in conns:
+        timeout = conn.sock.gettimeout()
+        conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            conn.receive_until(b"\r\n\r\n")
+            answered.append(conn)
+        except socket.timeout:
+            pass   # nothing yet: served, waiting, or held within the cap
+        finally:
+            conn.sock.settimeout(timeout)
+    return answered
+
+
 class Caps(unittest.TestCase):
     def assert_503_then_closed(self, conn, what):
         try:
@@ -414,34 +432,22 @@ class Caps(unittest.TestCase):
         try:
             # Requests whose body arrives slowly hold a server thread each while it reads: 2 served, then 2
             # complete heads waiting for them; the rest are over the cap.
-            first_bytes = []
-            for i in range(2 * cap + 3):
-                conn = server.connect(timeout=1 * SLOW)
+            for _ in range(2 * cap + 3):
+                conn = server.connect()
                 conn.send(slow_body_request())
                 holders.append(conn)
-                try:
-                    conn.receive()
-                except socket.timeout:
-                    pass   # no answer yet: served or waiting
-                first_bytes.append(conn.buf[:12])
-            over = [i for i, b in enumerate(first_bytes) if b.startswith(b"HTTP/1.1 503")]
-            self.assertGreaterEqual(len(over), 1, f"no request over the cap got a 503 within 1 s: {first_bytes}")
+                time.sleep(0.05)   # in this order
+            answered = heads_within(holders, 1 * SLOW)
+            first_bytes = [conn.buf[:12] for conn in holders]
+            self.assertGreaterEqual(len(answered), 1, f"no request over the cap got a 503 within 1 s: {first_bytes}")
             self.assertEqual([b for b in first_bytes if b and not b.startswith(b"HTTP/1.1 503")], [], first_bytes)
-            self.assert_503_then_closed(holders[over[-1]], "a request over the cap")
+            for conn in answered:
+                self.assert_503_then_closed(conn, "a request over the cap")
             # Connections that send nothing, beyond the cap on open connections (a few times the served and
             # waiting ones): those over it are answered 503 at once, without the server reading from them.
-            silent = []
-            for _ in range(6 * cap):
-                conn = server.connect(timeout=1 * SLOW)
-                holders.append(conn)
-                silent.append(conn)
-            answered = []
-            for conn in silent:
-                try:
-                    if conn.receive_until(b"\r\n\r\n"):
-                        answered.append(conn)
-                except socket.timeout:
-                    pass   # within the cap: held until the idle deadline
+            silent = [server.connect() for _ in range(6 * cap)]
+            holders += silent
+            answered = heads_within(silent, 1 * SLOW)
             self.assertGreaterEqual(len(answered), 1, f"none of {len(silent)} silent connections got a 503")
             for conn in answered:
                 self.assert_503_then_closed(conn, "a silent connection over the cap")
