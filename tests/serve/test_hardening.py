@@ -118,11 +118,14 @@ class ServeProcess:
         return rss_kib(self.proc.pid)
 
     def wait_exit(self, seconds):
-        """The exit code, or None if the process still runs after `seconds` (it is then killed)."""
+        """The exit code, or None if the process still runs after `seconds`. Once it has exited, stderr_lines
+        holds everything it wrote."""
         try:
-            return self.proc.wait(seconds)
+            code = self.proc.wait(seconds)
         except subprocess.TimeoutExpired:
             return None
+        self.reader.join(5)
+        return code
 
     def stop(self):
         if self.proc.poll() is None:
