@@ -39,6 +39,7 @@ import unittest
 from attack_clients import (RawConnection, RepeatedFlood, RssSampler, Slowloris, header_flood, request_bytes,
                             rss_kib, small_completion, timed_request)
 from connection_flood import raise_fd_limit
+from server_suite import run_cases_against
 
 ARGS = None
 SERVER = None   # the ServeProcess most cases share
@@ -601,15 +602,7 @@ def main():
         return 77
     raise_fd_limit(4 * SLOWLORIS_SOCKETS)   # before any server starts: they inherit it
     SERVER = ServeProcess()
-    try:
-        result = unittest.main(argv=[sys.argv[0], "-v", *rest], exit=False).result
-    finally:
-        SERVER.stop()
-    code = SERVER.proc.returncode
-    if code != 0:
-        print(f"tern serve exited {code} at the end:\n" + "".join(SERVER.stderr_lines[-20:]), file=sys.stderr)
-        return 1
-    return 0 if result.wasSuccessful() else 1
+    return run_cases_against(SERVER, rest)
 
 
 if __name__ == "__main__":
