@@ -399,10 +399,13 @@ class Fields(unittest.TestCase):
         if not os.path.exists(GEMMA_FILE):
             self.skipTest(f"{GEMMA_FILE} not present (scripts/fetch_model.sh, or set TERN_GEMMA)")
         server = ServeProcess(model=GEMMA_FILE)
-        try:
-            self.assert_marker_is_text(server, GEMMA_FILE, "<end_of_turn>", "hello")
-        finally:
-            server.stop()
+        self.addCleanup(server.stop)   # also when an assertion fails
+        self.assert_marker_is_text(server, GEMMA_FILE, "<end_of_turn>", "hello")
+
+
+def close_all(conns):
+    for conn in conns:
+        conn.close()
 
 
 def heads_within(conns, seconds):
@@ -438,102 +441,92 @@ class Caps(unittest.TestCase):
     def test_connections_over_the_cap_get_503_at_once(self):
         cap = 2
         server = ServeProcess(["--max-connections", str(cap), "--parallel", "1"])
+        self.addCleanup(server.stop)   # also when an assertion fails
         holders = []
-        try:
-            # Requests whose body arrives slowly hold a server thread each while it reads: 2 served, then 2
-            # complete heads waiting for them; the rest are over the cap.
-            for _ in range(2 * cap + 3):
-                conn = server.connect()
-                conn.send(slow_body_request())
-                holders.append(conn)
-                time.sleep(0.05)   # in this order
-            answered = heads_within(holders, 1 * SLOW)
-            first_bytes = [conn.buf[:12] for conn in holders]
-            self.assertGreaterEqual(len(answered), 1, f"no request over the cap got a 503 within 1 s: {first_bytes}")
-            self.assertEqual([b for b in first_bytes if b and not b.startswith(b"HTTP/1.1 503")], [], first_bytes)
-            for conn in answered:
-                self.assert_503_then_closed(conn, "a request over the cap")
-            # Connections that send nothing, beyond the cap on open connections (a few times the served and
-            # waiting ones): those over it are answered 503 at once, without the server reading from them.
-            silent = [server.connect() for _ in range(6 * cap)]
-            holders += silent
-            answered = heads_within(silent, 1 * SLOW)
-            self.assertGreaterEqual(len(answered), 1, f"none of {len(silent)} silent connections got a 503")
-            for conn in answered:
-                self.assert_503_then_closed(conn, "a silent connection over the cap")
-        finally:
-            for conn in holders:
-                conn.close()
-        try:
-            deadline = time.monotonic() + 10 * SLOW
-            while server.health() != 200 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            self.assertEqual(server.health(), 200, "the server did not recover once the streams went away")
-        finally:
-            server.stop()
+        self.addCleanup(close_all, holders)
+        # Requests whose body arrives slowly hold a server thread each while it reads: 2 served, then 2
+        # complete heads waiting for them; the rest are over the cap.
+        for _ in range(2 * cap + 3):
+            conn = server.connect()
+            conn.send(slow_body_request())
+            holders.append(conn)
+            time.sleep(0.05)   # in this order
+        answered = heads_within(holders, 1 * SLOW)
+        first_bytes = [conn.buf[:12] for conn in holders]
+        self.assertGreaterEqual(len(answered), 1, f"no request over the cap got a 503 within 1 s: {first_bytes}")
+        self.assertEqual([b for b in first_bytes if b and not b.startswith(b"HTTP/1.1 503")], [], first_bytes)
+        for conn in answered:
+            self.assert_503_then_closed(conn, "a request over the cap")
+        # Connections that send nothing, beyond the cap on open connections (a few times the served and
+        # waiting ones): those over it are answered 503 at once, without the server reading from them.
+        silent = [server.connect() for _ in range(6 * cap)]
+        holders += silent
+        answered = heads_within(silent, 1 * SLOW)
+        self.assertGreaterEqual(len(answered), 1, f"none of {len(silent)} silent connections got a 503")
+        for conn in answered:
+            self.assert_503_then_closed(conn, "a silent connection over the cap")
+        close_all(holders)
+        deadline = time.monotonic() + 10 * SLOW
+        while server.health() != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertEqual(server.health(), 200, "the server did not recover once the streams went away")
 
 
 class Drain(unittest.TestCase):
     def test_sigterm_with_a_client_dripping_a_head_exits_0_at_once(self):
         server = ServeProcess()
-        try:
-            idle = server.connect()   # a keep-alive connection after one answer
-            self.addCleanup(idle.close)
-            idle.send(request_bytes("GET", "/health"))
-            self.assertEqual(idle.read_response().status, 200)
-            slow = dripping_connection(server)
-            self.addCleanup(slow.close)
-            t0 = time.monotonic()
-            server.proc.send_signal(signal.SIGTERM)
-            code = server.wait_exit(3 * SLOW)
-            self.assertEqual(code, 0, f"exit {code} after {time.monotonic() - t0:.1f} s (None: still running)")
-            self.assertTrue(slow.closed_by_server(1), "the dripping connection stayed open")
-            self.assertTrue(idle.closed_by_server(1), "the idle connection stayed open")
-        finally:
-            server.stop()
+        self.addCleanup(server.stop)   # also when an assertion fails
+        idle = server.connect()   # a keep-alive connection after one answer
+        self.addCleanup(idle.close)
+        idle.send(request_bytes("GET", "/health"))
+        self.assertEqual(idle.read_response().status, 200)
+        slow = dripping_connection(server)
+        self.addCleanup(slow.close)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.wait_exit(3 * SLOW)
+        self.assertEqual(code, 0, f"exit {code} after {time.monotonic() - t0:.1f} s (None: still running)")
+        self.assertTrue(slow.closed_by_server(1), "the dripping connection stayed open")
+        self.assertTrue(idle.closed_by_server(1), "the idle connection stayed open")
 
     def test_sigterm_finishes_the_request_in_progress_and_exits_0(self):
         server = ServeProcess()
-        try:
-            stream = server.connect(timeout=30)
-            self.addCleanup(stream.close)
-            stream.send(stream_request(300))
-            self.assertTrue(stream.receive_until(b"data: "), "the stream closed before its first piece")
-            slow = dripping_connection(server)
-            self.addCleanup(slow.close)
-            server.proc.send_signal(signal.SIGTERM)
-            self.assertTrue(slow.closed_by_server(2 * SLOW), "a dripping connection stayed open during the drain")
-            answer = stream.read_response()   # from its first byte, still in the buffer
-            self.assertIsNotNone(answer, "the stream in progress was cut off by the drain")
-            self.assertEqual(answer.status, 200)
-            events = [json.loads(line[6:]) for line in answer.body.decode().split("\n") if line.startswith("data: {")]
-            self.assertIn(b"data: [DONE]", answer.body)
-            self.assertEqual(events[-1]["choices"][0]["finish_reason"], "length")
-            self.assertEqual(server.wait_exit(10 * SLOW), 0)
-            self.assertTrue(any("shutting down" in line for line in server.stderr_lines), server.stderr_lines)
-        finally:
-            server.stop()
+        self.addCleanup(server.stop)   # also when an assertion fails
+        stream = server.connect(timeout=30)
+        self.addCleanup(stream.close)
+        stream.send(stream_request(300))
+        self.assertTrue(stream.receive_until(b"data: "), "the stream closed before its first piece")
+        slow = dripping_connection(server)
+        self.addCleanup(slow.close)
+        server.proc.send_signal(signal.SIGTERM)
+        self.assertTrue(slow.closed_by_server(2 * SLOW), "a dripping connection stayed open during the drain")
+        answer = stream.read_response()   # from its first byte, still in the buffer
+        self.assertIsNotNone(answer, "the stream in progress was cut off by the drain")
+        self.assertEqual(answer.status, 200)
+        events = [json.loads(line[6:]) for line in answer.body.decode().split("\n") if line.startswith("data: {")]
+        self.assertIn(b"data: [DONE]", answer.body)
+        self.assertEqual(events[-1]["choices"][0]["finish_reason"], "length")
+        self.assertEqual(server.wait_exit(10 * SLOW), 0)
+        self.assertTrue(any("shutting down" in line for line in server.stderr_lines), server.stderr_lines)
 
     def test_second_sigterm_cancels_and_exits_130(self):
         server = ServeProcess(["--parallel", "1"])
-        try:
-            # Four streams of a whole context each, one at a time (--parallel 1): seconds of work in progress.
-            streams = []
-            for i in range(4):
-                conn = server.connect(timeout=10)
-                self.addCleanup(conn.close)
-                conn.send(stream_request(CTX - 64, prompt=f"Story {i}"))
-                streams.append(conn)
-            self.assertTrue(streams[0].receive_until(b"data: "), "no answer to the first stream")
-            server.proc.send_signal(signal.SIGTERM)
-            self.assertIsNone(server.wait_exit(1), "the first SIGTERM did not wait for the request in progress")
-            t0 = time.monotonic()
-            server.proc.send_signal(signal.SIGTERM)
-            code = server.wait_exit(3 * SLOW)
-            self.assertEqual(code, 130, f"exit {code} {time.monotonic() - t0:.1f} s after the second SIGTERM")
-            self.assertTrue(any("cancel" in line for line in server.stderr_lines), server.stderr_lines)
-        finally:
-            server.stop()
+        self.addCleanup(server.stop)   # also when an assertion fails
+        # Four streams of a whole context each, one at a time (--parallel 1): seconds of work in progress.
+        streams = []
+        for i in range(4):
+            conn = server.connect(timeout=10)
+            self.addCleanup(conn.close)
+            conn.send(stream_request(CTX - 64, prompt=f"Story {i}"))
+            streams.append(conn)
+        self.assertTrue(streams[0].receive_until(b"data: "), "no answer to the first stream")
+        server.proc.send_signal(signal.SIGTERM)
+        self.assertIsNone(server.wait_exit(1), "the first SIGTERM did not wait for the request in progress")
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.wait_exit(3 * SLOW)
+        self.assertEqual(code, 130, f"exit {code} {time.monotonic() - t0:.1f} s after the second SIGTERM")
+        self.assertTrue(any("cancel" in line for line in server.stderr_lines), server.stderr_lines)
 
 
 class Startup(unittest.TestCase):
@@ -564,11 +557,9 @@ class Startup(unittest.TestCase):
     def test_api_key_flag_wins_over_an_empty_variable(self):
         # The flag, when given, is the key: an empty $TERN_API_KEY beside it is not read.
         server = ServeProcess(env_api_key="")
-        try:
-            self.assertEqual(server.request("GET", "/v1/models", key=None).status, 401)
-            self.assertEqual(server.request("GET", "/v1/models").status, 200)
-        finally:
-            server.stop()
+        self.addCleanup(server.stop)   # also when an assertion fails
+        self.assertEqual(server.request("GET", "/v1/models", key=None).status, 401)
+        self.assertEqual(server.request("GET", "/v1/models").status, 200)
 
     def test_ipv6_loopback_url_has_brackets_and_answers(self):
         try:
@@ -577,13 +568,11 @@ class Startup(unittest.TestCase):
         except OSError:
             self.skipTest("no IPv6 loopback on this machine")
         server = ServeProcess(host="::1")
-        try:
-            self.assertTrue(server.url.startswith(f"http://[::1]:{server.port}/v1"), server.url)
-            self.assertEqual(server.health(), 200)
-            r = server.request("GET", "/v1/models")
-            self.assertEqual((r.status, r.json()["data"][0]["id"]), (200, MODEL))
-        finally:
-            server.stop()
+        self.addCleanup(server.stop)   # also when an assertion fails
+        self.assertTrue(server.url.startswith(f"http://[::1]:{server.port}/v1"), server.url)
+        self.assertEqual(server.health(), 200)
+        r = server.request("GET", "/v1/models")
+        self.assertEqual((r.status, r.json()["data"][0]["id"]), (200, MODEL))
 
 
 def main():
