@@ -26,6 +26,7 @@ import unittest
 import openai
 
 from connection_flood import connection_flood, raise_fd_limit
+from server_suite import run_cases_against
 
 ARGS = None
 SERVER = None      # the Server every test but the last shares
@@ -432,15 +433,7 @@ def main():
         print(f"skipped: {MODEL_FILE} not found under {ARGS.shared}", file=sys.stderr)
         return 77
     SERVER = Server()
-    try:
-        result = unittest.main(argv=[sys.argv[0], "-v", *rest], exit=False).result
-    finally:
-        SERVER.stop()
-        code = SERVER.proc.returncode
-    if code != 0:
-        print(f"tern serve exited {code} at the end:\n" + "".join(SERVER.stderr_lines[-20:]), file=sys.stderr)
-        return 1
-    return 0 if result.wasSuccessful() else 1
+    return run_cases_against(SERVER, rest)
 
 
 if __name__ == "__main__":
