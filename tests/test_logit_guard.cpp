@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/fake_backend.h"
 #include "base/finite.h"
 #include "engine/generation/session.h"
 #include "engine/logit_guard.h"
@@ -31,11 +32,10 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 const float kNan = std::numeric_limits<float>::quiet_NaN();
 
 // A backend whose every forward leaves `row` as the logits (vocab 16); the rest of the interface does nothing.
-class RowBackend : public Backend {
+class RowBackend : public test::FakeBackendBase {
 public:
     std::vector<float> row = std::vector<float>(16, 0.0f);
 
-    void load(const ModelConfig&, const ModelWeights&, const RunOptions&) override {}
     void forward(const ForwardBatch& b) override {
         n_past_ += static_cast<int32_t>(b.tokens.size());
         rows_ = b.wanted == LogitsWanted::all ? static_cast<int>(b.tokens.size()) : 1;
@@ -48,17 +48,8 @@ public:
         for (int32_t& t : per_row)
             t = 0; // what a NaN row gave before the guard: token 0 forever
     }
-    int32_t n_past() const override { return n_past_; }
-    void kv_truncate(int32_t n) override { n_past_ = std::min(n_past_, n); }
-    KvSnapshot kv_save(int32_t) const override { return {}; }
-    void kv_load(const KvSnapshot&) override {}
-    std::string device_name() const override { return "fake"; }
-    DeviceKind device_kind() const override { return DeviceKind::cpu; }
-    MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
-    std::vector<MemoryLimit> memory_limits() const override { return {}; }
 
 private:
-    int32_t n_past_ = 0;
     int rows_ = 0;
 };
 

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/fake_backend.h"
 #include "engine/speculative/drafter.h"
 #include "engine/generation/repeat_guard.h"
 #include "engine/generation/session.h"
@@ -294,7 +295,7 @@ namespace {
 
 constexpr int32_t kEos = 2;
 
-class ScriptModel : public Backend {
+class ScriptModel : public test::FakeBackendBase {
 public:
     std::vector<int32_t> script;
     int32_t n_prompt = 0;
@@ -303,7 +304,6 @@ public:
     std::atomic<bool>* cancel = nullptr;   // set during forward number cancel_in_forward (1: the prefill)
     int32_t cancel_in_forward = -1;
 
-    void load(const ModelConfig&, const ModelWeights&, const RunOptions&) override {}
     void forward(const ForwardBatch& b) override {
         if (cancel && ++forwards_ == cancel_in_forward) *cancel = true;   // as a Ctrl-C would, mid-reply
         if (b.pos0 != n_past_) throw std::logic_error("forward at the wrong position");
@@ -324,18 +324,9 @@ public:
     void argmax(std::span<int32_t> per_row) override {
         for (size_t r = 0; r < per_row.size(); ++r) per_row[r] = rows_.at(r);
     }
-    int32_t n_past() const override { return n_past_; }
-    void kv_truncate(int32_t n) override { n_past_ = std::min(n_past_, n); }
-    KvSnapshot kv_save(int32_t) const override { return {}; }
-    void kv_load(const KvSnapshot&) override {}
-    std::string device_name() const override { return "fake"; }
-    DeviceKind device_kind() const override { return DeviceKind::cpu; }
-    MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
-    std::vector<MemoryLimit> memory_limits() const override { return {}; }
 
 private:
     int32_t forwards_ = 0;
-    int32_t n_past_ = 0;
     std::vector<int32_t> rows_;
     std::vector<float> logits_;
 };

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/fake_backend.h"
 #include "engine/backend_factory.h"
 #include "engine/model.h"
 #include "engine/generation/sampler.h"
@@ -37,7 +38,7 @@ std::vector<float> spread_logits(int32_t last, int32_t n_past, int32_t vocab) {
 
 // Next token = (last token + 1) mod vocab, except that `jumps` can redirect a token.
 // Records every forward so tests can see what was prefilled.
-class FakeBackend : public Backend {
+class FakeBackend : public test::FakeBackendBase {
 public:
     struct Call {
         int32_t pos0;
@@ -50,7 +51,6 @@ public:
     bool spread = false;   // logits from spread_logits() instead of one peak
     int logits_calls = 0, top_logits_calls = 0;
 
-    void load(const ModelConfig&, const ModelWeights&, const RunOptions&) override {}
     void forward(const ForwardBatch& b) override {
         if (b.pos0 != n_past_) throw std::logic_error("forward at the wrong position");
         if (b.pos0 + static_cast<int32_t>(b.tokens.size()) > n_ctx) throw std::logic_error("past the context");
@@ -79,17 +79,8 @@ public:
             if (logits_[static_cast<size_t>(i)] > logits_[static_cast<size_t>(best)]) best = i;
         per_row[0] = best;
     }
-    int32_t n_past() const override { return n_past_; }
-    void kv_truncate(int32_t n) override { n_past_ = std::min(n_past_, n); }
-    KvSnapshot kv_save(int32_t) const override { return {}; }
-    void kv_load(const KvSnapshot&) override {}
-    std::string device_name() const override { return "fake"; }
-    DeviceKind device_kind() const override { return DeviceKind::cpu; }
-    MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
-    std::vector<MemoryLimit> memory_limits() const override { return {}; }
 
 private:
-    int32_t n_past_ = 0;
     std::vector<float> logits_;
 };
 

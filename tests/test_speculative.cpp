@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/fake_backend.h"
 #include "engine/backend_factory.h"
 #include "engine/speculative/drafter.h"
 #include "engine/speculative/drafter_model.h"
@@ -213,14 +214,13 @@ int32_t fake_next(int32_t prev, int32_t last, const std::vector<int32_t>& eos_af
            static_cast<int32_t>(mix(static_cast<uint32_t>(prev) % 3, static_cast<uint32_t>(last), 1) % (kVocab - 3));
 }
 
-class FakeModel : public Backend {
+class FakeModel : public test::FakeBackendBase {
 public:
     int32_t n_ctx = 256;
     std::vector<int32_t> eos_after; // tokens followed by EOS
     int forwards = 0;
     std::vector<int32_t> kv; // the token at each cached position
 
-    void load(const ModelConfig&, const ModelWeights&, const RunOptions&) override {}
     void forward(const ForwardBatch& b) override {
         if (b.pos0 != static_cast<int32_t>(kv.size())) throw std::logic_error("forward at the wrong position");
         if (b.pos0 + static_cast<int64_t>(b.tokens.size()) > n_ctx) throw std::logic_error("forward past the context");
@@ -260,12 +260,6 @@ public:
         if (n < 0 || n > n_past()) throw std::logic_error("kv_truncate out of range");
         kv.resize(static_cast<size_t>(n));
     }
-    KvSnapshot kv_save(int32_t) const override { return {}; }
-    void kv_load(const KvSnapshot&) override {}
-    std::string device_name() const override { return "fake"; }
-    DeviceKind device_kind() const override { return DeviceKind::cpu; }
-    MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
-    std::vector<MemoryLimit> memory_limits() const override { return {}; }
 
 private:
     int rows_ = 0;
