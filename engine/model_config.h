@@ -65,7 +65,12 @@ struct ModelConfig {
     bool rope_long_factors(int32_t n_ctx) const { return rope_longrope && n_ctx > rope_n_ctx_orig; }
     bool qkv_bias = false;          // q/k/v biases required (qwen2); llama may carry them optionally
     bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
+    // olmo2: q_norm / k_norm span every head at once (n_heads*head_dim, n_kv_heads*head_dim), not one head.
+    bool qk_norm_whole = false;
     bool post_norms = false;        // post_attention_norm / post_ffw_norm before each residual add (gemma)
+    // false (olmo2): no attn_norm / ffn_norm, each block reads the residual stream itself (its only norms are
+    // the post norms).
+    bool pre_norms = true;
     bool ffn_norm_post_attention = false; // gpt-oss: the FFN's input norm is stored as post_attention_norm.weight
     bool attn_sinks = false;        // gpt-oss: blk.N.attn_sinks.weight, a learned logit per query head that joins
                                     // each softmax's denominator (its exp adds to the sum; it has no value row)
@@ -74,6 +79,10 @@ struct ModelConfig {
     float attn_scale = 0.0f;    // multiplies q.k (1/sqrt(head_dim) unless a model says otherwise)
     float attn_softcap = 0.0f;  // gemma2: scores -> c * tanh(s / c); 0 = off
     float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off
+    // granite: each block's output is multiplied by residual_scale before it joins the residual stream, and
+    // the logits are divided by logit_scale (after the softcap, which granite does not have).
+    float residual_scale = 1.0f;
+    float logit_scale = 1.0f;
     bool tied_output = false;   // no output.weight: token_embd.weight is the lm_head
     bool ffn_gate_up_fused = false; // phi3: ffn_up.weight holds the gate's rows, then the up projection's
     // Llama 4's attention temperature (mistral3's attention.temperature_scale): after RoPE, q at position p is
