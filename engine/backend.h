@@ -1,7 +1,7 @@
 #pragma once
-// The Backend interface: what the session needs from a device. Each backend's forward is ONE
-// straight-line function (embed -> layers -> norm -> lm_head); architecture differences are
-// flags in ModelConfig, not copies of the forward.
+// The Backend interface: what the session needs from a device. The decoder itself is written once, in
+// engine/layer_program.h: each backend's forward runs that program over its own steps (kernels, fusions),
+// and architecture differences are data (ModelConfig, engine/tensor_roles.h), not copies of the forward.
 #include <cstdint>
 #include <functional>
 #include <memory>

@@ -29,6 +29,11 @@ KvHeadDimsUnfit::KvHeadDimsUnfit(KvType type_, int64_t block_, int64_t head_dim_
     : UsageError(head_dims_message(type_, block_, head_dim_, head_dim_v_)),
       type(type_), block(block_), head_dim(head_dim_), head_dim_v(head_dim_v_) {}
 
+void require_kv_head_dims(KvType type, int64_t head_dim, int64_t head_dim_v) {
+    const int64_t block = kv_block_elems(type);
+    if (head_dim % block != 0 || head_dim_v % block != 0) throw KvHeadDimsUnfit(type, block, head_dim, head_dim_v);
+}
+
 DeviceCannotRun::DeviceCannotRun(std::string device_, std::string reason_)
     : InputError(device_ + " cannot run this model: " + reason_), device(std::move(device_)), reason(std::move(reason_)) {}
 

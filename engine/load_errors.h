@@ -22,6 +22,9 @@ struct KvHeadDimsUnfit : UsageError {
     KvType type;
     int64_t block, head_dim, head_dim_v;
 };
+// Throws KvHeadDimsUnfit unless rows of head_dim and head_dim_v are whole blocks of the KV format: the one
+// check every KV cache (CPU, CUDA) and the CUDA backend's load make.
+void require_kv_head_dims(KvType type, int64_t head_dim, int64_t head_dim_v);
 
 // The KV cache of n_ctx positions could not be allocated; exit 3.
 struct KvAllocationFailed : RuntimeFailure {

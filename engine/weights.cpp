@@ -1,5 +1,6 @@
 #include "engine/weights.h"
 
+#include <array>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -8,6 +9,7 @@
 #include "base/error.h"
 #include "base/finite.h"
 #include "engine/model_config.h"
+#include "engine/tensor_roles.h"
 #include "formats/gguf.h"
 #include "quant/reference.h"
 #include "quant/value_check.h"
@@ -122,10 +124,9 @@ private:
 std::vector<const WeightRef*> small_tensors(const ModelWeights& w) {
     std::vector<const WeightRef*> t = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short};
     for (const LayerWeights& l : w.layers)
-        for (const WeightRef* r : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
-                                   &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm, &l.ffn_gate_inp,
-                                   &l.ffn_gate_inp_b, &l.gate_exps_b, &l.up_exps_b, &l.down_exps_b, &l.attn_sinks})
-            t.push_back(r);
+        for (const LayerTensor& r : layer_tensors())
+            if (r.kind == TensorKind::vector || r.kind == TensorKind::vector_rows || r.role == LayerRole::ffn_gate_inp)
+                t.push_back(&(l.*r.member));
     return t;
 }
 
@@ -168,76 +169,49 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
             w.rope_factors_short = b.vector("rope_factors_short.weight", c.n_rot / 2, "[n_rot/2]");
     }
 
-    const Need bias = c.qkv_bias ? Need::required : Need::optional;
     w.layers.resize(static_cast<size_t>(c.n_layers));
     for (int32_t l = 0; l < c.n_layers; ++l) {
         const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
         LayerWeights& lw = w.layers[static_cast<size_t>(l)];
         const std::string p = "blk." + std::to_string(l) + ".";
-        const int64_t q_dim = int64_t{lc.n_heads} * c.head_dim;
-        const int64_t k_dim = int64_t{lc.n_kv_heads} * c.head_dim;
-        const int64_t v_dim = int64_t{lc.n_kv_heads} * c.head_dim_v;
-        const int64_t o_dim = int64_t{lc.n_heads} * c.head_dim_v;
-
-        lw.attn_norm = b.vector(p + "attn_norm.weight", c.dim, "[dim]");
-        if (b.has(p + "attn_qkv.weight")) {
-            // One fused tensor, the rows of q, then k, then v (phi3; llama.cpp accepts it for any architecture).
-            const WeightRef qkv = b.matrix(p + "attn_qkv.weight", c.dim, q_dim + k_dim + v_dim,
-                                           "[dim, n_heads*head_dim + n_kv_heads*(head_dim + head_dim_v)]");
-            if (b.has(p + "attn_qkv.bias"))
-                throw InputError(file.path() + ": tensor " + p + "attn_qkv.bias: a fused q/k/v bias is not supported");
-            lw.wq = b.rows(qkv, 0, q_dim, "q");
-            lw.wk = b.rows(qkv, q_dim, k_dim, "k");
-            lw.wv = b.rows(qkv, q_dim + k_dim, v_dim, "v");
-        } else {
-            lw.wq = b.matrix(p + "attn_q.weight", c.dim, q_dim, "[dim, n_heads*head_dim]");
-            lw.wk = b.matrix(p + "attn_k.weight", c.dim, k_dim, "[dim, n_kv_heads*head_dim]");
-            lw.wv = b.matrix(p + "attn_v.weight", c.dim, v_dim, "[dim, n_kv_heads*head_dim_v]");
-        }
-        lw.bq = b.vector(p + "attn_q.bias", q_dim, "[n_heads*head_dim]", bias);
-        lw.bk = b.vector(p + "attn_k.bias", k_dim, "[n_kv_heads*head_dim]", bias);
-        lw.bv = b.vector(p + "attn_v.bias", v_dim, "[n_kv_heads*head_dim_v]", bias);
-        if (c.qk_norm) {
-            lw.q_norm = b.vector(p + "attn_q_norm.weight", c.head_dim, "[head_dim]");
-            lw.k_norm = b.vector(p + "attn_k_norm.weight", c.head_dim, "[head_dim]");
-        }
-        lw.wo = b.matrix(p + "attn_output.weight", o_dim, c.dim, "[n_heads*head_dim_v, dim]");
-        lw.bo = b.vector(p + "attn_output.bias", c.dim, "[dim]", Need::optional);
-        const char* ffn_norm = c.ffn_norm_post_attention ? "post_attention_norm.weight" : "ffn_norm.weight";
-        lw.ffn_norm = b.vector(p + ffn_norm, c.dim, "[dim]");
-        if (c.attn_sinks) lw.attn_sinks = b.vector(p + "attn_sinks.weight", lc.n_heads, "[n_heads]");
-        if (c.moe()) {
-            lw.ffn_gate_inp = b.matrix(p + "ffn_gate_inp.weight", c.dim, c.n_expert, "[dim, n_expert]");
-            lw.gate_exps = b.stack(p + "ffn_gate_exps.weight", c.dim, c.expert_ffn_dim, c.n_expert,
-                                   "[dim, expert_ffn, n_expert]");
-            lw.up_exps = b.stack(p + "ffn_up_exps.weight", c.dim, c.expert_ffn_dim, c.n_expert,
-                                 "[dim, expert_ffn, n_expert]");
-            lw.down_exps = b.stack(p + "ffn_down_exps.weight", c.expert_ffn_dim, c.dim, c.n_expert,
-                                   "[expert_ffn, dim, n_expert]");
-            if (c.expert_bias) {
-                lw.ffn_gate_inp_b = b.vector(p + "ffn_gate_inp.bias", c.n_expert, "[n_expert]");
-                lw.gate_exps_b =
-                    b.matrix(p + "ffn_gate_exps.bias", c.expert_ffn_dim, c.n_expert, "[expert_ffn, n_expert]");
-                lw.up_exps_b = b.matrix(p + "ffn_up_exps.bias", c.expert_ffn_dim, c.n_expert, "[expert_ffn, n_expert]");
-                lw.down_exps_b = b.matrix(p + "ffn_down_exps.bias", c.dim, c.n_expert, "[dim, n_expert]");
+        std::array<bool, kLayerRoles> bound{};   // roles already bound as parts of a fused tensor
+        for (const LayerTensor& t : layer_tensors()) {
+            const TensorNeed need = t.need(c);
+            if (need == TensorNeed::absent || bound[static_cast<size_t>(t.role)]) continue;
+            const TensorShape s = t.shape(c, lc);
+            if (t.role == LayerRole::wq && b.has(p + "attn_qkv.weight")) {
+                // One fused tensor, the rows of q, then k, then v (phi3; llama.cpp accepts it for any architecture).
+                const int64_t q_dim = s.n_out, k_dim = layer_tensor(LayerRole::wk).shape(c, lc).n_out,
+                              v_dim = layer_tensor(LayerRole::wv).shape(c, lc).n_out;
+                const WeightRef qkv = b.matrix(p + "attn_qkv.weight", c.dim, q_dim + k_dim + v_dim,
+                                               "[dim, n_heads*head_dim + n_kv_heads*(head_dim + head_dim_v)]");
+                if (b.has(p + "attn_qkv.bias"))
+                    throw InputError(file.path() + ": tensor " + p +
+                                     "attn_qkv.bias: a fused q/k/v bias is not supported");
+                lw.wq = b.rows(qkv, 0, q_dim, "q");
+                lw.wk = b.rows(qkv, q_dim, k_dim, "k");
+                lw.wv = b.rows(qkv, q_dim + k_dim, v_dim, "v");
+                bound[static_cast<size_t>(LayerRole::wk)] = bound[static_cast<size_t>(LayerRole::wv)] = true;
+                continue;
             }
-        } else if (c.ffn_gate_up_fused) {
-            // phi3: ffn_up holds 2*ffn_dim rows, the gate's first, then the up projection's.
-            const WeightRef gate_up = b.matrix(p + "ffn_up.weight", c.dim, 2 * int64_t{lc.ffn_dim}, "[dim, 2*ffn_dim]");
-            lw.w_gate = b.rows(gate_up, 0, lc.ffn_dim, "gate");
-            lw.w_up = b.rows(gate_up, lc.ffn_dim, lc.ffn_dim, "up");
-            lw.w_down = b.matrix(p + "ffn_down.weight", lc.ffn_dim, c.dim, "[ffn_dim, dim]");
-        } else {
-            lw.w_gate = b.matrix(p + "ffn_gate.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
-            lw.w_up = b.matrix(p + "ffn_up.weight", c.dim, lc.ffn_dim, "[dim, ffn_dim]");
-            lw.w_down = b.matrix(p + "ffn_down.weight", lc.ffn_dim, c.dim, "[ffn_dim, dim]");
-            lw.b_gate = b.vector(p + "ffn_gate.bias", lc.ffn_dim, "[ffn_dim]", Need::optional);
-            lw.b_up = b.vector(p + "ffn_up.bias", lc.ffn_dim, "[ffn_dim]", Need::optional);
-            lw.b_down = b.vector(p + "ffn_down.bias", c.dim, "[dim]", Need::optional);
-        }
-        if (c.post_norms) {
-            lw.post_attn_norm = b.vector(p + "post_attention_norm.weight", c.dim, "[dim]");
-            lw.post_ffn_norm = b.vector(p + "post_ffw_norm.weight", c.dim, "[dim]");
+            if (t.role == LayerRole::w_gate && c.ffn_gate_up_fused) {
+                // phi3: ffn_up holds 2*ffn_dim rows, the gate's first, then the up projection's.
+                const WeightRef gate_up =
+                    b.matrix(p + "ffn_up.weight", c.dim, 2 * int64_t{lc.ffn_dim}, "[dim, 2*ffn_dim]");
+                lw.w_gate = b.rows(gate_up, 0, lc.ffn_dim, "gate");
+                lw.w_up = b.rows(gate_up, lc.ffn_dim, lc.ffn_dim, "up");
+                bound[static_cast<size_t>(LayerRole::w_up)] = true;
+                continue;
+            }
+            const std::string name = layer_tensor_name(t, c, l);
+            const Need n = need == TensorNeed::required ? Need::required : Need::optional;
+            WeightRef& dst = lw.*t.member;
+            switch (t.kind) {
+            case TensorKind::matrix:
+            case TensorKind::vector_rows: dst = b.matrix(name, s.n_in, s.n_out, t.dims, n); break;
+            case TensorKind::vector: dst = b.vector(name, s.n_in, t.dims, n); break;
+            case TensorKind::stack: dst = b.stack(name, s.n_in, s.n_out, s.n_mats, t.dims); break;
+            }
         }
     }
     check_small_tensor_values(file, w);

@@ -272,6 +272,31 @@ TEST_CASE("geglu_tanh and softcap match geglu_tanh_f32 and softcap_f32 within 2e
     }
 }
 
+TEST_CASE("scale multiplies every element by s, bit for bit the host's product, at any length and alignment") {
+    for (int64_t n : {int64_t{1}, int64_t{31}, int64_t{33}, int64_t{2048 + 7}}) {
+        for (int offset : {0, 1}) {
+            for (float s : {0.22f, 0.125f, -3.0f}) {
+                CAPTURE(n);
+                CAPTURE(offset);
+                CAPTURE(s);
+                const size_t count = static_cast<size_t>(n);
+                const std::vector<float> x = tern::test::random_normal(count, 34, 5.0f);
+                std::vector<float> padded(count + 1, 0.0f);
+                std::copy(x.begin(), x.end(), padded.begin() + offset);
+                DeviceArray<float> d(count + 1);
+                d.write(padded);
+                tern::cuda::scale(d.get() + offset, n, s, nullptr);
+                const std::vector<float> got = d.read();
+                std::vector<float> want(count);
+                for (size_t i = 0; i < count; ++i) want[i] = x[i] * s;
+                CHECK(bits_of(std::vector<float>(got.begin() + offset, got.begin() + offset + static_cast<ptrdiff_t>(count))) ==
+                      bits_of(want));
+                CHECK(got[offset == 0 ? count : 0] == 0.0f);   // nothing outside the n elements is written
+            }
+        }
+    }
+}
+
 TEST_CASE("swiglu_oai matches swiglu_oai_f32 within 2e-6 (the device's expf), clamps and NaN included") {
     // Gate and up of N(0, 6^2): a third of each past gpt-oss's limit of 7, so both clamps are taken.
     for (int64_t n : {int64_t{1}, int64_t{33}, int64_t{2048 + 7}}) {

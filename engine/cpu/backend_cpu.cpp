@@ -70,31 +70,16 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     if (options.n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(options.n_ctx));
     config_ = config;
     weights_ = weights;
-    first_layer_ = options.first_layer;
+    program_ = decoder_program(config, options.first_layer);
 
     layer_vectors_.assign(weights.layers.size(), {});
-    for (size_t l = 0; l < weights.layers.size(); ++l) {
-        const LayerWeights& lw = weights.layers[l];
-        LayerVectors& lv = layer_vectors_[l];
-        lv.attn_norm = vector_f32(lw.attn_norm);
-        lv.bq = vector_f32(lw.bq);
-        lv.bk = vector_f32(lw.bk);
-        lv.bv = vector_f32(lw.bv);
-        lv.q_norm = vector_f32(lw.q_norm);
-        lv.k_norm = vector_f32(lw.k_norm);
-        lv.bo = vector_f32(lw.bo);
-        lv.post_attn_norm = vector_f32(lw.post_attn_norm);
-        lv.ffn_norm = vector_f32(lw.ffn_norm);
-        lv.b_gate = vector_f32(lw.b_gate);
-        lv.b_up = vector_f32(lw.b_up);
-        lv.b_down = vector_f32(lw.b_down);
-        lv.post_ffn_norm = vector_f32(lw.post_ffn_norm);
-        lv.attn_sinks = vector_f32(lw.attn_sinks);
-        lv.router_b = vector_f32(lw.ffn_gate_inp_b);
-        lv.gate_exps_b = rows_f32(lw.gate_exps_b);
-        lv.up_exps_b = rows_f32(lw.up_exps_b);
-        lv.down_exps_b = rows_f32(lw.down_exps_b);
-    }
+    for (size_t l = 0; l < weights.layers.size(); ++l)
+        for (const LayerTensor& t : layer_tensors()) {
+            const WeightRef& w = weights.layers[l].*t.member;
+            const auto r = static_cast<size_t>(t.role);
+            if (t.kind == TensorKind::vector) layer_vectors_[l].vectors[r] = vector_f32(w);
+            if (t.kind == TensorKind::vector_rows) layer_vectors_[l].rows[r] = rows_f32(w);
+        }
     output_norm_ = vector_f32(weights.output_norm);
     rope_freqs_ = vector_f32(rope_factors_for(weights, config, options.n_ctx));
 
@@ -111,161 +96,239 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     loaded_ = true;
 }
 
-// The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line:
-// embed -> per layer {norm, q/k/v, q/k norm, rope, KV write, attention, output, FFN} -> norm -> lm_head.
-void CpuBackend::forward(const ForwardBatch& batch) {
-    if (!loaded_) throw UsageError("forward: the backend has no model loaded");
-    const ModelConfig& c = config_;
-    const int64_t n = static_cast<int64_t>(batch.tokens.size());
-    check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), c.vocab, [this](int32_t seq) { return kv_.n_past(seq); });
-    // The batch as sequence spans (one, sequence 0, for a plain batch), each token's sequence and position,
-    // and the pages every span writes, mapped before the threads write them.
-    const SequenceSpan single{0, static_cast<int32_t>(n), batch.wanted};
-    const std::span<const SequenceSpan> spans = batch.spans.empty() ? std::span(&single, 1) : batch.spans;
-    std::vector<int32_t> span_pos0, token_seq, token_pos;
-    for (const SequenceSpan& s : spans) {
-        const int32_t past = kv_.n_past(s.seq);
-        kv_.reserve(past + s.n_tokens, s.seq);
-        span_pos0.push_back(past);
-        for (int32_t i = 0; i < s.n_tokens; ++i) {
-            token_seq.push_back(s.seq);
-            token_pos.push_back(past + i);
+// One forward's activations and the layer program's steps on the CPU kernels.
+class CpuBackend::Steps final : public DecoderSteps {
+public:
+    Steps(CpuBackend& b, const ForwardBatch& batch) : b_(b), c_(b.config_), batch_(batch) {
+        n_ = static_cast<int64_t>(batch.tokens.size());
+        // The batch as sequence spans (one, sequence 0, for a plain batch), each token's sequence and position,
+        // and the pages every span writes, mapped before the threads write them.
+        single_ = SequenceSpan{0, static_cast<int32_t>(n_), batch.wanted};
+        spans_ = batch.spans.empty() ? std::span(&single_, 1) : batch.spans;
+        for (const SequenceSpan& s : spans_) {
+            const int32_t past = b_.kv_.n_past(s.seq);
+            b_.kv_.reserve(past + s.n_tokens, s.seq);
+            span_pos0_.push_back(past);
+            for (int32_t i = 0; i < s.n_tokens; ++i) {
+                token_seq_.push_back(s.seq);
+                token_pos_.push_back(past + i);
+            }
+        }
+        x_.resize(static_cast<size_t>(n_ * c_.dim));
+        xn_.resize(static_cast<size_t>(n_ * c_.dim));
+        out_.resize(static_cast<size_t>(n_ * c_.dim));
+    }
+
+    // The positions the batch filled, per sequence: the cache holds them once the forward is through.
+    void commit() {
+        for (size_t s = 0; s < spans_.size(); ++s)
+            b_.kv_.set_n_past(span_pos0_[s] + spans_[s].n_tokens, spans_[s].seq);
+    }
+
+    bool has_embedding() const override { return b_.weights_.token_embd.present(); }
+    bool has_output() const override { return b_.weights_.output.present(); }
+
+    // Each token's row dequantized (gemma scales it by sqrt(dim)).
+    void embed(float scale) override {
+        const WeightRef& e = b_.weights_.token_embd;
+        const int64_t dim = c_.dim;
+        for (int64_t i = 0; i < n_; ++i) {
+            float* xi = x_.data() + i * dim;
+            dequantize_row(e.type, e.row(batch_.tokens[static_cast<size_t>(i)]), xi, dim);
+            if (scale != 1.0f)
+                for (int64_t d = 0; d < dim; ++d) xi[d] *= scale;
         }
     }
 
-    const int nt = n_threads_;
-    const int64_t dim = c.dim;
-    const int64_t head_dim = c.head_dim;
-    const int64_t head_dim_v = c.head_dim_v;
-    const float* freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
+    void stream_in() override { std::copy(batch_.hidden_in, batch_.hidden_in + n_ * c_.dim, x_.begin()); }
 
-    std::vector<float> x(static_cast<size_t>(n * dim));   // (n, dim) residual stream
-    std::vector<float> xn(static_cast<size_t>(n * dim));  // (n, dim) normed input of a sub-block
-    std::vector<float> q, k, v, att;                      // (n, n_heads*head_dim) ... per layer
-    std::vector<float> gate, up;                          // (n, ffn_dim)
-    std::vector<float> out(static_cast<size_t>(n * dim)); // (n, dim) sub-block output
-
-    // Embeddings: dequantize each token's row (gemma scales it by sqrt(dim)); a later slice of a split
-    // model starts from the stream the slice before it computed.
-    if (!weights_.token_embd.present()) {
-        if (!batch.hidden_in) throw UsageError("forward: a slice without the embedding needs the hidden state in");
-        std::copy(batch.hidden_in, batch.hidden_in + n * dim, x.begin());
-    }
-    for (int64_t i = 0; i < n && weights_.token_embd.present(); ++i) {
-        float* xi = x.data() + i * dim;
-        dequantize_row(weights_.token_embd.type, weights_.token_embd.row(batch.tokens[static_cast<size_t>(i)]), xi,
-                       dim);
-        if (c.embed_scale != 1.0f)
-            for (int64_t d = 0; d < dim; ++d)
-                xi[d] *= c.embed_scale;
+    // The norm and the quantized form its reader takes in one pass; without a norm the reader quantizes x.
+    void block_input(int32_t l, const BlockInput& in) override {
+        if (in.norm) {
+            b_.norm_input(x_.data(), vectors(l)[in.weight], n_, c_.dim, xn_.data(), reader(l, in.reader));
+            return;
+        }
+        std::copy(x_.begin(), x_.end(), xn_.begin());
+        b_.input_.reset(xn_.data(), c_.dim, n_);
     }
 
-    for (int32_t l = 0; l < c.n_layers; ++l) {
-        const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
-        const PreparedLayer& pl = prepared_.layers[static_cast<size_t>(l)];
-        const LayerVectors& lv = layer_vectors_[static_cast<size_t>(l)];
-        const int64_t n_heads = lc.n_heads, n_kv_heads = lc.n_kv_heads;
-        const int64_t q_dim = n_heads * head_dim, k_dim = n_kv_heads * head_dim, v_dim = n_kv_heads * head_dim_v;
-        const int64_t att_dim = n_heads * head_dim_v;
-        const LayerRope rope = layer_rope(c, l, freq_factors); // also what kv_erase turns keys with
+    // q/k/v (+ biases) from one quantized input; per token: the q/k norm, RoPE at its position, the KV write.
+    void attention_qkv(int32_t l, const AttentionPlan& plan) override {
+        const LayerConfig& lc = c_.layers[static_cast<size_t>(l)];
+        const PreparedLayer& pl = prepared(l);
+        const LayerVectors& lv = vectors(l);
+        const int64_t head_dim = c_.head_dim, n_heads = lc.n_heads, n_kv_heads = lc.n_kv_heads;
+        const int64_t q_dim = n_heads * head_dim, k_dim = n_kv_heads * head_dim, v_dim = n_kv_heads * c_.head_dim_v;
+        q_.resize(static_cast<size_t>(n_ * q_dim)); // (n, n_heads, head_dim)
+        k_.resize(static_cast<size_t>(n_ * k_dim)); // (n, n_kv_heads, head_dim)
+        v_.resize(static_cast<size_t>(n_ * v_dim)); // (n, n_kv_heads, head_dim_v)
+        b_.project_shared(pl.qkv, {&pl.q, &pl.k, &pl.v}, {&lv[LayerRole::bq], &lv[LayerRole::bk], &lv[LayerRole::bv]},
+                          b_.input_, {q_.data(), k_.data(), v_.data()});
 
-        // Attention block: q/k/v projections (+ biases).
-        q.resize(static_cast<size_t>(n * q_dim)); // (n, n_heads, head_dim)
-        k.resize(static_cast<size_t>(n * k_dim)); // (n, n_kv_heads, head_dim)
-        v.resize(static_cast<size_t>(n * v_dim)); // (n, n_kv_heads, head_dim_v)
-        norm_input(x.data(), lv.attn_norm, n, dim, xn.data(), pl.q); // q, k and v share one quantized input
-        if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::attn_qkv, xn.data(), n, dim);
-        project_shared(pl.qkv, {&pl.q, &pl.k, &pl.v}, {&lv.bq, &lv.bk, &lv.bv}, input_, {q.data(), k.data(), v.data()});
-
-        // Per-head q/k norm (qwen3, gemma3), then RoPE at each token's position, then the KV write.
-        const int rope_threads = threads_for_work(n * (n_heads + n_kv_heads) * head_dim * 16, nt);
-        parallel_for(n, rope_threads, 16, [&](int64_t i0, int64_t i1) {
+        const LayerRope rope = layer_rope(plan.rope, head_dim, b_.rope_freqs_.empty() ? nullptr : b_.rope_freqs_.data());
+        const bool per_head = plan.qk_norm && !plan.qk_norm_whole, whole = plan.qk_norm && plan.qk_norm_whole;
+        const float* q_norm = lv[LayerRole::q_norm].data();
+        const float* k_norm = lv[LayerRole::k_norm].data();
+        const float eps = c_.rms_eps;
+        const int rope_threads = threads_for_work(n_ * (n_heads + n_kv_heads) * head_dim * 16, b_.n_threads_);
+        parallel_for(n_, rope_threads, 16, [&](int64_t i0, int64_t i1) {
           for (int64_t i = i0; i < i1; ++i) {
-            const int32_t pos = token_pos[static_cast<size_t>(i)];
-            const float q_temperature = c.attn_temperature(pos);   // 1 but for mistral3 past its original context
+            const int32_t pos = token_pos_[static_cast<size_t>(i)];
+            const float q_temperature = c_.attn_temperature(pos);   // 1 but for mistral3 past its original context
+            float* qi = q_.data() + i * q_dim;
+            float* ki = k_.data() + i * k_dim;
+            if (whole) {   // olmo2: one norm over every head
+                rmsnorm_f32(qi, q_norm, qi, q_dim, eps);
+                rmsnorm_f32(ki, k_norm, ki, k_dim, eps);
+            }
             for (int64_t h = 0; h < n_heads; ++h) {
-                float* qh = q.data() + i * q_dim + h * head_dim;
-                if (c.qk_norm) rmsnorm_f32(qh, lv.q_norm.data(), qh, head_dim, c.rms_eps);
+                float* qh = qi + h * head_dim;
+                if (per_head) rmsnorm_f32(qh, q_norm, qh, head_dim, eps);
                 rope.apply(qh, pos);
                 if (q_temperature != 1.0f)
                     for (int64_t d = 0; d < head_dim; ++d) qh[d] *= q_temperature;
             }
             for (int64_t h = 0; h < n_kv_heads; ++h) {
-                float* kh = k.data() + i * k_dim + h * head_dim;
-                if (c.qk_norm) rmsnorm_f32(kh, lv.k_norm.data(), kh, head_dim, c.rms_eps);
+                float* kh = ki + h * head_dim;
+                if (per_head) rmsnorm_f32(kh, k_norm, kh, head_dim, eps);
                 rope.apply(kh, pos);
             }
-            kv_.write(l, pos, k.data() + i * k_dim, v.data() + i * v_dim, token_seq[static_cast<size_t>(i)]);
+            b_.kv_.write(l, pos, ki, v_.data() + i * v_dim, token_seq_[static_cast<size_t>(i)]);
           }
         });
+    }
 
-        // Attention over the cache (backend_cpu_attention.cpp).
-        att.resize(static_cast<size_t>(n * att_dim)); // (n, n_heads, head_dim_v)
-        for (size_t s = 0, first = 0; s < spans.size(); first += static_cast<size_t>(spans[s].n_tokens), ++s) {
-            const float* qs = q.data() + first * static_cast<size_t>(q_dim);
-            float* as = att.data() + first * static_cast<size_t>(att_dim);
-            if (exact_matmul_ && kv_.format() == KvType::f32)
-                attend_plain(l, spans[s].seq, span_pos0[s], spans[s].n_tokens, qs, as);
+    // Attention over the cache, span by span (backend_cpu_attention.cpp).
+    void attend(int32_t l) override {
+        const LayerConfig& lc = c_.layers[static_cast<size_t>(l)];
+        const int64_t q_dim = int64_t{lc.n_heads} * c_.head_dim;
+        att_dim_ = int64_t{lc.n_heads} * c_.head_dim_v;
+        att_.resize(static_cast<size_t>(n_ * att_dim_)); // (n, n_heads, head_dim_v)
+        for (size_t s = 0, first = 0; s < spans_.size(); first += static_cast<size_t>(spans_[s].n_tokens), ++s) {
+            const float* qs = q_.data() + first * static_cast<size_t>(q_dim);
+            float* as = att_.data() + first * static_cast<size_t>(att_dim_);
+            if (b_.exact_matmul_ && b_.kv_.format() == KvType::f32)
+                b_.attend_plain(l, spans_[s].seq, span_pos0_[s], spans_[s].n_tokens, qs, as);
             else
-                attend(l, spans[s].seq, span_pos0[s], spans[s].n_tokens, qs, as);
+                b_.attend(l, spans_[s].seq, span_pos0_[s], spans_[s].n_tokens, qs, as);
         }
+    }
 
-        // Output projection (+ bias), gemma's post-attention norm, residual.
-        if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::attn_output, att.data(), n, att_dim);
-        input_.reset(att.data(), att_dim, n);
-        project(pl.o, lv.bo, input_, out.data());
-        if (c.post_norms) rmsnorm_rows(out.data(), lv.post_attn_norm, out.data(), n, dim, c.rms_eps);
-        for (int64_t e = 0; e < n * dim; ++e)
-            x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
+    void attention_output(int32_t l, const ResidualPlan& r) override {
+        b_.input_.reset(att_.data(), att_dim_, n_);
+        b_.project(prepared(l).o, vectors(l)[LayerRole::bo], b_.input_, out_.data());
+        add_residual(l, r);
+    }
 
-        // FFN block: down(act(gate x) * (up x)), or the routed experts' (backend_cpu_moe.cpp); gemma's post-FFN
-        // norm, residual.
-        if (c.moe()) {
-            norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.router);
-            moe_ffn(pl, lv, n, out.data());
-        } else {
-            const int64_t ffn_dim = lc.ffn_dim;
-            gate.resize(static_cast<size_t>(n * ffn_dim)); // (n, ffn_dim)
-            up.resize(static_cast<size_t>(n * ffn_dim));   // (n, ffn_dim)
-            norm_input(x.data(), lv.ffn_norm, n, dim, xn.data(), pl.gate); // gate and up share one quantized input
-            if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_gate_up, xn.data(), n, dim);
-            project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv.b_gate, &lv.b_up}, input_, {gate.data(), up.data()});
-            glu_activation(c.ffn_act, gate.data(), up.data(), n * ffn_dim, nt);
-            if (observer_) observer_->matmul_input(first_layer_ + l, ProjectionInput::ffn_down, gate.data(), n, ffn_dim);
-            input_.reset(gate.data(), ffn_dim, n);
-            project(pl.down, lv.b_down, input_, out.data());
+    // gate = act(gate) * up, gate and up from one quantized input.
+    void ffn_gate_up(int32_t l) override {
+        const PreparedLayer& pl = prepared(l);
+        const LayerVectors& lv = vectors(l);
+        ffn_dim_ = c_.layers[static_cast<size_t>(l)].ffn_dim;
+        gate_.resize(static_cast<size_t>(n_ * ffn_dim_)); // (n, ffn_dim)
+        up_.resize(static_cast<size_t>(n_ * ffn_dim_));   // (n, ffn_dim)
+        b_.project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv[LayerRole::b_gate], &lv[LayerRole::b_up]}, b_.input_,
+                          {gate_.data(), up_.data()});
+        glu_activation(c_.ffn_act, gate_.data(), up_.data(), n_ * ffn_dim_, b_.n_threads_);
+    }
+
+    void ffn_down(int32_t l, const ResidualPlan& r) override {
+        b_.input_.reset(gate_.data(), ffn_dim_, n_);
+        b_.project(prepared(l).down, vectors(l)[LayerRole::b_down], b_.input_, out_.data());
+        add_residual(l, r);
+    }
+
+    // The routed experts over the normed input (backend_cpu_moe.cpp).
+    void ffn_experts(int32_t l, const ResidualPlan& r) override {
+        b_.moe_ffn(prepared(l), vectors(l), n_, out_.data());
+        add_residual(l, r);
+    }
+
+    void stream_out() override {
+        std::copy(x_.begin(), x_.end(), batch_.hidden_out);
+        b_.n_logit_rows_ = 0;
+    }
+
+    // The kept rows are one run of x unless the spans keep rows apart: those are gathered into out_, free by now.
+    void final_norm(std::span<const RowRun> kept) override {
+        const int64_t dim = c_.dim;
+        rows_ = 0;
+        for (const RowRun& r : kept) rows_ += r.count;
+        const float* xl = x_.data() + kept.front().first * dim;
+        if (kept.back().first + kept.back().count - kept.front().first != rows_) {
+            int64_t row = 0;
+            for (const RowRun& r : kept)
+                for (int64_t i = 0; i < r.count; ++i, ++row)
+                    std::copy_n(x_.data() + (r.first + i) * dim, dim, out_.data() + row * dim);
+            xl = out_.data();
         }
-        if (c.post_norms) rmsnorm_rows(out.data(), lv.post_ffn_norm, out.data(), n, dim, c.rms_eps);
-        for (int64_t e = 0; e < n * dim; ++e)
-            x[static_cast<size_t>(e)] += out[static_cast<size_t>(e)];
-    }
-    for (size_t s = 0; s < spans.size(); ++s) kv_.set_n_past(span_pos0[s] + spans[s].n_tokens, spans[s].seq);
-    if (!weights_.output.present()) {   // a slice before the last: the stream goes on to the next device
-        if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");
-        std::copy(x.begin(), x.end(), batch.hidden_out);
-        n_logit_rows_ = 0;
-        return;
+        b_.norm_input(xl, b_.output_norm_, rows_, dim, xn_.data(), b_.prepared_.output);
     }
 
-    // Final norm and lm_head on the rows whose logits are wanted: per span its last token's or all of them,
-    // gathered in span order (a plain batch's rows are already one run at the end).
-    std::vector<int64_t> kept;
-    for (size_t s = 0, first = 0; s < spans.size(); first += static_cast<size_t>(spans[s].n_tokens), ++s)
-        for (int32_t i = spans[s].wanted == LogitsWanted::all ? 0 : spans[s].n_tokens - 1; i < spans[s].n_tokens; ++i)
-            kept.push_back(static_cast<int64_t>(first) + i);
-    const auto rows = static_cast<int64_t>(kept.size());
-    const float* xl = x.data() + kept.front() * dim;
-    if (kept.back() - kept.front() + 1 != rows) {   // not one run: gather them into `out`, free by now
-        for (int64_t r = 0; r < rows; ++r)
-            std::copy_n(x.data() + kept[static_cast<size_t>(r)] * dim, dim, out.data() + r * dim);
-        xl = out.data();
+    void lm_head(int64_t rows, const LogitsPlan& plan) override {
+        const int64_t vocab = c_.vocab;
+        b_.logits_.resize(static_cast<size_t>(rows * vocab)); // (rows, vocab)
+        b_.project(b_.prepared_.output, {}, b_.input_, b_.logits_.data());
+        if (plan.softcap > 0.0f) softcap_f32(b_.logits_.data(), rows * vocab, plan.softcap);
+        if (plan.multiplier != 1.0f)
+            for (float& v : b_.logits_) v *= plan.multiplier;
+        b_.n_logit_rows_ = static_cast<int>(rows);
     }
-    logits_.resize(static_cast<size_t>(rows * c.vocab)); // (rows, vocab)
-    norm_input(xl, output_norm_, rows, dim, xn.data(), prepared_.output);
-    if (observer_) observer_->matmul_input(-1, ProjectionInput::lm_head, xn.data(), rows, dim);
-    project(prepared_.output, {}, input_, logits_.data());
-    if (c.final_softcap > 0.0f) softcap_f32(logits_.data(), rows * c.vocab, c.final_softcap);
-    n_logit_rows_ = static_cast<int>(rows);
+
+    HostRows projection_input(ProjectionInput which) override {
+        switch (which) {
+        case ProjectionInput::attn_output: return {att_.data(), n_, att_dim_};
+        case ProjectionInput::ffn_down: return {gate_.data(), n_, ffn_dim_};
+        case ProjectionInput::lm_head: return {xn_.data(), rows_, c_.dim};
+        default: return {xn_.data(), n_, c_.dim};
+        }
+    }
+
+private:
+    const PreparedLayer& prepared(int32_t l) const { return b_.prepared_.layers[static_cast<size_t>(l)]; }
+    const LayerVectors& vectors(int32_t l) const { return b_.layer_vectors_[static_cast<size_t>(l)]; }
+
+    // The projection whose format a block input is quantized for.
+    const PreparedProjection& reader(int32_t l, LayerRole role) const {
+        const PreparedLayer& pl = prepared(l);
+        switch (role) {
+        case LayerRole::w_gate: return pl.gate;
+        case LayerRole::ffn_gate_inp: return pl.router;
+        default: return pl.q;
+        }
+    }
+
+    // x += scale * post_norm(out).
+    void add_residual(int32_t l, const ResidualPlan& r) {
+        const int64_t dim = c_.dim;
+        if (r.post_norm) rmsnorm_rows(out_.data(), vectors(l)[r.norm], out_.data(), n_, dim, c_.rms_eps);
+        if (r.scale != 1.0f)
+            for (int64_t e = 0; e < n_ * dim; ++e) x_[static_cast<size_t>(e)] += out_[static_cast<size_t>(e)] * r.scale;
+        else
+            for (int64_t e = 0; e < n_ * dim; ++e) x_[static_cast<size_t>(e)] += out_[static_cast<size_t>(e)];
+    }
+
+    CpuBackend& b_;
+    const ModelConfig& c_;
+    const ForwardBatch& batch_;
+    int64_t n_ = 0;
+    SequenceSpan single_;
+    std::span<const SequenceSpan> spans_;
+    std::vector<int32_t> span_pos0_, token_seq_, token_pos_;
+    std::vector<float> x_;    // (n, dim) residual stream
+    std::vector<float> xn_;   // (n, dim) a block's input
+    std::vector<float> q_, k_, v_, att_;   // per layer: (n, n_heads*head_dim) ...
+    std::vector<float> gate_, up_;         // (n, ffn_dim)
+    std::vector<float> out_;               // (n, dim) a block's output
+    int64_t att_dim_ = 0, ffn_dim_ = 0, rows_ = 0;
+};
+
+void CpuBackend::forward(const ForwardBatch& batch) {
+    if (!loaded_) throw UsageError("forward: the backend has no model loaded");
+    check_forward_batch(batch, kv_.n_past(), kv_.n_ctx(), config_.vocab, [this](int32_t seq) { return kv_.n_past(seq); });
+    Steps steps(*this, batch);
+    run_decoder(program_, batch, steps, observer_);
+    steps.commit();
 }
 
 std::span<const float> CpuBackend::logits(int row) {

@@ -16,7 +16,9 @@
 #include "engine/cpu_options.h"
 #include "engine/cpu/kv_cache.h"
 #include "engine/cpu/prepared_weights.h"
+#include "engine/layer_program.h"
 #include "engine/model_config.h"
+#include "engine/tensor_roles.h"
 #include "engine/weights.h"
 #include "kernels/cpu/dot.h"
 
@@ -66,16 +68,22 @@ public:
     bool exact_matmul() const { return exact_matmul_; }
 
 private:
-    // The small 1-D tensors (norm weights, biases) converted once to f32; empty when absent.
+    // The forward's steps (engine/layer_program.h) over this backend's kernels; one per forward, holding its
+    // activations. Defined in backend_cpu.cpp.
+    class Steps;
+
+    // A layer's 1-D tensors (norm weights, biases, sinks) converted once to f32, and the experts' bias rows,
+    // by role (engine/tensor_roles.h); empty when absent.
     struct LayerVectors {
-        std::vector<float> attn_norm, bq, bk, bv, q_norm, k_norm, bo, post_attn_norm;
-        std::vector<float> ffn_norm, b_gate, b_up, b_down, post_ffn_norm;
-        std::vector<float> attn_sinks, router_b;                            // gpt-oss: (n_heads), (n_expert)
-        std::vector<std::vector<float>> gate_exps_b, up_exps_b, down_exps_b; // gpt-oss: one row per expert
+        std::array<std::vector<float>, kLayerRoles> vectors;
+        std::array<std::vector<std::vector<float>>, kLayerRoles> rows;
+        const std::vector<float>& operator[](LayerRole r) const { return vectors[static_cast<size_t>(r)]; }
+        const std::vector<std::vector<float>>& rows_of(LayerRole r) const { return rows[static_cast<size_t>(r)]; }
     };
 
     ModelConfig config_;
     ModelWeights weights_;
+    DecoderProgram program_;
     std::vector<LayerVectors> layer_vectors_;
     std::vector<float> output_norm_; // (dim)
     std::vector<float> rope_freqs_;  // (n_rot/2), empty when absent
@@ -83,7 +91,6 @@ private:
     bool exact_matmul_ = false;
     bool loaded_ = false;
     ForwardObserver* observer_ = nullptr; // sees each projection group's f32 input (calibration)
-    int32_t first_layer_ = 0;             // the model's index of layer 0 here (a slice of a split model)
 
     // One matmul input (n_cols, n_in) f32 and its quantized forms, each made at most once and shared by
     // every matmul that reads that input (q/k/v; gate/up).

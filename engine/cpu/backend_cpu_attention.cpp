@@ -34,7 +34,7 @@ void CpuBackend::attend(int32_t l, int32_t seq, int32_t pos0, int64_t n, const f
     p.group = lc.n_heads / lc.n_kv_heads;
     p.scale = c.attn_scale;
     p.softcap = c.attn_softcap;
-    const std::vector<float>& sinks = layer_vectors_[static_cast<size_t>(l)].attn_sinks;
+    const std::vector<float>& sinks = layer_vectors_[static_cast<size_t>(l)][LayerRole::attn_sinks];
     p.sinks = sinks.empty() ? nullptr : sinks.data();
     const KvPagesView kv = kv_.pages_view(l, seq);
     // Decode reads a few KiB of each head's K and V, which the weight stream has pushed out of the caches: asked

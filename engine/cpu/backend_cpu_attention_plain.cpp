@@ -20,7 +20,7 @@ void CpuBackend::attend_plain(int32_t l, int32_t seq, int32_t pos0, int64_t n, c
     const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
     const int64_t group = lc.n_heads / lc.n_kv_heads;
     const int64_t q_dim = lc.n_heads * c.head_dim, att_dim = lc.n_heads * c.head_dim_v;
-    const std::vector<float>& sinks = layer_vectors_[static_cast<size_t>(l)].attn_sinks;   // gpt-oss, else empty
+    const std::vector<float>& sinks = layer_vectors_[static_cast<size_t>(l)][LayerRole::attn_sinks];   // gpt-oss, else empty
     parallel_for(n, threads_for_work(n * (pos0 + n) * lc.n_heads * c.head_dim, n_threads_), 8, [&](int64_t i0, int64_t i1) {
         std::vector<float> scores(static_cast<size_t>(pos0 + i1));
         std::vector<float> k, v;   // one KV head's visible rows, gathered from their pages

@@ -22,7 +22,7 @@ void CpuBackend::moe_ffn(const PreparedLayer& pl, const LayerVectors& lv, int64_
 
     // Router logits (n, n_expert), then each token's experts and weights (n, k).
     std::vector<float> logits(static_cast<size_t>(n * n_expert)), probs(static_cast<size_t>(n_expert));
-    project(pl.router, lv.router_b, input_, logits.data());
+    project(pl.router, lv[LayerRole::ffn_gate_inp_b], input_, logits.data());
     std::vector<int32_t> ids(static_cast<size_t>(n * k));
     std::vector<float> weights(static_cast<size_t>(n * k));
     for (int64_t i = 0; i < n; ++i)
@@ -58,10 +58,10 @@ void CpuBackend::moe_ffn(const PreparedLayer& pl, const LayerVectors& lv, int64_
             return rows.empty() ? kNoBias : rows[ue];
         };
         project_shared(pl.gate_up_exps[ue], {&pl.gate_exps[ue], &pl.up_exps[ue]},
-                       {&bias(lv.gate_exps_b), &bias(lv.up_exps_b)}, input_, {gate.data(), up.data()});
+                       {&bias(lv.rows_of(LayerRole::gate_exps_b)), &bias(lv.rows_of(LayerRole::up_exps_b))}, input_, {gate.data(), up.data()});
         glu_activation(c.ffn_act, gate.data(), up.data(), m * ffn, n_threads_);
         input_.reset(gate.data(), ffn, m);
-        project(pl.down_exps[ue], bias(lv.down_exps_b), input_, ye.data());
+        project(pl.down_exps[ue], bias(lv.rows_of(LayerRole::down_exps_b)), input_, ye.data());
         for (int64_t j = 0; j < m; ++j)
             std::memcpy(expert_out.data() + slots[static_cast<size_t>(s0 + j)] * dim, ye.data() + j * dim,
                         static_cast<size_t>(dim) * sizeof(float));

@@ -10,9 +10,7 @@
 namespace tern {
 void KvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
                    int32_t n_ctx, int32_t n_slots) {
-    const int64_t block = kv_block_elems(type);
-    if (head_dim % block != 0 || head_dim_v % block != 0)
-        throw KvHeadDimsUnfit(type, block, head_dim, head_dim_v);
+    require_kv_head_dims(type, head_dim, head_dim_v);
     if (n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(n_ctx));
     type_ = type;
     k_row_bytes_ = kv_row_bytes(type, head_dim);

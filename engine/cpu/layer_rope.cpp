@@ -57,17 +57,20 @@ RopeRotation LayerRope::rotation(int32_t delta) const {
     return rope_rotation(neox, n_rot, delta, base, freq_scale, freq_factors, yarn);
 }
 
-LayerRope layer_rope(const ModelConfig& config, int32_t layer, const float* freq_factors) {
-    const LayerConfig& lc = config.layers[static_cast<size_t>(layer)];
+LayerRope layer_rope(const RopePlan& plan, int64_t head_dim, const float* freq_factors) {
     LayerRope r;
-    r.neox = config.rope_style == RopeStyle::neox;
-    r.head_dim = config.head_dim;
-    r.n_rot = lc.no_rope ? 0 : config.n_rot; // no rotated dims: q and k (and a shift's keys) stay as they are
-    r.base = lc.rope_base;
-    r.freq_scale = lc.rope_freq_scale;
+    r.neox = plan.neox;
+    r.head_dim = head_dim;
+    r.n_rot = plan.n_rot;
+    r.base = plan.base;
+    r.freq_scale = plan.freq_scale;
     r.freq_factors = freq_factors;
-    r.yarn = RopeYarn{lc.yarn_ext_factor, lc.yarn_corr_low, lc.yarn_corr_high, lc.rope_mscale};
+    r.yarn = RopeYarn{plan.yarn_ext_factor, plan.yarn_corr_low, plan.yarn_corr_high, plan.mscale};
     return r;
+}
+
+LayerRope layer_rope(const ModelConfig& config, int32_t layer, const float* freq_factors) {
+    return layer_rope(rope_plan(config, layer), config.head_dim, freq_factors);
 }
 
 } // namespace tern

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "engine/memory_budget.h"
+#include "engine/tensor_roles.h"
 
 namespace tern {
 namespace {
@@ -36,14 +37,8 @@ MemoryNeed cpu_memory_need(const ModelConfig& c, const ModelWeights& w, const Me
     add(w.rope_freqs, false);
     add(w.rope_factors_long, false);
     add(w.rope_factors_short, false);
-    for (const LayerWeights& l : w.layers) {
-        for (const WeightRef* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ffn_gate_inp,
-                                   &l.gate_exps, &l.up_exps, &l.down_exps})
-            add(*m, true);
-        for (const WeightRef* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
-                                   &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm})
-            add(*v, false);
-    }
+    for (const LayerWeights& l : w.layers)
+        for (const LayerTensor& t : layer_tensors()) add(l.*t.member, is_matrix(t.kind));
     need.kv = kv_cache_bytes(c, r.kv_type, std::max(r.kv_pool_positions, r.n_ctx));   // the pool's pages
 
     // One forward batch (engine/cpu/backend_cpu.cpp): x, xn, out of width dim; q, k, v, attention

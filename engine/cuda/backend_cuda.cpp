@@ -47,13 +47,13 @@ uint64_t tensor_bytes(const WeightRef& w) {
            static_cast<uint64_t>(std::max<int64_t>(w.n_mats, 1));   // every expert of a stack
 }
 
-// The matrices of a model, token_embd and the output included (once when tied).
+// The matrices of a model, token_embd and the output included (once when tied): every role of
+// engine/tensor_roles.h that a projection reads.
 std::vector<const WeightRef*> matrices(const ModelWeights& w) {
     std::vector<const WeightRef*> m = {&w.token_embd, &w.output};
     for (const LayerWeights& l : w.layers)
-        for (const WeightRef* p : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ffn_gate_inp,
-                                   &l.gate_exps, &l.up_exps, &l.down_exps})
-            m.push_back(p);
+        for (const LayerTensor& t : layer_tensors())
+            if (is_matrix(t.kind)) m.push_back(&(l.*t.member));
     return m;
 }
 
@@ -61,10 +61,8 @@ std::vector<const WeightRef*> matrices(const ModelWeights& w) {
 std::vector<const WeightRef*> vectors(const ModelWeights& w) {
     std::vector<const WeightRef*> v = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short};
     for (const LayerWeights& l : w.layers)
-        for (const WeightRef* p : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.bo, &l.post_attn_norm,
-                                   &l.ffn_norm, &l.b_gate, &l.b_up, &l.b_down, &l.post_ffn_norm, &l.attn_sinks,
-                                   &l.ffn_gate_inp_b, &l.gate_exps_b, &l.up_exps_b, &l.down_exps_b})
-            v.push_back(p);
+        for (const LayerTensor& t : layer_tensors())
+            if (!is_matrix(t.kind)) v.push_back(&(l.*t.member));
     return v;
 }
 
@@ -217,39 +215,15 @@ void CudaBackend::upload_weights(const ModelWeights& w, int32_t n_ctx,
     output_norm_ = device_vector(w.output_norm);
     rope_freqs_ = device_vector(rope_factors_for(w, config_, n_ctx));
     layers_.assign(w.layers.size(), {});
-    for (size_t l = 0; l < w.layers.size(); ++l) {
-        const LayerWeights& lw = w.layers[l];
-        DeviceLayer& d = layers_[l];
-        d.wq = device_weight(lw.wq);
-        d.wk = device_weight(lw.wk);
-        d.wv = device_weight(lw.wv);
-        d.wo = device_weight(lw.wo);
-        d.w_gate = device_weight(lw.w_gate);
-        d.w_up = device_weight(lw.w_up);
-        d.w_down = device_weight(lw.w_down);
-        d.router = device_weight(lw.ffn_gate_inp);
-        d.gate_exps = device_weight(lw.gate_exps);
-        d.up_exps = device_weight(lw.up_exps);
-        d.down_exps = device_weight(lw.down_exps);
-        d.attn_norm = device_vector(lw.attn_norm);
-        d.bq = device_vector(lw.bq);
-        d.bk = device_vector(lw.bk);
-        d.bv = device_vector(lw.bv);
-        d.q_norm = device_vector(lw.q_norm);
-        d.k_norm = device_vector(lw.k_norm);
-        d.bo = device_vector(lw.bo);
-        d.post_attn_norm = device_vector(lw.post_attn_norm);
-        d.ffn_norm = device_vector(lw.ffn_norm);
-        d.b_gate = device_vector(lw.b_gate);
-        d.b_up = device_vector(lw.b_up);
-        d.b_down = device_vector(lw.b_down);
-        d.post_ffn_norm = device_vector(lw.post_ffn_norm);
-        d.attn_sinks = device_vector(lw.attn_sinks);
-        d.router_b = device_vector(lw.ffn_gate_inp_b);
-        d.gate_exps_b = device_vector(lw.gate_exps_b);
-        d.up_exps_b = device_vector(lw.up_exps_b);
-        d.down_exps_b = device_vector(lw.down_exps_b);
-    }
+    for (size_t l = 0; l < w.layers.size(); ++l)
+        for (const LayerTensor& t : layer_tensors()) {
+            const WeightRef& ref = w.layers[l].*t.member;
+            const auto r = static_cast<size_t>(t.role);
+            if (is_matrix(t.kind))
+                layers_[l].matrices[r] = device_weight(ref);
+            else
+                layers_[l].vectors[r] = device_vector(ref);
+        }
     // 0 .. n-1 for the GEMM path's dequantizer (the widest matrix's rows).
     int64_t widest = 0;
     for (const WeightRef* m : matrices(w))
@@ -270,9 +244,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     if (config.moe()) check_moe_runs(config, weights);
     // Shapes the kernels cannot run are refused before anything is uploaded: the block KV formats' head
     // dims (worded with the flag by the app), then what the attention kernel takes (head dims, group size).
-    const int64_t kv_block = kv_block_elems(options.kv_type);
-    if (config.head_dim % kv_block != 0 || config.head_dim_v % kv_block != 0)
-        throw KvHeadDimsUnfit(options.kv_type, kv_block, config.head_dim, config.head_dim_v);
+    require_kv_head_dims(options.kv_type, config.head_dim, config.head_dim_v);
     for (const LayerConfig& lc : config.layers) {
         cuda::KvLayer shape;
         shape.type = options.kv_type;
@@ -287,7 +259,7 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
         }
     }
     config_ = config;
-    first_layer_ = options.first_layer;
+    program_ = decoder_program(config, options.first_layer);
     weights_buffer_.reset();
     vectors_buffer_.reset();
     upload_weights(weights, options.n_ctx, options.on_upload);
@@ -409,11 +381,11 @@ void CudaBackend::project_outputs(std::initializer_list<Projection> projections,
 
 void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y,
                               bool new_input) {
-    const DeviceWeight &gate = d.w_gate, &up = d.w_up;
+    const DeviceWeight &gate = d[LayerRole::w_gate], &up = d[LayerRole::w_up];
     if (gate.type != up.type) {   // a mixed quantization: the two projections apart, then the activation
         float* u = up_.floats(static_cast<size_t>(n * up.n_out), "activations");
-        project(gate, x, n, d.b_gate, y, new_input);
-        project(up, x, n, d.b_up, u, false);
+        project(gate, x, n, d.vec(LayerRole::b_gate), y, new_input);
+        project(up, x, n, d.vec(LayerRole::b_up), u, false);
         glu_activation(act, y, u, n * gate.n_out);
         return;
     }
@@ -424,7 +396,8 @@ void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const flo
     if (uses_q8(gate) && glu_writes_q8(d, y)) {   // y's int8 form for the down projection in the same launch
         const void* x_q = q8_input(x, n, gate.n_in);
         void* y_q = q8_ffn_.reserve(cuda::quantized_activation_bytes(n, gate.n_out), "quantized activations");
-        cuda::matmul_q8_glu_q8(gate.type, gate.n_in, gate.n_out, gate.data, d.b_gate, up.data, d.b_up, a, x_q, n, y,
+        cuda::matmul_q8_glu_q8(gate.type, gate.n_in, gate.n_out, gate.data, d.vec(LayerRole::b_gate), up.data,
+                               d.vec(LayerRole::b_up), a, x_q, n, y,
                                y_q, glu_counters(n, gate.n_out), stream_);
         q8_of_ = y;
         q8_n_ = n;
@@ -432,10 +405,12 @@ void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const flo
         return;
     }
     if (uses_q8(gate))
-        cuda::matmul_q8_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.b_gate, up.data, d.b_up, a,
+        cuda::matmul_q8_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.vec(LayerRole::b_gate), up.data,
+                            d.vec(LayerRole::b_up), a,
                             q8_input(x, n, gate.n_in), n, y, stream_);
     else
-        cuda::matmul_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.b_gate, up.data, d.b_up, a, x, n, y, stream_);
+        cuda::matmul_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.vec(LayerRole::b_gate), up.data,
+                         d.vec(LayerRole::b_up), a, x, n, y, stream_);
     if (q8_of_ == y) q8_of_ = nullptr;   // y was rewritten
 }
 
@@ -451,8 +426,8 @@ unsigned* CudaBackend::glu_counters(int64_t n, int64_t n_out) {
 }
 
 bool CudaBackend::glu_writes_q8(const DeviceLayer& d, const float* y) const {
-    return glu_q8_ && uses_q8(d.w_down) && d.w_down.n_in == d.w_gate.n_out &&
-           cuda::matmul_q8_glu_q8_takes(d.w_gate.n_out, y, q8_ffn_.data());
+    const DeviceWeight &gate = d[LayerRole::w_gate], &down = d[LayerRole::w_down];
+    return glu_q8_ && uses_q8(down) && down.n_in == gate.n_out && cuda::matmul_q8_glu_q8_takes(gate.n_out, y, q8_ffn_.data());
 }
 
 void CudaBackend::glu_activation(FfnActivation act, float* gate, const float* up, int64_t n) {
@@ -463,14 +438,29 @@ void CudaBackend::glu_activation(FfnActivation act, float* gate, const float* up
     }
 }
 
-void CudaBackend::observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width) {
-    if (!observer_) return;
+HostRows CudaBackend::observed_rows(const float* x_device, int64_t n_rows, int64_t width) {
     observed_.resize(static_cast<size_t>(n_rows * width));
     cuda_call(cudaMemcpyAsync(observed_.data(), x_device, observed_.size() * sizeof(float), cudaMemcpyDeviceToHost,
                               stream_),
               "copying a projection input for the observer");
     cuda_call(cudaStreamSynchronize(stream_), "copying a projection input for the observer");
-    observer_->matmul_input(layer, which, observed_.data(), n_rows, width);
+    return {observed_.data(), n_rows, width};
+}
+
+cuda::RopeParams CudaBackend::rope_params(const RopePlan& plan) const {
+    cuda::RopeParams rope;
+    rope.neox = plan.neox;
+    rope.n_rot = plan.n_rot;
+    rope.base = plan.base;
+    rope.freq_scale = plan.freq_scale;
+    rope.freq_factors = rope_freqs_;
+    rope.yarn_ext_factor = plan.yarn_ext_factor;
+    rope.yarn_corr_low = plan.yarn_corr_low;
+    rope.yarn_corr_high = plan.yarn_corr_high;
+    rope.mscale = plan.mscale;
+    rope.q_temp_scale = config_.attn_temp_scale;
+    rope.q_temp_floor = config_.attn_temp_floor;
+    return rope;
 }
 
 void CudaBackend::forward(const ForwardBatch& batch) {
@@ -611,195 +601,255 @@ void CudaBackend::finish_logits(int64_t rows) {
     host_row_flags_.clear();
 }
 
-// The whole decoder for N tokens at positions pos0 .. pos0+N-1, one straight line, as the CPU backend's:
-// embed -> per layer {norm, q/k/v, q/k norm + rope, KV write, attention, output, FFN} -> norm -> lm_head.
-void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* step, const SequenceBatch* seqs) {
-    const ModelConfig& c = config_;
-    const int64_t n = static_cast<int64_t>(batch.tokens.size());
-    const int32_t pos0 = batch.pos0;
-    const int64_t dim = c.dim;
-    const ActivationWidths aw = activation_widths(c);
-    const auto un = static_cast<size_t>(n);
-    // Decode and draft verification take the fused launches (kernels/cuda/matmul.h, attention.h), bit for bit
-    // the separate ones; a prefill batch takes the GEMM path with separate kernels. Launches per decode layer
-    // with int8 activations, one matrix format per layer, attention in one launch: 19 separate, fused 9 (llama,
-    // qwen: norm + q8, q/k/v, rope + KV write, attention, q8, o + residual, norm + q8, gate/up + act + q8, down
-    // + residual) / 11 (gemma, whose post-norms keep the residual adds); test_cuda_backend pins them. With
-    // programmatic launches (kernels/cuda/dependent_launch.h) each may start while the one before it drains.
+// One forward's launches: the layer program's steps on kernels/cuda, over the activations of reserve_buffers.
+//
+// Decode and draft verification take the fused launches (kernels/cuda/matmul.h, attention.h), bit for bit
+// the separate ones; a prefill batch takes the GEMM path with separate kernels. Launches per decode layer
+// with int8 activations, one matrix format per layer, attention in one launch: 19 separate, fused 9 (llama,
+// qwen: norm + q8, q/k/v, rope + KV write, attention, q8, o + residual, norm + q8, gate/up + act + q8, down
+// + residual) / 11 (gemma, whose post-norms keep the residual adds); test_cuda_backend pins them. With
+// programmatic launches (kernels/cuda/dependent_launch.h) each may start while the one before it drains.
     //
-    // Batch invariance of a batch of several sequences (the batching engine's steps): a sequence's bits must
-    // not depend on what else shares its forward, so no choice may depend on the batch's size. The rule:
-    // such a batch takes the decode path whatever its size (per_column_: every projection, lm_head included,
-    // on the per-column kernels of kernels/cuda/matmul.h / matmul_q8.h, whose column sums are the same bits in
-    // a pass of 1 or of 8 columns and in any pass: the warp's reduction tree is the same for every column
-    // count, and the int8 activations are quantized column by column), never the int8 tensor-core GEMM or
-    // cuBLAS, whose tiles round differently; and attention_tokens, whose work per token depends on its own
-    // position only (kernels/cuda/attention.h). The row-wise kernels (norms, residual adds, activations,
-    // embedding, rope and the KV write) treat each token alone. A long prompt then costs one pass over the
-    // weights per 8 of its tokens: the price of tokens that do not change with the batch.
-    const bool decode = n < kGemmMinColumns || seqs;
-    per_column_ = seqs != nullptr;
-    const cuda::ProgrammaticLaunches programmatic(programmatic_);
-
-    int64_t kept_rows = batch.wanted == LogitsWanted::all ? n : 1;
-    if (seqs) {
-        kept_rows = 0;
-        for (const SequenceSpan& s : batch.spans) kept_rows += s.wanted == LogitsWanted::all ? s.n_tokens : 1;
+// Batch invariance of a batch of several sequences (the batching engine's steps): a sequence's bits must
+// not depend on what else shares its forward, so no choice may depend on the batch's size. The rule:
+// such a batch takes the decode path whatever its size (per_column_: every projection, lm_head included,
+// on the per-column kernels of kernels/cuda/matmul.h / matmul_q8.h, whose column sums are the same bits in
+// a pass of 1 or of 8 columns and in any pass: the warp's reduction tree is the same for every column
+// count, and the int8 activations are quantized column by column), never the int8 tensor-core GEMM or
+// cuBLAS, whose tiles round differently; and attention_tokens, whose work per token depends on its own
+// position only (kernels/cuda/attention.h). The row-wise kernels (norms, residual adds, activations,
+// embedding, rope and the KV write) treat each token alone. A long prompt then costs one pass over the
+// weights per 8 of its tokens: the price of tokens that do not change with the batch.
+class CudaBackend::Steps final : public DecoderSteps {
+public:
+    Steps(CudaBackend& b, const ForwardBatch& batch, const int32_t* step, const SequenceBatch* seqs)
+        : b_(b), c_(b.config_), batch_(batch), seqs_(seqs), step_(step), programmatic_(b.programmatic_) {
+        n_ = static_cast<int64_t>(batch.tokens.size());
+        decode_ = n_ < kGemmMinColumns || seqs;
+        b_.per_column_ = seqs != nullptr;
+        int64_t kept = batch.wanted == LogitsWanted::all ? n_ : 1;
+        if (seqs) {
+            kept = 0;
+            for (const SequenceSpan& s : batch.spans) kept += s.wanted == LogitsWanted::all ? s.n_tokens : 1;
+        }
+        b_.reserve_buffers(n_, kept);
+        const ActivationWidths aw = activation_widths(c_);
+        const auto un = static_cast<size_t>(n_);
+        pos0_device_ = step ? step + 1 : nullptr;   // a graph reads the position there
+        tokens_ = step ? const_cast<int32_t*>(step) : static_cast<int32_t*>(b_.tokens_.reserve(0, ""));
+        x_ = b_.x_.floats(un * static_cast<size_t>(c_.dim), "activations");       // (n, dim) residual stream
+        xn_ = b_.xn_.floats(un * static_cast<size_t>(c_.dim), "activations");     // (n, dim) a block's input
+        out_ = b_.out_.floats(un * static_cast<size_t>(c_.dim), "activations");   // (n, dim) a block's output
+        q_ = b_.q_.floats(un * static_cast<size_t>(aw.q), "activations");
+        k_ = b_.k_.floats(un * static_cast<size_t>(aw.kv), "activations");
+        v_ = b_.v_.floats(un * static_cast<size_t>(aw.kv), "activations");
+        att_ = b_.att_.floats(un * static_cast<size_t>(aw.att), "activations");
+        gate_ = b_.gate_.floats(un * static_cast<size_t>(aw.ffn), "activations");
+        up_ = b_.up_.floats(un * static_cast<size_t>(aw.ffn), "activations");
+        if (!step)
+            cuda_call(cudaMemcpyAsync(tokens_, batch.tokens.data(), un * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                      b_.stream_),
+                      "copying the batch's tokens");
     }
-    reserve_buffers(n, kept_rows);
-    const int32_t* pos0_device = step ? step + 1 : nullptr;   // a graph reads the position there
-    auto* tokens = step ? const_cast<int32_t*>(step) : static_cast<int32_t*>(tokens_.reserve(0, ""));
-    float* x = x_.floats(un * static_cast<size_t>(dim), "activations");       // (n, dim) residual stream
-    float* xn = xn_.floats(un * static_cast<size_t>(dim), "activations");     // (n, dim) normed input
-    float* out = out_.floats(un * static_cast<size_t>(dim), "activations");   // (n, dim) sub-block output
-    float* q = q_.floats(un * static_cast<size_t>(aw.q), "activations");
-    float* k = k_.floats(un * static_cast<size_t>(aw.kv), "activations");
-    float* v = v_.floats(un * static_cast<size_t>(aw.kv), "activations");
-    float* att = att_.floats(un * static_cast<size_t>(aw.att), "activations");
-    float* gate = gate_.floats(un * static_cast<size_t>(aw.ffn), "activations");
-    float* up = up_.floats(un * static_cast<size_t>(aw.ffn), "activations");
 
-    if (!step)
-        cuda_call(cudaMemcpyAsync(tokens, batch.tokens.data(), un * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-                  "copying the batch's tokens");
-    if (token_embd_.data) {
-        cuda::embed_rows(token_embd_.type, token_embd_.data, dim, tokens, n, c.embed_scale, x, stream_);
-    } else {   // a later slice of a split model starts from the stream the slice before it computed
-        if (!batch.hidden_in) throw UsageError("forward: a slice without the embedding needs the hidden state in");
-        cuda_call(cudaMemcpyAsync(x, batch.hidden_in, un * static_cast<size_t>(dim) * sizeof(float),
-                                  cudaMemcpyHostToDevice, stream_),
+    bool has_embedding() const override { return b_.token_embd_.data != nullptr; }
+    bool has_output() const override { return b_.output_.data != nullptr; }
+
+    void embed(float scale) override {
+        cuda::embed_rows(b_.token_embd_.type, b_.token_embd_.data, c_.dim, tokens_, n_, scale, x_, b_.stream_);
+    }
+
+    void stream_in() override {
+        cuda_call(cudaMemcpyAsync(x_, batch_.hidden_in, rows_bytes(n_), cudaMemcpyHostToDevice, b_.stream_),
                   "copying the hidden state to the GPU");
     }
 
-    for (int32_t l = 0; l < c.n_layers; ++l) {
-        const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
-        const DeviceLayer& d = layers_[static_cast<size_t>(l)];
-
-        // Attention block: q/k/v projections (+ biases), q/k norm and RoPE, the KV write, attention. Decode
-        // norms and quantizes q/k/v's input in one launch.
-        if (decode)
-            norm_for(x, d.attn_norm, xn, n, c.rms_eps, d.wq);
+    // Decode norms and quantizes the block's input in one launch.
+    void block_input(int32_t l, const BlockInput& in) override {
+        const DeviceLayer& d = layer(l);
+        if (!in.norm) {   // the block reads the stream itself: its int8 form is made by the first projection
+            cuda_call(cudaMemcpyAsync(xn_, x_, rows_bytes(n_), cudaMemcpyDeviceToDevice, b_.stream_),
+                      "copying a block's input");
+            b_.q8_of_ = nullptr;
+            return;
+        }
+        if (decode_)
+            b_.norm_for(x_, d.vec(in.weight), xn_, n_, c_.rms_eps, d[in.reader]);
         else
-            cuda::rmsnorm_rows(x, d.attn_norm, xn, n, dim, c.rms_eps, stream_);
-        observe(first_layer_ + l, ProjectionInput::attn_qkv, xn, n, dim);
-        cuda::RopeParams rope;
-        rope.neox = c.rope_style == RopeStyle::neox;
-        rope.n_rot = lc.no_rope ? 0 : c.n_rot;   // SmolLM3's NoPE layers rotate nothing
-        rope.base = lc.rope_base;
-        rope.freq_scale = lc.rope_freq_scale;
-        rope.freq_factors = rope_freqs_;
-        rope.yarn_ext_factor = lc.yarn_ext_factor;
-        rope.yarn_corr_low = lc.yarn_corr_low;
-        rope.yarn_corr_high = lc.yarn_corr_high;
-        rope.mscale = lc.rope_mscale;
-        rope.q_temp_scale = c.attn_temp_scale;
-        rope.q_temp_floor = c.attn_temp_floor;
-        const float* q_norm = c.qk_norm ? d.q_norm : nullptr;
-        const float* k_norm = c.qk_norm ? d.k_norm : nullptr;
-        if (decode) {   // q, k and v in one launch; the rotated k and v stored by the rope kernel
-            project_outputs({{&d.wq, d.bq, q}, {&d.wk, d.bk, k}, {&d.wv, d.bv, v}}, xn, n, false, false);
-            if (seqs)
-                cuda::qk_norm_rope_kv_write_tokens(kv_.layer(l), q, k, v, n, lc.n_heads, q_norm, k_norm, c.rms_eps,
-                                                   rope, seqs->map, stream_);
-            else
-                cuda::qk_norm_rope_kv_write(kv_.layer(l), q, k, v, n, lc.n_heads, q_norm, k_norm, c.rms_eps, rope,
-                                            pos0, stream_, pos0_device);
-        } else {
-            project(d.wq, xn, n, d.bq, q);
-            project(d.wk, xn, n, d.bk, k, false);   // q, k and v read one input
-            project(d.wv, xn, n, d.bv, v, false);
-            cuda::qk_norm_rope(q, k, n, lc.n_heads, lc.n_kv_heads, c.head_dim, q_norm, k_norm, c.rms_eps, rope, pos0,
-                               stream_, pos0_device);
-            cuda::kv_write(kv_.layer(l), k, v, n, pos0, stream_, pos0_device);
-        }
-        if (seqs)
-            cuda::attention_tokens(kv_.layer(l), q, n, lc.n_heads, lc.sliding_window, c.attn_scale, c.attn_softcap,
-                                   att, seqs->map, seqs->max_pos, stream_, d.attn_sinks);
-        else
-            cuda::attention(kv_.layer(l), q, n, lc.n_heads, pos0, lc.sliding_window, c.attn_scale, c.attn_softcap,
-                            att, stream_, pos0_device, d.attn_sinks, prefill_attention_);
-
-        // Output projection (+ bias), gemma's post-attention norm, residual. Without a post-norm, decode adds
-        // the projection straight into the stream.
-        observe(first_layer_ + l, ProjectionInput::attn_output, att, n, static_cast<int64_t>(lc.n_heads) * c.head_dim_v);
-        if (decode && !c.post_norms) {
-            project_outputs({{&d.wo, d.bo, x}}, att, n, true);
-        } else {
-            project(d.wo, att, n, d.bo, out);
-            cuda::add_residual(x, out, c.post_norms ? d.post_attn_norm : nullptr, n, dim, c.rms_eps, stream_);
-        }
-
-        // FFN block: down(act(gate x) * (up x)), or the routed experts' (backend_cuda_moe.cpp); gemma's post-FFN
-        // norm, residual.
-        if (c.moe()) {
-            if (decode)
-                norm_for(x, d.ffn_norm, xn, n, c.rms_eps, d.router);
-            else
-                cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
-            moe_ffn(d, xn, n, out, !decode);
-            cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
-            continue;
-        }
-        if (decode)
-            norm_for(x, d.ffn_norm, xn, n, c.rms_eps, d.w_gate);
-        else
-            cuda::rmsnorm_rows(x, d.ffn_norm, xn, n, dim, c.rms_eps, stream_);
-        observe(first_layer_ + l, ProjectionInput::ffn_gate_up, xn, n, dim);
-        if (decode) {
-            project_glu(d, c.ffn_act, xn, n, gate, false);
-        } else {
-            project(d.w_gate, xn, n, d.b_gate, gate);
-            project(d.w_up, xn, n, d.b_up, up, false);   // gate and up read one input
-            glu_activation(c.ffn_act, gate, up, static_cast<int64_t>(n) * lc.ffn_dim);
-        }
-        observe(first_layer_ + l, ProjectionInput::ffn_down, gate, n, lc.ffn_dim);
-        if (decode && !c.post_norms) {   // gate's int8 form may have come with it (project_glu)
-            project_outputs({{&d.w_down, d.b_down, x}}, gate, n, true, false);
-        } else {
-            project(d.w_down, gate, n, d.b_down, out, false);
-            cuda::add_residual(x, out, c.post_norms ? d.post_ffn_norm : nullptr, n, dim, c.rms_eps, stream_);
-        }
+            cuda::rmsnorm_rows(x_, d.vec(in.weight), xn_, n_, c_.dim, c_.rms_eps, b_.stream_);
     }
-    if (!output_.data) {   // a slice before the last: the stream goes on to the next device
-        if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");
-        cuda_call(cudaMemcpyAsync(batch.hidden_out, x, un * static_cast<size_t>(dim) * sizeof(float),
-                                  cudaMemcpyDeviceToHost, stream_),
+
+    // q/k/v projections (+ biases), q/k norm and RoPE, the KV write.
+    void attention_qkv(int32_t l, const AttentionPlan& plan) override {
+        const LayerConfig& lc = c_.layers[static_cast<size_t>(l)];
+        const DeviceLayer& d = layer(l);
+        const cuda::RopeParams rope = b_.rope_params(plan.rope);
+        const bool per_head = plan.qk_norm && !plan.qk_norm_whole;
+        const float* q_norm = per_head ? d.vec(LayerRole::q_norm) : nullptr;
+        const float* k_norm = per_head ? d.vec(LayerRole::k_norm) : nullptr;
+        const DeviceWeight &wq = d[LayerRole::wq], &wk = d[LayerRole::wk], &wv = d[LayerRole::wv];
+        const float *bq = d.vec(LayerRole::bq), *bk = d.vec(LayerRole::bk), *bv = d.vec(LayerRole::bv);
+        if (decode_)   // q, k and v in one launch
+            b_.project_outputs({{&wq, bq, q_}, {&wk, bk, k_}, {&wv, bv, v_}}, xn_, n_, false, false);
+        else {
+            b_.project(wq, xn_, n_, bq, q_);
+            b_.project(wk, xn_, n_, bk, k_, false);   // q, k and v read one input
+            b_.project(wv, xn_, n_, bv, v_, false);
+        }
+        if (plan.qk_norm && plan.qk_norm_whole) {   // olmo2: one norm over every head, before the rope
+            cuda::rmsnorm_rows(q_, d.vec(LayerRole::q_norm), q_, n_, wq.n_out, c_.rms_eps, b_.stream_);
+            cuda::rmsnorm_rows(k_, d.vec(LayerRole::k_norm), k_, n_, wk.n_out, c_.rms_eps, b_.stream_);
+        }
+        if (decode_) {   // the rotated k and v stored by the rope kernel
+            if (seqs_)
+                cuda::qk_norm_rope_kv_write_tokens(b_.kv_.layer(l), q_, k_, v_, n_, lc.n_heads, q_norm, k_norm,
+                                                   c_.rms_eps, rope, seqs_->map, b_.stream_);
+            else
+                cuda::qk_norm_rope_kv_write(b_.kv_.layer(l), q_, k_, v_, n_, lc.n_heads, q_norm, k_norm, c_.rms_eps,
+                                            rope, batch_.pos0, b_.stream_, pos0_device_);
+            return;
+        }
+        cuda::qk_norm_rope(q_, k_, n_, lc.n_heads, lc.n_kv_heads, c_.head_dim, q_norm, k_norm, c_.rms_eps, rope,
+                           batch_.pos0, b_.stream_, pos0_device_);
+        cuda::kv_write(b_.kv_.layer(l), k_, v_, n_, batch_.pos0, b_.stream_, pos0_device_);
+    }
+
+    void attend(int32_t l) override {
+        const LayerConfig& lc = c_.layers[static_cast<size_t>(l)];
+        const float* sinks = layer(l).vec(LayerRole::attn_sinks);
+        att_width_ = int64_t{lc.n_heads} * c_.head_dim_v;
+        if (seqs_)
+            cuda::attention_tokens(b_.kv_.layer(l), q_, n_, lc.n_heads, lc.sliding_window, c_.attn_scale,
+                                   c_.attn_softcap, att_, seqs_->map, seqs_->max_pos, b_.stream_, sinks);
+        else
+            cuda::attention(b_.kv_.layer(l), q_, n_, lc.n_heads, batch_.pos0, lc.sliding_window, c_.attn_scale,
+                            c_.attn_softcap, att_, b_.stream_, pos0_device_, sinks, b_.prefill_attention_);
+    }
+
+    // Output projection (+ bias), the residual add. Without a post-norm or a scale, decode adds the projection
+    // straight into the stream.
+    void attention_output(int32_t l, const ResidualPlan& r) override {
+        const DeviceLayer& d = layer(l);
+        if (accumulates(r)) {
+            b_.project_outputs({{&d[LayerRole::wo], d.vec(LayerRole::bo), x_}}, att_, n_, true);
+            return;
+        }
+        b_.project(d[LayerRole::wo], att_, n_, d.vec(LayerRole::bo), out_);
+        add_residual(d, r);
+    }
+
+    void ffn_gate_up(int32_t l) override {
+        const DeviceLayer& d = layer(l);
+        ffn_width_ = c_.layers[static_cast<size_t>(l)].ffn_dim;
+        if (decode_) {
+            b_.project_glu(d, c_.ffn_act, xn_, n_, gate_, false);
+            return;
+        }
+        b_.project(d[LayerRole::w_gate], xn_, n_, d.vec(LayerRole::b_gate), gate_);
+        b_.project(d[LayerRole::w_up], xn_, n_, d.vec(LayerRole::b_up), up_, false);   // gate and up read one input
+        b_.glu_activation(c_.ffn_act, gate_, up_, n_ * ffn_width_);
+    }
+
+    // gate's int8 form may have come with it (project_glu).
+    void ffn_down(int32_t l, const ResidualPlan& r) override {
+        const DeviceLayer& d = layer(l);
+        if (accumulates(r)) {
+            b_.project_outputs({{&d[LayerRole::w_down], d.vec(LayerRole::b_down), x_}}, gate_, n_, true, false);
+            return;
+        }
+        b_.project(d[LayerRole::w_down], gate_, n_, d.vec(LayerRole::b_down), out_, false);
+        add_residual(d, r);
+    }
+
+    // The routed experts (backend_cuda_moe.cpp).
+    void ffn_experts(int32_t l, const ResidualPlan& r) override {
+        const DeviceLayer& d = layer(l);
+        b_.moe_ffn(d, xn_, n_, out_, !decode_);
+        add_residual(d, r);
+    }
+
+    void stream_out() override {
+        cuda_call(cudaMemcpyAsync(batch_.hidden_out, x_, rows_bytes(n_), cudaMemcpyDeviceToHost, b_.stream_),
                   "copying the hidden state to the host");
-        cuda_call(cudaStreamSynchronize(stream_), "copying the hidden state to the host");
-        n_logit_rows_ = 0;
-        return;
+        cuda_call(cudaStreamSynchronize(b_.stream_), "copying the hidden state to the host");
+        b_.n_logit_rows_ = 0;
     }
 
-    // Final norm and lm_head on the rows whose logits are wanted; they stay on the GPU until asked for.
-    const int64_t rows = norm_kept_rows(batch, x, xn, out);
-    float* logits = logits_.floats(static_cast<size_t>(rows) * static_cast<size_t>(c.vocab), "logits");
-    observe(-1, ProjectionInput::lm_head, xn, rows, dim);
-    project(output_, xn, rows, nullptr, logits);
-    if (c.final_softcap > 0.0f) cuda::softcap(logits, rows * c.vocab, c.final_softcap, stream_);
-    if (!step) finish_logits(rows);   // a captured step finishes at its replay
-}
+    // A plain batch keeps one run at the end of x, normed where it is. A batch of spans keeps per span its last
+    // row or all of its rows: those runs are gathered into out_ first, in span order.
+    void final_norm(std::span<const RowRun> kept) override {
+        const int64_t dim = c_.dim;
+        kept_rows_ = 0;
+        for (const RowRun& r : kept) kept_rows_ += r.count;
+        if (batch_.spans.empty()) {
+            cuda::rmsnorm_rows(x_ + kept.front().first * dim, b_.output_norm_, xn_, kept_rows_, dim, c_.rms_eps,
+                               b_.stream_);
+            return;
+        }
+        int64_t row = 0;
+        for (const RowRun& r : kept) {
+            cuda_call(cudaMemcpyAsync(out_ + row * dim, x_ + r.first * dim, rows_bytes(r.count),
+                                      cudaMemcpyDeviceToDevice, b_.stream_),
+                      "gathering the kept rows");
+            row += r.count;
+        }
+        cuda::rmsnorm_rows(out_, b_.output_norm_, xn_, kept_rows_, dim, c_.rms_eps, b_.stream_);
+    }
 
-// A plain batch keeps its last row or all of them, one run at the end of x. A batch of spans keeps per span
-// its last row or all of its rows: those runs are gathered into `scratch` first, in span order.
-int64_t CudaBackend::norm_kept_rows(const ForwardBatch& batch, const float* x, float* xn, float* scratch) {
-    const ModelConfig& c = config_;
-    const int64_t dim = c.dim, n = static_cast<int64_t>(batch.tokens.size());
-    if (batch.spans.empty()) {
-        const int64_t first = batch.wanted == LogitsWanted::all ? 0 : n - 1;
-        cuda::rmsnorm_rows(x + first * dim, output_norm_, xn, n - first, dim, c.rms_eps, stream_);
-        return n - first;
+    // The rows stay on the GPU until asked for.
+    void lm_head(int64_t rows, const LogitsPlan& plan) override {
+        const int64_t vocab = c_.vocab;
+        float* logits = b_.logits_.floats(static_cast<size_t>(rows) * static_cast<size_t>(vocab), "logits");
+        b_.project(b_.output_, xn_, rows, nullptr, logits);
+        if (plan.softcap > 0.0f) cuda::softcap(logits, rows * vocab, plan.softcap, b_.stream_);
+        if (plan.multiplier != 1.0f) cuda::scale(logits, rows * vocab, plan.multiplier, b_.stream_);
+        if (!step_) b_.finish_logits(rows);   // a captured step finishes at its replay
     }
-    int64_t rows = 0, first = 0;
-    for (const SequenceSpan& s : batch.spans) {
-        const int64_t keep = s.wanted == LogitsWanted::all ? s.n_tokens : 1;
-        cuda_call(cudaMemcpyAsync(scratch + rows * dim, x + (first + s.n_tokens - keep) * dim,
-                                  static_cast<size_t>(keep * dim) * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-                  "gathering the kept rows");
-        rows += keep;
-        first += s.n_tokens;
+
+    HostRows projection_input(ProjectionInput which) override {
+        switch (which) {
+        case ProjectionInput::attn_output: return b_.observed_rows(att_, n_, att_width_);
+        case ProjectionInput::ffn_down: return b_.observed_rows(gate_, n_, ffn_width_);
+        case ProjectionInput::lm_head: return b_.observed_rows(xn_, kept_rows_, c_.dim);
+        default: return b_.observed_rows(xn_, n_, c_.dim);
+        }
     }
-    cuda::rmsnorm_rows(scratch, output_norm_, xn, rows, dim, c.rms_eps, stream_);
-    return rows;
+
+private:
+    const DeviceLayer& layer(int32_t l) const { return b_.layers_[static_cast<size_t>(l)]; }
+    size_t rows_bytes(int64_t rows) const { return static_cast<size_t>(rows * c_.dim) * sizeof(float); }
+    // Decode adds a projection straight into the stream (the matmul's accumulate) when nothing comes between.
+    bool accumulates(const ResidualPlan& r) const { return decode_ && !r.post_norm && r.scale == 1.0f; }
+
+    // x += scale * post_norm(out); the post-norm fused into the add when there is no scale.
+    void add_residual(const DeviceLayer& d, const ResidualPlan& r) {
+        const float* norm = r.post_norm ? d.vec(r.norm) : nullptr;
+        if (r.scale != 1.0f) {
+            if (norm) cuda::rmsnorm_rows(out_, norm, out_, n_, c_.dim, c_.rms_eps, b_.stream_);
+            cuda::scale(out_, n_ * c_.dim, r.scale, b_.stream_);
+            norm = nullptr;
+        }
+        cuda::add_residual(x_, out_, norm, n_, c_.dim, c_.rms_eps, b_.stream_);
+    }
+
+    CudaBackend& b_;
+    const ModelConfig& c_;
+    const ForwardBatch& batch_;
+    const SequenceBatch* seqs_;
+    const int32_t* step_;
+    const cuda::ProgrammaticLaunches programmatic_;   // the forward's launches, programmatic where enabled
+    int64_t n_ = 0;
+    bool decode_ = false;
+    const int32_t* pos0_device_ = nullptr;
+    int32_t* tokens_ = nullptr;
+    float *x_ = nullptr, *xn_ = nullptr, *out_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr,
+          *att_ = nullptr, *gate_ = nullptr, *up_ = nullptr;
+    int64_t att_width_ = 0, ffn_width_ = 0, kept_rows_ = 0;
+};
+
+void CudaBackend::forward_on_device(const ForwardBatch& batch, const int32_t* step, const SequenceBatch* seqs) {
+    Steps steps(*this, batch, step, seqs);
+    run_decoder(program_, batch, steps, observer_);
 }
 
 std::span<const float> CudaBackend::logits(int row) {
@@ -949,16 +999,10 @@ void CudaBackend::kv_erase(int32_t begin, int32_t end) {
         kv_.make_writable(0, begin, kv_.n_past());   // the rows from begin on are rewritten: shared pages copied first
         kv_.sync_pages();
         for (int32_t l = 0; l < config_.n_layers; ++l) {
-            const LayerConfig& lc = config_.layers[static_cast<size_t>(l)];
-            cuda::RopeParams rope;
-            rope.neox = config_.rope_style == RopeStyle::neox;
-            rope.n_rot = lc.no_rope ? 0 : config_.n_rot;
-            rope.base = lc.rope_base;
-            rope.freq_scale = lc.rope_freq_scale;
-            rope.freq_factors = rope_freqs_;
-            rope.yarn_ext_factor = lc.yarn_ext_factor;
-            rope.yarn_corr_low = lc.yarn_corr_low;
-            rope.yarn_corr_high = lc.yarn_corr_high;
+            cuda::RopeParams rope = rope_params(rope_plan(config_, l));
+            rope.mscale = 1.0f;   // a shift turns keys by an angle difference: YaRN's angles, no mscale
+            rope.q_temp_scale = 0.0f;
+            rope.q_temp_floor = 0;
             cuda::kv_erase(kv_.layer(l), begin, end, kv_.n_past(), rope, stream_);
         }
     } catch (const cuda::Error& e) {

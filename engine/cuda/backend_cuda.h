@@ -1,6 +1,6 @@
 #pragma once
-// The CUDA backend: the same straight-line forward as the CPU backend (engine/cpu/backend_cpu.cpp, its
-// reference), on kernels of kernels/cuda. Weights are uploaded once in their GGUF formats; norms and
+// The CUDA backend: the layer program (engine/layer_program.h) over steps on kernels of kernels/cuda, checked
+// against the CPU backend (its reference). Weights are uploaded once in their GGUF formats; norms and
 // biases as f32. Activations are f32 in device memory; the KV cache lives on the GPU in any KvType, paged
 // and shared by sequences (engine/cuda/kv_cache_cuda.h): a forward may hold the tokens of several sequences
 // (ForwardBatch::spans, the batching engine's steps), each token rotated at and attending to its own
@@ -11,6 +11,7 @@
 // The same source builds two ways (kernels/cuda/runtime.h): against the CUDA runtime for the binary,
 // and against the CUDA emulator for the tests, where it runs on the CPU and is compared with the CPU
 // backend (tests/test_cuda_backend.cpp).
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -21,7 +22,9 @@
 #include "engine/backend.h"
 #include "engine/cuda/device_buffer.h"
 #include "engine/cuda/kv_cache_cuda.h"
+#include "engine/layer_program.h"
 #include "engine/model_config.h"
+#include "engine/tensor_roles.h"
 #include "engine/weights.h"
 
 namespace tern {
@@ -108,20 +111,18 @@ private:
         int64_t n_in = 0, n_out = 0;
         const void* data = nullptr;   // null when the optional tensor is absent
     };
+    // A layer's tensors on the device, by role (engine/tensor_roles.h): the matrices and expert stacks as
+    // uploaded (a stack's n_out is one expert's rows; engine/cuda/backend_cuda_moe.cpp), the vectors and the
+    // experts' bias rows as f32; absent ones empty / null.
     struct DeviceLayer {
-        DeviceWeight wq, wk, wv, wo, w_gate, w_up, w_down;
-        // Mixture of experts: the router (n_expert, dim) and the stacked experts, n_out one expert's rows
-        // (engine/cuda/backend_cuda_moe.cpp).
-        DeviceWeight router, gate_exps, up_exps, down_exps;
-        // f32 vectors (device), null when absent.
-        const float *attn_norm = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr,
-                    *k_norm = nullptr, *bo = nullptr, *post_attn_norm = nullptr, *ffn_norm = nullptr,
-                    *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr, *post_ffn_norm = nullptr;
-        // gpt-oss: the attention sinks (n_heads), the router's bias (n_expert) and the experts' biases (one row of
-        // the expert's n_out per expert).
-        const float *attn_sinks = nullptr, *router_b = nullptr, *gate_exps_b = nullptr, *up_exps_b = nullptr,
-                    *down_exps_b = nullptr;
+        std::array<DeviceWeight, kLayerRoles> matrices{};
+        std::array<const float*, kLayerRoles> vectors{};
+        const DeviceWeight& operator[](LayerRole r) const { return matrices[static_cast<size_t>(r)]; }
+        const float* vec(LayerRole r) const { return vectors[static_cast<size_t>(r)]; }
     };
+    // The forward's steps (engine/layer_program.h) on this backend's kernels; one per forward. Defined in
+    // backend_cuda.cpp.
+    class Steps;
 
     void upload_weights(const ModelWeights& weights, int32_t n_ctx,
                         const std::function<void(uint64_t done, uint64_t total)>& on_upload);
@@ -168,7 +169,8 @@ private:
     void moe_ffn(const DeviceLayer& d, const float* xn, int64_t n, float* out, bool new_input);
     void moe_experts_by_slot(const DeviceLayer& d, const float* xn, int64_t n, const int32_t* ids, float* expert_out);
     void moe_experts_grouped(const DeviceLayer& d, const float* xn, int64_t n, const int32_t* ids, float* expert_out);
-    void observe(int32_t layer, ProjectionInput which, const float* x_device, int64_t n_rows, int64_t width);
+    // Rows of device memory copied back into observed_, for the observer.
+    HostRows observed_rows(const float* x_device, int64_t n_rows, int64_t width);
     // A batch of several sequences as the kernels take it: each span's first position, and where every token
     // goes (uploaded by the KV cache), with the largest position.
     struct SequenceBatch {
@@ -177,13 +179,13 @@ private:
         int32_t max_pos = 0;
     };
     SequenceBatch prepare_sequences(std::span<const SequenceSpan> spans);
-    // The forward's launches. With `step` (device memory: the token, then its position) the kernels read
-    // the token and position there, as a captured graph must. With `seqs` the batch's spans are several
-    // sequences' (batch.spans).
+    // The forward's launches: the layer program over Steps. With `step` (device memory: the token, then its
+    // position) the kernels read the token and position there, as a captured graph must. With `seqs` the
+    // batch's spans are several sequences' (batch.spans).
     void forward_on_device(const ForwardBatch& batch, const int32_t* step = nullptr,
                            const SequenceBatch* seqs = nullptr);
-    // x's rows whose logits the batch keeps, normed into xn (rows of dim), in span order; returns how many.
-    int64_t norm_kept_rows(const ForwardBatch& batch, const float* x, float* xn, float* scratch);
+    // A layer's rope as the kernels take it (the layer program's plan, the model's frequency factors).
+    cuda::RopeParams rope_params(const RopePlan& plan) const;
     // One decode step through the captured graph, capturing it first when the step's launches differ
     // from the captured ones (another split of the attention, buffers moved by a larger batch).
     void forward_graph(const ForwardBatch& batch);
@@ -208,9 +210,9 @@ private:
     std::vector<int64_t> graph_key_;
     DeviceBuffer step_;   // int32 token, int32 position
     ModelConfig config_;
+    DecoderProgram program_;
     bool loaded_ = false;
     ForwardObserver* observer_ = nullptr;
-    int32_t first_layer_ = 0;   // the model's index of layer 0 here (a slice of a split model)
 
     DeviceBuffer weights_buffer_;   // every matrix, in its GGUF format, one allocation
     DeviceBuffer vectors_buffer_;   // norms, biases, rope factors as f32

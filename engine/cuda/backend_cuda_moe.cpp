@@ -78,7 +78,7 @@ void CudaBackend::moe_ffn(const DeviceLayer& d, const float* xn, int64_t n, floa
     float* weights = moe_weights_.floats(slots, "expert weights");
     float* expert_out = moe_out_.floats(slots * static_cast<size_t>(dim), "expert outputs");
 
-    project(d.router, xn, n, d.router_b, logits, new_input);
+    project(d[LayerRole::ffn_gate_inp], xn, n, d.vec(LayerRole::ffn_gate_inp_b), logits, new_input);
     cuda::RouterParams p;
     p.n_expert = c.n_expert;
     p.n_used = static_cast<int>(k);
@@ -99,7 +99,7 @@ void CudaBackend::moe_experts_by_slot(const DeviceLayer& d, const float* xn, int
                                       float* expert_out) {
     const ModelConfig& c = config_;
     const int64_t k = c.n_expert_used, n_slots = n * k;
-    const DeviceWeight &gate = d.gate_exps, &up = d.up_exps, &down = d.down_exps;
+    const DeviceWeight &gate = d[LayerRole::gate_exps], &up = d[LayerRole::up_exps], &down = d[LayerRole::down_exps];
     const int64_t ffn = gate.n_out;
     // Gate and up read the token's column (k slots a column), down its slot's own.
     const cuda::ExpertSlots by_token{ids, n_slots, k}, by_slot{ids, n_slots, 1};
@@ -110,7 +110,7 @@ void CudaBackend::moe_experts_by_slot(const DeviceLayer& d, const float* xn, int
             cuda::matmul_experts(w.type, w.data, w.n_in, w.n_out, s, x, y, stream_);
     };
     float* g = gate_.floats(static_cast<size_t>(n_slots * ffn), "activations");
-    const bool biased = d.gate_exps_b || d.up_exps_b;
+    const bool biased = d.vec(LayerRole::gate_exps_b) || d.vec(LayerRole::up_exps_b);
     if (gate.type == up.type && !biased) {   // gate, up and the activation in one launch
         if (uses_q8(gate))
             cuda::matmul_q8_experts_glu(gate.type, gate.n_in, ffn, gate.data, up.data, glu_of(c.ffn_act), by_token,
@@ -122,13 +122,13 @@ void CudaBackend::moe_experts_by_slot(const DeviceLayer& d, const float* xn, int
         float* u = up_.floats(static_cast<size_t>(n_slots * ffn), "activations");
         run(gate, by_token, xn, n, g);
         run(up, by_token, xn, n, u);
-        if (d.gate_exps_b) cuda::add_expert_bias(g, ids, d.gate_exps_b, n_slots, ffn, stream_);
-        if (d.up_exps_b) cuda::add_expert_bias(u, ids, d.up_exps_b, n_slots, ffn, stream_);
+        if (d.vec(LayerRole::gate_exps_b)) cuda::add_expert_bias(g, ids, d.vec(LayerRole::gate_exps_b), n_slots, ffn, stream_);
+        if (d.vec(LayerRole::up_exps_b)) cuda::add_expert_bias(u, ids, d.vec(LayerRole::up_exps_b), n_slots, ffn, stream_);
         glu_activation(c.ffn_act, g, u, n_slots * ffn);
     }
     q8_of_ = nullptr;   // g is a new input (the same buffer as the last layer's)
     run(down, by_slot, g, n_slots, expert_out);
-    if (d.down_exps_b) cuda::add_expert_bias(expert_out, ids, d.down_exps_b, n_slots, down.n_out, stream_);
+    if (d.vec(LayerRole::down_exps_b)) cuda::add_expert_bias(expert_out, ids, d.vec(LayerRole::down_exps_b), n_slots, down.n_out, stream_);
 }
 
 void CudaBackend::moe_experts_grouped(const DeviceLayer& d, const float* xn, int64_t n, const int32_t* ids,
@@ -164,7 +164,7 @@ void CudaBackend::moe_experts_grouped(const DeviceLayer& d, const float* xn, int
     cuda_call(cudaMemcpyAsync(rows, moe_host_rows_.data(), 2 * us * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
               "copying the expert row lists to the device");
 
-    const DeviceWeight &gate = d.gate_exps, &up = d.up_exps, &down = d.down_exps;
+    const DeviceWeight &gate = d[LayerRole::gate_exps], &up = d[LayerRole::up_exps], &down = d[LayerRole::down_exps];
     const int64_t ffn = gate.n_out;
     auto bias_row = [](const float* stack, int64_t e, int64_t width) { return stack ? stack + e * width : nullptr; };
     auto expert = [](const DeviceWeight& stack, int64_t e) {
@@ -180,14 +180,14 @@ void CudaBackend::moe_experts_grouped(const DeviceLayer& d, const float* xn, int
     for (int64_t e = 0; e < n_expert; ++e) {
         const int64_t s0 = first[static_cast<size_t>(e)], m = first[static_cast<size_t>(e + 1)] - s0;
         if (m == 0) continue;
-        project(expert(gate, e), grouped + s0 * dim, m, bias_row(d.gate_exps_b, e, ffn), g + s0 * ffn);
-        project(expert(up, e), grouped + s0 * dim, m, bias_row(d.up_exps_b, e, ffn), u + s0 * ffn,
+        project(expert(gate, e), grouped + s0 * dim, m, bias_row(d.vec(LayerRole::gate_exps_b), e, ffn), g + s0 * ffn);
+        project(expert(up, e), grouped + s0 * dim, m, bias_row(d.vec(LayerRole::up_exps_b), e, ffn), u + s0 * ffn,
                 false);   // one input for both
     }
     glu_activation(c.ffn_act, g, u, n_slots * ffn);
     for (int64_t e = 0; e < n_expert; ++e) {   // the grouped inputs are spent: the outputs take their rows
         const int64_t s0 = first[static_cast<size_t>(e)], m = first[static_cast<size_t>(e + 1)] - s0;
-        if (m > 0) project(expert(down, e), g + s0 * ffn, m, bias_row(d.down_exps_b, e, dim), grouped + s0 * dim);
+        if (m > 0) project(expert(down, e), g + s0 * ffn, m, bias_row(d.vec(LayerRole::down_exps_b), e, dim), grouped + s0 * dim);
     }
     cuda::copy_rows(grouped, nullptr, expert_out, rows + n_slots, n_slots, dim, stream_);
 }

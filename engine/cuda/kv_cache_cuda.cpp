@@ -11,8 +11,7 @@ inline namespace TERN_CUDA_ABI {
 
 void CudaKvCache::init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim,
                        int32_t head_dim_v, int32_t n_ctx, int32_t n_slots, cudaStream_t stream) {
-    const int64_t block = kv_block_elems(type);
-    if (head_dim % block != 0 || head_dim_v % block != 0) throw KvHeadDimsUnfit(type, block, head_dim, head_dim_v);
+    require_kv_head_dims(type, head_dim, head_dim_v);
     if (n_ctx <= 0) throw UsageError("context size must be positive, got " + std::to_string(n_ctx));
     if (n_slots <= 0) n_slots = static_cast<int32_t>(kv_pages_for(n_ctx));
     k_.clear();

@@ -9,6 +9,7 @@
 #include "engine/logit_guard.h"
 #include "formats/mapped_file.h"
 #include "engine/model_config.h"
+#include "engine/tensor_roles.h"
 #include "engine/weights.h"
 #include "base/error.h"
 
@@ -51,17 +52,15 @@ double kv_element_bytes(KvType type) {
 
 uint64_t weight_bytes_per_token(const ModelWeights& w, const ModelConfig& config) {
     uint64_t bytes = 0;
+    // Every tensor of a layer; of the experts' stacks (MoE) only the used ones' matrices.
     for (const LayerWeights& l : w.layers)
-        for (const WeightRef* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.wo,
-                                   &l.bo, &l.post_attn_norm, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down, &l.b_gate,
-                                   &l.b_up, &l.b_down, &l.post_ffn_norm})
-            bytes += tensor_bytes(*t);
-    // MoE: the whole router, and of the experts only the used ones' matrices.
-    for (const LayerWeights& l : w.layers) {
-        bytes += tensor_bytes(l.ffn_gate_inp);
-        for (const WeightRef* t : {&l.gate_exps, &l.up_exps, &l.down_exps})
-            if (t->present()) bytes += tensor_bytes(*t) * static_cast<uint64_t>(config.n_expert_used);
-    }
+        for (const LayerTensor& t : layer_tensors()) {
+            const WeightRef& r = l.*t.member;
+            if (t.kind == TensorKind::stack)
+                bytes += tensor_bytes(r) * static_cast<uint64_t>(config.n_expert_used);   // one matrix's rows
+            else
+                bytes += tensor_bytes(r);
+        }
     bytes += tensor_bytes(w.output_norm) + tensor_bytes(w.rope_freqs);
     bytes += tensor_bytes(w.output);   // the lm_head: every row, every token
     // The lookup reads one row; a tied embedding is the lm_head just counted in full.

@@ -147,6 +147,10 @@ struct GegluTanhOp {
 struct SwigluOaiOp {
     __device__ __forceinline__ float operator()(float g, float u) const { return swiglu_oai_f32(g, u); }
 };
+struct ScaleOp {
+    float s;
+    __device__ __forceinline__ float operator()(float x, float) const { return __fmul_rn(x, s); }
+};
 struct SoftcapOp {
     float cap;
     __device__ __forceinline__ float operator()(float x, float) const { return softcap_f32(x, cap); }
@@ -326,6 +330,8 @@ void geglu_tanh(const float* gate, const float* up, float* out, int64_t n, cudaS
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
     launch_map(SwigluOaiOp{}, gate, up, out, n, stream);
 }
+
+void scale(float* x, int64_t n, float s, cudaStream_t stream) { launch_map(ScaleOp{s}, x, nullptr, x, n, stream); }
 
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
     require(cap > 0.0f, "softcap needs a positive cap");

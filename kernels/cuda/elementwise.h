@@ -31,6 +31,9 @@ void geglu_tanh(const float* gate, const float* up, float* out, int64_t n, cudaS
 // out = gpt-oss's clamped SwiGLU of gate and up (activations.cuh swiglu_oai_f32), n elements; out may equal gate.
 void swiglu_oai(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 
+// x = x * s, n elements in place (granite's residual and logit scales).
+void scale(float* x, int64_t n, float s, cudaStream_t stream);
+
 // x = cap * tanh(x / cap), n elements in place; cap > 0.
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 

@@ -1,0 +1,113 @@
+#include "engine/layer_program.h"
+
+#include "base/error.h"
+#include "engine/model_config.h"
+
+namespace tern {
+
+RopePlan rope_plan(const ModelConfig& config, int32_t layer) {
+    const LayerConfig& lc = config.layers[static_cast<size_t>(layer)];
+    RopePlan r;
+    r.neox = config.rope_style == RopeStyle::neox;
+    r.n_rot = lc.no_rope ? 0 : config.n_rot;   // no rotated dims: q and k (and a shift's keys) stay as they are
+    r.base = lc.rope_base;
+    r.freq_scale = lc.rope_freq_scale;
+    r.yarn_ext_factor = lc.yarn_ext_factor;
+    r.yarn_corr_low = lc.yarn_corr_low;
+    r.yarn_corr_high = lc.yarn_corr_high;
+    r.mscale = lc.rope_mscale;
+    return r;
+}
+
+DecoderProgram decoder_program(const ModelConfig& c, int32_t first_layer) {
+    DecoderProgram p;
+    p.embed_scale = c.embed_scale;
+    p.first_layer = first_layer;
+    p.logits.softcap = c.final_softcap;
+    p.logits.multiplier = c.logit_scale == 1.0f ? 1.0f : 1.0f / c.logit_scale;
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        LayerPlan lp;
+        lp.mixer = MixerKind::attention;
+        lp.mixer_input = {c.pre_norms, LayerRole::attn_norm, LayerRole::wq};
+        lp.attention = {c.qk_norm, c.qk_norm_whole, rope_plan(c, l)};
+        lp.mixer_residual = {c.post_norms, LayerRole::post_attn_norm, c.residual_scale};
+        lp.ffn = c.moe() ? FfnKind::experts : FfnKind::dense;
+        lp.ffn_input = {c.pre_norms, LayerRole::ffn_norm, c.moe() ? LayerRole::ffn_gate_inp : LayerRole::w_gate};
+        lp.ffn_residual = {c.post_norms, LayerRole::post_ffn_norm, c.residual_scale};
+        p.layers.push_back(lp);
+    }
+    return p;
+}
+
+std::vector<RowRun> kept_rows(const ForwardBatch& batch) {
+    const auto n = static_cast<int64_t>(batch.tokens.size());
+    if (batch.spans.empty()) {
+        const int64_t keep = batch.wanted == LogitsWanted::all ? n : 1;
+        return {{n - keep, keep}};
+    }
+    std::vector<RowRun> runs;
+    int64_t first = 0;
+    for (const SequenceSpan& s : batch.spans) {
+        const int64_t keep = s.wanted == LogitsWanted::all ? s.n_tokens : 1;
+        runs.push_back({first + s.n_tokens - keep, keep});
+        first += s.n_tokens;
+    }
+    return runs;
+}
+
+namespace {
+
+void observe(ForwardObserver* observer, DecoderSteps& steps, int32_t layer, ProjectionInput which) {
+    if (!observer) return;
+    const HostRows x = steps.projection_input(which);
+    observer->matmul_input(layer, which, x.data, x.rows, x.width);
+}
+
+} // namespace
+
+void run_decoder(const DecoderProgram& program, const ForwardBatch& batch, DecoderSteps& steps,
+                 ForwardObserver* observer) {
+    if (steps.has_embedding()) {
+        steps.embed(program.embed_scale);
+    } else {
+        if (!batch.hidden_in) throw UsageError("forward: a slice without the embedding needs the hidden state in");
+        steps.stream_in();
+    }
+    for (size_t i = 0; i < program.layers.size(); ++i) {
+        const LayerPlan& lp = program.layers[i];
+        const auto l = static_cast<int32_t>(i);
+        const int32_t model_layer = program.first_layer + l;
+
+        // Mixer block (attention).
+        steps.block_input(l, lp.mixer_input);
+        observe(observer, steps, model_layer, ProjectionInput::attn_qkv);
+        steps.attention_qkv(l, lp.attention);
+        steps.attend(l);
+        observe(observer, steps, model_layer, ProjectionInput::attn_output);
+        steps.attention_output(l, lp.mixer_residual);
+
+        // FFN block: dense or routed experts.
+        steps.block_input(l, lp.ffn_input);
+        if (lp.ffn == FfnKind::experts) {
+            steps.ffn_experts(l, lp.ffn_residual);
+            continue;
+        }
+        observe(observer, steps, model_layer, ProjectionInput::ffn_gate_up);
+        steps.ffn_gate_up(l);
+        observe(observer, steps, model_layer, ProjectionInput::ffn_down);
+        steps.ffn_down(l, lp.ffn_residual);
+    }
+    if (!steps.has_output()) {
+        if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");
+        steps.stream_out();
+        return;
+    }
+    const std::vector<RowRun> kept = kept_rows(batch);
+    int64_t rows = 0;
+    for (const RowRun& r : kept) rows += r.count;
+    steps.final_norm(kept);
+    observe(observer, steps, -1, ProjectionInput::lm_head);
+    steps.lm_head(rows, program.logits);
+}
+
+} // namespace tern

@@ -1,0 +1,136 @@
+#include "engine/tensor_roles.h"
+
+#include <array>
+
+#include "engine/model_config.h"
+
+namespace tern {
+namespace {
+
+using C = const ModelConfig&;
+using L = const LayerConfig&;
+
+// Widths of one layer's attention (q/k/v rows, the output projection's input).
+int64_t q_dim(C c, L l) { return int64_t{l.n_heads} * c.head_dim; }
+int64_t k_dim(C c, L l) { return int64_t{l.n_kv_heads} * c.head_dim; }
+int64_t v_dim(C c, L l) { return int64_t{l.n_kv_heads} * c.head_dim_v; }
+int64_t o_dim(C c, L l) { return int64_t{l.n_heads} * c.head_dim_v; }
+
+TensorShape vec(int64_t n) { return {n, 1, 1}; }
+
+TensorNeed required(C) { return TensorNeed::required; }
+TensorNeed optional(C) { return TensorNeed::optional; }
+TensorNeed when(bool b) { return b ? TensorNeed::required : TensorNeed::absent; }
+bool dense(C c) { return !c.moe(); }
+
+constexpr std::array kTable = {
+    LayerTensor{LayerRole::attn_norm, &LayerWeights::attn_norm, "attn_norm.weight", nullptr, TensorKind::vector,
+                "[dim]", [](C c, L) { return vec(c.dim); }, [](C c) { return when(c.pre_norms); }},
+    LayerTensor{LayerRole::wq, &LayerWeights::wq, "attn_q.weight", nullptr, TensorKind::matrix,
+                "[dim, n_heads*head_dim]", [](C c, L l) { return TensorShape{c.dim, q_dim(c, l)}; }, required},
+    LayerTensor{LayerRole::wk, &LayerWeights::wk, "attn_k.weight", nullptr, TensorKind::matrix,
+                "[dim, n_kv_heads*head_dim]", [](C c, L l) { return TensorShape{c.dim, k_dim(c, l)}; }, required},
+    LayerTensor{LayerRole::wv, &LayerWeights::wv, "attn_v.weight", nullptr, TensorKind::matrix,
+                "[dim, n_kv_heads*head_dim_v]", [](C c, L l) { return TensorShape{c.dim, v_dim(c, l)}; }, required},
+    // Biases of q/k/v: required where the family has them (qwen2), optional elsewhere (some llama files).
+    LayerTensor{LayerRole::bq, &LayerWeights::bq, "attn_q.bias", nullptr, TensorKind::vector, "[n_heads*head_dim]",
+                [](C c, L l) { return vec(q_dim(c, l)); },
+                [](C c) { return c.qkv_bias ? TensorNeed::required : TensorNeed::optional; }},
+    LayerTensor{LayerRole::bk, &LayerWeights::bk, "attn_k.bias", nullptr, TensorKind::vector, "[n_kv_heads*head_dim]",
+                [](C c, L l) { return vec(k_dim(c, l)); },
+                [](C c) { return c.qkv_bias ? TensorNeed::required : TensorNeed::optional; }},
+    LayerTensor{LayerRole::bv, &LayerWeights::bv, "attn_v.bias", nullptr, TensorKind::vector,
+                "[n_kv_heads*head_dim_v]", [](C c, L l) { return vec(v_dim(c, l)); },
+                [](C c) { return c.qkv_bias ? TensorNeed::required : TensorNeed::optional; }},
+    // q/k norms: one head's width, or every head's at once (olmo2).
+    LayerTensor{LayerRole::q_norm, &LayerWeights::q_norm, "attn_q_norm.weight", nullptr, TensorKind::vector,
+                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? q_dim(c, l) : c.head_dim); },
+                [](C c) { return when(c.qk_norm); }},
+    LayerTensor{LayerRole::k_norm, &LayerWeights::k_norm, "attn_k_norm.weight", nullptr, TensorKind::vector,
+                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? k_dim(c, l) : c.head_dim); },
+                [](C c) { return when(c.qk_norm); }},
+    LayerTensor{LayerRole::wo, &LayerWeights::wo, "attn_output.weight", nullptr, TensorKind::matrix,
+                "[n_heads*head_dim_v, dim]", [](C c, L l) { return TensorShape{o_dim(c, l), c.dim}; }, required},
+    LayerTensor{LayerRole::bo, &LayerWeights::bo, "attn_output.bias", nullptr, TensorKind::vector, "[dim]",
+                [](C c, L) { return vec(c.dim); }, optional},
+    LayerTensor{LayerRole::ffn_norm, &LayerWeights::ffn_norm, "ffn_norm.weight",
+                [](C c) { return c.ffn_norm_post_attention ? "post_attention_norm.weight" : "ffn_norm.weight"; },
+                TensorKind::vector, "[dim]", [](C c, L) { return vec(c.dim); }, [](C c) { return when(c.pre_norms); }},
+    LayerTensor{LayerRole::attn_sinks, &LayerWeights::attn_sinks, "attn_sinks.weight", nullptr, TensorKind::vector,
+                "[n_heads]", [](C, L l) { return vec(l.n_heads); }, [](C c) { return when(c.attn_sinks); }},
+    // Mixture of experts: the router, the experts' stacks and (gpt-oss) their biases.
+    LayerTensor{LayerRole::ffn_gate_inp, &LayerWeights::ffn_gate_inp, "ffn_gate_inp.weight", nullptr,
+                TensorKind::matrix, "[dim, n_expert]", [](C c, L) { return TensorShape{c.dim, c.n_expert}; },
+                [](C c) { return when(c.moe()); }},
+    LayerTensor{LayerRole::gate_exps, &LayerWeights::gate_exps, "ffn_gate_exps.weight", nullptr, TensorKind::stack,
+                "[dim, expert_ffn, n_expert]",
+                [](C c, L) { return TensorShape{c.dim, c.expert_ffn_dim, c.n_expert}; },
+                [](C c) { return when(c.moe()); }},
+    LayerTensor{LayerRole::up_exps, &LayerWeights::up_exps, "ffn_up_exps.weight", nullptr, TensorKind::stack,
+                "[dim, expert_ffn, n_expert]",
+                [](C c, L) { return TensorShape{c.dim, c.expert_ffn_dim, c.n_expert}; },
+                [](C c) { return when(c.moe()); }},
+    LayerTensor{LayerRole::down_exps, &LayerWeights::down_exps, "ffn_down_exps.weight", nullptr, TensorKind::stack,
+                "[expert_ffn, dim, n_expert]",
+                [](C c, L) { return TensorShape{c.expert_ffn_dim, c.dim, c.n_expert}; },
+                [](C c) { return when(c.moe()); }},
+    LayerTensor{LayerRole::ffn_gate_inp_b, &LayerWeights::ffn_gate_inp_b, "ffn_gate_inp.bias", nullptr,
+                TensorKind::vector, "[n_expert]", [](C c, L) { return vec(c.n_expert); },
+                [](C c) { return when(c.moe() && c.expert_bias); }},
+    LayerTensor{LayerRole::gate_exps_b, &LayerWeights::gate_exps_b, "ffn_gate_exps.bias", nullptr,
+                TensorKind::vector_rows, "[expert_ffn, n_expert]",
+                [](C c, L) { return TensorShape{c.expert_ffn_dim, c.n_expert}; },
+                [](C c) { return when(c.moe() && c.expert_bias); }},
+    LayerTensor{LayerRole::up_exps_b, &LayerWeights::up_exps_b, "ffn_up_exps.bias", nullptr, TensorKind::vector_rows,
+                "[expert_ffn, n_expert]", [](C c, L) { return TensorShape{c.expert_ffn_dim, c.n_expert}; },
+                [](C c) { return when(c.moe() && c.expert_bias); }},
+    LayerTensor{LayerRole::down_exps_b, &LayerWeights::down_exps_b, "ffn_down_exps.bias", nullptr,
+                TensorKind::vector_rows, "[dim, n_expert]", [](C c, L) { return TensorShape{c.dim, c.n_expert}; },
+                [](C c) { return when(c.moe() && c.expert_bias); }},
+    // The dense FFN (phi3 fuses gate and up into ffn_up: engine/weights.cpp splits it) and its optional biases.
+    LayerTensor{LayerRole::w_gate, &LayerWeights::w_gate, "ffn_gate.weight", nullptr, TensorKind::matrix,
+                "[dim, ffn_dim]", [](C c, L l) { return TensorShape{c.dim, l.ffn_dim}; },
+                [](C c) { return when(dense(c)); }},
+    LayerTensor{LayerRole::w_up, &LayerWeights::w_up, "ffn_up.weight", nullptr, TensorKind::matrix, "[dim, ffn_dim]",
+                [](C c, L l) { return TensorShape{c.dim, l.ffn_dim}; }, [](C c) { return when(dense(c)); }},
+    LayerTensor{LayerRole::w_down, &LayerWeights::w_down, "ffn_down.weight", nullptr, TensorKind::matrix,
+                "[ffn_dim, dim]", [](C c, L l) { return TensorShape{l.ffn_dim, c.dim}; },
+                [](C c) { return when(dense(c)); }},
+    LayerTensor{LayerRole::b_gate, &LayerWeights::b_gate, "ffn_gate.bias", nullptr, TensorKind::vector, "[ffn_dim]",
+                [](C, L l) { return vec(l.ffn_dim); },
+                [](C c) { return dense(c) && !c.ffn_gate_up_fused ? TensorNeed::optional : TensorNeed::absent; }},
+    LayerTensor{LayerRole::b_up, &LayerWeights::b_up, "ffn_up.bias", nullptr, TensorKind::vector, "[ffn_dim]",
+                [](C, L l) { return vec(l.ffn_dim); },
+                [](C c) { return dense(c) && !c.ffn_gate_up_fused ? TensorNeed::optional : TensorNeed::absent; }},
+    LayerTensor{LayerRole::b_down, &LayerWeights::b_down, "ffn_down.bias", nullptr, TensorKind::vector, "[dim]",
+                [](C c, L) { return vec(c.dim); },
+                [](C c) { return dense(c) && !c.ffn_gate_up_fused ? TensorNeed::optional : TensorNeed::absent; }},
+    // Norms after each block, before its residual add (gemma, olmo2).
+    LayerTensor{LayerRole::post_attn_norm, &LayerWeights::post_attn_norm, "post_attention_norm.weight", nullptr,
+                TensorKind::vector, "[dim]", [](C c, L) { return vec(c.dim); },
+                [](C c) { return when(c.post_norms); }},
+    LayerTensor{LayerRole::post_ffn_norm, &LayerWeights::post_ffn_norm, "post_ffw_norm.weight", nullptr,
+                TensorKind::vector, "[dim]", [](C c, L) { return vec(c.dim); },
+                [](C c) { return when(c.post_norms); }},
+};
+static_assert(kTable.size() == static_cast<size_t>(kLayerRoles));
+
+// The table is indexed by role as well as walked in order: each row must sit at its role's index.
+constexpr bool rows_in_role_order() {
+    for (size_t i = 0; i < kTable.size(); ++i)
+        if (static_cast<size_t>(kTable[i].role) != i) return false;
+    return true;
+}
+static_assert(rows_in_role_order());
+
+} // namespace
+
+std::span<const LayerTensor> layer_tensors() { return kTable; }
+
+const LayerTensor& layer_tensor(LayerRole role) { return kTable[static_cast<size_t>(role)]; }
+
+std::string layer_tensor_name(const LayerTensor& t, const ModelConfig& config, int32_t layer) {
+    return "blk." + std::to_string(layer) + "." + (t.name_for ? t.name_for(config) : t.name);
+}
+
+} // namespace tern
