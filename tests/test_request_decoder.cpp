@@ -1,7 +1,7 @@
 // engine/generation/request_decoder.h on a fake backend whose logit rows a test writes: the token each
 // row gives (the backend's argmax, or the top candidates after the penalties), the stop rules in their
 // order (cancel, n_predict, end of generation, stop strings), the log-probabilities kept, the finite-row
-// check, speculative steps (draft room, accepted drafts), the empty-prompt rule and the prefix rule.
+// check, speculative steps (draft room, accepted drafts), the empty-prompt, context and prefix rules.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -268,7 +268,7 @@ TEST_CASE("RequestDecoder: speculative steps draft within the limits and keep th
     CHECK(step == std::vector<int32_t>{3}); // no drafter: the newest token alone
 }
 
-TEST_CASE("the empty-prompt rule and the prefix rule") {
+TEST_CASE("the empty-prompt, context and prefix rules") {
     const test::FakeTokenizer tok = letters();
     std::vector<int32_t> tokens;
     CHECK(start_empty_prompt(tokens, tok));
@@ -280,6 +280,9 @@ TEST_CASE("the empty-prompt rule and the prefix rule") {
     CHECK_FALSE(start_empty_prompt(tokens, tok, /*bos_allowed=*/false));
     CHECK(tokens.empty());
     CHECK(empty_prompt_refusal() == "the prompt is empty and the model has no BOS token to start from");
+
+    CHECK(prompt_over_context(8, 8).empty());
+    CHECK(prompt_over_context(9, 8) == "the prompt has 9 tokens but the context is 8");
 
     const std::vector<int32_t> held = {1, 3, 4, 5};
     CHECK(shared_prefix(held, std::vector<int32_t>{1, 3, 4, 6}, 10) == 3);

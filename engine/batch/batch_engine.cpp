@@ -160,9 +160,8 @@ Submission BatchEngine::submit(BatchRequest request) {
         return s;
     };
     if (request.prompt.empty()) return refuse(BatchError::invalid, "the prompt is empty (no tokens to start from)");
-    if (request.prompt.size() > static_cast<size_t>(n_ctx_))
-        return refuse(BatchError::invalid, "the prompt has " + std::to_string(request.prompt.size()) +
-                                               " tokens but the context is " + std::to_string(n_ctx_));
+    if (std::string misfit = prompt_over_context(request.prompt.size(), n_ctx_); !misfit.empty())
+        return refuse(BatchError::invalid, std::move(misfit));
     if (request.n_predict < -1)
         return refuse(BatchError::invalid, "n_predict must be -1 (until the end) or a count of tokens");
 

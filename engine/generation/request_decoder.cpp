@@ -32,6 +32,11 @@ std::string_view empty_prompt_refusal() {
     return "the prompt is empty and the model has no BOS token to start from";
 }
 
+std::string prompt_over_context(size_t n_tokens, int32_t n_ctx) {
+    if (static_cast<int64_t>(n_tokens) <= n_ctx) return {};
+    return "the prompt has " + std::to_string(n_tokens) + " tokens but the context is " + std::to_string(n_ctx);
+}
+
 size_t shared_prefix(std::span<const int32_t> held, std::span<const int32_t> prompt, size_t limit) {
     size_t n = 0;
     limit = std::min({limit, held.size(), prompt.size()});

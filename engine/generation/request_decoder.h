@@ -36,6 +36,10 @@ bool start_empty_prompt(std::vector<int32_t>& tokens, const Tokenizer& tokenizer
 // "the prompt is empty and the model has no BOS token to start from".
 std::string_view empty_prompt_refusal();
 
+// The context rule of both request paths: "the prompt has N tokens but the context is M" when a prompt of
+// `n_tokens` does not fit a context of `n_ctx` positions; "" when it does.
+std::string prompt_over_context(size_t n_tokens, int32_t n_ctx);
+
 // The prefix reuse rule: how many leading tokens of `prompt` the K/V of `held` (a cache's tokens, in
 // position order) serve, at most `limit`.
 size_t shared_prefix(std::span<const int32_t> held, std::span<const int32_t> prompt, size_t limit);

@@ -101,9 +101,8 @@ void Session::prefill(std::span<const int32_t> tokens, const GenerateOptions& op
 GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                                  const TextCallback& on_text) {
     if (prompt.empty()) throw UsageError("the prompt is empty (no tokens to start from; give some text or keep BOS)");
-    if (static_cast<int64_t>(prompt.size()) > n_ctx_)
-        throw UsageError("the prompt has " + std::to_string(prompt.size()) + " tokens but the context is " +
-                         std::to_string(n_ctx_));
+    if (std::string misfit = prompt_over_context(prompt.size(), n_ctx_); !misfit.empty())
+        throw UsageError(std::move(misfit));
 
     GenerateResult r;
     r.prompt_tokens.assign(prompt.begin(), prompt.end());
