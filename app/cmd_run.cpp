@@ -16,14 +16,15 @@
 #include "app/run_batch.h"
 #include "app/signals.h"
 #include "app/standard_streams.h"
+#include "base/error.h"
 #include "engine/backend.h"
 #include "engine/chat/chat_template.h"
 #include "engine/chat/reply_channels.h"
 #include "engine/generation/context_shift.h"
+#include "engine/generation/request_decoder.h"
+#include "engine/model.h"
 #include "engine/speculative/drafter.h"
 #include "engine/speculative/drafter_model.h"
-#include "engine/model.h"
-#include "base/error.h"
 #include "formats/input_file.h"
 
 namespace tern::app {
@@ -189,13 +190,8 @@ int run(const RunFlags& f) {
         tokens = session.tokenizer().encode(prompt,
                                             EncodeOptions{.add_bos = !f.no_bos, .parse_special = !f.no_parse_special});
     }
-    if (tokens.empty()) {
-        // Only a vocabulary without BOS (or --no-bos) gets here with an empty prompt.
-        const int32_t bos = session.tokenizer().bos();
-        if (bos < 0 || f.no_bos)
-            throw UsageError("-p: the prompt is empty and the model has no BOS token to start from");
-        tokens.push_back(bos);
-    }
+    if (!start_empty_prompt(tokens, session.tokenizer(), !f.no_bos))
+        throw UsageError("-p: " + std::string(empty_prompt_refusal()));
     check_prompt_fits(loaded, f.model.model, tokens.size());
 
     GenerateOptions opts;

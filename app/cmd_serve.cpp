@@ -90,7 +90,7 @@ int serve(const ServeFlags& f) {
     ModelOptions model = f.model;
     model.sequences = f.parallel;   // the KV pool holds a full context for each sequence
     LoadedSession loaded = load_session(model);
-    attach_prompt_cache(loaded, f.model, f.prompt_cache);   // the BatchEngine takes it from the Session
+    attach_prompt_cache(loaded, f.model, f.prompt_cache); // the BatchEngine reads and writes it (served_model)
     Session& session = *loaded.session;
     PromptMaker prompts(session.tokenizer(), resolve_chat_template(session, f.chat_template, f.reasoning_effort),
                         loaded.n_ctx, {.parse_special = !f.no_parse_special});
@@ -116,7 +116,7 @@ int serve(const ServeFlags& f) {
     so.defaults.n_predict = f.n_predict;
     so.repeat_guard = f.repeat_guard;
 
-    BatchEngine engine(session, {.parallel = f.parallel, .max_waiting = f.max_queue});
+    BatchEngine engine(served_model(session), {.parallel = f.parallel, .max_waiting = f.max_queue});
     ApiServer server(engine, prompts, so);
     ShutdownSignals signals;   // before any thread starts, so none runs with the old handlers' intent
     const int port = server.bind();

@@ -159,7 +159,7 @@ int run_batch(const std::string& input, LoadedSession& loaded, const BatchRunOpt
     // At most this many requests handed to the engine at once: enough to keep `parallel` sequences
     // busy, few enough that the waiting queue never refuses one.
     const int32_t window = std::max(2 * o.parallel, 4);
-    BatchEngine engine(session, {.parallel = o.parallel, .max_waiting = window});
+    BatchEngine engine(served_model(session), {.parallel = o.parallel, .max_waiting = window});
 
     std::mutex mutex;
     std::condition_variable finished_cv;

@@ -138,7 +138,7 @@ TEST_CASE("BatchEngine: results equal a plain Session's, in FIFO order, with str
     sampled.seed = 42;
 
     Collector c;
-    BatchEngine engine(*session, {.parallel = 4, .max_waiting = 16});
+    BatchEngine engine(served_model(*session), {.parallel = 4, .max_waiting = 16});
     std::vector<RequestId> ids;
     for (size_t i = 0; i < prompts.size(); ++i) {
         const Submission s = engine.submit(c.request(encode(*session, prompts[i]), 24, i % 2 ? sampled : greedy()));
@@ -179,7 +179,7 @@ TEST_CASE("BatchEngine: submit refuses a full queue, an over-long or empty promp
     if (!test::shared_available()) return;
     auto session = real_session(64);
     Collector c;
-    BatchEngine engine(*session, {.parallel = 1, .max_waiting = 2});
+    BatchEngine engine(served_model(*session), {.parallel = 1, .max_waiting = 2});
     std::vector<int32_t> prompt = encode(*session, "Once upon a time");
 
     std::vector<int32_t> too_long(65, prompt[1]);
@@ -218,7 +218,7 @@ TEST_CASE("BatchEngine: max_waiting 0 runs one request at a time and queues none
     if (!test::shared_available()) return;
     auto session = real_session(64);
     Collector c;
-    BatchEngine engine(*session, {.parallel = 1, .max_waiting = 0});
+    BatchEngine engine(served_model(*session), {.parallel = 1, .max_waiting = 0});
     const std::vector<int32_t> prompt = encode(*session, "Once upon a time");
     Gate gate;
     BatchRequest first = c.request(prompt, 8);
@@ -238,7 +238,7 @@ TEST_CASE("BatchEngine: cancel frees a waiting request at once and stops a runni
     if (!test::shared_available()) return;
     auto session = real_session(128);
     Collector c;
-    BatchEngine engine(*session, {.parallel = 1, .max_waiting = 8});
+    BatchEngine engine(served_model(*session), {.parallel = 1, .max_waiting = 8});
     const std::vector<int32_t> prompt = encode(*session, "Once upon a time");
 
     Gate gate;
@@ -278,7 +278,8 @@ TEST_CASE("BatchEngine: stop cancels the waiting requests on the caller's thread
     if (!test::shared_available()) return;
     auto session = real_session(128);
     Collector c;
-    auto engine = std::make_unique<BatchEngine>(*session, BatchEngineOptions{.parallel = 1, .max_waiting = 8});
+    auto engine =
+        std::make_unique<BatchEngine>(served_model(*session), BatchEngineOptions{.parallel = 1, .max_waiting = 8});
     const std::vector<int32_t> prompt = encode(*session, "Once upon a time");
     Gate gate;
     BatchRequest first = c.request(prompt, 100);
@@ -301,7 +302,7 @@ TEST_CASE("BatchEngine: on_text returning false cancels; a throwing callback doe
     if (!test::shared_available()) return;
     auto session = real_session(128);
     Collector c;
-    BatchEngine engine(*session, {.parallel = 1, .max_waiting = 8});
+    BatchEngine engine(served_model(*session), {.parallel = 1, .max_waiting = 8});
     const std::vector<int32_t> prompt = encode(*session, "Once upon a time");
     BatchRequest quit = c.request(prompt, 50);
     int pieces = 0;
@@ -323,7 +324,7 @@ TEST_CASE("BatchEngine: many submitting threads, every admitted request answered
     if (!test::shared_available()) return;
     auto session = real_session(128);
     Collector c;
-    BatchEngine engine(*session, {.parallel = 4, .max_waiting = 1000});
+    BatchEngine engine(served_model(*session), {.parallel = 4, .max_waiting = 1000});
     const std::vector<int32_t> prompt = encode(*session, "Once upon a time");
     engine.start();
     std::vector<std::thread> threads;
@@ -462,7 +463,8 @@ TEST_CASE("batching: concurrent requests each give the tokens and text they give
                 CAPTURE(step_tokens);
                 auto session = model_session(file, 256, parallel * 256);
                 Collector c;
-                BatchEngine engine(*session, {.parallel = parallel, .max_waiting = 64, .step_tokens = step_tokens});
+                BatchEngine engine(served_model(*session),
+                                   {.parallel = parallel, .max_waiting = 64, .step_tokens = step_tokens});
                 const std::vector<Spec> specs = mixed_specs();
                 std::vector<RequestId> ids;
                 for (const Spec& spec : specs) {
@@ -491,7 +493,7 @@ TEST_CASE("batching: the engine thread gives the same results, with requests arr
     auto reference = model_session(kLlama2xs, 256);
     auto session = model_session(kLlama2xs, 256, 4 * 256, 2);   // two threads: the same bits as one
     Collector c;
-    BatchEngine engine(*session, {.parallel = 4, .max_waiting = 64});
+    BatchEngine engine(served_model(*session), {.parallel = 4, .max_waiting = 64});
     engine.start();
     const std::vector<Spec> specs = mixed_specs();
     std::vector<RequestId> ids;
@@ -511,8 +513,10 @@ TEST_CASE("batching: a long prompt is prefilled in chunks while the other reques
     auto session = model_session(kLlama2xs, 512, 3 * 512);
     std::vector<BatchStepInfo> steps;
     Collector c;
-    BatchEngine engine(*session, {.parallel = 3, .max_waiting = 8, .step_tokens = 32,
-                                  .on_step = [&steps](const BatchStepInfo& i) { steps.push_back(i); }});
+    BatchEngine engine(served_model(*session), {.parallel = 3,
+                                                .max_waiting = 8,
+                                                .step_tokens = 32,
+                                                .on_step = [&steps](const BatchStepInfo& i) { steps.push_back(i); }});
     const std::vector<Spec> specs = {{"Once upon a time", 60, greedy(), {}},
                                      {"The little dog", 60, sampled(7), {}},
                                      {long_text(8), 20, sampled(8), {}}};
@@ -547,7 +551,7 @@ TEST_CASE("batching: cancel of a running request frees its pages at the next ste
     if (!test::shared_available()) return;
     auto session = model_session(kStories, 512, 2 * 512);
     Collector c;
-    BatchEngine engine(*session, {.parallel = 2, .max_waiting = 8});
+    BatchEngine engine(served_model(*session), {.parallel = 2, .max_waiting = 8});
     const RequestId a = engine.submit(c.request(encode(*session, long_text(6)), 200)).id;
     const RequestId b = engine.submit(c.request(encode(*session, "The little dog"), 200)).id;
     for (int i = 0; i < 3; ++i) engine.step();
@@ -577,7 +581,7 @@ TEST_CASE("batching: an exhausted KV pool preempts the youngest request, which r
         auto reference = model_session(file, 256);
         auto session = model_session(file, 256, 384);   // three pages for four requests of up to two each
         Collector c;
-        BatchEngine engine(*session, {.parallel = 4, .max_waiting = 8, .step_tokens = 64});
+        BatchEngine engine(served_model(*session), {.parallel = 4, .max_waiting = 8, .step_tokens = 64});
         std::vector<Spec> specs = {{"Once upon a time", 200, greedy(), {}},
                                    {"The little dog", 180, sampled(11), {}},
                                    {"Tom and Lily went", 190, sampled(12), {}},
@@ -597,7 +601,7 @@ TEST_CASE("batching: a preempted request can be cancelled while it waits to resu
     auto reference = model_session(kStories, 256);
     auto session = model_session(kStories, 256, 256);   // two pages: one request's context
     Collector c;
-    BatchEngine engine(*session, {.parallel = 2, .max_waiting = 8});
+    BatchEngine engine(served_model(*session), {.parallel = 2, .max_waiting = 8});
     const std::vector<Spec> specs = {{"Once upon a time", 200, greedy(), {}}, {"The little dog", 200, sampled(5), {}}};
     const RequestId a = engine.submit(to_request(c, *session, specs[0])).id;
     const RequestId b = engine.submit(to_request(c, *session, specs[1])).id;
@@ -620,7 +624,7 @@ TEST_CASE("batching: a prompt that starts like a held sequence shares its pages"
     auto reference = model_session(kLlama2xs, 512);
     auto session = model_session(kLlama2xs, 512, 2 * 512);
     Collector c;
-    BatchEngine engine(*session, {.parallel = 2, .max_waiting = 8});
+    BatchEngine engine(served_model(*session), {.parallel = 2, .max_waiting = 8});
     const std::string head = long_text(8);
     const std::vector<Spec> specs = {{head, 10, greedy(), {}}, {head + " a dog came", 12, sampled(3), {}},
                                      {head + " a cat came", 12, greedy(), {}}};
@@ -641,8 +645,8 @@ TEST_CASE("batching: waiting_served_ratio holds new requests back until enough w
     if (!test::shared_available()) return;
     auto session = model_session(kStories, 256, 4 * 256);
     Collector c;
-    BatchEngine engine(*session, {.parallel = 4, .max_waiting = 8, .waiting_served_ratio = 2.0f,
-                                  .max_waiting_steps = 3});
+    BatchEngine engine(served_model(*session),
+                       {.parallel = 4, .max_waiting = 8, .waiting_served_ratio = 2.0f, .max_waiting_steps = 3});
     const std::vector<int32_t> prompt = encode(*session, "Once upon a time");
     REQUIRE(engine.submit(c.request(prompt, 100)));
     engine.step();   // idle: admitted at once
@@ -675,7 +679,7 @@ TEST_CASE("batching: a backend without sequences runs the requests one at a time
     REQUIRE_FALSE(backend->supports_sequences());
     Session session(std::move(backend), Tokenizer::from_gguf(model->file), 256, model);
     Collector c;
-    BatchEngine engine(session, {.parallel = 4, .max_waiting = 16});
+    BatchEngine engine(served_model(session), {.parallel = 4, .max_waiting = 16});
     const std::vector<Spec> specs = mixed_specs();
     std::vector<RequestId> ids;
     for (const Spec& spec : specs) ids.push_back(engine.submit(to_request(c, session, spec)).id);
@@ -721,7 +725,7 @@ TEST_CASE("batching: log-probabilities equal a plain Session's, scheduled (paral
     {
         auto session = model_session(kStories, 256, 3 * 256);
         Collector c;
-        BatchEngine engine(*session, {.parallel = 3, .max_waiting = 64, .step_tokens = 24});
+        BatchEngine engine(served_model(*session), {.parallel = 3, .max_waiting = 64, .step_tokens = 24});
         std::vector<RequestId> ids;
         for (size_t i = 0; i < specs.size(); ++i) {
             BatchRequest r = to_request(c, *session, specs[i]);
@@ -739,7 +743,7 @@ TEST_CASE("batching: log-probabilities equal a plain Session's, scheduled (paral
         backend->load(model->config, model->weights, run);
         Session session(std::move(backend), Tokenizer::from_gguf(model->file), 256, model);
         Collector c;
-        BatchEngine engine(session, {.parallel = 4, .max_waiting = 16});
+        BatchEngine engine(served_model(session), {.parallel = 4, .max_waiting = 16});
         std::vector<RequestId> ids;
         for (size_t i = 0; i < specs.size(); ++i) {
             BatchRequest r = to_request(c, session, specs[i]);

@@ -129,7 +129,8 @@ BatchRun run_batch(Session& session, const std::vector<Spec>& specs, int32_t par
     std::vector<RequestId> ids;
     BatchRun out;
     {
-        BatchEngine engine(session, {.parallel = parallel, .max_waiting = 64, .share_prefixes = share_prefixes});
+        BatchEngine engine(served_model(session),
+                           {.parallel = parallel, .max_waiting = 64, .share_prefixes = share_prefixes});
         for (const Spec& spec : specs) {
             const Submission s = engine.submit(request_of(session, spec, done));
             REQUIRE(s);
@@ -289,7 +290,7 @@ TEST_CASE("batching with a prompt cache: a prefix shared from memory off a block
     const std::vector<int32_t> head = encode(*second.session, whole.prompt);
     const Spec short_one{"", 4, greedy(), std::vector<int32_t>(head.begin(), head.begin() + kBlock + 20)};
     const std::vector<Spec> specs = {short_one, whole};
-    BatchEngine engine(*second.session, {.parallel = 2, .max_waiting = 8});
+    BatchEngine engine(served_model(*second.session), {.parallel = 2, .max_waiting = 8});
     std::map<RequestId, BatchResult> done;
     std::vector<RequestId> ids;
     for (const Spec& spec : specs) {

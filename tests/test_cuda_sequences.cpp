@@ -266,7 +266,7 @@ TEST_CASE("CUDA sequences: the batching engine gives each request the tokens it 
     // cuts the prompts into chunks that differ between the two.
     auto run = [&](Session& s, const std::vector<size_t>& which, int32_t parallel) {
         std::vector<std::vector<int32_t>> out(which.size());
-        BatchEngine engine(s, {.parallel = parallel, .max_waiting = 8, .step_tokens = 12});
+        BatchEngine engine(served_model(s), {.parallel = parallel, .max_waiting = 8, .step_tokens = 12});
         for (size_t i = 0; i < which.size(); ++i) {
             BatchRequest r;
             r.prompt = s.tokenizer().encode(prompts[which[i]], {true, true});

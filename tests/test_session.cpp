@@ -269,6 +269,35 @@ TEST_CASE("a second prompt sharing a prefix reuses the KV cache") {
     CHECK(fx.session->generate(std::vector<int32_t>{1, 3, 9}, greedy(1)).n_reused == 0);
 }
 
+TEST_CASE("a Session reuses no more of its tokens than the backend still holds (another user emptied it)") {
+    Fixture fx;
+    fx.session->generate(std::vector<int32_t>{1, 3, 4}, greedy(3));
+    REQUIRE(fx.session->kv_tokens().size() == 5);
+    // A batching engine on the same backend (engine/batch/batch_engine.h) empties its cache.
+    fx.backend->kv_truncate(0);
+    fx.backend->calls.clear();
+    const GenerateResult r = fx.session->generate(std::vector<int32_t>{1, 3, 4, 5}, greedy(1));
+    CHECK(r.n_reused == 0);
+    CHECK(r.n_prefilled == 4);
+    REQUIRE(!fx.backend->calls.empty());
+    CHECK(fx.backend->calls[0].pos0 == 0);
+    CHECK(r.tokens == std::vector<int32_t>{6});
+    CHECK(fx.session->kv_tokens() == std::vector<int32_t>{1, 3, 4, 5});
+}
+
+TEST_CASE("a Session on a backend and tokenizer it borrows generates as one that owns them") {
+    FakeBackend backend;
+    const FakeTokenizer tokenizer(letters());
+    Session borrowed(backend, tokenizer, 64, nullptr, nullptr);
+    const GenerateResult r = borrowed.generate(std::vector<int32_t>{1, 3}, greedy(3));
+    CHECK(r.tokens == std::vector<int32_t>{4, 5, 6});
+    CHECK(r.text == "bcd");
+    CHECK(&borrowed.backend() == &backend);
+    CHECK(borrowed.model() == nullptr);
+    CHECK(borrowed.prefix_cache() == nullptr);
+    CHECK(backend.n_past() == 4);
+}
+
 TEST_CASE("the cancel flag stops before the next step") {
     Fixture fx;
     std::atomic<bool> cancel{false};

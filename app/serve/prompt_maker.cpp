@@ -1,5 +1,7 @@
 #include "app/serve/prompt_maker.h"
 
+#include "engine/generation/request_decoder.h"
+
 namespace tern::app {
 
 PromptMaker::PromptMaker(const Tokenizer& tokenizer, ChatTemplate tmpl, int32_t n_ctx, PromptRules rules)
@@ -23,11 +25,8 @@ PreparedPrompt PromptMaker::prepare(const GenerationRequest& r) const {
         p.text = r.prompt;
         p.tokens = tokenizer_.encode(p.text, EncodeOptions{.add_bos = true, .parse_special = rules_.parse_special});
     }
-    if (p.tokens.empty()) {
-        const int32_t bos = tokenizer_.bos();
-        if (bos < 0) throw_invalid(field, field + ": the prompt is empty and the model has no BOS token to start from");
-        p.tokens.push_back(bos);
-    }
+    if (!start_empty_prompt(p.tokens, tokenizer_))
+        throw_invalid(field, field + ": " + std::string(empty_prompt_refusal()));
     if (p.tokens.size() > static_cast<size_t>(n_ctx_))
         throw_invalid(field, field + ": the prompt has " + std::to_string(p.tokens.size()) +
                                  " tokens but the context is " + std::to_string(n_ctx_) + " tokens",

@@ -8,10 +8,9 @@
 #include <utility>
 
 #include "engine/backend.h"
-#include "engine/generation/completion_stream.h"
+#include "engine/generation/request_decoder.h"
 #include "engine/generation/session.h"
 #include "engine/load_errors.h"
-#include "engine/logit_guard.h"
 #include "engine/model.h"
 #include "engine/prefix_cache/prefix_cache.h"
 #include "formats/mapped_file.h"
@@ -33,9 +32,17 @@ template <class F, class... Args> void call_quietly(const F& f, Args&&... args) 
     }
 }
 
-bool penalties_off(const SamplingParams& p) {
-    return p.repeat_last_n == 0 ||
-           (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
+// What a request asks of its decoder (a Session's generate on a backend without sequences).
+GenerateOptions generate_options(const BatchRequest& r, const std::atomic<bool>* cancel) {
+    GenerateOptions o;
+    o.n_predict = r.n_predict;
+    o.sampling = r.sampling;
+    o.stop = r.stop;
+    o.repeat_guard = r.repeat_guard;
+    o.logprobs = r.logprobs;
+    o.special_text = r.special_text;
+    o.cancel = cancel;
+    return o;
 }
 
 int32_t pages_for(size_t positions, int32_t per_page) {
@@ -57,17 +64,34 @@ struct BatchEngine::Job {
     std::vector<int32_t> kv;        // the tokens whose K/V the sequence holds, in position order
     std::vector<int32_t> target;    // what the sequence must hold before decoding (goes on)
     bool decoding = false;          // the newest generated token is forwarded next
-    std::unique_ptr<Sampler> sampler;
-    bool use_argmax = false;        // greedy without penalties: the backend's argmax of the row
-    std::vector<LogitCandidate> top;   // the candidates the sampler needs; empty: it needs the whole row
-    std::unique_ptr<CompletionStream> stream;   // made at the first admission, kept across preemptions
-    std::vector<TokenLogprobs> logprobs;        // request.logprobs >= 0: one per token pushed to the stream
+    GenerateOptions options;        // the request's, read by its decoder
+    std::unique_ptr<RequestDecoder> decoder; // made at the first admission, kept across preemptions
     int32_t n_reused = 0;
     int32_t n_from_disk = 0;
     bool shown = false;
     bool prefilled = false;
     Clock::time_point started, first_piece, decode_started;
     double prefill_ms = 0.0;
+
+    // The request's text callback as the engine shows it: the time of the first piece noted, a callback
+    // that throws taken as one that stops listening, and the cancel flag read after every piece.
+    TextCallback text_callback() {
+        return [this](std::string_view piece) {
+            if (!shown) {
+                shown = true;
+                first_piece = Clock::now();
+            }
+            bool go_on = true;
+            if (request.on_text) {
+                try {
+                    go_on = request.on_text(piece);
+                } catch (...) {
+                    go_on = false;
+                }
+            }
+            return go_on && !cancel.load(std::memory_order_relaxed);
+        };
+    }
 };
 
 std::string_view batch_error_name(BatchError error) {
@@ -81,25 +105,41 @@ std::string_view batch_error_name(BatchError error) {
     return "unknown";
 }
 
-BatchEngine::BatchEngine(Session& session, BatchEngineOptions options)
-    : session_(session), options_(std::move(options)), n_ctx_(session.n_ctx()),
-      batched_(session.backend().supports_sequences()),
-      prompt_cache_(batched_ ? session.prefix_cache() : nullptr) {
+ServedModel served_model(Session& session) {
+    return {.backend = session.backend(),
+            .tokenizer = session.tokenizer(),
+            .n_ctx = session.n_ctx(),
+            .prefix_cache = session.prefix_cache(),
+            .model = session.model()};
+}
+
+BatchEngine::BatchEngine(ServedModel served, BatchEngineOptions options)
+    : backend_(served.backend), tokenizer_(served.tokenizer),
+      model_path_(served.model ? served.model->file.path() : std::string()), options_(std::move(options)),
+      n_ctx_(served.n_ctx), batched_(backend_.supports_sequences()),
+      prompt_cache_(batched_ ? served.prefix_cache : nullptr) {
     stats_.parallel = std::max(options_.parallel, 1);
     stats_.max_waiting = std::max(options_.max_waiting, 0);
     if (batched_) {
-        session_.reset();   // sequence 0 stays empty: every request runs in a sequence of its own
+        backend_.kv_truncate(0); // sequence 0 stays empty: every request runs in a sequence of its own
         update_kv_stats();
     } else {
+        solo_ = std::make_unique<Session>(backend_, tokenizer_, n_ctx_, served.prefix_cache, served.model);
         stats_.kv_capacity = n_ctx_;
-        stats_.kv_used = static_cast<int64_t>(session_.kv_tokens().size());
     }
 }
 
 BatchEngine::~BatchEngine() {
     stop();
     join();
-    if (!batched_) return;
+    if (!batched_) {
+        // A Session that shares the backend finds an empty cache, not positions whose tokens it does not know.
+        try {
+            backend_.kv_truncate(0);
+        } catch (...) {
+        }
+        return;
+    }
     // No engine thread is left: requests a caller's own step() calls left running end here, and the
     // sequences kept for their prefixes go back to the pool (the Session may run alone again).
     try {
@@ -120,9 +160,8 @@ Submission BatchEngine::submit(BatchRequest request) {
         return s;
     };
     if (request.prompt.empty()) return refuse(BatchError::invalid, "the prompt is empty (no tokens to start from)");
-    if (request.prompt.size() > static_cast<size_t>(n_ctx_))
-        return refuse(BatchError::invalid, "the prompt has " + std::to_string(request.prompt.size()) +
-                                               " tokens but the context is " + std::to_string(n_ctx_));
+    if (std::string misfit = prompt_over_context(request.prompt.size(), n_ctx_); !misfit.empty())
+        return refuse(BatchError::invalid, std::move(misfit));
     if (request.n_predict < -1)
         return refuse(BatchError::invalid, "n_predict must be -1 (until the end) or a count of tokens");
 
@@ -276,39 +315,13 @@ void BatchEngine::run_job(Job& job) {
         std::lock_guard<std::mutex> lock(mutex_);
         stats_.kv_used = static_cast<int64_t>(job.request.prompt.size());
     }
-    BatchRequest& req = job.request;
-    GenerateOptions o;
-    o.n_predict = req.n_predict;
-    o.sampling = req.sampling;
-    o.stop = req.stop;
-    o.repeat_guard = req.repeat_guard;
-    o.logprobs = req.logprobs;
-    o.special_text = req.special_text;
-    o.cancel = &job.cancel;
-
-    bool shown = false;
-    Clock::time_point first_piece = started;
-    const TextCallback on_text = [&](std::string_view piece) {
-        if (!shown) {
-            shown = true;
-            first_piece = Clock::now();
-        }
-        bool go_on = true;
-        if (req.on_text) {
-            try {
-                go_on = req.on_text(piece);
-            } catch (...) {
-                go_on = false;
-            }
-        }
-        return go_on && !job.cancel.load(std::memory_order_relaxed);
-    };
-
+    const BatchRequest& req = job.request;
+    const GenerateOptions o = generate_options(req, &job.cancel);
     BatchResult r;
     r.id = job.id;
     r.n_prompt = static_cast<int32_t>(req.prompt.size());
     try {
-        GenerateResult g = session_.generate(req.prompt, o, on_text);
+        GenerateResult g = solo_->generate(req.prompt, o, job.text_callback());
         r.text = std::move(g.text);
         r.tokens = std::move(g.tokens);
         r.logprobs = std::move(g.logprobs);
@@ -327,13 +340,13 @@ void BatchEngine::run_job(Job& job) {
     if (!r.ok()) {
         // A forward that failed half-way leaves the cache in an unknown state: start the next one cold.
         try {
-            session_.reset();
+            solo_->reset();
         } catch (...) {
         }
     }
     const Clock::time_point done = Clock::now();
     r.timings.queue_ms = ms_between(job.submitted, started);
-    r.timings.first_token_ms = ms_between(job.submitted, shown ? first_piece : done);
+    r.timings.first_token_ms = ms_between(job.submitted, job.shown ? job.first_piece : done);
     r.timings.total_ms = ms_between(job.submitted, done);
     finish(job, std::move(r));
 }
@@ -353,13 +366,11 @@ bool BatchEngine::step_batched() {
     }
     // A model rewritten in place since the last step: this step's rows may be garbage (step() stops the engine).
     check_mapped_files();
-    Backend& backend = session_.backend();
-    const Tokenizer& tokenizer = session_.tokenizer();
-    const std::string_view model_path = session_.model() ? std::string_view(session_.model()->file.path()) : "";
-    const bool any_argmax = std::any_of(spanned.begin(), spanned.end(), [](const JobPtr& j) { return j->use_argmax; });
+    const bool any_argmax =
+        std::any_of(spanned.begin(), spanned.end(), [](const JobPtr& j) { return j->decoder->wants_argmax(); });
     if (any_argmax) {
         row_argmax_.resize(spanned.size());
-        backend.argmax(row_argmax_);
+        backend_.argmax(row_argmax_);
     }
     const Clock::time_point now = Clock::now();
     for (size_t row = 0; row < spanned.size(); ++row) {
@@ -374,41 +385,13 @@ bool BatchEngine::step_batched() {
             }
             j.decoding = true;
             // A resumed request's row is not sampled: its newest token, already chosen, is forwarded next.
-            if (j.stream->n_generated() > 0) continue;
+            if (j.decoder->stream().n_generated() > 0) continue;
         }
-        // The stop rules in the order Session::generate applies them.
-        std::optional<StopReason> stop;
+        ProducedToken produced;
         try {
-            const BatchRequest& req = j.request;
-            const auto length_reached = [&] { return req.n_predict >= 0 && j.stream->n_generated() >= req.n_predict; };
-            if (j.cancel.load(std::memory_order_relaxed)) {
-                stop = StopReason::cancelled;
-            } else if (length_reached()) {
-                stop = StopReason::length;
-            } else {
-                int32_t token = 0;
-                const int r = static_cast<int>(row);
-                check_logit_row(backend, r, static_cast<int32_t>(j.kv.size()) - 1, model_path);
-                if (j.use_argmax) {
-                    token = row_argmax_[row];
-                } else if (j.top.empty()) {
-                    token = j.sampler->sample(backend.logits(r), j.stream->history());
-                } else {
-                    const size_t n =
-                        backend.top_logits(r, penalties_of(j.stream->history(), j.sampler->params()), j.top);
-                    token = j.sampler->sample_top(std::span<const LogitCandidate>(j.top).first(n));
-                }
-                if (tokenizer.is_eog(token)) {
-                    stop = StopReason::eos;
-                } else {
-                    if (req.logprobs >= 0)
-                        j.logprobs.push_back(token_logprobs(backend.logits(r), token, static_cast<size_t>(req.logprobs)));
-                    stop = j.stream->push(token);
-                    if (!stop && length_reached()) stop = StopReason::length;
-                    // The token goes to position kv.size(): past the context, the request ends.
-                    if (!stop && static_cast<int64_t>(j.kv.size()) >= n_ctx_) stop = StopReason::context;
-                }
-            }
+            const int r = static_cast<int>(row);
+            j.decoder->check_rows(r, 1, static_cast<int32_t>(j.kv.size()) - 1);
+            produced = j.decoder->next(r, any_argmax ? row_argmax_[row] : -1);
         } catch (const std::bad_alloc&) {
             fail_job(j, "out of memory while sampling");
             continue;
@@ -416,6 +399,9 @@ bool BatchEngine::step_batched() {
             fail_job(j, e.what());
             continue;
         }
+        std::optional<StopReason> stop = produced.stop;
+        // The token goes to position kv.size(): past the context, the request ends.
+        if (produced.token && !stop && static_cast<int64_t>(j.kv.size()) >= n_ctx_) stop = StopReason::context;
         if (stop) finish_job(j, *stop);
     }
     {
@@ -449,8 +435,7 @@ bool BatchEngine::end_cancelled() {
 }
 
 void BatchEngine::admit() {
-    Backend& backend = session_.backend();
-    const KvPoolUse pool = backend.kv_pool();
+    const KvPoolUse pool = backend_.kv_pool();
     const int32_t per_page = std::max(pool.positions_per_page, 1);
     // Pages the running requests still need next (a decoding one at a page boundary takes a new page, a
     // prefilling one the rest of its prompt's), and pages the held prefixes would give back.
@@ -482,7 +467,7 @@ void BatchEngine::admit() {
                 break;
             }
             const JobPtr& j = queue.front();
-            const int32_t need = pages_for(j->stream ? j->target.size() : j->request.prompt.size(), per_page);
+            const int32_t need = pages_for(j->decoder ? j->target.size() : j->request.prompt.size(), per_page);
             // Alone, a request always fits (the pool holds a whole context); beside others it waits for pages.
             if ((!running_.empty() || !taken.empty()) && need > free_pages) break;
             free_pages -= need;
@@ -505,43 +490,20 @@ void BatchEngine::admit() {
 }
 
 void BatchEngine::start_job(Job& j) {
-    Backend& backend = session_.backend();
-    const bool first = !j.stream;
+    const bool first = !j.decoder;
     if (first) {
         j.started = Clock::now();
         j.target = j.request.prompt;
-        j.sampler = std::make_unique<Sampler>(j.request.sampling);
-        j.use_argmax = j.sampler->greedy() && penalties_off(j.request.sampling);
-        if (!j.use_argmax) j.top.resize(static_cast<size_t>(j.sampler->candidates_needed()));
-        Job* job = &j;
-        TextCallback on_text = [job](std::string_view piece) {
-            if (!job->shown) {
-                job->shown = true;
-                job->first_piece = Clock::now();
-            }
-            bool go_on = true;
-            if (job->request.on_text) {
-                try {
-                    go_on = job->request.on_text(piece);
-                } catch (...) {
-                    go_on = false;
-                }
-            }
-            return go_on && !job->cancel.load(std::memory_order_relaxed);
-        };
-        j.stream = std::make_unique<CompletionStream>(session_.tokenizer(), j.request.prompt, j.request.stop,
-                                                      j.request.repeat_guard, std::move(on_text),
-                                                      j.request.special_text);
+        j.options = generate_options(j.request, &j.cancel);
+        j.decoder = std::make_unique<RequestDecoder>(backend_, tokenizer_, j.request.prompt, j.options,
+                                                     j.text_callback(), model_path_);
     }
     // The longest start of `target` a held or running sequence holds (never the last token: its row is
     // what the request samples or continues from), shared instead of recomputed.
     int32_t from = -1;
     size_t common = 0;
-    const size_t limit = j.target.size() - 1;
     const auto consider = [&](int32_t seq, const std::vector<int32_t>& tokens) {
-        size_t n = 0;
-        const size_t upto = std::min(limit, tokens.size());
-        while (n < upto && tokens[n] == j.target[n]) ++n;
+        const size_t n = shared_prefix(tokens, j.target, j.target.size() - 1);
         if (n > common) {
             common = n;
             from = seq;
@@ -554,9 +516,9 @@ void BatchEngine::start_job(Job& j) {
     }
     const int32_t seq = new_seq_id();
     if (common > 0)
-        backend.seq_fork(from, seq, static_cast<int32_t>(common));
+        backend_.seq_fork(from, seq, static_cast<int32_t>(common));
     else
-        backend.seq_create(seq);
+        backend_.seq_create(seq);
     j.seq = seq;
     j.kv.assign(j.target.begin(), j.target.begin() + static_cast<std::ptrdiff_t>(common));
     j.decoding = false;
@@ -571,22 +533,16 @@ void BatchEngine::start_job(Job& j) {
 void BatchEngine::restore_from_disk(Job& j) {
     if (!prompt_cache_) return;
     // Never the last token of `target`: its row is what the request samples or continues from.
-    const PrefixCache::Restored disk =
-        prompt_cache_->restore(session_.backend(), j.target, static_cast<int32_t>(j.kv.size()),
-                               static_cast<int32_t>(j.target.size()) - 1, j.seq);
+    const PrefixCache::Restored disk = prompt_cache_->restore(backend_, j.target, static_cast<int32_t>(j.kv.size()),
+                                                              static_cast<int32_t>(j.target.size()) - 1, j.seq);
     // A block that starts inside the shared prefix replaces its positions from the block's start.
     j.kv.assign(j.target.begin(), j.target.begin() + disk.n_held);
 }
 
 void BatchEngine::store_prompt(const Job& j) {
     if (!prompt_cache_) return;
-    // The prompt's blocks only, as the Session stores them: what the sequence holds of the prompt.
-    const std::vector<int32_t>& prompt = j.request.prompt;
-    size_t n_valid = 0;
-    const size_t limit = std::min(prompt.size(), j.kv.size());
-    while (n_valid < limit && j.kv[n_valid] == prompt[n_valid]) ++n_valid;
     try {
-        prompt_cache_->store(session_.backend(), prompt, static_cast<int32_t>(n_valid), j.seq);
+        store_prompt_blocks(*prompt_cache_, backend_, j.request.prompt, j.kv, j.seq);
     } catch (const std::exception&) {
         // The cache is an optimisation: a failing directory costs its blocks, never the request.
     }
@@ -602,7 +558,6 @@ int32_t BatchEngine::new_seq_id() const {
 }
 
 bool BatchEngine::forward_step(std::vector<JobPtr>& spanned, std::vector<int32_t>& chunk) {
-    Backend& backend = session_.backend();
     std::vector<int32_t> tokens;
     std::vector<SequenceSpan> spans;
     for (;;) {
@@ -614,7 +569,7 @@ bool BatchEngine::forward_step(std::vector<JobPtr>& spanned, std::vector<int32_t
         // Every decoding request's newest token, then prompt chunks under the step's budget, oldest first.
         for (const JobPtr& j : running_) {
             if (!j->decoding || j->seq < 0) continue;
-            tokens.push_back(j->stream->generated().back());
+            tokens.push_back(j->decoder->stream().generated().back());
             spans.push_back({j->seq, 1, LogitsWanted::last});
             spanned.push_back(j);
             chunk.push_back(1);
@@ -640,7 +595,7 @@ bool BatchEngine::forward_step(std::vector<JobPtr>& spanned, std::vector<int32_t
         batch.tokens = tokens;
         batch.spans = spans;
         try {
-            backend.forward(batch);
+            backend_.forward(batch);
         } catch (const KvPoolExhausted&) {
             // Nothing was written: free pages and run the step again, without the youngest request if need be.
             if (drop_oldest_held()) continue;
@@ -681,8 +636,9 @@ void BatchEngine::preempt(Job& j) {
     j.decoding = false;
     // On resumption it recomputes all it had: the prompt and the generated tokens but the newest, which
     // is forwarded as its next decode step.
-    const std::span<const int32_t> history = j.stream->history();
-    j.target.assign(history.begin(), history.end() - (j.stream->n_generated() > 0 ? 1 : 0));
+    const CompletionStream& stream = j.decoder->stream();
+    const std::span<const int32_t> history = stream.history();
+    j.target.assign(history.begin(), history.end() - (stream.n_generated() > 0 ? 1 : 0));
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = std::find_if(running_.begin(), running_.end(), [&j](const JobPtr& r) { return r.get() == &j; });
     if (it == running_.end()) return;
@@ -702,7 +658,7 @@ void BatchEngine::release_seq(Job& j, bool keep) {
         return;
     }
     try {
-        session_.backend().seq_free(seq);
+        backend_.seq_free(seq);
     } catch (...) {
     }
 }
@@ -712,7 +668,7 @@ bool BatchEngine::drop_oldest_held() {
     const int32_t seq = held_.front().seq;
     held_.erase(held_.begin());
     try {
-        session_.backend().seq_free(seq);
+        backend_.seq_free(seq);
     } catch (...) {
     }
     return true;
@@ -725,16 +681,15 @@ void BatchEngine::finish_job(Job& j, StopReason reason) {
     r.n_reused = j.n_reused;
     r.n_from_disk = j.n_from_disk;
     r.stop_reason = reason;
-    if (j.stream) {
-        r.stop_reason = j.stream->finish(reason);
-        r.tokens = j.stream->take_generated();
-        r.text = j.stream->take_text();
-        // The repetition guard keeps one occurrence of a looping tail: the log-probabilities follow the tokens.
-        r.logprobs = std::move(j.logprobs);
-        if (r.logprobs.size() > r.tokens.size()) r.logprobs.resize(r.tokens.size());
+    if (j.decoder) {
+        Completion c = j.decoder->finish(reason);
+        r.stop_reason = c.stop_reason;
+        r.tokens = std::move(c.tokens);
+        r.text = std::move(c.text);
+        r.logprobs = std::move(c.logprobs);
     }
     const Clock::time_point done = Clock::now();
-    const Clock::time_point started = j.stream ? j.started : done;
+    const Clock::time_point started = j.decoder ? j.started : done;
     r.timings.queue_ms = ms_between(j.submitted, started);
     r.timings.prefill_ms = j.prefilled ? j.prefill_ms : ms_between(started, done);
     r.timings.decode_ms = j.prefilled ? ms_between(j.decode_started, done) : 0.0;
@@ -751,7 +706,7 @@ void BatchEngine::fail_job(Job& j, std::string message) {
     r.error = BatchError::runtime;
     r.message = std::move(message);
     const Clock::time_point done = Clock::now();
-    r.timings.queue_ms = ms_between(j.submitted, j.stream ? j.started : done);
+    r.timings.queue_ms = ms_between(j.submitted, j.decoder ? j.started : done);
     r.timings.first_token_ms = ms_between(j.submitted, j.shown ? j.first_piece : done);
     r.timings.total_ms = ms_between(j.submitted, done);
     retire(j, std::move(r), false);   // a forward that failed half-way leaves its positions in an unknown state
@@ -773,7 +728,7 @@ void BatchEngine::retire(Job& j, BatchResult r, bool keep_prefix) {
 }
 
 void BatchEngine::update_kv_stats() {
-    const KvPoolUse use = session_.backend().kv_pool();
+    const KvPoolUse use = backend_.kv_pool();
     stats_.kv_capacity = static_cast<int64_t>(use.pages) * use.positions_per_page;
     stats_.kv_used = static_cast<int64_t>(use.pages_in_use) * use.positions_per_page;
 }
@@ -786,7 +741,7 @@ void BatchEngine::finish(Job& job, BatchResult r) {
         if (batched_)
             update_kv_stats();
         else
-            stats_.kv_used = static_cast<int64_t>(session_.kv_tokens().size());
+            stats_.kv_used = static_cast<int64_t>(solo_->kv_tokens().size());
         if (!r.ok()) {
             ++stats_.failed;
         } else {

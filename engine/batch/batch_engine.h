@@ -13,10 +13,11 @@
 // On a backend with sequences (Backend::supports_sequences: the CPU's and the CUDA backend's paged KV
 // caches, engine/cpu/kv_cache.h and engine/cuda/kv_cache_cuda.h) the engine is a
 // continuous-batching scheduler. Up to `parallel` requests run at once, each in a backend sequence of
-// its own with its own sampler and completion stream. Each step() is ONE forward over every decoding
-// request's newest token plus chunks of the prompts being prefilled, under a per-step token budget
+// its own with its own RequestDecoder (engine/generation/request_decoder.h: sampling, penalties, stop
+// strings, the repetition guard and limits, the rules Session::generate decodes by). Each step() is ONE forward over
+// every decoding request's newest token plus chunks of the prompts being prefilled, under a per-step token budget
 // (step_tokens: a long prompt is prefilled over several steps while the others keep decoding); then
-// each request whose row ended its prompt or decoded a token samples it, requests whose stop rule
+// each request whose row ended its prompt or decoded a token hands it to its decoder, requests whose stop rule
 // fired finish (their pages go back to the pool at once), and waiting requests are admitted into the
 // free slots. A request's tokens are exactly what it gets alone: the forward gives each sequence the
 // bits it gets alone (whatever shares the step, however its prompt is chunked), and each request samples
@@ -27,14 +28,15 @@
 // request is preempted (its pages freed) and later resumes where it was, its prompt and generated
 // tokens recomputed and its stream going on (no text is sent twice). A new request whose prompt starts
 // like a running or recently finished sequence shares that prefix's pages (Backend::seq_fork). When the
-// Session has an on-disk prefix cache (engine/prefix_cache/prefix_cache.h; the app's --prompt-cache),
+// engine has an on-disk prefix cache (engine/prefix_cache/prefix_cache.h; the app's --prompt-cache),
 // a starting request then restores the cached 64-token blocks that follow into its sequence (never its
 // last token), and once its prompt is prefilled stores the prompt's blocks not on disk yet, as
 // Session::generate does: restored K/V equal a cold prefill's bit for bit, so the tokens do not change,
 // and a faulty entry costs a warning and a prefill, never the request.
 //
 // On a backend without sequences the engine runs the admitted requests one at a time, first come first
-// served, through the Session (engine/generation/session.h): each step is one whole generation, and a
+// served, through a Session of its own on that backend (engine/generation/session.h): each step is one
+// whole generation, and a
 // later request whose prompt starts like the previous one reuses its KV (the Session's prefix reuse).
 //
 // The API is shaped for batching:
@@ -65,8 +67,11 @@
 
 namespace tern {
 
+class Backend;
 class PrefixCache;
 class Session;
+class Tokenizer;
+struct Model;
 
 using RequestId = uint64_t;   // 1, 2, ... in submission order; 0 is never a request
 
@@ -186,12 +191,26 @@ struct BatchStats {
     LatencyHistogram end_to_end;       // submit -> done
 };
 
+// What a BatchEngine serves: the loaded model's backend (loaded with a context of n_ctx positions), its
+// tokenizer, and the caches. Each must outlive the engine, whose thread is their only user once start()
+// ran (the tokenizer stays usable from any thread: encoding is const).
+struct ServedModel {
+    Backend& backend;
+    const Tokenizer& tokenizer;
+    int32_t n_ctx = 0;
+    PrefixCache* prefix_cache = nullptr; // the on-disk prefix cache (--prompt-cache); null: none
+    const Model* model = nullptr;        // the file whose changes stop the engine and that errors name; null: none
+};
+// What a Session holds (engine/generation/session.h), served: its backend, tokenizer, context, prefix cache
+// and model, which the Session keeps alive. The Session must not generate while the engine runs.
+ServedModel served_model(Session& session);
+
 class BatchEngine {
 public:
-    // `session` must outlive the engine; the engine thread is its only user once start() ran (its
-    // tokenizer stays usable from any thread: encoding is const). On a backend with sequences the
-    // Session's own cache (sequence 0) is emptied: the requests run in sequences of their own.
-    BatchEngine(Session& session, BatchEngineOptions options);
+    // On a backend with sequences the backend's own cache (sequence 0) is emptied: the requests run in
+    // sequences of their own. On one without, the engine's requests run in that cache, which it leaves
+    // empty when it ends.
+    BatchEngine(ServedModel served, BatchEngineOptions options);
     // stop(), then waits for the engine thread.
     ~BatchEngine();
     BatchEngine(const BatchEngine&) = delete;
@@ -268,13 +287,16 @@ private:
     void finish(Job& job, BatchResult result);   // stats, then on_done
     void deliver_cancelled(std::vector<JobPtr> jobs);
 
-    Session& session_;
+    Backend& backend_;
+    const Tokenizer& tokenizer_;
+    const std::string model_path_; // "" when the engine serves no file (tests' fakes)
     const BatchEngineOptions options_;
     const int32_t n_ctx_;
     const bool batched_;   // the backend runs sequences: the batching scheduler
-    // The Session's on-disk prefix cache on the batching path (null: none). Without sequences the
-    // Session itself reads and writes it.
+    // The on-disk prefix cache on the batching path (null: none). Without sequences solo_ reads and writes it.
     PrefixCache* const prompt_cache_;
+    // A backend without sequences: the Session that runs one request at a time in the backend's cache.
+    std::unique_ptr<Session> solo_;
 
     mutable std::mutex mutex_;   // guards everything below (the engine thread alone changes running_/resume_)
     std::condition_variable wake_;
@@ -291,7 +313,7 @@ private:
     // The engine thread's alone.
     std::vector<Held> held_;   // oldest first
     int32_t held_back_steps_ = 0;   // steps the waiting-queue policy kept the queue waiting
-    std::vector<int32_t> row_argmax_;
+    std::vector<int32_t> row_argmax_; // a step's argmax of every row, when a request wants it
 };
 
 } // namespace tern

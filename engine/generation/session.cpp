@@ -2,15 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include "base/error.h"
-#include "engine/generation/accept_drafts.h"
-#include "engine/generation/sampler.h"
-#include "engine/generation/token_logprobs.h"
-#include "engine/logit_guard.h"
 #include "engine/model.h"
 #include "engine/speculative/drafter.h"
 #include "formats/mapped_file.h"
@@ -26,73 +21,6 @@ double ms_since(Clock::time_point t0) {
 }
 
 bool cancelled(const GenerateOptions& o) { return o.cancel && o.cancel->load(std::memory_order_relaxed); }
-
-bool penalties_off(const SamplingParams& p) {
-    return p.repeat_last_n == 0 ||
-           (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f);
-}
-
-bool length_reached(const GenerateOptions& o, const CompletionStream& stream) {
-    return o.n_predict >= 0 && stream.n_generated() >= o.n_predict;
-}
-
-// The target's token for each logit row of the last forward: the backend's argmax when sampling is
-// greedy without penalties; the row's best candidates after the penalties (Backend::top_logits, a few
-// hundred bytes from a GPU) when the chain depends on no more of them (Sampler::candidates_needed); else
-// the sampler over the whole row.
-class TargetTokens {
-public:
-    // `model`: the file named when a row is not finite.
-    TargetTokens(Backend& backend, const SamplingParams& params, std::string_view model)
-        : backend_(backend), sampler_(params), device_argmax_(sampler_.greedy() && penalties_off(params)),
-          top_(static_cast<size_t>(device_argmax_ ? 0 : sampler_.candidates_needed())), model_(model) {}
-
-    // A forward left `rows` rows of logits, the first for the token at KV position `first_pos`. Before any
-    // is sampled, the model files must be unchanged since they were opened (check_mapped_files) and every
-    // row finite (check_logit_row: a draft's row that is not means damage as much as the newest token's).
-    void forwarded(size_t rows, int32_t first_pos) {
-        check_mapped_files();
-        for (size_t r = 0; r < rows; ++r)
-            check_logit_row(backend_, static_cast<int>(r), first_pos + static_cast<int32_t>(r), model_);
-        if (!device_argmax_) return;
-        row_argmax_.resize(rows);
-        backend_.argmax(row_argmax_);
-    }
-    // `history`: what the penalties look at.
-    int32_t at(size_t row, std::span<const int32_t> history) {
-        if (device_argmax_) return row_argmax_[row];
-        if (top_.empty()) return sampler_.sample(backend_.logits(static_cast<int>(row)), history);
-        const size_t n = backend_.top_logits(static_cast<int>(row), penalties_of(history, sampler_.params()), top_);
-        return sampler_.sample_top(std::span<const LogitCandidate>(top_).first(n));
-    }
-
-    // The log-probabilities of `token`, chosen from row `row`, and of the row's top_n most likely tokens.
-    TokenLogprobs logprobs(size_t row, int32_t token, size_t top_n) {
-        return token_logprobs(backend_.logits(static_cast<int>(row)), token, top_n);
-    }
-
-private:
-    Backend& backend_;
-    Sampler sampler_;
-    bool device_argmax_;
-    std::vector<int32_t> row_argmax_;   // device_argmax_: the argmax of each row
-    std::vector<LogitCandidate> top_;   // the candidates the sampler needs; empty: it needs the row
-    std::string_view model_;
-};
-
-// One token from logit row `row`, through every stop rule in the order plain decoding applies them. `logprobs`:
-// where its log-probabilities go when the options ask for them.
-ProducedToken next_token(size_t row, TargetTokens& target, CompletionStream& stream, const Tokenizer& tokenizer,
-                         const GenerateOptions& options, std::vector<TokenLogprobs>& logprobs) {
-    if (cancelled(options)) return {std::nullopt, StopReason::cancelled};
-    if (length_reached(options, stream)) return {std::nullopt, StopReason::length};
-    const int32_t token = target.at(row, stream.history());
-    if (tokenizer.is_eog(token)) return {std::nullopt, StopReason::eos};
-    if (options.logprobs >= 0) logprobs.push_back(target.logprobs(row, token, static_cast<size_t>(options.logprobs)));
-    Verdict verdict = stream.push(token);
-    if (!verdict && length_reached(options, stream)) verdict = StopReason::length;
-    return {token, verdict};   // a full cache is checked where the token would be forwarded
-}
 
 } // namespace
 
@@ -112,8 +40,15 @@ std::string_view stop_reason_name(StopReason r) {
 
 Session::Session(std::unique_ptr<Backend> backend, std::unique_ptr<Tokenizer> tokenizer, int32_t n_ctx,
                  std::shared_ptr<const Model> model)
-    : model_(std::move(model)), backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), n_ctx_(n_ctx) {
+    : owned_model_(std::move(model)), owned_backend_(std::move(backend)), owned_tokenizer_(std::move(tokenizer)),
+      model_(owned_model_.get()), backend_(owned_backend_.get()), tokenizer_(owned_tokenizer_.get()), n_ctx_(n_ctx) {
     if (!backend_ || !tokenizer_) throw std::invalid_argument("Session: backend and tokenizer are required");
+    kv_tokens_.reserve(static_cast<size_t>(std::max(n_ctx_, 0)));
+}
+
+Session::Session(Backend& backend, const Tokenizer& tokenizer, int32_t n_ctx, PrefixCache* prefix_cache,
+                 const Model* model)
+    : model_(model), backend_(&backend), tokenizer_(&tokenizer), prefix_cache_(prefix_cache), n_ctx_(n_ctx) {
     kv_tokens_.reserve(static_cast<size_t>(std::max(n_ctx_, 0)));
 }
 
@@ -166,9 +101,8 @@ void Session::prefill(std::span<const int32_t> tokens, const GenerateOptions& op
 GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& options,
                                  const TextCallback& on_text) {
     if (prompt.empty()) throw UsageError("the prompt is empty (no tokens to start from; give some text or keep BOS)");
-    if (static_cast<int64_t>(prompt.size()) > n_ctx_)
-        throw UsageError("the prompt has " + std::to_string(prompt.size()) + " tokens but the context is " +
-                         std::to_string(n_ctx_));
+    if (std::string misfit = prompt_over_context(prompt.size(), n_ctx_); !misfit.empty())
+        throw UsageError(std::move(misfit));
 
     GenerateResult r;
     r.prompt_tokens.assign(prompt.begin(), prompt.end());
@@ -186,46 +120,51 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     }
 
     const auto t_decode = Clock::now();
-    CompletionStream stream(*tokenizer_, prompt, options.stop, options.repeat_guard, on_text, options.special_text);
-    r.stop_reason = stream.finish(decode(stream, options, r));
+    const std::string_view model_path = model_ ? std::string_view(model_->file.path()) : std::string_view();
+    RequestDecoder decoder(*backend_, *tokenizer_, prompt, options, on_text, model_path);
+    Completion c = decoder.finish(decode(decoder, options));
     r.decode_ms = ms_since(t_decode);
-    r.repeat_cut = stream.repeat_cut();
-    r.tokens = stream.take_generated();
-    // The repetition guard keeps one occurrence of a looping tail: the log-probabilities follow the tokens kept.
-    if (r.logprobs.size() > r.tokens.size()) r.logprobs.resize(r.tokens.size());
-    r.text = stream.take_text();
-    store_prefix(prompt);
+    r.stop_reason = c.stop_reason;
+    r.repeat_cut = c.repeat_cut;
+    r.tokens = std::move(c.tokens);
+    r.logprobs = std::move(c.logprobs);
+    r.text = std::move(c.text);
+    r.n_drafted = decoder.n_drafted();
+    r.n_accepted = decoder.n_accepted();
+    if (prefix_cache_ && !kv_shifted_) store_prompt_blocks(*prefix_cache_, *backend_, prompt, kv_tokens_, 0);
     return r;
 }
 
-StopReason Session::decode(CompletionStream& stream, const GenerateOptions& options, GenerateResult& r) {
-    const std::string_view model_path = model_ ? std::string_view(model_->file.path()) : std::string_view();
-    TargetTokens target(*backend_, options.sampling, model_path);
-    target.forwarded(1, static_cast<int32_t>(kv_tokens_.size()) - 1);   // the prefill's last row
+StopReason Session::decode(RequestDecoder& decoder, const GenerateOptions& options) {
+    forwarded(decoder, 1);       // the prefill's last row
     std::vector<int32_t> step;   // the last decode forward: the newest token, then its drafts
     for (;;) {
         const std::span<const int32_t> drafts =
             step.empty() ? std::span<const int32_t>() : std::span<const int32_t>(step).subspan(1);
-        const AcceptedDrafts accepted = accept_drafts(
-            drafts, [&](size_t row) { return next_token(row, target, stream, *tokenizer_, options, r.logprobs); });
+        const AcceptedDrafts accepted = decoder.accept(drafts, row_argmax_);
         forget_last(drafts.size() - static_cast<size_t>(accepted.accepted));
-        if (!drafts.empty()) {
-            r.n_drafted += static_cast<int32_t>(drafts.size());
-            r.n_accepted += accepted.accepted;
-            options.drafter->observe(static_cast<int32_t>(drafts.size()), accepted.accepted);
-        }
         if (accepted.stop) return *accepted.stop;
         if (!make_room(options)) return StopReason::context;
-        next_step(stream, options, step);
+        // Drafts fit in the cache behind the newest token.
+        decoder.next_step(static_cast<int64_t>(n_ctx_) - static_cast<int64_t>(kv_tokens_.size()) - 1, draft_cost_,
+                          step);
         forward_step(step, options);
-        target.forwarded(step.size(), static_cast<int32_t>(kv_tokens_.size() - step.size()));
+        forwarded(decoder, step.size());
     }
 }
 
+void Session::forwarded(RequestDecoder& decoder, size_t rows) {
+    check_mapped_files();
+    decoder.check_rows(0, rows, static_cast<int32_t>(kv_tokens_.size() - rows));
+    if (!decoder.wants_argmax()) return;
+    row_argmax_.resize(rows);
+    backend_->argmax(row_argmax_);
+}
+
 size_t Session::reuse_prefix(std::span<const int32_t> prompt, GenerateResult& r) {
-    size_t common = 0;
-    const size_t limit = std::min(kv_tokens_.size(), prompt.size() - 1);
-    while (common < limit && kv_tokens_[common] == prompt[common]) ++common;
+    // Never beyond what the backend holds: a batching engine on the same backend may have emptied it.
+    size_t common = shared_prefix(kv_tokens_, prompt,
+                                  std::min(prompt.size() - 1, static_cast<size_t>(std::max(backend_->n_past(), 0))));
     if (common != kv_tokens_.size() || backend_->n_past() != static_cast<int32_t>(common)) {
         backend_->kv_truncate(static_cast<int32_t>(common));
         kv_tokens_.resize(common);
@@ -255,20 +194,6 @@ bool Session::make_room(const GenerateOptions& options) {
     return static_cast<int64_t>(kv_tokens_.size()) < n_ctx_;
 }
 
-void Session::next_step(const CompletionStream& stream, const GenerateOptions& options, std::vector<int32_t>& step) {
-    step.assign(1, stream.generated().back());
-    Drafter* drafter = options.drafter;
-    if (!drafter) return;
-    // At most as many drafts as could still be generated after the token (n_predict) and as fit in the
-    // cache behind it.
-    int64_t room = static_cast<int64_t>(n_ctx_) - static_cast<int64_t>(kv_tokens_.size()) - 1;
-    if (options.n_predict >= 0) room = std::min<int64_t>(room, options.n_predict - stream.n_generated() - 1);
-    if (room <= 0) return;
-    drafter->propose(stream.history(), static_cast<int32_t>(std::min<int64_t>(room, INT32_MAX)), draft_cost_, drafts_);
-    if (static_cast<int64_t>(drafts_.size()) > room) drafts_.resize(static_cast<size_t>(room));
-    step.insert(step.end(), drafts_.begin(), drafts_.end());
-}
-
 void Session::forward_step(std::span<const int32_t> step, const GenerateOptions& options) {
     ForwardBatch batch;
     batch.tokens = step;
@@ -278,14 +203,6 @@ void Session::forward_step(std::span<const int32_t> step, const GenerateOptions&
     backend_->forward(batch);
     if (options.drafter) draft_cost_.record(static_cast<int32_t>(step.size()), ms_since(t_forward));
     kv_tokens_.insert(kv_tokens_.end(), step.begin(), step.end());
-}
-
-void Session::store_prefix(std::span<const int32_t> prompt) {
-    if (!prefix_cache_ || kv_shifted_) return;
-    size_t n_valid = 0;   // leading prompt positions the cache holds
-    const size_t limit = std::min(prompt.size(), kv_tokens_.size());
-    while (n_valid < limit && kv_tokens_[n_valid] == prompt[n_valid]) ++n_valid;
-    prefix_cache_->store(*backend_, prompt, static_cast<int32_t>(n_valid));
 }
 
 } // namespace tern

@@ -12,10 +12,11 @@
 #include <vector>
 
 #include "engine/backend.h"
-#include "engine/speculative/drafter.h"
 #include "engine/generation/completion_stream.h"
 #include "engine/generation/generate_options.h"
+#include "engine/generation/request_decoder.h"
 #include "engine/prefix_cache/prefix_cache.h"
+#include "engine/speculative/drafter.h"
 #include "engine/text/tokenizer.h"
 
 namespace tern {
@@ -29,6 +30,9 @@ public:
     // (tests use small fakes).
     Session(std::unique_ptr<Backend> backend, std::unique_ptr<Tokenizer> tokenizer, int32_t n_ctx,
             std::shared_ptr<const Model> model = nullptr);
+    // A Session on a backend, tokenizer, prefix cache (null: none) and model (null: none) that others own
+    // and that outlive it: a batching engine's one-request-at-a-time path (engine/batch/batch_engine.h).
+    Session(Backend& backend, const Tokenizer& tokenizer, int32_t n_ctx, PrefixCache* prefix_cache, const Model* model);
 
     // Prefills what the KV cache does not already hold of `prompt`, then samples until a stop
     // rule fires. Throws UsageError for an empty prompt or one longer than the context.
@@ -51,7 +55,7 @@ public:
 
     const Tokenizer& tokenizer() const { return *tokenizer_; }
     // The loaded file (metadata such as the chat template); null for sessions built on fakes.
-    const Model* model() const { return model_.get(); }
+    const Model* model() const { return model_; }
     Backend& backend() { return *backend_; }
     int32_t n_ctx() const { return n_ctx_; }
     // The tokens whose K/V the cache holds, in position order.
@@ -60,40 +64,46 @@ public:
     // The on-disk prefix cache (null: none). generate() then restores the cached blocks of a
     // prompt beyond what memory holds, and stores the prompt's new blocks after generating,
     // unless the cache went through a shift (its K/V would not equal a cold prefill's).
-    void set_prefix_cache(std::unique_ptr<PrefixCache> cache) { prefix_cache_ = std::move(cache); }
-    PrefixCache* prefix_cache() { return prefix_cache_.get(); }
+    void set_prefix_cache(std::unique_ptr<PrefixCache> cache) {
+        owned_prefix_cache_ = std::move(cache);
+        prefix_cache_ = owned_prefix_cache_.get();
+    }
+    PrefixCache* prefix_cache() { return prefix_cache_; }
 
 private:
     // Keeps the KV of the longest prefix of `prompt` that memory or the on-disk cache holds (never
     // the last prompt token: its logits choose the first generated token). Returns its length.
     size_t reuse_prefix(std::span<const int32_t> prompt, GenerateResult& r);
     void prefill(std::span<const int32_t> tokens, const GenerateOptions& options);
-    // Decodes into `stream` until a stop rule fires; returns it. Each step takes the tokens of the
-    // last forward's logit rows into the completion (accepting the drafts they confirm: the
-    // speculative accept step, accept_drafts.h), then forwards the newest token with the next
-    // drafts. Counts drafted and accepted tokens in `r`.
-    StopReason decode(CompletionStream& stream, const GenerateOptions& options, GenerateResult& r);
+    // Decodes through `decoder` until a stop rule fires; returns it. Each step takes the tokens of the
+    // last forward's logit rows into the completion (accepting the drafts they confirm), then forwards
+    // the newest token with the next drafts.
+    StopReason decode(RequestDecoder& decoder, const GenerateOptions& options);
+    // The last forward left `rows` rows of logits: the model files must be unchanged since they were opened
+    // and every row finite before any is sampled; their argmax when the decoder wants it.
+    void forwarded(RequestDecoder& decoder, size_t rows);
     // Drops the K/V of the last `n` positions (drafts the target did not confirm).
     void forget_last(size_t n);
     // The next token needs a position: false when the cache is full and on_context_full freed none.
     bool make_room(const GenerateOptions& options);
-    // The next decode forward: the newest token, then what the drafter guesses follows it.
-    void next_step(const CompletionStream& stream, const GenerateOptions& options, std::vector<int32_t>& step);
     void forward_step(std::span<const int32_t> step, const GenerateOptions& options);
-    // After generating: the prompt's blocks that are not on disk yet go to the prefix cache.
-    void store_prefix(std::span<const int32_t> prompt);
 
-    std::shared_ptr<const Model> model_;   // declared first: destroyed after the backend that reads it
-    std::unique_ptr<Backend> backend_;
-    std::unique_ptr<Tokenizer> tokenizer_;
+    // Owned when the Session was given them (declared first: destroyed after the backend that reads them).
+    std::shared_ptr<const Model> owned_model_;
+    std::unique_ptr<Backend> owned_backend_;
+    std::unique_ptr<Tokenizer> owned_tokenizer_;
+    std::unique_ptr<PrefixCache> owned_prefix_cache_;
+    const Model* model_ = nullptr;
+    Backend* backend_ = nullptr;
+    const Tokenizer* tokenizer_ = nullptr;
+    PrefixCache* prefix_cache_ = nullptr;
     int32_t n_ctx_ = 0;
     std::vector<int32_t> kv_tokens_;
     bool kv_shifted_ = false;
-    std::unique_ptr<PrefixCache> prefix_cache_;
     // What verifying drafted tokens costs on this backend, timed on the decode forwards of
     // speculative steps and kept across calls (chat turns).
     DraftCost draft_cost_;
-    std::vector<int32_t> drafts_;   // next_step()'s scratch: the drafter's latest proposal
+    std::vector<int32_t> row_argmax_; // forwarded()'s: the argmax of each row, when the decoder wants it
 };
 
 } // namespace tern
