@@ -20,7 +20,7 @@ enum class FfnActivation { silu, gelu_tanh, swiglu_oai };
 // the top k by logit, then a softmax over those k logits only.
 enum class ExpertGating { softmax, sigmoid, softmax_weight };
 
-// The architectures tern runs, by their general.architecture spelling.
+// The architectures tern runs, by their general.architecture spelling (engine/families.h: one descriptor each).
 std::span<const std::string_view> supported_architectures();
 std::string_view arch_name(Arch arch);
 

@@ -12,6 +12,7 @@
 #include "base/finite.h"
 #include "engine/backend_factory.h"
 #include "engine/cpu/backend_cpu.h"
+#include "engine/families.h"
 #include "engine/load_errors.h"
 #include "engine/model.h"
 #include "formats/gguf_writer.h"
@@ -703,6 +704,22 @@ TEST_CASE("small tensors (norms, biases, rope factors) hold finite values, rope 
         CHECK(test::load_error(lr).empty()); // the files they were made from load
         CHECK(test::load_error(fr).empty());
     }
+}
+
+TEST_CASE("families are a table: every architecture named once, in Arch order, its descriptor found by name") {
+    const std::span<const std::string_view> names = supported_architectures();
+    REQUIRE(names.size() == families().size());
+    for (size_t i = 0; i < names.size(); ++i) {
+        CAPTURE(names[i]);
+        const FamilyDescriptor* f = find_family(names[i]);
+        REQUIRE(f != nullptr);
+        CHECK(static_cast<size_t>(f->arch) == i);
+        CHECK(arch_name(f->arch) == names[i]);
+        CHECK(&family_of(f->arch) == f);
+        CHECK(std::count(names.begin(), names.end(), names[i]) == 1);
+    }
+    CHECK(find_family("mamba") == nullptr);
+    CHECK(find_family("") == nullptr);
 }
 
 TEST_CASE("backend factory, KV type names, block KV types need head dims of 32") {
