@@ -27,6 +27,8 @@ constexpr float kFloatMax = std::numeric_limits<float>::max();
 constexpr FloatRange kSoftcapRange{0.0f, false, kFloatMax, "c * tanh(x / c) caps scores and logits at +-c"};
 constexpr FloatRange kTemperatureRange{0.0f, true, 10.0f,
                                        "q's temperature 1 + scale * ln(...) grows with the position"};
+constexpr FloatRange kMultiplierRange{0.0f, true, kFloatMax, "a multiplier of the activations (0: none)"};
+constexpr FloatRange kLogitScaleRange{0.0f, false, kFloatMax, "the logits are divided by it"};
 
 // gemma2: tanh caps on the attention scores and the logits, Gemma 2's values when absent.
 constexpr FamilyFloatKey kGemma2Keys[] = {
@@ -38,6 +40,16 @@ constexpr FamilyFloatKey kGemma2Keys[] = {
 // context (model_config.cpp).
 constexpr FamilyFloatKey kMistral3Keys[] = {
     {"attention.temperature_scale", &ModelConfig::attn_temp_scale, 0.0f, false, false, kTemperatureRange},
+};
+
+// granite (Granite 3.x): the embedding, each block's output (before its residual add) and q.k are multiplied by
+// these, the logits divided by logit_scale. As llama.cpp reads them: logit_scale required, the others optional
+// and 0 meaning none (the default: 1, 1/sqrt(head_dim)).
+constexpr FamilyFloatKey kGraniteKeys[] = {
+    {"logit_scale", &ModelConfig::logit_scale, 1.0f, true, false, kLogitScaleRange},
+    {"residual_scale", &ModelConfig::residual_scale, 0.0f, false, true, kMultiplierRange},
+    {"embedding_scale", &ModelConfig::embed_scale, 0.0f, false, true, kMultiplierRange},
+    {"attention.scale", &ModelConfig::attn_scale, 0.0f, false, true, kMultiplierRange},
 };
 
 constexpr FamilyDescriptor kFamilies[] = {
@@ -104,6 +116,19 @@ constexpr FamilyDescriptor kFamilies[] = {
     // mistral3 (Ministral 3): llama's layers (the converter permutes q/k for adjacent pairs), usually with YaRN
     // and an attention temperature.
     {.name = "mistral3", .arch = Arch::mistral3, .rope_freqs_tensor = true, .float_keys = kMistral3Keys},
+    // granite (Granite 3.x): llama's layers with four multipliers, and RoPE switched by rope.scaling.finetuned.
+    {.name = "granite", .arch = Arch::granite, .rope_switch_key = "rope.scaling.finetuned", .float_keys = kGraniteKeys},
+    // olmo2 (OLMo 2): no pre-norms (each block reads the residual stream, its output normed before the add), q and
+    // k normed over their whole width, neox RoPE. OLMo 3's files are olmo2 with sliding-window layers.
+    {.name = "olmo2",
+     .arch = Arch::olmo2,
+     .rope_style = RopeStyle::neox,
+     .qk_norm = true,
+     .qk_norm_whole = true,
+     .pre_norms = false,
+     .post_norms = true,
+     .window = {.key = SlidingWindowRule::Key::refused,
+                .refused_why = "sliding-window layers (OLMo 3) are not supported yet"}},
 };
 
 constexpr bool in_arch_order() {
