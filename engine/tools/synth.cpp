@@ -49,10 +49,13 @@ float tied_embedding_gain(const SynthShape& s) {
 std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
     const int64_t q_dim = int64_t{s.n_heads} * s.head_dim, kv_dim = int64_t{s.n_kv_heads} * s.head_dim;
     const float embd_gain = tied_embedding_gain(s);
-    // A model that multiplies its embedding (granite) gets one as much smaller, as trained ones have.
+    // A model that multiplies its embedding (granite) gets one as much smaller, as trained ones have; one that
+    // divides its logits (granite's logit_scale) an output norm as much larger, so that its logits keep the scale
+    // of the other families' (their top-2 margins well above the comparisons' noise).
     const float embd_scale = s.embedding_scale > 0.0f ? s.embedding_scale : 1.0f;
+    const float logit_scale = s.logit_scale > 0.0f ? s.logit_scale : 1.0f;
     std::vector<SynthTensor> t = {{"token_embd.weight", s.dim, vocab, Role::matrix, embd_gain / embd_scale},
-                                  {"output_norm.weight", s.dim, 1, Role::norm, 1.0f / embd_gain}};
+                                  {"output_norm.weight", s.dim, 1, Role::norm, logit_scale / embd_gain}};
     if (!s.tied_output) t.push_back({"output.weight", s.dim, vocab, Role::matrix});
     if (s.longrope_n_ctx_orig > 0) {   // positive factors: long ones around 4, short ones around 1
         const int64_t half = (s.n_rot > 0 ? s.n_rot : s.head_dim) / 2;   // a factor per rotated pair
