@@ -122,7 +122,7 @@ def main():
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--shapes", default="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe "
                                         "tiny-qwen3-yarn tiny-longrope tiny-mistral3 tiny-gpt-oss tiny-mixtral "
-                                        "tiny-smollm3 tiny-phi3 tiny-phi3-longrope")
+                                        "tiny-smollm3 tiny-phi3 tiny-phi3-longrope tiny-granite tiny-olmo2")
     ap.add_argument("--types", default="f16 q4_k_m")
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -172,7 +172,14 @@ def main():
                         reference["cases"].append({
                             "prompt": prompt, "prompt_tokens": l_prompt, "tokens": l_gen,
                             "margins": [margin_of(t) for t in tops], "top": tops})
-                    t_prompt, t_gen, t_stop = tern_greedy(args, model, prompt, args.n)
+                    # llama.cpp's side is recorded whatever tern does with the file: a family whose forward is not
+                    # written yet still gets its reference, and its rows say why tern failed.
+                    try:
+                        t_prompt, t_gen, t_stop = tern_greedy(args, model, prompt, args.n)
+                    except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+                        rows.append((shape, ftype, json.dumps(prompt), "-", "", "error: %s" % str(e)[:160], "FAILED"))
+                        bad += 1
+                        continue
                     same_prompt = l_prompt == t_prompt
                     first = next((i for i, (a, b) in enumerate(zip(l_gen, t_gen)) if a != b), None)
                     # llama-server's ids end with the end-of-generation token it stopped at; tern's stop before it.

@@ -8,62 +8,21 @@
 
 #include "base/error.h"
 #include "base/finite.h"
+#include "engine/families.h"
 #include "formats/gguf.h"
 #include "formats/text.h"
 
 namespace tern {
 namespace {
 
-constexpr std::array<std::string_view, 10> kArchNames = {"llama",    "qwen2",   "qwen3",   "gemma2",  "gemma3",
-                                                         "qwen3moe", "gpt-oss", "smollm3", "phi3",    "mistral3"};
-
 std::string supported_list() {
     std::string s;
-    for (std::string_view n : kArchNames) {
+    for (std::string_view n : supported_architectures()) {
         if (!s.empty()) s += ", ";
         s += n;
     }
     return s;
 }
-
-// The per-architecture facts that metadata does not carry (../shared/FORMATS.md §1.10).
-struct ArchTraits {
-    Arch arch;
-    RopeStyle rope_style;
-    bool qkv_bias;
-    bool qk_norm;
-    bool post_norms;
-    FfnActivation ffn_act;
-    bool embed_scaled;
-    bool moe;                  // routed experts in every layer: <arch>.expert_count and .expert_used_count required
-    ExpertGating gating;       // llama.cpp fixes these per architecture, not from metadata
-    bool expert_weights_norm;
-};
-
-constexpr ArchTraits kTraits[] = {
-    {Arch::llama, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
-    {Arch::qwen2, RopeStyle::neox, true, false, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
-    {Arch::qwen3, RopeStyle::neox, false, true, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
-    {Arch::gemma2, RopeStyle::neox, false, false, true, FfnActivation::gelu_tanh, true, false, ExpertGating::softmax,
-     false},
-    {Arch::gemma3, RopeStyle::neox, false, true, true, FfnActivation::gelu_tanh, true, false, ExpertGating::softmax,
-     false},
-    // qwen3moe: qwen3's attention, softmax routing, top-k weights normalised (llama.cpp's build_moe_ffn norm_w).
-    {Arch::qwen3moe, RopeStyle::neox, false, true, false, FfnActivation::silu, false, true, ExpertGating::softmax,
-     true},
-    // gpt-oss: neox rope, clamped SwiGLU experts, top-k by logit then a softmax over the k (softmax_weight).
-    {Arch::gpt_oss, RopeStyle::neox, false, false, false, FfnActivation::swiglu_oai, false, true,
-     ExpertGating::softmax_weight, false},
-    // smollm3: llama's layers, with RoPE left out of every 4th (ModelConfig's LayerConfig::no_rope).
-    {Arch::smollm3, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax,
-     false},
-    // phi3 (Phi-3, Phi-4): fused attn_qkv and gate/up tensors (engine/weights.cpp), neox RoPE, often partial.
-    {Arch::phi3, RopeStyle::neox, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax, false},
-    // mistral3 (Ministral 3): llama's layers (the converter permutes q/k for adjacent pairs), usually with YaRN
-    // and an attention temperature (read below).
-    {Arch::mistral3, RopeStyle::normal, false, false, false, FfnActivation::silu, false, false, ExpertGating::softmax,
-     false},
-};
 
 // YaRN's correction range (in pairs) for one rope base: the pairs whose wavelength fits the original context
 // between beta_fast and beta_slow turns, in float as llama.cpp's ggml_rope_yarn_corr_dims computes it.
@@ -93,25 +52,6 @@ float yarn_mscale(float freq_scale, float log_mul, float attn_factor) {
     return attn * (1.0f + 0.1f * std::log(1.0f / freq_scale));
 }
 
-// The values a float key's meaning allows: finite, above lo (or at it, when lo_closed), at most hi, and a reason
-// shown with the range. No key a family reads may be NaN or infinite: each one scales, caps or rotates every
-// activation, and a value past its range gives NaN logits (an infinite softcap: inf * tanh(l / inf) = inf * 0)
-// or output nothing was trained for.
-struct FloatRange {
-    float lo = 0.0f;
-    bool lo_closed = false;
-    float hi = std::numeric_limits<float>::max();
-    const char* why = "";
-
-    bool contains(float v) const { return std::isfinite(v) && (lo_closed ? v >= lo : v > lo) && v <= hi; }
-    std::string text() const {
-        std::string t = std::string("expected a finite number ") + (lo_closed ? ">= " : "> ") + float_text(lo);
-        if (hi < std::numeric_limits<float>::max()) t += " and <= " + float_text(hi);
-        if (*why) t += ": " + std::string(why);
-        return t;
-    }
-};
-
 class MetaReader {
 public:
     MetaReader(const GgufFile& file, std::string_view arch) : file_(file), prefix_(std::string(arch) + ".") {}
@@ -125,6 +65,7 @@ public:
     std::string get_string(std::string_view suffix, const std::string& fallback) const {
         return file_.get_string(key(suffix), fallback);
     }
+    bool get_bool(std::string_view suffix, bool fallback) const { return file_.get_bool(key(suffix), fallback); }
     std::vector<int64_t> per_layer(std::string_view suffix, int64_t n_layers) const {
         return file_.get_per_layer(key(suffix), n_layers);
     }
@@ -157,9 +98,9 @@ private:
 // Largest expert count accepted (llama.cpp's LLAMA_MAX_EXPERTS).
 constexpr int64_t kMaxExperts = 1024;
 
-// The range of every float key a family reads (FloatRange: finite always). The bounds are the keys' meanings,
-// wide enough for every published model (epsilons 1e-6..1e-5, bases 1e4..1e7, YaRN factors 4..64, attention
-// factors near 1).
+// The range of every float key all families read (FloatRange: finite always; a family's own keys have theirs in
+// engine/families.cpp). The bounds are the keys' meanings, wide enough for every published model (epsilons 1e-6..1e-5,
+// bases 1e4..1e7, YaRN factors 4..64, attention factors near 1).
 constexpr float kFloatMax = std::numeric_limits<float>::max();
 constexpr FloatRange kEpsilonRange{0.0f, false, 1.0f, "a norm's epsilon is a small positive guard"};
 constexpr FloatRange kRopeBaseRange{1.0f, false, kFloatMax, "the rope frequencies base^(-2i/n_rot) must fall with i"};
@@ -173,9 +114,6 @@ constexpr FloatRange kYarnExtRange{0.0f, true, 1.0f, "the share of the extrapola
 constexpr FloatRange kYarnBetaRange{0.0f, false, kFloatMax, "a number of rotations in the original context"};
 constexpr FloatRange kYarnLogMulRange{0.0f, true, kFloatMax, "a multiplier of YaRN's 0.1 ln(factor)"};
 constexpr FloatRange kAttnFactorRange{0.0f, false, 10.0f, "it multiplies every rotated q and k value"};
-constexpr FloatRange kSoftcapRange{0.0f, false, kFloatMax, "c * tanh(x / c) caps scores and logits at +-c"};
-constexpr FloatRange kTemperatureRange{0.0f, true, 10.0f,
-                                       "q's temperature 1 + scale * ln(...) grows with the position"};
 constexpr FloatRange kExpertScaleRange{0.0f, false, kFloatMax, "it multiplies the chosen experts' weights"};
 
 // llama.cpp's expert_gating_func values (LLAMA_EXPERT_GATING_FUNC_TYPE); 0 says nothing (the architecture's own).
@@ -240,13 +178,19 @@ void read_llama_experts(const MetaReader& meta, int32_t n_layers, ModelConfig& c
     check_routing_keys(meta, "llama", c.expert_gating);
 }
 
-// The expert metadata (llama.cpp's keys): required and checked for an architecture with routed experts;
-// for one without, an expert_count above 0 is refused rather than run as dense (llama's: read above).
-void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_view arch, ModelConfig& c) {
-    if (!traits.moe) {
+// The expert metadata (llama.cpp's keys): required and checked for a family with routed experts; for one without,
+// an expert_count above 0 is refused rather than run as dense (llama's Mixtral: read above).
+void read_experts(const MetaReader& meta, const FamilyDescriptor& family, ModelConfig& c) {
+    const std::string arch(family.name);
+    if (family.experts == FamilyExperts::llama_optional && meta.has("expert_count") &&
+        meta.get_int("expert_count") > 0) {
+        read_llama_experts(meta, c.n_layers, c);
+        return;
+    }
+    if (family.experts != FamilyExperts::routed) {
         if (meta.has("expert_count") && meta.get_int("expert_count") > 0)
             meta.fail("expert_count", "value " + std::to_string(meta.get_int("expert_count")) +
-                                          ": mixture-of-experts " + std::string(arch) +
+                                          ": mixture-of-experts " + arch +
                                           " models are not supported yet (supported: qwen3moe, gpt-oss, and "
                                           "llama: Mixtral)");
         return;
@@ -266,9 +210,58 @@ void read_experts(const MetaReader& meta, const ArchTraits& traits, std::string_
     if (meta.has("expert_shared_count") && meta.get_int("expert_shared_count") != 0)
         meta.fail("expert_shared_count", "value " + std::to_string(meta.get_int("expert_shared_count")) + ": " +
                                              std::string(arch) + " has no shared experts");
-    c.expert_gating = traits.gating;
-    c.expert_weights_norm = traits.expert_weights_norm;
+    c.expert_gating = family.gating;
+    c.expert_weights_norm = family.expert_weights_norm;
     check_routing_keys(meta, arch, c.expert_gating);
+}
+
+// The families that accept rope_freqs.weight, as an error line lists them ("llama and mistral3").
+std::string rope_freqs_families() {
+    std::vector<std::string_view> names;
+    for (const FamilyDescriptor& f : families())
+        if (f.rope_freqs_tensor) names.push_back(f.name);
+    std::string s;
+    for (size_t i = 0; i < names.size(); ++i)
+        s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + std::string(names[i]);
+    return s;
+}
+
+// The window of a family's local layers (0: none), checked: a window of 1 would leave each token of a local layer
+// attending to itself alone. A pattern key other than the family's own is refused, not ignored.
+int32_t read_window(const MetaReader& meta, const GgufFile& file, const SlidingWindowRule& rule) {
+    constexpr int64_t kMinWindow = 2, kMaxWindow = int64_t{1} << 30;
+    constexpr std::string_view key = "attention.sliding_window", pattern_key = "attention.sliding_window_pattern";
+    int32_t window = 0;
+    switch (rule.key) {
+    case SlidingWindowRule::Key::none:
+        return 0;
+    case SlidingWindowRule::Key::refused:
+        if (meta.has(key) && meta.get_int(key) > 0)
+            meta.fail(key, "value " + std::to_string(meta.get_int(key)) + ": " + rule.refused_why);
+        return 0;
+    case SlidingWindowRule::Key::fallback:
+        window = meta.checked_count(key, meta.get_int(key, rule.fallback), kMaxWindow, kMinWindow);
+        break;
+    case SlidingWindowRule::Key::required:
+        window = meta.checked_count(key, meta.get_int(key), kMaxWindow, kMinWindow);
+        break;
+    }
+    if (rule.only_pattern > 0 && meta.has(pattern_key)) {
+        const GgufValue* v = file.find(meta.key(pattern_key));
+        if (v->type == GgufType::array || meta.get_int(pattern_key) != rule.only_pattern)
+            meta.fail(pattern_key, "only the pattern " + std::to_string(rule.only_pattern) + " (" + rule.pattern_text +
+                                       ") is supported");
+    }
+    return window;
+}
+
+// A family's own float keys, each checked against its range.
+void read_family_keys(const MetaReader& meta, const FamilyDescriptor& family, ModelConfig& c) {
+    for (const FamilyFloatKey& k : family.float_keys) {
+        const float v = meta.checked_f32(
+            k.suffix, k.required ? meta.get_f32(k.suffix) : meta.get_f32(k.suffix, k.fallback), k.range);
+        if (v != 0.0f || !k.zero_keeps_default) c.*k.field = v;
+    }
 }
 
 // The vocabulary and the embedding must agree, as llama.cpp requires: a token id without an
@@ -298,14 +291,6 @@ void check_vocabulary_fits(const GgufFile& file, const MetaReader& meta, int32_t
 }
 
 } // namespace
-
-std::span<const std::string_view> supported_architectures() {
-    return kArchNames;
-}
-
-std::string_view arch_name(Arch arch) {
-    return kArchNames[static_cast<size_t>(arch)];
-}
 
 int32_t ModelConfig::max_n_heads() const {
     int32_t m = 0;
@@ -343,26 +328,29 @@ bool ModelConfig::uniform_kv_heads() const {
 
 ModelConfig model_config_from_gguf(const GgufFile& file) {
     const std::string arch_str = file.get_string("general.architecture");
-    const auto it = std::find(kArchNames.begin(), kArchNames.end(), arch_str);
-    if (it == kArchNames.end())
+    const FamilyDescriptor* found = find_family(arch_str);
+    if (!found)
         throw InputError(file.path() + ": architecture '" + printable(arch_str) +
                          "' is not supported (supported: " + supported_list() + ")");
-    const ArchTraits& traits = kTraits[it - kArchNames.begin()];
+    const FamilyDescriptor& family = *found;
     const MetaReader meta(file, arch_str);
 
     ModelConfig c;
-    c.arch = traits.arch;
+    c.arch = family.arch;
     c.name = file.get_string("general.name", arch_str);
-    c.rope_style = traits.rope_style;
-    c.qkv_bias = traits.qkv_bias;
-    c.qk_norm = traits.qk_norm;
-    c.post_norms = traits.post_norms;
-    c.ffn_act = traits.ffn_act;
+    c.rope_style = family.rope_style;
+    c.qkv_bias = family.qkv_bias;
+    c.qk_norm = family.qk_norm;
+    c.qk_norm_whole = family.qk_norm_whole;
+    c.pre_norms = family.pre_norms;
+    c.post_norms = family.post_norms;
+    c.ffn_act = family.ffn_act;
+    c.ffn_norm_post_attention = family.ffn_norm_post_attention;
+    c.attn_sinks = family.attn_sinks;
+    c.expert_bias = family.expert_bias;
+    c.ffn_gate_up_fused = family.ffn_gate_up_fused;
     c.n_layers = meta.checked_count("block_count", meta.get_int("block_count"), 4096);
-    if (c.arch == Arch::llama && meta.has("expert_count") && meta.get_int("expert_count") > 0)
-        read_llama_experts(meta, c.n_layers, c);
-    else
-        read_experts(meta, traits, arch_str, c);
+    read_experts(meta, family, c);
     c.dim = meta.checked_count("embedding_length", meta.get_int("embedding_length"));
     c.n_ctx_train = meta.checked_count("context_length", meta.get_int("context_length"));
     c.rms_eps = meta.checked_f32("attention.layer_norm_rms_epsilon", meta.get_f32("attention.layer_norm_rms_epsilon"),
@@ -405,10 +393,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     c.rope_n_ctx_orig = meta.checked_count("rope.scaling.original_context_length",
                                            meta.get_int("rope.scaling.original_context_length", c.n_ctx_train));
     c.rope_longrope = scaling == "longrope";
-    // phi3's converter writes LongRoPE files without rope.scaling.type: llama.cpp takes its factor tensors wherever
-    // they are present.
-    if (c.arch == Arch::phi3 && (file.find_tensor("rope_factors_long.weight") != nullptr ||
-                                 file.find_tensor("rope_factors_short.weight") != nullptr))
+    if (family.longrope_from_tensors && (file.find_tensor("rope_factors_long.weight") != nullptr ||
+                                         file.find_tensor("rope_factors_short.weight") != nullptr))
         c.rope_longrope = true;
     if (scaling == "linear" || yarn || c.rope_longrope) {
         // 0 (or no key) is no scaling, as the format says; YaRN given a factor needs one that stretches.
@@ -434,26 +420,13 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     if (c.rope_freq_factors && c.rope_longrope)
         throw InputError(file.path() + ": tensor rope_freqs.weight cannot go with rope.scaling.type longrope "
                                        "(its factors are rope_factors_long / rope_factors_short)");
-    if (c.rope_freq_factors && c.arch != Arch::llama && c.arch != Arch::mistral3)
-        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for llama and mistral3 models, "
-                                       "not " + arch_str);
+    if (c.rope_freq_factors && !family.rope_freqs_tensor)
+        throw InputError(file.path() + ": tensor rope_freqs.weight is only supported for " + rope_freqs_families() +
+                         " models, not " + arch_str);
 
-    // Sliding-window layers: gemma2 alternates (even layers local), gemma3 has 5 local : 1 global.
-    // A window of 1 would leave each token of a local layer attending to itself alone.
-    constexpr int64_t kMinWindow = 2, kMaxWindow = int64_t{1} << 30;
-    int32_t window = 0;
-    if (c.arch == Arch::gemma2)
-        window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window", 4096),
-                                    kMaxWindow, kMinWindow);
-    if (c.arch == Arch::gemma3 || c.arch == Arch::gpt_oss)
-        window = meta.checked_count("attention.sliding_window", meta.get_int("attention.sliding_window"), kMaxWindow,
-                                    kMinWindow);
-    // gpt-oss alternates like gemma2 (even layers local); another pattern in the file is refused, not ignored.
-    if (c.arch == Arch::gpt_oss && meta.has("attention.sliding_window_pattern")) {
-        const GgufValue* v = file.find(meta.key("attention.sliding_window_pattern"));
-        if (v->type == GgufType::array || meta.get_int("attention.sliding_window_pattern") != 2)
-            meta.fail("attention.sliding_window_pattern", "only the pattern 2 (even layers local) is supported");
-    }
+    const SlidingWindowRule& window_rule = family.window;
+    const int32_t window = read_window(meta, file, window_rule);
+    const bool rope_switched_on = family.rope_switch_key.empty() || meta.get_bool(family.rope_switch_key, true);
 
     c.layers.resize(static_cast<size_t>(c.n_layers));
     for (int32_t l = 0; l < c.n_layers; ++l) {
@@ -475,49 +448,33 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
                             lc.yarn_corr_high);
             lc.rope_mscale = yarn_mscale(rope_freq_scale, log_mul, attn_factor);
         }
-        if ((c.arch == Arch::gemma2 || c.arch == Arch::gpt_oss) && l % 2 == 0) lc.sliding_window = window;
-        // SmolLM3: layers 3, 7, 11, ... skip RoPE. llama.cpp fixes the interval at 4 (no metadata key).
-        if (c.arch == Arch::smollm3 && (l + 1) % 4 == 0) lc.no_rope = true;
-        if (c.arch == Arch::gemma3 && l % 6 < 5) {
-            // Local layers ignore the rope.* keys: base 10000, no scaling.
+        if (window > 0 && l % window_rule.period < window_rule.n_local) {
             lc.sliding_window = window;
-            lc.rope_base = 10000.0f;
-            lc.rope_freq_scale = 1.0f;
-            lc.yarn_ext_factor = 0.0f;
-            lc.rope_mscale = attn_factor;
+            if (window_rule.local_rope_unscaled) {
+                lc.rope_base = 10000.0f;
+                lc.rope_freq_scale = 1.0f;
+                lc.yarn_ext_factor = 0.0f;
+                lc.rope_mscale = attn_factor;
+            }
         }
+        if (family.no_rope_period > 0 && (l + 1) % family.no_rope_period == 0) lc.no_rope = true;
+        if (!rope_switched_on) lc.no_rope = true;
     }
 
-    // Attention scale: 1/sqrt(head_dim), except the 27B gemmas (46 / 62 layers), which use
-    // 1/sqrt(dim / n_heads).
-    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    if ((c.arch == Arch::gemma2 && c.n_layers == 46) || (c.arch == Arch::gemma3 && c.n_layers == 62))
+    // Attention scale: 1/sqrt(head_dim) (or of the rotated width), except a family's wide model (the 27B gemmas),
+    // which uses 1/sqrt(dim / n_heads).
+    const int32_t scale_width = family.attn_scale_width == AttnScaleWidth::n_rot ? c.n_rot : c.head_dim;
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(scale_width));
+    if (family.attn_scale_by_dim_layers > 0 && c.n_layers == family.attn_scale_by_dim_layers)
         c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.dim / n_heads0));
-    if (traits.embed_scaled) c.embed_scale = std::sqrt(static_cast<float>(c.dim));
-    if (c.arch == Arch::gemma2) {
-        c.attn_softcap = meta.get_f32_in("attn_logit_softcapping", 50.0f, kSoftcapRange);
-        c.final_softcap = meta.get_f32_in("final_logit_softcapping", 30.0f, kSoftcapRange);
-    }
-
-    if (c.arch == Arch::gpt_oss) {
-        // gpt-oss: the FFN's norm is named post_attention_norm, every softmax has a sink, biases everywhere.
-        c.ffn_norm_post_attention = true;
-        c.attn_sinks = true;
-        c.expert_bias = true;
-        c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_rot)); // llama.cpp scales by the rotated width
-        if (meta.has("rope.freq_base_swa") && meta.get_f32("rope.freq_base_swa") != rope_base)
-            meta.fail("rope.freq_base_swa", "a separate rope base for the sliding-window layers is not supported");
-    }
-
-    if (c.arch == Arch::mistral3) {   // llama.cpp reads the temperature for mistral3 only
-        c.attn_temp_scale = meta.get_f32_in("attention.temperature_scale", 0.0f, kTemperatureRange);
-        if (c.attn_temp_scale != 0.0f) c.attn_temp_floor = c.rope_n_ctx_orig;   // its floor: the original context
-    }
+    if (family.embed_scale_sqrt_dim) c.embed_scale = std::sqrt(static_cast<float>(c.dim));
+    read_family_keys(meta, family, c);
+    if (family.one_rope_base && meta.has("rope.freq_base_swa") && meta.get_f32("rope.freq_base_swa") != rope_base)
+        meta.fail("rope.freq_base_swa", "a separate rope base for the sliding-window layers is not supported");
+    if (c.attn_temp_scale != 0.0f)
+        c.attn_temp_floor = c.rope_n_ctx_orig; // the temperature's floor: the original context
 
     c.tied_output = file.find_tensor("output.weight") == nullptr;
-    // phi3's attention.sliding_window is read by llama.cpp and then switched off (its conversions do not say
-    // which layers slide), so every layer attends globally here too.
-    c.ffn_gate_up_fused = c.arch == Arch::phi3;
     return c;
 }
 

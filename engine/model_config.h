@@ -12,7 +12,7 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, smollm3, phi3, mistral3 };
+enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, smollm3, phi3, mistral3, granite, olmo2 };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 // SwiGLU / GeGLU / gpt-oss's clamped SwiGLU: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1)
 enum class FfnActivation { silu, gelu_tanh, swiglu_oai };
@@ -20,7 +20,7 @@ enum class FfnActivation { silu, gelu_tanh, swiglu_oai };
 // the top k by logit, then a softmax over those k logits only.
 enum class ExpertGating { softmax, sigmoid, softmax_weight };
 
-// The architectures tern runs, by their general.architecture spelling.
+// The architectures tern runs, by their general.architecture spelling (engine/families.h: one descriptor each).
 std::span<const std::string_view> supported_architectures();
 std::string_view arch_name(Arch arch);
 
@@ -75,7 +75,7 @@ struct ModelConfig {
     bool attn_sinks = false;        // gpt-oss: blk.N.attn_sinks.weight, a learned logit per query head that joins
                                     // each softmax's denominator (its exp adds to the sum; it has no value row)
     FfnActivation ffn_act = FfnActivation::silu;
-    float embed_scale = 1.0f;   // gemma: sqrt(dim), applied right after the lookup
+    float embed_scale = 1.0f;   // gemma: sqrt(dim); granite: embedding_scale. Applied right after the lookup
     float attn_scale = 0.0f;    // multiplies q.k (1/sqrt(head_dim) unless a model says otherwise)
     float attn_softcap = 0.0f;  // gemma2: scores -> c * tanh(s / c); 0 = off
     float final_softcap = 0.0f; // gemma2: logits -> c * tanh(l / c); 0 = off

@@ -12,8 +12,11 @@
 #include "base/finite.h"
 #include "engine/backend_factory.h"
 #include "engine/cpu/backend_cpu.h"
+#include "engine/families.h"
 #include "engine/load_errors.h"
 #include "engine/model.h"
+#include "engine/tools/synth.h"
+#include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "kernels/gpu_info.h"
 #include "tests/gguf_rewrite.h"
@@ -703,6 +706,170 @@ TEST_CASE("small tensors (norms, biases, rope factors) hold finite values, rope 
         CHECK(test::load_error(lr).empty()); // the files they were made from load
         CHECK(test::load_error(fr).empty());
     }
+}
+
+namespace {
+
+// A `tern synth` file of `shape` (f32) and its config, read without loading the weights: the loader and the
+// forward of a family come after its config (engine/families.h).
+std::string synth_f32(const test::TempDir& dir, const std::string& shape) {
+    const std::string path = (dir / (shape + "-f32.gguf")).string();
+    SynthOptions o;
+    o.shape = shape;
+    o.type = "f32";
+    o.n_threads = 1;
+    write_synth_model(o, path);
+    return path;
+}
+
+ModelConfig config_of(const std::string& path) {
+    return model_config_from_gguf(GgufFile::open(path));
+}
+
+std::string config_error(const std::string& path) {
+    const std::string msg = error_of([&] { config_of(path); });
+    CHECK(msg.find('\n') == std::string::npos);
+    if (msg.rfind(path + ": ", 0) != 0) return "(not naming " + path + ") " + msg;
+    return msg.substr(path.size() + 2);
+}
+
+} // namespace
+
+TEST_CASE("families are a table: every architecture named once, in Arch order, its descriptor found by name") {
+    const std::span<const std::string_view> names = supported_architectures();
+    REQUIRE(names.size() == families().size());
+    for (size_t i = 0; i < names.size(); ++i) {
+        CAPTURE(names[i]);
+        const FamilyDescriptor* f = find_family(names[i]);
+        REQUIRE(f != nullptr);
+        CHECK(static_cast<size_t>(f->arch) == i);
+        CHECK(arch_name(f->arch) == names[i]);
+        CHECK(&family_of(f->arch) == f);
+        CHECK(std::count(names.begin(), names.end(), names[i]) == 1);
+    }
+    CHECK(find_family("granite") != nullptr);
+    CHECK(find_family("olmo2") != nullptr);
+    CHECK(find_family("mamba") == nullptr);
+    CHECK(find_family("") == nullptr);
+}
+
+TEST_CASE("granite: llama layers and its four multipliers, RoPE switched by rope.scaling.finetuned") {
+    test::TempDir dir;
+    const std::string path = synth_f32(dir, "tiny-granite");
+    const ModelConfig c = config_of(path);
+    CHECK(c.arch == Arch::granite);
+    CHECK(c.rope_style == RopeStyle::normal);
+    CHECK(c.ffn_act == FfnActivation::silu);
+    CHECK(c.pre_norms);
+    CHECK_FALSE(c.post_norms);
+    CHECK_FALSE(c.qk_norm);
+    CHECK_FALSE(c.qkv_bias);
+    CHECK_FALSE(c.tied_output);
+    CHECK_FALSE(c.moe());
+    CHECK(c.embed_scale == 12.0f);
+    CHECK(c.residual_scale == 0.22f);
+    CHECK(c.attn_scale == 0.0078125f);
+    CHECK(c.logit_scale == 8.0f);
+    CHECK(c.final_softcap == 0.0f);
+    CHECK(c.head_dim == 64);
+    CHECK(c.n_rot == 64);
+    REQUIRE(c.n_layers == 2);
+    for (const LayerConfig& l : c.layers) {
+        CHECK(l.rope_base == 1e7f);
+        CHECK_FALSE(l.no_rope);
+        CHECK(l.sliding_window == 0);
+    }
+
+    // llama.cpp reads 0 as "not set" for all but logit_scale: the default multipliers, 1/sqrt(head_dim) for q.k.
+    const std::string zeros = test::rewrite_gguf(dir, path, "zeros.gguf", [](GgufWriter& w) {
+        for (const char* key : {"granite.embedding_scale", "granite.residual_scale", "granite.attention.scale"})
+            w.set(key, GgufValue::make_f32(0.0f));
+    });
+    const ModelConfig z = config_of(zeros);
+    CHECK(z.embed_scale == 1.0f);
+    CHECK(z.residual_scale == 1.0f);
+    CHECK(z.attn_scale == doctest::Approx(0.125f));
+    CHECK(z.logit_scale == 8.0f);
+
+    // rope.scaling.finetuned false: no layer rotates q and k.
+    const std::string no_rope = test::rewrite_gguf(dir, path, "no-rope.gguf", [](GgufWriter& w) {
+        w.set("granite.rope.scaling.finetuned", GgufValue::make_bool(false));
+    });
+    for (const LayerConfig& l : config_of(no_rope).layers)
+        CHECK(l.no_rope);
+    const std::string rope_on = test::rewrite_gguf(dir, path, "rope-on.gguf", [](GgufWriter& w) {
+        w.set("granite.rope.scaling.finetuned", GgufValue::make_bool(true));
+    });
+    for (const LayerConfig& l : config_of(rope_on).layers)
+        CHECK_FALSE(l.no_rope);
+
+    // logit_scale is required and divides the logits: 0 is refused, as is a negative or non-finite multiplier.
+    const std::string no_logit =
+        test::rewrite_gguf(dir, path, "no-logit.gguf", [](GgufWriter& w) { w.remove("granite.logit_scale"); });
+    CHECK(config_error(no_logit).find("granite.logit_scale") != std::string::npos);
+    const std::string zero_logit = test::rewrite_gguf(
+        dir, path, "zero-logit.gguf", [](GgufWriter& w) { w.set("granite.logit_scale", GgufValue::make_f32(0.0f)); });
+    CHECK(config_error(zero_logit) == "metadata granite.logit_scale: value 0 is out of range (expected a finite "
+                                      "number > 0: the logits are divided by it)");
+    for (const float v : {-0.5f, INFINITY, NAN}) {
+        CAPTURE(v);
+        const std::string bad = test::rewrite_gguf(dir, path, "bad-residual.gguf", [&](GgufWriter& w) {
+            w.set("granite.residual_scale", GgufValue::make_f32(v));
+        });
+        CHECK(config_error(bad) == "metadata granite.residual_scale: value " + float_text(v) +
+                                       " is out of range (expected a finite number >= 0: a multiplier of the "
+                                       "activations (0: none))");
+    }
+    // A granite mixture of experts is refused (its own architecture, granitemoe, is not supported either).
+    const std::string moe = test::rewrite_gguf(
+        dir, path, "moe.gguf", [](GgufWriter& w) { w.set("granite.expert_count", GgufValue::make_u32(8)); });
+    CHECK(config_error(moe).find("mixture-of-experts granite models are not supported yet") != std::string::npos);
+}
+
+TEST_CASE("olmo2: no pre-norms, post norms, q/k norms over the whole width, neox RoPE, no sliding window") {
+    test::TempDir dir;
+    const std::string path = synth_f32(dir, "tiny-olmo2");
+    const ModelConfig c = config_of(path);
+    CHECK(c.arch == Arch::olmo2);
+    CHECK(c.rope_style == RopeStyle::neox);
+    CHECK(c.ffn_act == FfnActivation::silu);
+    CHECK_FALSE(c.pre_norms);
+    CHECK(c.post_norms);
+    CHECK(c.qk_norm);
+    CHECK(c.qk_norm_whole);
+    CHECK_FALSE(c.tied_output);
+    CHECK(c.embed_scale == 1.0f);
+    CHECK(c.residual_scale == 1.0f);
+    CHECK(c.logit_scale == 1.0f);
+    CHECK(c.attn_scale == doctest::Approx(0.125f));
+    REQUIRE(c.n_layers == 2);
+    for (const LayerConfig& l : c.layers) {
+        CHECK(l.n_heads == 4);
+        CHECK(l.n_kv_heads == 2);
+        CHECK(l.rope_base == 500000.0f);
+        CHECK(l.sliding_window == 0);
+        CHECK_FALSE(l.no_rope);
+    }
+    // The file holds no pre-norms and whole-width q/k norms (what llama.cpp loads for olmo2).
+    const GgufFile f = GgufFile::open(path);
+    CHECK(f.find_tensor("blk.0.attn_norm.weight") == nullptr);
+    CHECK(f.find_tensor("blk.0.ffn_norm.weight") == nullptr);
+    CHECK(f.tensor("blk.0.attn_q_norm.weight").ne[0] == 4 * 64);
+    CHECK(f.tensor("blk.0.attn_k_norm.weight").ne[0] == 2 * 64);
+    CHECK(f.tensor("blk.0.post_attention_norm.weight").ne[0] == 256);
+    CHECK(f.tensor("blk.0.post_ffw_norm.weight").ne[0] == 256);
+
+    // OLMo 3 (olmo2 files with sliding-window layers) is refused in one line; a window of 0 is none.
+    const std::string swa = test::rewrite_gguf(dir, path, "swa.gguf", [](GgufWriter& w) {
+        w.set("olmo2.attention.sliding_window", GgufValue::make_u32(4096));
+    });
+    CHECK(config_error(swa) == "metadata olmo2.attention.sliding_window: value 4096: sliding-window layers (OLMo 3) "
+                               "are not supported yet");
+    const std::string no_swa = test::rewrite_gguf(dir, path, "no-swa.gguf", [](GgufWriter& w) {
+        w.set("olmo2.attention.sliding_window", GgufValue::make_u32(0));
+    });
+    CHECK(error_of([&] { config_of(no_swa); }).empty());
+    CHECK(config_of(no_swa).layers[0].sliding_window == 0);
 }
 
 TEST_CASE("backend factory, KV type names, block KV types need head dims of 32") {

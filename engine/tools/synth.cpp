@@ -5,6 +5,7 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "engine/tools/synth_shapes.h"
 #include "engine/tools/synth_vocab.h"
@@ -48,8 +49,13 @@ float tied_embedding_gain(const SynthShape& s) {
 std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
     const int64_t q_dim = int64_t{s.n_heads} * s.head_dim, kv_dim = int64_t{s.n_kv_heads} * s.head_dim;
     const float embd_gain = tied_embedding_gain(s);
-    std::vector<SynthTensor> t = {{"token_embd.weight", s.dim, vocab, Role::matrix, embd_gain},
-                                  {"output_norm.weight", s.dim, 1, Role::norm, 1.0f / embd_gain}};
+    // A model that multiplies its embedding (granite) gets one as much smaller, as trained ones have; one that
+    // divides its logits (granite's logit_scale) an output norm as much larger, so that its logits keep the scale
+    // of the other families' (their top-2 margins well above the comparisons' noise).
+    const float embd_scale = s.embedding_scale > 0.0f ? s.embedding_scale : 1.0f;
+    const float logit_scale = s.logit_scale > 0.0f ? s.logit_scale : 1.0f;
+    std::vector<SynthTensor> t = {{"token_embd.weight", s.dim, vocab, Role::matrix, embd_gain / embd_scale},
+                                  {"output_norm.weight", s.dim, 1, Role::norm, logit_scale / embd_gain}};
     if (!s.tied_output) t.push_back({"output.weight", s.dim, vocab, Role::matrix});
     if (s.longrope_n_ctx_orig > 0) {   // positive factors: long ones around 4, short ones around 1
         const int64_t half = (s.n_rot > 0 ? s.n_rot : s.head_dim) / 2;   // a factor per rotated pair
@@ -58,7 +64,7 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
     }
     for (int32_t l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
-        t.push_back({p + "attn_norm.weight", s.dim, 1, Role::norm});
+        if (s.pre_norms) t.push_back({p + "attn_norm.weight", s.dim, 1, Role::norm});
         if (s.arch == "phi3") {   // phi3 files fuse q, k and v into one tensor, their rows in that order
             t.push_back({p + "attn_qkv.weight", s.dim, q_dim + 2 * kv_dim, Role::matrix});
         } else {
@@ -72,8 +78,8 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
             t.push_back({p + "attn_v.bias", kv_dim, 1, Role::bias});
         }
         if (s.qk_norm) {
-            t.push_back({p + "attn_q_norm.weight", s.head_dim, 1, Role::norm});
-            t.push_back({p + "attn_k_norm.weight", s.head_dim, 1, Role::norm});
+            t.push_back({p + "attn_q_norm.weight", s.qk_norm_whole ? q_dim : s.head_dim, 1, Role::norm});
+            t.push_back({p + "attn_k_norm.weight", s.qk_norm_whole ? kv_dim : s.head_dim, 1, Role::norm});
         }
         t.push_back({p + "attn_output.weight", q_dim, s.dim, Role::matrix});
         if (s.gpt_oss) {
@@ -82,7 +88,7 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
             t.push_back({p + "attn_sinks.weight", s.n_heads, 1, Role::bias, 10.0f});
         }
         if (s.post_norms || s.gpt_oss) t.push_back({p + "post_attention_norm.weight", s.dim, 1, Role::norm});
-        if (!s.gpt_oss) t.push_back({p + "ffn_norm.weight", s.dim, 1, Role::norm});
+        if (!s.gpt_oss && s.pre_norms) t.push_back({p + "ffn_norm.weight", s.dim, 1, Role::norm});
         if (s.n_expert > 0) {
             t.push_back({p + "ffn_gate_inp.weight", s.dim, s.n_expert, Role::matrix});
             t.push_back({p + "ffn_gate_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
@@ -122,7 +128,7 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         {a + "attention.layer_norm_rms_epsilon", GgufValue::make_f32(s.rms_eps)},
         {a + "rope.freq_base", GgufValue::make_f32(s.rope_base)},
     };
-    if (s.arch == "llama" || s.arch == "mistral3") {
+    if (s.arch == "llama" || s.arch == "mistral3" || s.arch == "granite") {
         kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))});
         kv.push_back({a + "vocab_size", GgufValue::make_u32(static_cast<uint32_t>(vocab))});
     }
@@ -158,6 +164,12 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
                       GgufValue::make_u32(static_cast<uint32_t>(s.longrope_n_ctx_orig))});
         kv.push_back({a + "rope.scaling.attn_factor", GgufValue::make_f32(static_cast<float>(attn_factor))});
     }
+    const std::pair<const char*, float> multipliers[] = {{"embedding_scale", s.embedding_scale},
+                                                         {"residual_scale", s.residual_scale},
+                                                         {"attention.scale", s.attention_scale},
+                                                         {"logit_scale", s.logit_scale}};
+    for (const auto& [key, value] : multipliers)
+        if (value > 0.0f) kv.push_back({a + key, GgufValue::make_f32(value)});
     if (s.arch == "gemma2") {   // Gemma 2's configs: tanh caps on the attention scores and the logits
         kv.push_back({a + "attn_logit_softcapping", GgufValue::make_f32(50.0f)});
         kv.push_back({a + "final_logit_softcapping", GgufValue::make_f32(30.0f)});

@@ -123,6 +123,27 @@ SynthShape mistral3(SynthShape s, float factor, int32_t n_ctx_orig) {
     return s;
 }
 
+// Granite 3.x: llama's layers with its four multipliers (the embedding's, the residual branches', q.k's and the
+// logits' divisor), as its configs give them (embedding_multiplier 12, residual_multiplier 0.22,
+// attention_multiplier 0.0078125, logits_scaling 8).
+SynthShape granite(SynthShape s) {
+    s.embedding_scale = 12.0f;
+    s.residual_scale = 0.22f;
+    s.attention_scale = 0.0078125f;
+    s.logit_scale = 8.0f;
+    return s;
+}
+
+// OLMo 2: no pre-norms, each block's output normed before its residual add (post norms), q and k normed over
+// their whole width.
+SynthShape olmo2(SynthShape s) {
+    s.pre_norms = false;
+    s.post_norms = true;
+    s.qk_norm = true;
+    s.qk_norm_whole = true;
+    return s;
+}
+
 const SynthShape kShapes[] = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
@@ -202,6 +223,12 @@ const SynthShape kShapes[] = {
                        96)),
              4096),
     phi3(make("phi4", "phi3", "Phi-4 14B", 5120, 40, 40, 10, 128, 17920, 100352, 16384, 250000.0f, 1e-5f), 0),
+    // Untied (Granite 3.x ties its embedding; an untied lm_head keeps the random model's greedy text from repeating
+    // the token just read, which the embedding multiplier would otherwise make win).
+    granite(make("tiny-granite", "granite", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000000.0f,
+                 1e-5f)),
+    // GQA, so that k's norm is narrower than q's.
+    olmo2(make("tiny-olmo2", "olmo2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 500000.0f, 1e-6f)),
 };
 
 } // namespace

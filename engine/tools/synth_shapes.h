@@ -25,7 +25,9 @@ struct SynthShape {
     bool tied_output = false;       // no output.weight: token_embd is the lm_head
     bool qkv_bias = false;          // qwen2: attn_{q,k,v}.bias
     bool qk_norm = false;           // qwen3, gemma3: attn_{q,k}_norm.weight
-    bool post_norms = false;        // gemma: post_attention_norm / post_ffw_norm
+    bool qk_norm_whole = false;     // olmo2: those norms span every head ([n_heads * head_dim], [n_kv_heads * ...])
+    bool pre_norms = true;          // false (olmo2): no attn_norm / ffn_norm
+    bool post_norms = false;        // gemma, olmo2: post_attention_norm / post_ffw_norm
     int32_t sliding_window = 0;     // gemma3: the local layers' window (5 local : 1 global); gemma2: every other layer
     int32_t n_expert = 0;           // qwen3moe: routed experts per layer (0: a dense FFN)
     int32_t n_expert_used = 0;
@@ -40,6 +42,8 @@ struct SynthShape {
     // mistral3's converted YaRN keys (written when yarn_factor > 0 and these are > 0) and its attention temperature
     float yarn_beta_fast = 0.0f, yarn_beta_slow = 0.0f, yarn_log_mul = 0.0f;
     float attn_temp_scale = 0.0f;   // attention.temperature_scale (llama_4_scaling_beta)
+    // granite's multipliers (each written when > 0): embedding_scale, residual_scale, attention.scale, logit_scale
+    float embedding_scale = 0.0f, residual_scale = 0.0f, attention_scale = 0.0f, logit_scale = 0.0f;
 };
 
 std::span<const SynthShape> synth_shapes();
