@@ -3,7 +3,8 @@
 
 - every folder holding code is a row of the layout tables, and every row's folder exists;
 - every #include "..." of a repository file goes to the same folder or to one that its folder's row
-  (or the exceptions table, for one file) names under "may include";
+  (or the exceptions table, for one file) names under "may include"; no file outside tests/ includes
+  one under tests/;
 - the rules the engine's two-backend design rests on: no backend chosen by comparing device-name
   strings, no KV cache size arithmetic in app/ (the backend plans its own memory).
 
@@ -101,7 +102,9 @@ def main():
             if target not in existing:
                 continue   # a system or generated header
             target_folder = folder_of(target)
-            if target_folder != source_folder and not allows(allowed, target_folder):
+            if target.startswith("tests/") and not p.startswith("tests/"):
+                problems.append(f"{p}: includes {target}: a product file never includes the test tree")
+            elif target_folder != source_folder and not allows(allowed, target_folder):
                 problems.append(f"{p}: includes {target}, but docs/LAYOUT.md does not let {source_folder} "
                                 f"include {target_folder}")
 
