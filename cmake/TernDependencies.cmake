@@ -20,15 +20,26 @@ if(NOT DOCTEST_INCLUDE_DIR)
     message(FATAL_ERROR "doctest not found: apt-get install doctest-dev")
 endif()
 
-# One static library per top-level folder; sources are globbed so that adding a file needs no
-# CMake edit. CUDA sources (*.cu) are only picked up when the CUDA backend is on.
+# One static library per folder of docs/LAYOUT.md's tables: FOLDER (relative to the source root; default the
+# calling CMakeLists.txt's folder) and its *.cpp, globbed so that adding a file needs no CMake edit; EXCLUDE a
+# regex of sources to leave out. DEPS are the libraries of the folders its row may include (and the packages
+# it uses). Every such library waits for tern_layout_check (cmake/TernLayout.cmake), so a build with an
+# include the table forbids fails before it compiles.
 function(tern_library name)
-    cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
-    file(GLOB _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+    cmake_parse_arguments(ARG "" "FOLDER;EXCLUDE" "DEPS" ${ARGN})
+    set(_folder ${CMAKE_CURRENT_SOURCE_DIR})
+    if(ARG_FOLDER)
+        set(_folder ${PROJECT_SOURCE_DIR}/${ARG_FOLDER})
+    endif()
+    file(GLOB _sources CONFIGURE_DEPENDS ${_folder}/*.cpp)
+    if(ARG_EXCLUDE)
+        list(FILTER _sources EXCLUDE REGEX "${ARG_EXCLUDE}")
+    endif()
     if(_sources)
         add_library(${name} STATIC ${_sources})
         target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
         target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+        add_dependencies(${name} tern_layout_check)
     else()   # a folder whose code has not landed yet
         add_library(${name} INTERFACE)
         target_include_directories(${name} INTERFACE ${PROJECT_SOURCE_DIR})

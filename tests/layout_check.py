@@ -3,7 +3,10 @@
 
 - every folder holding code is a row of the layout tables, and every row's folder exists;
 - every #include "..." of a repository file goes to the same folder or to one that its folder's row
-  (or the exceptions table, for one file) names under "may include";
+  (or the exceptions table, for one file) names under "may include"; no file outside tests/ includes
+  one under tests/;
+- every folder's library (tern_library in a CMakeLists.txt) links only the libraries of folders its row
+  may include;
 - the rules the engine's two-backend design rests on: no backend chosen by comparing device-name
   strings, no KV cache size arithmetic in app/ (the backend plans its own memory).
 
@@ -55,12 +58,58 @@ def allows(allowed, target_folder):
 
 
 def tracked_files(root):
-    out = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
-    return [p for p in out.split("\n") if p and os.path.exists(os.path.join(root, p))]
+    """The repository's files: git's tracked ones and the new ones it does not ignore (so a file is checked
+    before its first commit); outside a git checkout (a source archive), every file but hidden folders and
+    build trees (folders holding a CMakeCache.txt)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout
+        return sorted({p for p in out.split("\n") if p and os.path.exists(os.path.join(root, p))})
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")
+                         and not os.path.exists(os.path.join(folder, d, "CMakeCache.txt"))]
+        files += [os.path.relpath(os.path.join(folder, n), root) for n in names]
+    return sorted(files)
 
 
 def folder_of(path):
     return os.path.dirname(path) + "/"
+
+
+def library_link_problems(root, files, folders):
+    """Each folder's library (a tern_library(NAME [FOLDER f] ... DEPS ...) call of a CMakeLists.txt) links
+    only the libraries of folders its row may include, so the build's graph is the table's."""
+    call = re.compile(r"tern_library\(\s*(\w+)([^)]*)\)")
+    libraries = {}   # name -> (folder, deps, where)
+    for p in files:
+        if os.path.basename(p) != "CMakeLists.txt":
+            continue
+        text = open(os.path.join(root, p), encoding="utf-8", errors="replace").read()
+        text = "\n".join(line.split("#")[0] for line in text.split("\n"))
+        for m in call.finditer(text):
+            words = m.group(2).split()
+            folder = folder_of(p) if "/" in p else ""
+            if "FOLDER" in words:
+                folder = words[words.index("FOLDER") + 1].rstrip("/") + "/"
+            deps = words[words.index("DEPS") + 1:] if "DEPS" in words else []
+            libraries[m.group(1)] = (folder, deps, p)
+    problems = []
+    for name, (folder, deps, where) in sorted(libraries.items()):
+        allowed = folders.get(folder)
+        if allowed is None:
+            problems.append(f"{where}: library {name} builds {folder}, which has no row in docs/LAYOUT.md")
+            continue
+        for dep in deps:
+            if dep not in libraries or ANYTHING in allowed:
+                continue   # a package (Threads::Threads, PkgConfig::PCRE2, ...)
+            dep_folder = libraries[dep][0]
+            if dep_folder != folder and not allows(allowed, dep_folder):
+                problems.append(f"{where}: library {name} ({folder}) links {dep} ({dep_folder}), but docs/LAYOUT.md "
+                                f"does not let {folder} include {dep_folder}")
+    return problems
 
 
 def main():
@@ -101,9 +150,13 @@ def main():
             if target not in existing:
                 continue   # a system or generated header
             target_folder = folder_of(target)
-            if target_folder != source_folder and not allows(allowed, target_folder):
+            if target.startswith("tests/") and not p.startswith("tests/"):
+                problems.append(f"{p}: includes {target}: a product file never includes the test tree")
+            elif target_folder != source_folder and not allows(allowed, target_folder):
                 problems.append(f"{p}: includes {target}, but docs/LAYOUT.md does not let {source_folder} "
                                 f"include {target_folder}")
+
+    problems += library_link_problems(root, files, folders)
 
     # The device is a kind, not a string: nothing picks a code path by comparing device names.
     device_string = re.compile(r'device_name\(\)\s*[!=]=|[!=]=\s*[\w.>-]*device_name\(\)')

@@ -22,6 +22,7 @@
 #include "engine/batch/latency_histogram.h"
 #include "engine/generation/session.h"
 #include "engine/model.h"
+#include "tests/fake_backend.h"
 #include "tests/test_support.h"
 
 using namespace tern;
@@ -427,27 +428,11 @@ void check_equal_to_alone(Session& reference, Collector& c, const std::vector<Sp
     }
 }
 
-// Forwards every call to a CPU backend but says it runs one sequence (as a backend without sequences does).
-class OneSequence : public Backend {
+// A CPU backend behind a wrapper that says it runs one sequence (as a backend without sequences does).
+class OneSequence : public test::ForwardingBackend {
 public:
-    explicit OneSequence(std::unique_ptr<Backend> b) : b_(std::move(b)) {}
-    MemoryNeed plan_memory(const ModelConfig& c, const ModelWeights& w, const MemoryRequest& r) const override {
-        return b_->plan_memory(c, w, r);
-    }
-    std::vector<MemoryLimit> memory_limits() const override { return b_->memory_limits(); }
-    void load(const ModelConfig& c, const ModelWeights& w, const RunOptions& o) override { b_->load(c, w, o); }
-    void forward(const ForwardBatch& batch) override { b_->forward(batch); }
-    std::span<const float> logits(int row) override { return b_->logits(row); }
-    void argmax(std::span<int32_t> per_row) override { b_->argmax(per_row); }
-    int32_t n_past() const override { return b_->n_past(); }
-    void kv_truncate(int32_t n) override { b_->kv_truncate(n); }
-    KvSnapshot kv_save(int32_t n) const override { return b_->kv_save(n); }
-    void kv_load(const KvSnapshot& s) override { b_->kv_load(s); }
-    DeviceKind device_kind() const override { return b_->device_kind(); }
+    using ForwardingBackend::ForwardingBackend;
     std::string device_name() const override { return "one-sequence"; }
-
-private:
-    std::unique_ptr<Backend> b_;
 };
 
 } // namespace

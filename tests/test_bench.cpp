@@ -16,11 +16,11 @@
 
 #include "engine/backend_factory.h"
 #include "engine/tools/bench.h"
-#include "engine/tools/synth.h"
 #include "engine/model.h"
 #include "base/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/membw.h"
+#include "tests/synth_file.h"
 #include "tests/test_support.h"
 
 using tern::test::run_tern;
@@ -328,14 +328,7 @@ TEST_CASE("weight bytes per token: a mixture of experts counts the router and on
     // tiny-qwen3moe: 8 experts of width 256, 2 used per token. The same count on every device: decode reads
     // the used experts' matrices alone on the CPU and on CUDA (engine/cuda/backend_cuda_moe.cpp).
     tern::test::TempDir dir;
-    const std::string path = (dir / "moe.gguf").string();
-    tern::SynthOptions o;
-    o.shape = "tiny-qwen3moe";
-    o.type = "f16";
-    o.n_threads = 1;
-    o.on_warning = [](const std::string&) {};
-    tern::write_synth_model(o, path);
-    const tern::Model m = tern::load_model(path);
+    const tern::Model m = tern::load_model(synth_file(dir, "tiny-qwen3moe", "f16"));
     REQUIRE(m.config.moe());
     REQUIRE(m.config.n_expert == 8);
     REQUIRE(m.config.n_expert_used == 2);

@@ -22,11 +22,11 @@
 #include "engine/cpu/kv_cache.h"
 #include "engine/model.h"
 #include "engine/generation/session.h"
-#include "engine/tools/synth.h"
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/rope_shift.h"
 #include "quant/reference.h"
+#include "tests/synth_file.h"
 #include "tests/test_support.h"
 
 using namespace tern;
@@ -507,13 +507,7 @@ TEST_CASE("kv_erase equals recomputation: qwen2 (neox rope, q/k/v biases)") {
 
 TEST_CASE("kv_erase equals recomputation: a qwen3-like synth model (K norm before rope)") {
     test::TempDir dir;
-    SynthOptions o;
-    o.shape = "tiny-qwen3";
-    o.type = "f32";
-    o.n_threads = 1;
-    const std::string path = (dir / "tiny-qwen3.gguf").string();
-    write_synth_model(o, path);
-    const Model m = load_model(path);
+    const Model m = load_model(synth_file(dir, "tiny-qwen3", "f32"));
     REQUIRE(m.config.qk_norm);
     REQUIRE(m.config.rope_style == RopeStyle::neox);
     check_model(m, {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0, KvType::f8_e4m3});
@@ -522,13 +516,7 @@ TEST_CASE("kv_erase equals recomputation: a qwen3-like synth model (K norm befor
 
 TEST_CASE("kv_erase equals recomputation: qwen3 with YaRN rope scaling (ramped angles, mscale kept once)") {
     test::TempDir dir;
-    SynthOptions o;
-    o.shape = "tiny-qwen3-yarn";
-    o.type = "f32";
-    o.n_threads = 1;
-    const std::string path = (dir / "tiny-qwen3-yarn.gguf").string();
-    write_synth_model(o, path);
-    const Model m = load_model(path);
+    const Model m = load_model(synth_file(dir, "tiny-qwen3-yarn", "f32"));
     REQUIRE(m.config.layers[0].yarn_ext_factor == 1.0f);
     REQUIRE(m.config.layers[0].rope_mscale > 1.1f);
     check_model(m, {KvType::f32, KvType::f16});

@@ -35,10 +35,10 @@
 #include "engine/logit_candidates.h"
 #include "engine/model.h"
 #include "engine/split_backend.h"
-#include "engine/tools/synth.h"
 #include "kernels/cuda/gemm_q8.h"
 #include "tests/gguf_rewrite.h"
 #include "tests/quick_mode.h"
+#include "tests/synth_file.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -179,17 +179,6 @@ Opened open_both(const std::string& path, int32_t n_ctx, KvType kv = KvType::f32
     o.cpu->load(o.model.config, o.model.weights, RunOptions{n_ctx, kv});
     o.cuda->load(o.model.config, o.model.weights, RunOptions{n_ctx, kv});
     return o;
-}
-
-std::string synth_file(const test::TempDir& dir, const std::string& shape, const std::string& type) {
-    const std::string path = (dir / (shape + "-" + type + ".gguf")).string();
-    SynthOptions o;
-    o.shape = shape;
-    o.type = type;
-    o.n_threads = 1;
-    o.on_warning = [](const std::string&) {};
-    write_synth_model(o, path);
-    return path;
 }
 
 std::vector<int32_t> ramp_tokens(int n, int32_t vocab) {
@@ -746,15 +735,8 @@ TEST_CASE("cuda backend: top_logits selects on the GPU what the host selects fro
     if (!test::shared_available()) return;
     // gpt-2's 50257-token vocabulary: 13 blocks of 4096 logits (the last one ragged), then a second pass.
     test::TempDir dir;
-    const std::string path = (dir / "tiny-gpt2-vocab.gguf").string();
-    SynthOptions so;
-    so.shape = "tiny";
-    so.type = "q8_0";
-    so.vocab_from = test::shared_path("models/vocab/ggml-vocab-gpt-2.gguf").string();
-    so.n_threads = 1;
-    so.on_warning = [](const std::string&) {};
-    write_synth_model(so, path);
-    const Model model = load_model(path);
+    const Model model = load_model(
+        synth_file(dir, "tiny", "q8_0", 1, test::shared_path("models/vocab/ggml-vocab-gpt-2.gguf").string()));
     REQUIRE(model.config.vocab == 50257);
     CudaBackend cuda;
     cuda.load(model.config, model.weights, RunOptions{16, KvType::f16});

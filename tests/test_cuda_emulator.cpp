@@ -1,4 +1,4 @@
-// The CUDA emulator's execution model (tests/cuda_emu/cuda_emu.h): indices, static and dynamic shared
+// The CUDA emulator's execution model (cuda_emu/cuda_emu.h): indices, static and dynamic shared
 // memory, __syncthreads, every warp shuffle and vote with widths and partial masks, divergent warps,
 // atomics from blocks on several OS threads, worker counts changing between launches, and the undefined
 // behaviour it must stop with a message.

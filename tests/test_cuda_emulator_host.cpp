@@ -1,4 +1,4 @@
-// The CUDA emulator's host API (tests/cuda_emu/cuda_emu_host.h) and the launcher (kernels/cuda/launch.h):
+// The CUDA emulator's host API (cuda_emu/cuda_emu_host.h) and the launcher (kernels/cuda/launch.h):
 // device memory, copies and their checks, the last-error protocol, launch-configuration errors, streams,
 // events and graph capture with replay.
 #include <doctest/doctest.h>

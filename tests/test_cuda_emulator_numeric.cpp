@@ -1,4 +1,4 @@
-// The CUDA emulator's number types and intrinsics (tests/cuda_emu/cuda_emu_types.h, cuda_emu_math.h):
+// The CUDA emulator's number types and intrinsics (cuda_emu/cuda_emu_types.h, cuda_emu_math.h):
 // half / bfloat16 / fp8 e4m3 conversions exhaustively against the project's own codecs (quant/half.h,
 // quant/fp8.h), which must agree with the device everywhere except NaN encodings (the device writes
 // canonical NaNs); __dp4a / __dp2a against scalar formulas; half arithmetic; bit intrinsics.

@@ -23,8 +23,8 @@
 #include "engine/generation/session.h"
 #include "engine/model.h"
 #include "engine/text/tokenizer.h"
-#include "engine/tools/synth.h"
 #include "tests/sequence_test_data.h"
+#include "tests/synth_file.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -175,14 +175,7 @@ TEST_CASE("CUDA sequences: gpt-oss's sinks, windows and biased experts in a mult
     // attention_tokens with the sinks, windows of 16 on the even layers (the script's sequences reach 140
     // positions), the biased experts grouped and by slot on per-column kernels.
     test::TempDir dir;
-    const std::string path = (dir / "gpt-oss.gguf").string();
-    SynthOptions so;
-    so.shape = "tiny-gpt-oss";
-    so.type = "f32";
-    so.n_threads = 1;
-    so.on_warning = [](const std::string&) {};
-    write_synth_model(so, path);
-    check_against_cpu(load_model(path));
+    check_against_cpu(load_model(synth_file(dir, "tiny-gpt-oss", "f32")));
 }
 
 TEST_CASE("CUDA sequences: a sequence's logits are the same bits alone and among others") {
@@ -224,14 +217,7 @@ TEST_CASE("CUDA sequences: a mixture of experts gives a sequence the same bits a
     // Alone, 10 tokens then 1 run the experts by slot (backend_cuda_moe.cpp); among others the same spans share
     // a forward of 40 tokens, which groups the slots by expert: both on per-column kernels, so the same bits.
     test::TempDir dir;
-    const std::string path = (dir / "moe.gguf").string();
-    SynthOptions so;
-    so.shape = "tiny-qwen3moe";
-    so.type = "q4_k_m";
-    so.n_threads = 1;
-    so.on_warning = [](const std::string&) {};
-    write_synth_model(so, path);
-    const Model m = load_model(path);
+    const Model m = load_model(synth_file(dir, "tiny-qwen3moe", "q4_k_m"));
     const std::vector<int32_t> a = test::random_tokens(m, 11, 7);
     const std::vector<int32_t> bt = test::random_tokens(m, 30, 8);
     const std::vector<int32_t> a0(a.begin(), a.begin() + 10);

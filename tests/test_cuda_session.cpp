@@ -19,6 +19,7 @@
 #include "engine/prefix_cache/prefix_cache.h"
 #include "engine/speculative/drafter.h"
 #include "engine/text/tokenizer.h"
+#include "tests/fake_backend.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -74,37 +75,24 @@ std::vector<int32_t> prompt_of(const Session& s, const std::string& text) { retu
 // A backend that passes every call to `inner` but selects sampling candidates as told: on the host from
 // the copied-back row (the base class's Backend::top_logits), or by `inner` (the GPU's kernels). Counts
 // the rows copied back and the selections.
-class SelectingBackend : public Backend {
+class SelectingBackend : public test::ForwardingBackend {
 public:
-    SelectingBackend(std::unique_ptr<Backend> inner, bool on_host) : inner_(std::move(inner)), on_host_(on_host) {}
+    SelectingBackend(std::unique_ptr<Backend> inner, bool on_host)
+        : ForwardingBackend(std::move(inner)), on_host_(on_host) {}
     int logits_calls = 0, top_logits_calls = 0;
 
-    MemoryNeed plan_memory(const ModelConfig& c, const ModelWeights& w, const MemoryRequest& r) const override {
-        return inner_->plan_memory(c, w, r);
-    }
-    std::vector<MemoryLimit> memory_limits() const override { return inner_->memory_limits(); }
-    void load(const ModelConfig& c, const ModelWeights& w, const RunOptions& o) override { inner_->load(c, w, o); }
-    void forward(const ForwardBatch& batch) override { inner_->forward(batch); }
     std::span<const float> logits(int row) override {
         ++logits_calls;
-        return inner_->logits(row);
+        return ForwardingBackend::logits(row);
     }
-    void argmax(std::span<int32_t> per_row) override { inner_->argmax(per_row); }
     // The guard's scan of each sampled row, where the row is (on the GPU: no row copied back).
-    FloatScan scan_logits(int row) override { return inner_->scan_logits(row); }
+    FloatScan scan_logits(int row) override { return inner().scan_logits(row); }
     size_t top_logits(int row, const LogitPenalties& penalties, std::span<LogitCandidate> out) override {
         ++top_logits_calls;
-        return on_host_ ? Backend::top_logits(row, penalties, out) : inner_->top_logits(row, penalties, out);
+        return on_host_ ? Backend::top_logits(row, penalties, out) : inner().top_logits(row, penalties, out);
     }
-    int32_t n_past() const override { return inner_->n_past(); }
-    void kv_truncate(int32_t n) override { inner_->kv_truncate(n); }
-    KvSnapshot kv_save(int32_t n) const override { return inner_->kv_save(n); }
-    void kv_load(const KvSnapshot& s) override { inner_->kv_load(s); }
-    DeviceKind device_kind() const override { return inner_->device_kind(); }
-    std::string device_name() const override { return inner_->device_name(); }
 
 private:
-    std::unique_ptr<Backend> inner_;
     bool on_host_;
 };
 

@@ -16,7 +16,6 @@
 #include "engine/cpu/backend_cpu.h"
 #include "engine/model.h"
 #include "engine/moe_router.h"
-#include "engine/tools/synth.h"
 #include "engine/tools/synth_shapes.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
@@ -26,20 +25,11 @@
 #include "tests/kernel_test_data.h"
 #include "tests/moe_layer_check.h"
 #include "tests/gguf_rewrite.h"
+#include "tests/synth_file.h"
 #include "tests/test_support.h"
 
 namespace tern {
 namespace {
-
-std::string synth_file(const test::TempDir& dir, const std::string& type) {
-    const std::string path = (dir / ("gpt-oss-" + type + ".gguf")).string();
-    SynthOptions o;
-    o.shape = "tiny-gpt-oss";
-    o.type = type;
-    o.n_threads = 1;
-    write_synth_model(o, path);
-    return path;
-}
 
 std::vector<double> dequantized_rows(const WeightRef& w) {
     std::vector<float> row(static_cast<size_t>(w.n_in()));
@@ -159,7 +149,7 @@ TEST_CASE("swiglu_oai: gate clamped above at the limit, up clamped both ways, si
 
 TEST_CASE("gpt-oss metadata and tensors: read, and one-line errors naming the file and key or tensor") {
     test::TempDir dir;
-    const std::string good = synth_file(dir, "f16");
+    const std::string good = synth_file(dir, "tiny-gpt-oss", "f16");
     const Model m = load_model(good);
     const ModelConfig& c = m.config;
     CHECK(c.arch == Arch::gpt_oss);
@@ -251,7 +241,7 @@ TEST_CASE("gpt-oss's MoE FFN (router and expert biases, clamped SwiGLU) agrees w
     for (const char* type : {"f32", "q8_0", "q4_k_m"}) {
         CAPTURE(type);
         const std::string path =
-            test::rewrite_zeroing(dir, synth_file(dir, type), std::string("zero-attn-") + type + ".gguf",
+            test::rewrite_zeroing(dir, synth_file(dir, "tiny-gpt-oss", type), std::string("zero-attn-") + type + ".gguf",
                                   [](GgufWriter&) {},
                                   [](const std::string& n) { return n.find("attn_output") != std::string::npos; });
         test::check_moe_layers(load_model(path), 11, reference_layer_ffn);

@@ -15,12 +15,12 @@
 #include "engine/cpu/backend_cpu.h"
 #include "engine/model.h"
 #include "engine/moe_router.h"
-#include "engine/tools/synth.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "quant/reference.h"
 #include "tests/moe_layer_check.h"
 #include "tests/gguf_rewrite.h"
+#include "tests/synth_file.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -46,16 +46,6 @@ Route route(const std::vector<float>& logits, const ModelConfig& c) {
     std::vector<float> probs(logits.size());
     route_experts(logits.data(), c, probs.data(), r.ids.data(), r.weights.data());
     return r;
-}
-
-std::string synth_file(const test::TempDir& dir, const std::string& type, const std::string& shape = "tiny-qwen3moe") {
-    const std::string path = (dir / (shape + "-" + type + ".gguf")).string();
-    SynthOptions o;
-    o.shape = shape;
-    o.type = type;
-    o.n_threads = 1;
-    write_synth_model(o, path);
-    return path;
 }
 
 std::vector<double> dequantized(const WeightRef& w) {
@@ -158,7 +148,7 @@ TEST_CASE("router: softmax top-k, ties to the lower expert id, normalised weight
 
 TEST_CASE("qwen3moe metadata: read, and one-line errors naming the file and key") {
     test::TempDir dir;
-    const std::string good = synth_file(dir, "f16");
+    const std::string good = synth_file(dir, "tiny-qwen3moe", "f16");
     const Model m = load_model(good);
     CHECK(m.config.arch == Arch::qwen3moe);
     CHECK(m.config.qk_norm);
@@ -237,7 +227,7 @@ TEST_CASE("qwen3moe metadata: read, and one-line errors naming the file and key"
 
 TEST_CASE("mixtral: a llama with experts is routed like qwen3moe, its experts sized by feed_forward_length") {
     test::TempDir dir;
-    const std::string good = synth_file(dir, "f16", "tiny-mixtral");
+    const std::string good = synth_file(dir, "tiny-mixtral", "f16");
     const Model m = load_model(good);
     CHECK(m.config.arch == Arch::llama);
     CHECK(m.config.rope_style == RopeStyle::normal);
@@ -291,7 +281,7 @@ TEST_CASE("the MoE FFN agrees with a scalar reference (dequantized weights, doub
         CAPTURE(shape);
         CAPTURE(type);
         const std::string path =
-            test::rewrite_zeroing(dir, synth_file(dir, type, shape), shape + "-zero-attn-" + type + ".gguf",
+            test::rewrite_zeroing(dir, synth_file(dir, shape, type), shape + "-zero-attn-" + type + ".gguf",
                                   [](GgufWriter&) {},
                                   [](const std::string& n) { return n.find("attn_output") != std::string::npos; });
         test::check_moe_layers(load_model(path), 7, reference_layer_ffn);
@@ -304,7 +294,7 @@ TEST_CASE("batch invariance: a token's logits do not depend on the rest of its b
     for (const char* type : {"q4_k_m", "f16"}) {
         CAPTURE(shape);
         CAPTURE(type);
-        const Model m = load_model(synth_file(dir, type, shape));
+        const Model m = load_model(synth_file(dir, shape, type));
         const int32_t vocab = m.config.vocab;
         const std::vector<int32_t> a = {5, 77, 301, 42, 9, 120}, other = {11, 12, 400, 401, 250, 3, 99, 8, 17};
         for (const int threads : {1, 2}) {

@@ -15,6 +15,7 @@
 #include "engine/text/tokenizer.h"
 #include "kernels/cpu/ops.h"
 #include "quant/reference.h"
+#include "tests/fake_backend.h"
 #include "tests/test_support.h"
 
 namespace tern {
@@ -136,19 +137,11 @@ TEST_CASE("an observer changes no logit, in either matmul mode, and a null one i
 }
 
 TEST_CASE("a backend without observer support refuses an observer but accepts none") {
-    struct Bare final : Backend {
-        void load(const ModelConfig&, const ModelWeights&, const RunOptions&) override {}
+    // FakeBackendBase leaves set_observer to Backend's default, as a backend without observer support does.
+    struct Bare final : test::FakeBackendBase {
         void forward(const ForwardBatch&) override {}
         std::span<const float> logits(int) override { return {}; }
         void argmax(std::span<int32_t>) override {}
-        int32_t n_past() const override { return 0; }
-        void kv_truncate(int32_t) override {}
-        KvSnapshot kv_save(int32_t) const override { return {}; }
-        void kv_load(const KvSnapshot&) override {}
-        DeviceKind device_kind() const override { return DeviceKind::cpu; }
-        MemoryNeed plan_memory(const ModelConfig&, const ModelWeights&, const MemoryRequest&) const override { return {}; }
-        std::vector<MemoryLimit> memory_limits() const override { return {}; }
-        std::string device_name() const override { return "bare"; }
     } bare;
     Recorder rec;
     CHECK_NOTHROW(bare.set_observer(nullptr));

@@ -14,24 +14,14 @@
 #include "engine/backend_factory.h"
 #include "engine/cpu/layer_rope.h"
 #include "engine/model.h"
-#include "engine/tools/synth.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
 #include "tests/gguf_rewrite.h"
+#include "tests/synth_file.h"
 #include "tests/test_support.h"
 
 namespace tern {
 namespace {
-
-std::string synth_file(const test::TempDir& dir, const std::string& shape, const std::string& type) {
-    const std::string path = (dir / (shape + "-" + type + ".gguf")).string();
-    SynthOptions o;
-    o.shape = shape;
-    o.type = type;
-    o.n_threads = 1;
-    write_synth_model(o, path);
-    return path;
-}
 
 // The logits of every position of `tokens` in one batch on the CPU backend.
 std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& tokens) {

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "formats/gguf.h"
 #include "quant/plan.h"
+#include "tests/synth_file.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -24,20 +25,6 @@ using tern::test::run_tern;
 using tern::test::TempDir;
 
 namespace {
-
-std::string synth_file(const TempDir& dir, const std::string& shape, const std::string& type, uint64_t seed = 1,
-                       const std::string& vocab_from = "") {
-    const std::string path = (dir / (shape + "-" + type + "-" + std::to_string(seed) + ".gguf")).string();
-    SynthOptions o;
-    o.shape = shape;
-    o.type = type;
-    o.seed = seed;
-    o.vocab_from = vocab_from;
-    o.n_threads = 1;   // the files are small; a second thread only spins on a shared machine
-    o.on_warning = [](const std::string&) {};
-    write_synth_model(o, path);
-    return path;
-}
 
 // Every logit of a short prefill and of one decode step is finite, and they are not all equal.
 void check_logits_finite(const std::string& path) {

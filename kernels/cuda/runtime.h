@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA headers every kernel source includes, for either compiler: nvcc gets the toolkit's runtime
-// and number types; g++ with TERN_CUDA_EMULATOR gets the emulator (tests/cuda_emu/cuda_emu.h), which
+// and number types; g++ with TERN_CUDA_EMULATOR gets the emulator (cuda_emu/cuda_emu.h), which
 // runs the same sources on the CPU in the tests. Kernels written against this header must follow the
 // emulator's rules (see its top comment): launch through launch.h, exchange data in a warp only through
 // the _sync intrinsics, and take dynamic shared memory from dynamic_shared<T>() below.
@@ -8,7 +8,7 @@
 #include <string>
 
 #if defined(TERN_CUDA_EMULATOR)
-#include "tests/cuda_emu/cuda_emu.h"
+#include "cuda_emu/cuda_emu.h"
 #elif defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

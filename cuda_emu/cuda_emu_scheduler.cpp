@@ -20,8 +20,8 @@
 #include <sstream>
 #include <vector>
 
-#include "tests/cuda_emu/cuda_emu.h"
-#include "tests/cuda_emu/cuda_emu_context.h"
+#include "cuda_emu/cuda_emu.h"
+#include "cuda_emu/cuda_emu_context.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>

@@ -170,7 +170,7 @@ template <typename T> T from_bits(uint64_t u) {
 
 } // namespace cuda_emu
 
-#include "tests/cuda_emu/cuda_emu_host.h"
+#include "cuda_emu/cuda_emu_host.h"
 
 // ---- synchronisation ----------------------------------------------------------------------------------
 inline void __syncthreads(const std::source_location& where = std::source_location::current()) {
@@ -288,6 +288,6 @@ inline int __reduce_max_sync(unsigned mask, int v,
     return static_cast<int>(warp_op(WarpOp::reduce_max_i, mask, static_cast<uint32_t>(v), 0, 32, where));
 }
 
-#include "tests/cuda_emu/cuda_emu_atomics.h"
-#include "tests/cuda_emu/cuda_emu_math.h"
-#include "tests/cuda_emu/cuda_emu_types.h"
+#include "cuda_emu/cuda_emu_atomics.h"
+#include "cuda_emu/cuda_emu_math.h"
+#include "cuda_emu/cuda_emu_types.h"

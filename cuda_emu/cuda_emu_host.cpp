@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "tests/cuda_emu/cuda_emu.h"
+#include "cuda_emu/cuda_emu.h"
 
 struct CUstream_st {
     cudaGraph_t capturing = nullptr;

@@ -1,5 +1,5 @@
 // Fiber context switching (cuda_emu_context.h).
-#include "tests/cuda_emu/cuda_emu_context.h"
+#include "cuda_emu/cuda_emu_context.h"
 
 #include <cstdint>
 #include <cstring>
