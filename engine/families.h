@@ -7,8 +7,9 @@
 //
 // Adding a family: (1) an Arch value (engine/model_config.h) and its row in kFamilies (engine/families.cpp), in
 // Arch order, with llama.cpp's reading of its keys (src/models/<family>.cpp: which are required, their defaults,
-// what 0 means); (2) its tensors in the loader's tensor-role table (engine/weights.cpp) where they differ from the
-// flags' defaults; (3) a tiny `tern synth` shape (engine/tools/synth_shapes.cpp; synth.cpp writes the keys and
+// what 0 means); (2) a tensor the table does not hold yet as one row of engine/tensor_roles.cpp (and a member of
+// LayerWeights); a new kind of step (a mixer, a norm placement) in engine/layer_program.h and each backend's
+// steps; (3) a tiny `tern synth` shape (engine/tools/synth_shapes.cpp; synth.cpp writes the keys and
 // tensors the flags imply); (4) llama.cpp's side of that shape recorded into tests/data/families by
 // bench/family_vs_llamacpp.sh --save-reference, which tests/families_reference.py checks tern against; (5) a test
 // that the family's keys and flags land in ModelConfig (tests/test_model_config.cpp).

@@ -513,6 +513,23 @@ TEST_CASE("cuda backend: smollm3's NoPE layers, phi3's fused tensors, partial ro
     }
 }
 
+TEST_CASE("cuda backend: families added as data only: granite's four multipliers, olmo2's post-only and whole-width norms") {
+    test::TempDir dir;
+    for (const char* shape : {"tiny-granite", "tiny-olmo2"}) {
+        CAPTURE(shape);
+        Opened o = open_both(synth_file(dir, shape, "q4_k_m"), 64, KvType::f16);
+        const std::vector<int32_t> tokens = ramp_tokens(20, o.model.config.vocab);
+        CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+        // Decode takes the fused launches: the scaled residual adds and the unnormed block inputs there too.
+        for (int32_t t : {7, 8, 9}) {
+            const std::vector<int32_t> one = {t};
+            o.cpu->forward({one, o.cpu->n_past(), LogitsWanted::last});
+            o.cuda->forward({one, o.cuda->n_past(), LogitsWanted::last});
+            CHECK(row_error(o.cuda->logits(0), o.cpu->logits(0)) < kLogitTolerance);
+        }
+    }
+}
+
 TEST_CASE("cuda backend: every KV cache format") {
     if (!test::shared_available()) return;
     const std::vector<int32_t> tokens = ramp_tokens(40, 512);
