@@ -670,7 +670,8 @@ memcheck_one() {   # suite
 }
 
 backend() {
-    cuda_suites | grep -x test_cuda_backend > /dev/null || { STEP_NOTE="no tests/cuda/test_cuda_backend.cpp yet"; return 77; }
+    cuda_suites | grep -x test_cuda_backend > /dev/null ||
+        { STEP_NOTE="no tests/cuda/test_cuda_backend.cpp yet"; return 77; }
     if [ "$packed" = 1 ]; then
         [ -x "$bindir/test_cuda_backend" ] || { STEP_NOTE="not in the pack"; return 77; }
         # A pack with only the named files runs the whole-model suite's quick list.
