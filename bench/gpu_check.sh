@@ -153,7 +153,7 @@ prepare() {
 # The test_cuda_* suites that run on the device (the emulator's own stay on the CPU).
 cuda_suites() {
     local f name
-    for f in "$root"/tests/test_cuda_*.cpp; do
+    for f in "$root"/tests/cuda/test_cuda_*.cpp; do
         [ -e "$f" ] || continue
         name=$(basename "$f" .cpp)
         [[ "$name" == test_cuda_emulator* ]] || echo "$name"
@@ -178,7 +178,7 @@ pack_shared_files() {   # shared root: prints paths relative to it
         name=${name%.gguf}
         stems+=("${name##*/}")
         [ -f "$shared/$name.gguf" ] && echo "$name.gguf"
-    done < <(grep -ho '"[A-Za-z0-9_./-]*"' "$root"/tests/test_cuda_*.cpp | tr -d '"' | sort -u)
+    done < <(grep -ho '"[A-Za-z0-9_./-]*"' "$root"/tests/cuda/test_cuda_*.cpp | tr -d '"' | sort -u)
     for name in "${stems[@]}"; do
         [ -n "$name" ] || continue   # a folder name ("reference/") is no stem
         for f in "models/gguf/$name.gguf" "models/synth/$name.gguf" "reference/$name"; do
@@ -670,7 +670,8 @@ memcheck_one() {   # suite
 }
 
 backend() {
-    cuda_suites | grep -x test_cuda_backend > /dev/null || { STEP_NOTE="no tests/test_cuda_backend.cpp yet"; return 77; }
+    cuda_suites | grep -x test_cuda_backend > /dev/null ||
+        { STEP_NOTE="no tests/cuda/test_cuda_backend.cpp yet"; return 77; }
     if [ "$packed" = 1 ]; then
         [ -x "$bindir/test_cuda_backend" ] || { STEP_NOTE="not in the pack"; return 77; }
         # A pack with only the named files runs the whole-model suite's quick list.
@@ -887,7 +888,7 @@ if wanted synth && [ -x "$tern" ]; then
 fi
 run_step tests tests
 for suite in $memcheck_suites; do
-    [ -f "$root/tests/$suite.cpp" ] && run_step "memcheck:$suite" memcheck_one "$suite"
+    [ -f "$root/tests/cuda/$suite.cpp" ] && run_step "memcheck:$suite" memcheck_one "$suite"
 done
 run_step backend backend
 

@@ -13,8 +13,8 @@
 #    text above exactly:\n\n" + its first three words, -n = the passage's tokens + 16, with and
 #    without the guard. Counted: outputs that copy the passage whole, guard fires, and fires on an
 #    output that copies the passage (must be 0; a model that loops instead of copying may be cut).
-# Greedy output with --lookup is byte-identical to without (tests/test_speculative.cpp,
-# tests/test_repeat_guard.cpp), so runs use --lookup 8 to save time.
+# Greedy output with --lookup is byte-identical to without (tests/generation/test_speculative.cpp,
+# tests/generation/test_repeat_guard.cpp), so runs use --lookup 8 to save time.
 #
 # Usage: bench/repeat_guard.sh [MODEL.gguf ...]
 #   PARTS="open copy" (default) picks the sections.

@@ -12,7 +12,7 @@
 // steps; (3) a tiny `tern synth` shape (engine/tools/synth_shapes.cpp; synth.cpp writes the keys and
 // tensors the flags imply); (4) llama.cpp's side of that shape recorded into tests/data/families by
 // bench/family_vs_llamacpp.sh --save-reference, which tests/families_reference.py checks tern against; (5) a test
-// that the family's keys and flags land in ModelConfig (tests/test_model_config.cpp).
+// that the family's keys and flags land in ModelConfig (tests/engine/test_model_config.cpp).
 #include <cstdint>
 #include <limits>
 #include <span>

@@ -12,7 +12,7 @@
 // Each 32-value block's scale is chosen by the reference search on the block's values as they
 // stand when the block is reached (earlier blocks' errors already moved in), then its codes are
 // rounded with that scale one by one. With a diagonal H nothing moves and the bytes are exactly
-// the reference quantizer's. tests/test_quant_compensated.cpp.
+// the reference quantizer's. tests/quant/test_quant_compensated.cpp.
 #include <cstdint>
 #include <vector>
 

@@ -5,7 +5,7 @@
 // sum_c (w_c - q_c)^2 E[x_c^2] when the columns are weakly correlated, so the searches weight each
 // element's error by imp_c (Q3_K: imp_c alone, its 6-bit sub-block scales fitted with the same
 // weights; Q2_K: imp_c times the reference's sqrt(sigma^2 + x^2); Q4_0, the width fallback of the
-// low-bit k-quants: imp_c alone, one f16 scale per 32). tests/test_quant_imatrix.cpp
+// low-bit k-quants: imp_c alone, one f16 scale per 32). tests/quant/test_quant_imatrix.cpp
 // holds them to a smaller weighted error than the reference quantizers.
 #include <cstdint>
 

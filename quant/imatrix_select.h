@@ -8,7 +8,7 @@
 // full matrix, not the diagonal the weighting itself assumes). The weighted form is kept only where
 // it wins on B. That is necessary, not sufficient: on stories260K every tensor wins here while the
 // model's perplexity grows, so `tern quantize` also compares the two whole models' NLL on B
-// (engine/quantize/held_out.h). tests/test_quant_imatrix_select.cpp.
+// (engine/quantize/held_out.h). tests/quant/test_quant_imatrix_select.cpp.
 
 #include <cstdint>
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cross-builds the CPU kernel tests for aarch64 (tests/neon/: tern_quant, tern_kernels and
-# tests/test_kernels_*.cpp, NEON + dotprod set included) and runs them under qemu-aarch64 through
+# tests/kernels/test_kernels_*.cpp, NEON + dotprod set included) and runs them under qemu-aarch64 through
 # ctest (cmake/toolchain-aarch64-linux-gnu.cmake sets the emulator). Needs the Debian packages
 # g++-aarch64-linux-gnu (its libstdc++ and libgomp come along), qemu-user and doctest-dev; without the
 # cross compiler or qemu it says so and exits 0 (skipped), so it can sit in a CI list on any host.

@@ -4,7 +4,7 @@
 // dispatch.cpp fills the scalar twins first, so an entry missing here falls back to them).
 // The integer sums are exact, as in the scalar twins; only the float accumulation order differs.
 // Tested on x86-64 hosts under qemu-aarch64: scripts/test_neon.sh builds tests/neon/ with
-// cmake/toolchain-aarch64-linux-gnu.cmake and runs tests/test_kernels_*.cpp there.
+// cmake/toolchain-aarch64-linux-gnu.cmake and runs tests/kernels/test_kernels_*.cpp there.
 #include <cmath>
 #include <cstring>
 #include "kernels/cpu/dispatch.h"

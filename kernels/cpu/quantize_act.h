@@ -12,7 +12,7 @@
 //   f16 / bf16: round to nearest even (F16C's _mm256_cvtps_ph and ggml's bf16 rounding; quant/half.h).
 //   f32: a copy.
 // Rows are independent: n is a multiple of act_block_elems(format). Every ISA's version gives the same
-// bytes as the scalar one (tests/test_kernels_dot.cpp checks that bit for bit).
+// bytes as the scalar one (tests/kernels/test_kernels_dot.cpp checks that bit for bit).
 #include <cstdint>
 
 #include "kernels/cpu/dot.h"

@@ -16,7 +16,7 @@ namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
 
 namespace activation_detail {
-// kernels/cpu/silu.h silu_detail, which kernels/cuda may not include; tests/test_cuda_elementwise.cpp holds
+// kernels/cpu/silu.h silu_detail, which kernels/cuda may not include; tests/cuda/test_cuda_elementwise.cpp holds
 // the two to the same bits.
 inline constexpr float kExpHi = 88.0f, kExpLo = -87.0f;
 inline constexpr float kLog2e = 1.44269504088896341f;

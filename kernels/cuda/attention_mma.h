@@ -5,7 +5,7 @@
 // sliding window, softcap, GQA groups, paged or contiguous KV, pos0_device), other arithmetic: q and the
 // probabilities are rounded to f16 for the two products, which accumulate in f32, while the scores' scale,
 // softcap, softmax and the output's normalisation stay f32. So it is not the f32 kernel's result but
-// within a tolerance of it (tests/test_cuda_attention_mma.cpp states it).
+// within a tolerance of it (tests/cuda/test_cuda_attention_mma.cpp states it).
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"

@@ -1,4 +1,4 @@
-// The table of fuzz entries that tests/test_fuzz_regressions.cpp walks.
+// The table of fuzz entries that tests/fuzz/test_fuzz_regressions.cpp walks.
 #include "tests/fuzz/fuzz_entries.h"
 
 namespace tern::fuzz {

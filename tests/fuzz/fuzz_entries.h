@@ -1,6 +1,6 @@
 #pragma once
 // The fuzzed surfaces as plain functions over a byte span: the libFuzzer executables
-// (tests/fuzz/fuzz_*.cpp) call one each, and tests/test_fuzz_regressions.cpp replays every saved
+// (tests/fuzz/fuzz_*.cpp) call one each, and tests/fuzz/test_fuzz_regressions.cpp replays every saved
 // crashing input (tests/data/fuzz/<name>/) through the same function in the normal test builds.
 // Each returns normally when tern rejects the input with a TernError (the expected answer to bad
 // input); anything else (another exception, a sanitizer report, a hang) is a finding.

@@ -1,6 +1,6 @@
 // The NEON kernel set as it runs on aarch64 (under qemu-aarch64 via scripts/test_neon.sh): it is the set
 // this process picks, every dot kernel in it is a NEON one, and the entries that still hold a scalar twin
-// are named (today only the f32 "quantizer", a copy every set shares). tests/test_kernels_dot.cpp
+// are named (today only the f32 "quantizer", a copy every set shares). tests/kernels/test_kernels_dot.cpp
 // compares the kernels themselves with their scalar twins; that suite skips an ISA the CPU cannot run,
 // which is why this one insists that NEON does run here.
 #include <doctest/doctest.h>

@@ -30,7 +30,7 @@
 namespace tern {
 namespace {
 
-// As tests/test_cuda_backend.cpp: exact arithmetic on both sides, so they differ by f32 summation order only.
+// As tests/cuda/test_cuda_backend.cpp: exact arithmetic on both sides, so they differ by f32 summation order only.
 constexpr double kLogitTolerance = 1e-3;
 // Greedy ids are compared where the CPU's top two logits are further apart than this (relative).
 constexpr double kNearTie = 2e-3;

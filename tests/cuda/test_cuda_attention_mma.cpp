@@ -62,7 +62,7 @@ std::string describe(const MmaCase& c) {
 // while a key masked wrongly, a window off by one or a dropped tile moves outputs by a fraction of one
 // weight of these peaked softmaxes (>= 1e-2 typically).
 constexpr double kMmaTolerance = 1e-3;
-// The f32 kernel against the reference with q as given (tests/test_cuda_attention.cpp's tolerance).
+// The f32 kernel against the reference with q as given (tests/cuda/test_cuda_attention.cpp's tolerance).
 constexpr double kF32Tolerance = 2e-5;
 
 struct MmaResult {
