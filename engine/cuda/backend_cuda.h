@@ -10,7 +10,7 @@
 //
 // The same source builds two ways (kernels/cuda/runtime.h): against the CUDA runtime for the binary,
 // and against the CUDA emulator for the tests, where it runs on the CPU and is compared with the CPU
-// backend (tests/test_cuda_backend.cpp).
+// backend (tests/cuda/test_cuda_backend.cpp).
 #include <array>
 #include <cstdint>
 #include <functional>
