@@ -63,6 +63,13 @@ constexpr double kTensorCoreAttentionTolerance = 5e-3;
 // is a near-tie: either id is right, and the paths may part there.
 constexpr double kNearTie = 2e-3;
 constexpr int kGreedySteps = 32;
+// TERN_TEST_QUICK=1: 8 greedy steps and 16 of the reference's generated tokens in the teacher-forced batch (still
+// a prefill of 16 rows or more, every row compared): the same prefill, decode and device-argmax paths on every
+// file, fewer rows and steps of each.
+constexpr int kQuickGreedySteps = 8;
+constexpr size_t kQuickForcedTokens = 16;
+
+int greedy_steps() { return quick_mode() ? kQuickGreedySteps : kGreedySteps; }
 
 json read_json(const fs::path& p) {
     std::ifstream f(p);
@@ -135,17 +142,18 @@ bool near_tie(std::span<const float> row) {
     return first - second <= kNearTie * scale;
 }
 
-// Greedy decode: the prompt in one batch, then kGreedySteps tokens one forward each. Returns the ids and
+// Greedy decode: the prompt in one batch, then greedy_steps() tokens one forward each. Returns the ids and
 // whether each step's CPU row was a near-tie (only filled when `ties` is given).
 std::vector<int32_t> greedy(Backend& b, const std::vector<int32_t>& prompt, std::vector<bool>* ties = nullptr) {
     std::vector<int32_t> ids;
     b.forward({prompt, 0, LogitsWanted::last});
-    for (int step = 0; step < kGreedySteps; ++step) {
+    const int steps = greedy_steps();
+    for (int step = 0; step < steps; ++step) {
         int32_t next = 0;
         b.argmax({&next, 1});
         if (ties) ties->push_back(near_tie(b.logits(0)));
         ids.push_back(next);
-        if (step + 1 < kGreedySteps) b.forward({std::vector<int32_t>{next}, b.n_past(), LogitsWanted::last});
+        if (step + 1 < steps) b.forward({std::vector<int32_t>{next}, b.n_past(), LogitsWanted::last});
     }
     return ids;
 }
@@ -220,8 +228,10 @@ TEST_CASE("cuda backend: teacher-forced logits and greedy ids equal the CPU back
         const json ref = read_json(test::shared_path("reference/" + stem + "/once-upon-a-time.json"));
         std::vector<int32_t> tokens = ref.at("prompt_tokens").get<std::vector<int32_t>>();
         const std::vector<int32_t> prompt = tokens;
-        for (int32_t t : ref.at("generated_tokens").get<std::vector<int32_t>>()) tokens.push_back(t);
-        const int32_t n_ctx = static_cast<int32_t>(tokens.size()) + kGreedySteps + 8;
+        std::vector<int32_t> generated = ref.at("generated_tokens").get<std::vector<int32_t>>();
+        if (quick_mode() && generated.size() > kQuickForcedTokens) generated.resize(kQuickForcedTokens);
+        tokens.insert(tokens.end(), generated.begin(), generated.end());
+        const int32_t n_ctx = static_cast<int32_t>(tokens.size()) + greedy_steps() + 8;
 
         Opened o = open_both(model_path(stem), n_ctx);
         const double e = max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens));
@@ -245,10 +255,13 @@ TEST_CASE("cuda backend: decode with int8 activations (the default) stays within
         CAPTURE(stem);
         const Model model = load_model(model_path(stem));
         Int8Comparison on(model);
-        const std::vector<int32_t> tokens = ramp_tokens(12, model.config.vocab);
+        // TERN_TEST_QUICK=1: 6 steps instead of 12, every format's int8 decode kernel still run (each step is
+        // the same matmuls over a longer cache; the attention is held exactly by the first test case).
+        const int32_t steps = quick_mode() ? 6 : 12;
+        const std::vector<int32_t> tokens = ramp_tokens(steps, model.config.vocab);
         // One token a forward: the decode path (a batch of 16 or more is a prefill, tested below).
         double vs_exact = 0.0, vs_ggml = 0.0, ggml_vs_exact = 0.0;
-        for (int32_t i = 0; i < 12; ++i) {
+        for (int32_t i = 0; i < steps; ++i) {
             const std::vector<int32_t> one = {tokens[static_cast<size_t>(i)]};
             for (Backend* b : on.all()) b->forward({one, i, LogitsWanted::last});
             vs_exact = std::max(vs_exact, row_error(on.cuda.logits(0), on.exact_cpu.logits(0)));
