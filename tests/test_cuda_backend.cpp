@@ -640,10 +640,13 @@ TEST_CASE("cuda backend: decode steps replayed from a captured graph equal the s
     // Past 160 positions the attention's split changes (5 -> 6 key tiles of 32): the graph is captured again.
     const std::vector<int32_t> a = greedy(graphs, prompt), b = greedy(launches, prompt);
     CHECK(a == b);
+    // TERN_TEST_QUICK=1: 16 steps instead of 25 after the prefill, still across 160 positions (and a capture
+    // on each side of it).
+    const int32_t end = quick_mode() ? 166 : 175;
     for (CudaBackend* x : {&graphs, &launches}) {
         x->kv_truncate(0);
         x->forward({ramp_tokens(150, model.config.vocab), 0, LogitsWanted::last});
-        for (int32_t pos = 150; pos < 175; ++pos) x->forward({std::vector<int32_t>{pos % 500}, pos, LogitsWanted::last});
+        for (int32_t pos = 150; pos < end; ++pos) x->forward({std::vector<int32_t>{pos % 500}, pos, LogitsWanted::last});
     }
     const std::span<const float> ga = graphs.logits(0), la = launches.logits(0);
     CHECK(std::vector<float>(ga.begin(), ga.end()) == std::vector<float>(la.begin(), la.end()));
@@ -938,8 +941,11 @@ TEST_CASE("cuda backend: every kernel of a decode step is a programmatic depende
                     CHECK(step > 0);
                     CHECK(cuda_emu::programmatic_launches() - dependents == (programmatic ? step : 0));
                 };
-                cuda.forward({ramp_tokens(40, model.config.vocab), 0, LogitsWanted::last});
-                check_step({std::vector<int32_t>{5}, 40, LogitsWanted::last});
+                // TERN_TEST_QUICK=1: a prefill of 16 tokens (the fewest that make one) instead of 40 before the
+                // counted steps; the counted decode and 2-sequence steps are the same.
+                const int32_t n_prefill = quick_mode() ? 16 : 40;
+                cuda.forward({ramp_tokens(n_prefill, model.config.vocab), 0, LogitsWanted::last});
+                check_step({std::vector<int32_t>{5}, n_prefill, LogitsWanted::last});
                 cuda.seq_create(1);
                 const std::vector<int32_t> tokens = {7, 1, 2, 3};
                 const std::vector<SequenceSpan> spans = {{0, 1, LogitsWanted::last}, {1, 3, LogitsWanted::all}};
