@@ -69,7 +69,9 @@ constexpr int kGreedySteps = 32;
 constexpr int kQuickGreedySteps = 8;
 constexpr size_t kQuickForcedTokens = 16;
 
-int greedy_steps() { return quick_mode() ? kQuickGreedySteps : kGreedySteps; }
+int greedy_steps() {
+    return quick_mode() ? kQuickGreedySteps : kGreedySteps;
+}
 
 json read_json(const fs::path& p) {
     std::ifstream f(p);
@@ -646,7 +648,8 @@ TEST_CASE("cuda backend: decode steps replayed from a captured graph equal the s
     for (CudaBackend* x : {&graphs, &launches}) {
         x->kv_truncate(0);
         x->forward({ramp_tokens(150, model.config.vocab), 0, LogitsWanted::last});
-        for (int32_t pos = 150; pos < end; ++pos) x->forward({std::vector<int32_t>{pos % 500}, pos, LogitsWanted::last});
+        for (int32_t pos = 150; pos < end; ++pos)
+            x->forward({std::vector<int32_t>{pos % 500}, pos, LogitsWanted::last});
     }
     const std::span<const float> ga = graphs.logits(0), la = launches.logits(0);
     CHECK(std::vector<float>(ga.begin(), ga.end()) == std::vector<float>(la.begin(), la.end()));
