@@ -9,6 +9,7 @@
 #   TERN_FUZZ_WORK=DIR                    keep seeds, corpora, crashes and logs there (default: a
 #                                         temp folder, removed when every target passed)
 #   TERN_FUZZ_ARGS="-jobs=2 -workers=2"   extra libFuzzer flags
+#   TERN_JOBS=2                           build jobs, and targets fuzzed at once (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"
@@ -56,21 +57,43 @@ settings() {
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-failed=()
-printf '%-14s %10s %8s %7s %8s %10s %s\n' target execs exec/s cov ft corpus result >&2
-for t in "${targets[@]}"; do
-    [ -x "$bin/fuzz_$t" ] || { echo "fuzz: no target fuzz_$t in $bin" >&2; exit 1; }
+# One target's run, its exit status left in $work/<target>/status.
+fuzz_one() {
+    local t=$1 max_len timeout dict dir status=0
     read -r max_len timeout dict <<<"$(settings "$t")"
     dir="$work/$t"
     mkdir -p "$dir/corpus" "$dir/crashes" "$work/seeds/$t"
-    args=(-max_total_time="$seconds" -max_len="$max_len" -timeout="$timeout" -rss_limit_mb=4096
-          -malloc_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$dir/crashes/")
+    local args=(-max_total_time="$seconds" -max_len="$max_len" -timeout="$timeout" -rss_limit_mb=4096
+                -malloc_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$dir/crashes/")
     [ "$dict" != - ] && args+=(-dict="tests/fuzz/$dict.dict")
-    seeds=("$work/seeds/$t")
+    local seeds=("$work/seeds/$t")
     [ -d "tests/data/fuzz/$t" ] && seeds+=("tests/data/fuzz/$t")
-    status=0
     # shellcheck disable=SC2086  # TERN_FUZZ_ARGS is a list of flags
     "$bin/fuzz_$t" "${args[@]}" ${TERN_FUZZ_ARGS:-} "$dir/corpus" "${seeds[@]}" >"$dir/log" 2>&1 || status=$?
+    echo "$status" >"$dir/status"
+}
+
+for t in "${targets[@]}"; do
+    [ -x "$bin/fuzz_$t" ] || { echo "fuzz: no target fuzz_$t in $bin" >&2; exit 1; }
+done
+# Each libFuzzer process runs on one core: $jobs targets at a time (each still fuzzed for SECONDS), the
+# table below printed in order once all have finished.
+running=0
+for t in "${targets[@]}"; do
+    if [ "$running" -ge "$jobs" ]; then
+        wait -n
+        running=$((running - 1))
+    fi
+    fuzz_one "$t" &
+    running=$((running + 1))
+done
+wait
+
+failed=()
+printf '%-14s %10s %8s %7s %8s %10s %s\n' target execs exec/s cov ft corpus result >&2
+for t in "${targets[@]}"; do
+    dir="$work/$t"
+    status=$(cat "$dir/status" 2>/dev/null || echo "no status")
     done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$dir/log" | tail -1 || true)
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$dir/log" | tail -1)
@@ -78,7 +101,7 @@ for t in "${targets[@]}"; do
     ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$done_line")
     corp=$(sed -n 's/.* corp: \([^ ]*\).*/\1/p' <<<"$done_line")
     result=ok
-    if [ "$status" -ne 0 ] || [ -n "$(ls -A "$dir/crashes")" ]; then
+    if [ "$status" != 0 ] || [ -n "$(ls -A "$dir/crashes")" ]; then
         result="FAILED (exit $status; log $dir/log)"
         failed+=("$t")
     fi

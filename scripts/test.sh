@@ -8,8 +8,9 @@
 #   TERN_TEST_SKIP_ASAN=1                     no ASan+UBSan run
 #   TERN_TEST_SKIP_FUZZ=1                     no fuzz run
 #   TERN_TEST_SKIP_NEON=1                     no aarch64 / qemu run
-#   TERN_TEST_QUICK=1                         (set for the ASan run) the model-accuracy suites
-#                                             run a covering subset of files and prompts
+#   TERN_TEST_QUICK=1                         (set for the ASan run) the slow suites (model accuracy,
+#                                             emulated CUDA, Gemma 3) run a covering subset of files,
+#                                             prompts, shapes and steps (tests/quick_mode.h)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${TERN_JOBS:-2}"

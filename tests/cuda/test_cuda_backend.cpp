@@ -63,6 +63,15 @@ constexpr double kTensorCoreAttentionTolerance = 5e-3;
 // is a near-tie: either id is right, and the paths may part there.
 constexpr double kNearTie = 2e-3;
 constexpr int kGreedySteps = 32;
+// TERN_TEST_QUICK=1: 8 greedy steps and 16 of the reference's generated tokens in the teacher-forced batch (still
+// a prefill of 16 rows or more, every row compared): the same prefill, decode and device-argmax paths on every
+// file, fewer rows and steps of each.
+constexpr int kQuickGreedySteps = 8;
+constexpr size_t kQuickForcedTokens = 16;
+
+int greedy_steps() {
+    return quick_mode() ? kQuickGreedySteps : kGreedySteps;
+}
 
 json read_json(const fs::path& p) {
     std::ifstream f(p);
@@ -135,17 +144,18 @@ bool near_tie(std::span<const float> row) {
     return first - second <= kNearTie * scale;
 }
 
-// Greedy decode: the prompt in one batch, then kGreedySteps tokens one forward each. Returns the ids and
+// Greedy decode: the prompt in one batch, then greedy_steps() tokens one forward each. Returns the ids and
 // whether each step's CPU row was a near-tie (only filled when `ties` is given).
 std::vector<int32_t> greedy(Backend& b, const std::vector<int32_t>& prompt, std::vector<bool>* ties = nullptr) {
     std::vector<int32_t> ids;
     b.forward({prompt, 0, LogitsWanted::last});
-    for (int step = 0; step < kGreedySteps; ++step) {
+    const int steps = greedy_steps();
+    for (int step = 0; step < steps; ++step) {
         int32_t next = 0;
         b.argmax({&next, 1});
         if (ties) ties->push_back(near_tie(b.logits(0)));
         ids.push_back(next);
-        if (step + 1 < kGreedySteps) b.forward({std::vector<int32_t>{next}, b.n_past(), LogitsWanted::last});
+        if (step + 1 < steps) b.forward({std::vector<int32_t>{next}, b.n_past(), LogitsWanted::last});
     }
     return ids;
 }
@@ -209,8 +219,10 @@ TEST_CASE("cuda backend: teacher-forced logits and greedy ids equal the CPU back
         const json ref = read_json(test::shared_path("reference/" + stem + "/once-upon-a-time.json"));
         std::vector<int32_t> tokens = ref.at("prompt_tokens").get<std::vector<int32_t>>();
         const std::vector<int32_t> prompt = tokens;
-        for (int32_t t : ref.at("generated_tokens").get<std::vector<int32_t>>()) tokens.push_back(t);
-        const int32_t n_ctx = static_cast<int32_t>(tokens.size()) + kGreedySteps + 8;
+        std::vector<int32_t> generated = ref.at("generated_tokens").get<std::vector<int32_t>>();
+        if (quick_mode() && generated.size() > kQuickForcedTokens) generated.resize(kQuickForcedTokens);
+        tokens.insert(tokens.end(), generated.begin(), generated.end());
+        const int32_t n_ctx = static_cast<int32_t>(tokens.size()) + greedy_steps() + 8;
 
         Opened o = open_both(model_path(stem), n_ctx);
         const double e = max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens));
@@ -234,10 +246,13 @@ TEST_CASE("cuda backend: decode with int8 activations (the default) stays within
         CAPTURE(stem);
         const Model model = load_model(model_path(stem));
         Int8Comparison on(model);
-        const std::vector<int32_t> tokens = ramp_tokens(12, model.config.vocab);
+        // TERN_TEST_QUICK=1: 6 steps instead of 12, every format's int8 decode kernel still run (each step is
+        // the same matmuls over a longer cache; the attention is held exactly by the first test case).
+        const int32_t steps = quick_mode() ? 6 : 12;
+        const std::vector<int32_t> tokens = ramp_tokens(steps, model.config.vocab);
         // One token a forward: the decode path (a batch of 16 or more is a prefill, tested below).
         double vs_exact = 0.0, vs_ggml = 0.0, ggml_vs_exact = 0.0;
-        for (int32_t i = 0; i < 12; ++i) {
+        for (int32_t i = 0; i < steps; ++i) {
             const std::vector<int32_t> one = {tokens[static_cast<size_t>(i)]};
             for (Backend* b : on.all()) b->forward({one, i, LogitsWanted::last});
             vs_exact = std::max(vs_exact, row_error(on.cuda.logits(0), on.exact_cpu.logits(0)));
@@ -633,10 +648,14 @@ TEST_CASE("cuda backend: decode steps replayed from a captured graph equal the s
     // Past 160 positions the attention's split changes (5 -> 6 key tiles of 32): the graph is captured again.
     const std::vector<int32_t> a = greedy(graphs, prompt), b = greedy(launches, prompt);
     CHECK(a == b);
+    // TERN_TEST_QUICK=1: 16 steps instead of 25 after the prefill, still across 160 positions (and a capture
+    // on each side of it).
+    const int32_t end = quick_mode() ? 166 : 175;
     for (CudaBackend* x : {&graphs, &launches}) {
         x->kv_truncate(0);
         x->forward({ramp_tokens(150, model.config.vocab), 0, LogitsWanted::last});
-        for (int32_t pos = 150; pos < 175; ++pos) x->forward({std::vector<int32_t>{pos % 500}, pos, LogitsWanted::last});
+        for (int32_t pos = 150; pos < end; ++pos)
+            x->forward({std::vector<int32_t>{pos % 500}, pos, LogitsWanted::last});
     }
     const std::span<const float> ga = graphs.logits(0), la = launches.logits(0);
     CHECK(std::vector<float>(ga.begin(), ga.end()) == std::vector<float>(la.begin(), la.end()));
@@ -924,8 +943,11 @@ TEST_CASE("cuda backend: every kernel of a decode step is a programmatic depende
                     CHECK(step > 0);
                     CHECK(cuda_emu::programmatic_launches() - dependents == (programmatic ? step : 0));
                 };
-                cuda.forward({ramp_tokens(40, model.config.vocab), 0, LogitsWanted::last});
-                check_step({std::vector<int32_t>{5}, 40, LogitsWanted::last});
+                // TERN_TEST_QUICK=1: a prefill of 16 tokens (the fewest that make one) instead of 40 before the
+                // counted steps; the counted decode and 2-sequence steps are the same.
+                const int32_t n_prefill = quick_mode() ? 16 : 40;
+                cuda.forward({ramp_tokens(n_prefill, model.config.vocab), 0, LogitsWanted::last});
+                check_step({std::vector<int32_t>{5}, n_prefill, LogitsWanted::last});
                 cuda.seq_create(1);
                 const std::vector<int32_t> tokens = {7, 1, 2, 3};
                 const std::vector<SequenceSpan> spans = {{0, 1, LogitsWanted::last}, {1, 3, LogitsWanted::all}};

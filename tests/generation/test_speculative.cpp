@@ -23,6 +23,7 @@
 #include "engine/generation/session.h"
 #include "base/error.h"
 #include "tests/eager_drafter.h"
+#include "tests/quick_mode.h"
 #include "tests/test_support.h"
 
 using namespace tern;
@@ -516,11 +517,14 @@ std::string gguf(const std::string& name) {
     return test::shared_path("models/gguf/" + name + ".gguf").string();
 }
 
-std::vector<std::string> reference_prompts() {
+// The shared reference prompts (only those named in `slugs`, when given) and a repetitive one.
+std::vector<std::string> reference_prompts(const std::vector<std::string>& slugs = {}) {
     std::vector<std::string> out;
     const json j = json::parse(test::read_file(test::shared_path("reference/prompts.json")));
     for (const auto& [slug, text] : j.items())
-        out.push_back(text.get<std::string>());
+        if (slugs.empty() || std::find(slugs.begin(), slugs.end(), slug) != slugs.end())
+            out.push_back(text.get<std::string>());
+    REQUIRE((slugs.empty() || out.size() == slugs.size()));
     // Repetitive: the models copy much of it, so lookup drafts are often right.
     out.push_back("Tom has a red ball. Tom has a red ball. Tom has a red ball. Tom has a red");
     return out;
@@ -551,6 +555,11 @@ TEST_CASE("real models: greedy output with prompt lookup is byte-identical, for 
             if (e.path().extension() == ".gguf") models.push_back(e.path().string());
     std::sort(models.begin(), models.end());
     REQUIRE(models.size() >= 20);
+    // TERN_TEST_QUICK=1 (tests/quick_mode.h): on every file (each weight format's verification batch) the empty
+    // prompt and the two repetitive ones, where drafts are long and mostly accepted; the other prompts still run
+    // in the draft-model and sampled cases below.
+    const std::vector<std::string> every_file_prompts =
+        test::quick_mode() ? reference_prompts({"bos", "repeat-sentence"}) : reference_prompts();
     for (const std::string& path : models) {
         CAPTURE(path);
         Loaded l = load(path, 256);
@@ -558,7 +567,7 @@ TEST_CASE("real models: greedy output with prompt lookup is byte-identical, for 
         test::EagerDrafter eager(always);
         PromptLookupDrafter lookup(8, 3); // as tern run uses it: drafts only where they pay
         int32_t accepted = 0;
-        for (const std::string& prompt : reference_prompts()) {
+        for (const std::string& prompt : every_file_prompts) {
             CAPTURE(prompt);
             accepted += compare(*l.session, prompt, &eager, greedy_opts(48)).n_accepted;
             compare(*l.session, prompt, &lookup, greedy_opts(48));
