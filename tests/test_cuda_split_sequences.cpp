@@ -8,8 +8,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,6 +24,7 @@
 #include "engine/split_backend.h"
 #include "engine/text/tokenizer.h"
 #include "engine/tools/synth.h"
+#include "tests/batch_alone_check.h"
 #include "tests/quick_mode.h"
 #include "tests/sequence_test_data.h"
 #include "tests/test_support.h"
@@ -35,8 +34,6 @@ namespace {
 
 // As tests/test_cuda_backend.cpp: exact arithmetic on both sides, so they differ by f32 summation order only.
 constexpr double kLogitTolerance = 1e-3;
-// Greedy ids are compared where the CPU's top two logits are further apart than this (relative).
-constexpr double kNearTie = 2e-3;
 
 Model synth_model(const test::TempDir& dir, const std::string& shape, const std::string& type) {
     const std::string path = (dir / (shape + "-" + type + ".gguf")).string();
@@ -121,67 +118,14 @@ Split split_backend(const Model& m, int32_t gpu_layers, bool exact, int32_t n_ct
     return s;
 }
 
-// One sequence's part of a multi-sequence forward.
-struct Part {
-    int32_t seq;
-    std::vector<int32_t> tokens;
-    LogitsWanted wanted = LogitsWanted::last;
-};
-
-ForwardBatch batch_of(const std::vector<Part>& parts, std::vector<int32_t>& tokens, std::vector<SequenceSpan>& spans) {
-    for (const Part& p : parts) {
-        tokens.insert(tokens.end(), p.tokens.begin(), p.tokens.end());
-        spans.push_back({p.seq, static_cast<int32_t>(p.tokens.size()), p.wanted});
-    }
-    ForwardBatch batch;
-    batch.tokens = tokens;
-    batch.spans = spans;
-    return batch;
-}
-
-// The kept rows of one forward of all the parts, in order.
-std::vector<std::vector<float>> forward_parts(Backend& b, const std::vector<Part>& parts) {
-    std::vector<int32_t> tokens;
-    std::vector<SequenceSpan> spans;
-    b.forward(batch_of(parts, tokens, spans));
-    std::vector<std::vector<float>> rows;
-    for (const Part& p : parts)
-        for (size_t i = 0; i < (p.wanted == LogitsWanted::all ? p.tokens.size() : 1); ++i)
-            rows.push_back(test::logit_row(b, static_cast<int>(rows.size())));
-    return rows;
-}
+using Part = test::SequencePart;
 
 // The same rows with a forward for each part.
 std::vector<std::vector<float>> forward_each(Backend& b, const std::vector<Part>& parts) {
     std::vector<std::vector<float>> rows;
     for (const Part& p : parts)
-        for (std::vector<float>& r : forward_parts(b, {p})) rows.push_back(std::move(r));
+        for (std::vector<float>& r : test::forward_parts(b, {p})) rows.push_back(std::move(r));
     return rows;
-}
-
-double normalised_error(const std::vector<float>& got, const std::vector<float>& want) {
-    double err = 0.0, scale = 0.0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
-        scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
-    }
-    return err / scale;
-}
-
-int32_t argmax_of(const std::vector<float>& r) {
-    return static_cast<int32_t>(std::max_element(r.begin(), r.end()) - r.begin());
-}
-
-bool clear_winner(const std::vector<float>& r) {
-    std::vector<float> s = r;
-    std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
-    double scale = 0.0;
-    for (float v : r) scale = std::max(scale, std::fabs(static_cast<double>(v)));
-    return (s[0] - s[1]) > kNearTie * scale;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
 }
 
 // What a script step hands the backend: its parts, forwarded together or one by one.
@@ -228,19 +172,20 @@ void check_script(const Model& m, int32_t gpu_layers) {
     CAPTURE(gpu_layers);
     CpuBackend cpu(CpuOptions{2, true});
     cpu.load(m.config, m.weights, run_options(256, 4 * 256));
-    const ScriptRun want = run_script(cpu, m, forward_parts);
+    const ScriptRun want = run_script(cpu, m, test::forward_parts);
     const ScriptRun alone = run_script(*split_backend(m, gpu_layers, true, 256, 4 * 256).backend, m, forward_each);
     Split split = split_backend(m, gpu_layers, true, 256, 4 * 256);
-    const ScriptRun got = run_script(*split.backend, m, forward_parts);
+    const ScriptRun got = run_script(*split.backend, m, test::forward_parts);
     REQUIRE(got.rows.size() == want.rows.size());
     for (size_t s = 0; s < got.rows.size(); ++s) {
         CAPTURE(s);
         REQUIRE(got.rows[s].size() == want.rows[s].size());
         for (size_t r = 0; r < got.rows[s].size(); ++r) {
             CAPTURE(r);
-            CHECK(same_bits(got.rows[s][r], alone.rows[s][r]));
-            CHECK(normalised_error(got.rows[s][r], want.rows[s][r]) < kLogitTolerance);
-            if (clear_winner(want.rows[s][r])) CHECK(argmax_of(got.rows[s][r]) == argmax_of(want.rows[s][r]));
+            CHECK(test::same_bits(got.rows[s][r], alone.rows[s][r]));
+            CHECK(test::normalised_error(got.rows[s][r], want.rows[s][r]) < kLogitTolerance);
+            if (test::clear_winner(want.rows[s][r]))
+                CHECK(test::argmax_of(got.rows[s][r]) == test::argmax_of(want.rows[s][r]));
         }
         CHECK(got.pages_in_use[s] == want.pages_in_use[s]);
     }
@@ -292,23 +237,23 @@ TEST_CASE("split sequences: a failed forward in the second part takes back the f
     const std::vector<Part> second = {{1, {b[29]}}, {0, {a[19]}}};
     Split want = split_backend(m, 1, false, 128, 2 * 128);
     want.backend->seq_create(1);
-    forward_parts(*want.backend, first);
-    const std::vector<std::vector<float>> rows = forward_parts(*want.backend, second);
+    test::forward_parts(*want.backend, first);
+    const std::vector<std::vector<float>> rows = test::forward_parts(*want.backend, second);
 
     Split split = split_backend(m, 1, false, 128, 2 * 128);
     split.backend->seq_create(1);
     for (const std::vector<Part>* step : {&first, &second}) {
         split.gpu->fail_next_forward = true;
         const int32_t past0 = split.backend->seq_n_past(0), past1 = split.backend->seq_n_past(1);
-        CHECK_THROWS_AS(forward_parts(*split.backend, *step), KvPoolExhausted);
+        CHECK_THROWS_AS(test::forward_parts(*split.backend, *step), KvPoolExhausted);
         CHECK(split.cpu->seq_n_past(0) == past0);
         CHECK(split.cpu->seq_n_past(1) == past1);
         CHECK(split.backend->seq_n_past(0) == past0);
         CHECK(split.backend->seq_n_past(1) == past1);
-        forward_parts(*split.backend, *step);   // the step again, on caches that are as they were
+        test::forward_parts(*split.backend, *step);   // the step again, on caches that are as they were
     }
-    CHECK(same_bits(test::logit_row(*split.backend, 0), rows[0]));
-    CHECK(same_bits(test::logit_row(*split.backend, 1), rows[1]));
+    CHECK(test::same_bits(test::logit_row(*split.backend, 0), rows[0]));
+    CHECK(test::same_bits(test::logit_row(*split.backend, 1), rows[1]));
     // A plain batch (sequence 0 alone) the same way.
     split.gpu->fail_next_forward = true;
     ForwardBatch plain;
@@ -326,46 +271,14 @@ TEST_CASE("split sequences: a failed forward in the second part takes back the f
 TEST_CASE("split sequences: the batching engine runs requests together on a split model, each as alone") {
     test::TempDir dir;
     auto model = std::make_shared<Model>(synth_model(dir, "tiny", "q8_0"));
-    auto session = [&](int32_t pool) {
-        Split split = split_backend(*model, 1, false, 128, pool);
+    auto session = [&](int32_t contexts) {
+        Split split = split_backend(*model, 1, false, 128, contexts * 128);
         return std::make_unique<Session>(std::move(split.backend), Tokenizer::from_gguf(model->file), 128, model);
     };
     const std::vector<std::vector<int32_t>> prompts = {test::random_tokens(*model, 5, 6),
                                                        test::random_tokens(*model, 23, 7),
                                                        test::random_tokens(*model, 9, 8)};
-    // Greedy runs of each request, alone or all together, through engines whose step budget (12 tokens)
-    // cuts the prompts into chunks that differ between the two; the most sequences one forward held.
-    auto run = [&](Session& s, const std::vector<size_t>& which, int32_t parallel, int32_t& widest) {
-        std::vector<std::vector<int32_t>> out(which.size());
-        BatchEngine engine(s, {.parallel = parallel,
-                               .max_waiting = 8,
-                               .step_tokens = 12,
-                               .on_step = [&](const BatchStepInfo& i) { widest = std::max(widest, i.sequences); }});
-        for (size_t i = 0; i < which.size(); ++i) {
-            BatchRequest r;
-            r.prompt = prompts[which[i]];
-            r.n_predict = 8;
-            r.sampling.temp = 0.0f;
-            r.on_text = [](std::string_view) { return true; };
-            r.on_done = [&out, i](BatchResult res) { out[i] = res.tokens; };
-            REQUIRE(engine.submit(std::move(r)));
-        }
-        for (int i = 0; i < 1000 && !engine.idle(); ++i) engine.step();
-        REQUIRE(engine.idle());
-        return out;
-    };
-    int32_t widest = 0;
-    auto together_session = session(3 * 128);
-    const auto together = run(*together_session, {0, 1, 2}, 3, widest);
-    CHECK(widest == 3);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        CAPTURE(i);
-        int32_t alone_widest = 0;
-        auto alone_session = session(128);
-        const auto alone = run(*alone_session, {i}, 1, alone_widest);
-        CHECK(alone[0].size() == 8);
-        CHECK(together[i] == alone[0]);
-    }
+    CHECK(test::check_batched_as_alone(session, prompts, 8) == 3);   // the three in one forward
 }
 
 } // namespace tern
