@@ -39,8 +39,6 @@ void check_forward_batch(const ForwardBatch& batch, int32_t n_past, int32_t n_ct
         check_positions(batch.pos0, n, n_past, n_ctx);
     } else {
         if (!n_past_of) throw UsageError("forward: this backend runs one sequence, the batch has spans");
-        if (batch.hidden_in || batch.hidden_out)
-            throw UsageError("forward: a batch of several sequences cannot pass a hidden state between devices");
         int64_t covered = 0;
         std::vector<int32_t> seen;
         for (const SequenceSpan& s : batch.spans) {

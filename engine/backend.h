@@ -61,7 +61,8 @@ struct ForwardBatch {
     std::span<const SequenceSpan> spans;
     // A backend loaded with a slice of the layers (engine/split_backend.h): without token_embd it reads
     // the residual stream entering its first layer from hidden_in, without an output matrix it writes
-    // the stream leaving its last layer to hidden_out (and keeps no logits). Host memory, (N, dim) f32.
+    // the stream leaving its last layer to hidden_out (and keeps no logits). Host memory, (N, dim) f32: every
+    // token's row in batch order, spans or not.
     const float* hidden_in = nullptr;
     float* hidden_out = nullptr;
 };

@@ -7,6 +7,23 @@
 
 namespace tern {
 
+namespace {
+
+// One change made to both parts' caches: `first`, then `second`; when the second throws, `undo_first` takes
+// the first back, so the two stay in step. Where either may go first, the GPU's does: its checks (its
+// memory) are the likelier to refuse, and then nothing changed.
+template <class First, class Second, class Undo> void in_step(First&& first, Second&& second, Undo&& undo_first) {
+    first();
+    try {
+        second();
+    } catch (...) {
+        undo_first();
+        throw;
+    }
+}
+
+} // namespace
+
 SplitBackend::SplitBackend(std::unique_ptr<Backend> cpu, std::unique_ptr<Backend> gpu, int32_t gpu_layers)
     : cpu_(std::move(cpu)), gpu_(std::move(gpu)), gpu_layers_(std::max(gpu_layers, 0)) {}
 
@@ -63,18 +80,19 @@ void SplitBackend::forward(const ForwardBatch& batch) {
         last().forward(batch);
         return;
     }
+    // Both parts take the same tokens and spans; the first writes the stream of every token, the second
+    // reads it. A failure in the second takes back the positions the first wrote.
     hidden_.resize(batch.tokens.size() * static_cast<size_t>(dim_));
     ForwardBatch front = batch;
     front.hidden_out = hidden_.data();
-    cpu_->forward(front);
     ForwardBatch back = batch;
     back.hidden_in = hidden_.data();
-    try {
-        gpu_->forward(back);
-    } catch (...) {
-        cpu_->kv_truncate(batch.pos0);   // the two caches stay in step
-        throw;
-    }
+    in_step([&] { cpu_->forward(front); }, [&] { gpu_->forward(back); },
+            [&] {
+                if (batch.spans.empty()) return cpu_->kv_truncate(batch.pos0);
+                for (const SequenceSpan& s : batch.spans)
+                    cpu_->seq_truncate(s.seq, cpu_->seq_n_past(s.seq) - s.n_tokens);
+            });
 }
 
 void SplitBackend::kv_truncate(int32_t n_past) {
@@ -103,18 +121,66 @@ void SplitBackend::kv_append(const KvSnapshot& range) {
     if (!split()) return last().kv_append(range);
     const int32_t before = n_past();
     const auto [front, back] = kv_snapshot_split(range, cpu_shape_);
-    gpu_->kv_append(back);
-    try {
-        cpu_->kv_append(front);
-    } catch (...) {
-        gpu_->kv_truncate(before);
-        throw;
-    }
+    in_step([&] { gpu_->kv_append(back); }, [&] { cpu_->kv_append(front); }, [&] { gpu_->kv_truncate(before); });
 }
 
 void SplitBackend::kv_erase(int32_t begin, int32_t end) {
     if (split()) cpu_->kv_erase(begin, end);
     last().kv_erase(begin, end);
+}
+
+void SplitBackend::seq_create(int32_t seq) {
+    if (!split()) return last().seq_create(seq);
+    in_step([&] { gpu_->seq_create(seq); }, [&] { cpu_->seq_create(seq); }, [&] { gpu_->seq_free(seq); });
+}
+
+void SplitBackend::seq_free(int32_t seq) {
+    if (split()) cpu_->seq_free(seq);   // both hold the same sequences: one refuses what the other would
+    last().seq_free(seq);
+}
+
+void SplitBackend::seq_fork(int32_t src, int32_t dst, int32_t n) {
+    if (!split()) return last().seq_fork(src, dst, n);
+    // A fork the CPU's part cannot make (after the GPU's made it) leaves dst empty in both.
+    in_step([&] { gpu_->seq_fork(src, dst, n); }, [&] { cpu_->seq_fork(src, dst, n); },
+            [&] {
+                for (Backend* part : {gpu_.get(), cpu_.get()}) {
+                    try {
+                        if (dst == 0)
+                            part->kv_truncate(0);
+                        else
+                            part->seq_free(dst);
+                    } catch (...) {   // the CPU's may not have it
+                    }
+                }
+            });
+}
+
+void SplitBackend::seq_truncate(int32_t seq, int32_t n) {
+    if (split()) cpu_->seq_truncate(seq, n);
+    last().seq_truncate(seq, n);
+}
+
+KvSnapshot SplitBackend::seq_save_range(int32_t seq, int32_t begin, int32_t end) const {
+    if (!split()) return last().seq_save_range(seq, begin, end);
+    return kv_snapshot_join(cpu_->seq_save_range(seq, begin, end), gpu_->seq_save_range(seq, begin, end));
+}
+
+void SplitBackend::seq_append(int32_t seq, const KvSnapshot& range) {
+    if (!split()) return last().seq_append(seq, range);
+    const int32_t before = gpu_->seq_n_past(seq);
+    const auto [front, back] = kv_snapshot_split(range, cpu_shape_);
+    in_step([&] { gpu_->seq_append(seq, back); }, [&] { cpu_->seq_append(seq, front); },
+            [&] { gpu_->seq_truncate(seq, before); });
+}
+
+KvPoolUse SplitBackend::kv_pool() const {
+    if (!split()) return last().kv_pool();
+    const KvPoolUse c = cpu_->kv_pool(), g = gpu_->kv_pool();
+    const auto free_positions = [](const KvPoolUse& u) {
+        return static_cast<int64_t>(u.pages - u.pages_in_use) * u.positions_per_page;
+    };
+    return free_positions(c) < free_positions(g) ? c : g;
 }
 
 std::string SplitBackend::device_name() const {

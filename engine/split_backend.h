@@ -5,6 +5,12 @@
 // next through ForwardBatch::hidden_out / hidden_in; both keep the KV cache of their own layers and move
 // together. N of 0 runs everything on the CPU, N at or above the layer count everything on the GPU:
 // then the one backend is used alone, with no copy of the stream.
+//
+// Sequences (a batching engine's requests) when both backends have them: each part keeps every sequence
+// over its own paged pool, both pools sized alike and changed together (created, forked, truncated, freed,
+// saved and appended in step), and a forward of several sequences (ForwardBatch::spans) gives both parts
+// the same spans, the stream of every token handed over between them. Each part is batch invariant (a
+// sequence's bits do not depend on what shares its forward), so the split is too.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -40,6 +46,16 @@ public:
     KvSnapshot kv_save_range(int32_t begin, int32_t end) const override;
     void kv_append(const KvSnapshot& range) override;
     void kv_erase(int32_t begin, int32_t end) override;
+    bool supports_sequences() const override { return cpu_->supports_sequences() && gpu_->supports_sequences(); }
+    void seq_create(int32_t seq) override;
+    void seq_free(int32_t seq) override;
+    void seq_fork(int32_t src, int32_t dst, int32_t n) override;
+    int32_t seq_n_past(int32_t seq) const override { return last().seq_n_past(seq); }
+    void seq_truncate(int32_t seq, int32_t n) override;
+    KvSnapshot seq_save_range(int32_t seq, int32_t begin, int32_t end) const override;
+    void seq_append(int32_t seq, const KvSnapshot& range) override;
+    // The part with the fewer free positions: a step must fit both pools.
+    KvPoolUse kv_pool() const override;
     DeviceKind device_kind() const override { return gpu_layers_ > 0 ? gpu_->device_kind() : cpu_->device_kind(); }
     // "cuda:0" alone, "cuda:0+cpu" when split.
     std::string device_name() const override;

@@ -11,7 +11,8 @@
 //   stats()   counters, gauges and latency histograms for /metrics and progress lines.
 //
 // On a backend with sequences (Backend::supports_sequences: the CPU's and the CUDA backend's paged KV
-// caches, engine/cpu/kv_cache.h and engine/cuda/kv_cache_cuda.h) the engine is a
+// caches, engine/cpu/kv_cache.h and engine/cuda/kv_cache_cuda.h, and a model split between the two,
+// engine/split_backend.h) the engine is a
 // continuous-batching scheduler. Up to `parallel` requests run at once, each in a backend sequence of
 // its own with its own RequestDecoder (engine/generation/request_decoder.h: sampling, penalties, stop
 // strings, the repetition guard and limits, the rules Session::generate decodes by). Each step() is ONE forward over

@@ -8,8 +8,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -23,6 +21,8 @@
 #include "engine/generation/session.h"
 #include "engine/model.h"
 #include "engine/text/tokenizer.h"
+#include "engine/tools/synth.h"
+#include "tests/batch_alone_check.h"
 #include "tests/sequence_test_data.h"
 #include "tests/synth_file.h"
 #include "tests/test_support.h"
@@ -32,8 +32,6 @@ namespace {
 
 // As tests/cuda/test_cuda_backend.cpp: exact arithmetic on both sides, so they differ by f32 summation order only.
 constexpr double kLogitTolerance = 1e-3;
-// Greedy ids are compared where the CPU's top two logits are further apart than this (relative).
-constexpr double kNearTie = 2e-3;
 
 const char* const kStories = "models/gguf/stories260K-f32.gguf";
 const char* const kLlama2xs = "models/gguf/llama2xs-tok512-q8_0.gguf";
@@ -52,57 +50,12 @@ std::unique_ptr<Backend> cuda_backend(const Model& m, bool exact, int32_t n_ctx,
     return load_backend(std::make_unique<CudaBackend>(o), m, n_ctx, pool);
 }
 
-// One multi-sequence forward: (seq, tokens) parts, each keeping its last row or all of them.
-struct Part {
-    int32_t seq;
-    std::vector<int32_t> tokens;
-    LogitsWanted wanted = LogitsWanted::last;
-};
-
-// The kept rows of the forward, in order.
-std::vector<std::vector<float>> forward_parts(Backend& b, const std::vector<Part>& parts) {
-    std::vector<int32_t> toks;
-    std::vector<SequenceSpan> spans;
-    for (const Part& p : parts) {
-        toks.insert(toks.end(), p.tokens.begin(), p.tokens.end());
-        spans.push_back({p.seq, static_cast<int32_t>(p.tokens.size()), p.wanted});
-    }
-    ForwardBatch batch;
-    batch.tokens = toks;
-    batch.spans = spans;
-    b.forward(batch);
-    std::vector<std::vector<float>> rows;
-    for (const Part& p : parts)
-        for (size_t i = 0; i < (p.wanted == LogitsWanted::all ? p.tokens.size() : 1); ++i)
-            rows.push_back(test::logit_row(b, static_cast<int>(rows.size())));
-    return rows;
-}
-
-double normalised_error(const std::vector<float>& got, const std::vector<float>& want) {
-    double err = 0.0, scale = 0.0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
-        scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
-    }
-    return err / scale;
-}
-
-int32_t argmax_of(const std::vector<float>& r) {
-    return static_cast<int32_t>(std::max_element(r.begin(), r.end()) - r.begin());
-}
-
-// Whether the row's top two are further apart than kNearTie of its largest magnitude.
-bool clear_winner(const std::vector<float>& r) {
-    std::vector<float> s = r;
-    std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
-    double scale = 0.0;
-    for (float v : r) scale = std::max(scale, std::fabs(static_cast<double>(v)));
-    return (s[0] - s[1]) > kNearTie * scale;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
-}
+using Part = test::SequencePart;
+using test::argmax_of;
+using test::clear_winner;
+using test::forward_parts;
+using test::normalised_error;
+using test::same_bits;
 
 // The script both backends run: every step's kept rows, compared by the caller.
 void run_script(Backend& b, const Model& m, const std::function<void(Backend&, const std::vector<Part>&)>& step) {
@@ -241,40 +194,16 @@ TEST_CASE("CUDA sequences: a mixture of experts gives a sequence the same bits a
 TEST_CASE("CUDA sequences: the batching engine gives each request the tokens it gets alone") {
     if (!test::shared_available()) return;
     auto model = std::make_shared<Model>(load_model(test::shared_path(kLlama2xs).string()));
-    auto session = [&](int32_t pool) {
-        auto backend = cuda_backend(*model, false, 128, pool);
+    auto session = [&](int32_t contexts) {
+        auto backend = cuda_backend(*model, false, 128, contexts * 128);
         REQUIRE(backend->supports_sequences());
         return std::make_unique<Session>(std::move(backend), Tokenizer::from_gguf(model->file), 128, model);
     };
-    const std::vector<std::string> prompts = {"Once upon a time", "The little dog ran to the park and saw a big tree",
-                                              "Tom and Lily"};
-    // Greedy runs of each request, alone or all together, through engines whose step budget (12 tokens)
-    // cuts the prompts into chunks that differ between the two.
-    auto run = [&](Session& s, const std::vector<size_t>& which, int32_t parallel) {
-        std::vector<std::vector<int32_t>> out(which.size());
-        BatchEngine engine(served_model(s), {.parallel = parallel, .max_waiting = 8, .step_tokens = 12});
-        for (size_t i = 0; i < which.size(); ++i) {
-            BatchRequest r;
-            r.prompt = s.tokenizer().encode(prompts[which[i]], {true, true});
-            r.n_predict = 8;
-            r.sampling.temp = 0.0f;
-            r.on_text = [](std::string_view) { return true; };
-            r.on_done = [&out, i](BatchResult res) { out[i] = res.tokens; };
-            REQUIRE(engine.submit(std::move(r)));
-        }
-        for (int i = 0; i < 1000 && !engine.idle(); ++i) engine.step();
-        REQUIRE(engine.idle());
-        return out;
-    };
-    auto together_session = session(3 * 128);
-    const auto together = run(*together_session, {0, 1, 2}, 3);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        CAPTURE(i);
-        auto alone_session = session(128);
-        const auto alone = run(*alone_session, {i}, 1);
-        CHECK(alone[0].size() == 8);
-        CHECK(together[i] == alone[0]);
-    }
+    const std::vector<std::string> texts = {"Once upon a time", "The little dog ran to the park and saw a big tree",
+                                            "Tom and Lily"};
+    std::vector<std::vector<int32_t>> prompts;
+    for (const std::string& t : texts) prompts.push_back(Tokenizer::from_gguf(model->file)->encode(t, {true, true}));
+    CHECK(test::check_batched_as_alone(session, prompts, 8) == 3);
 }
 
 } // namespace tern

@@ -3,7 +3,6 @@
 // batch (batch invariance), prefixes shared by seq_fork included, and bad batches are refused.
 #include <doctest/doctest.h>
 
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -42,9 +41,7 @@ std::vector<std::vector<float>> alone(const Model& m, const std::vector<std::vec
     return out;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
-}
+using test::same_bits;
 
 void check_batched_equals_alone(const Model& m, int threads) {
     // Three sequences: prompts across page boundaries (128 positions), fed in chunks of different sizes,
