@@ -96,6 +96,10 @@ public:
     void seq_fork(int32_t src, int32_t dst, int32_t n) override { kv_.fork(src, dst, n); }
     int32_t seq_n_past(int32_t seq) const override { return kv_.n_past(seq); }
     void seq_truncate(int32_t seq, int32_t n) override;
+    KvSnapshot seq_save_range(int32_t seq, int32_t begin, int32_t end) const override {
+        return kv_.save_range(begin, end, seq);
+    }
+    void seq_append(int32_t seq, const KvSnapshot& range) override { kv_.append(range, seq); }
     KvPoolUse kv_pool() const override;
     DeviceKind device_kind() const override { return DeviceKind::cuda; }
     std::string device_name() const override { return "cuda:" + std::to_string(device_); }

@@ -107,8 +107,8 @@ size_t CudaKvCache::row_bytes(bool value) const {
     return kv_row_bytes(shape_.type, value ? shape_.head_dim_v : shape_.head_dim);
 }
 
-uint8_t* CudaKvCache::row(size_t layer, int32_t head, bool value, int32_t pos) const {
-    const KvPageSpot at = table_.locate(0, pos);
+uint8_t* CudaKvCache::row(size_t layer, int32_t head, bool value, int32_t pos, int32_t seq) const {
+    const KvPageSpot at = table_.locate(seq, pos);
     const auto slot = static_cast<uint64_t>(at.slot);
     const uint64_t r = static_cast<uint64_t>(head) * kKvPagePositions + static_cast<uint64_t>(at.row);
     const uint64_t page = value ? v_page_bytes_[layer] : k_page_bytes_[layer];
@@ -117,21 +117,23 @@ uint8_t* CudaKvCache::row(size_t layer, int32_t head, bool value, int32_t pos) c
 
 // A head's rows are contiguous within a page: one copy per page the rows touch. The copies are synchronous
 // with respect to the stream's earlier work (the forward that wrote the rows).
-void CudaKvCache::copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes) const {
+void CudaKvCache::copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes,
+                                int32_t seq) const {
     for_each_page_run(pos, n, [&](int32_t p, int32_t run) {
         const size_t size = static_cast<size_t>(run) * row_bytes(value);
-        cuda_call(cudaMemcpyAsync(bytes, row(layer, head, value, p), size, cudaMemcpyDeviceToHost, stream_),
+        cuda_call(cudaMemcpyAsync(bytes, row(layer, head, value, p, seq), size, cudaMemcpyDeviceToHost, stream_),
                   "copying KV rows to the host");
         bytes += size;
     });
 }
 
-void CudaKvCache::copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes) {
+void CudaKvCache::copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes,
+                               int32_t seq) {
     // A restore makes its positions writable as it fills them (after the snapshot was checked).
-    if (pos + n > table_.mapped(0) || (layer == 0 && head == 0 && !value)) make_writable(0, pos, pos + n);
+    if (pos + n > table_.mapped(seq) || (layer == 0 && head == 0 && !value)) make_writable(seq, pos, pos + n);
     for_each_page_run(pos, n, [&](int32_t p, int32_t run) {
         const size_t size = static_cast<size_t>(run) * row_bytes(value);
-        cuda_call(cudaMemcpyAsync(row(layer, head, value, p), bytes, size, cudaMemcpyHostToDevice, stream_),
+        cuda_call(cudaMemcpyAsync(row(layer, head, value, p, seq), bytes, size, cudaMemcpyHostToDevice, stream_),
                   "copying KV rows to the GPU");
         bytes += size;
     });
@@ -153,21 +155,20 @@ void CudaKvCache::load(const KvSnapshot& s) {
     cuda_call(cudaStreamSynchronize(stream_), "loading the KV cache");   // the snapshot's bytes may go now
 }
 
-KvSnapshot CudaKvCache::save_range(int32_t begin, int32_t end) const {
-    KvSnapshot s = kv_snapshot_range(shape_, n_past(), begin, end,
-                                     [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
-                                         copy_rows_out(l, h, v, pos, k, b);
+KvSnapshot CudaKvCache::save_range(int32_t begin, int32_t end, int32_t seq) const {
+    KvSnapshot s = kv_snapshot_range(shape_, n_past(seq), begin, end,
+                                     [this, seq](size_t l, int32_t h, bool v, int32_t pos, int32_t k, uint8_t* b) {
+                                         copy_rows_out(l, h, v, pos, k, b, seq);
                                      });
     cuda_call(cudaStreamSynchronize(stream_), "saving KV rows");
     return s;
 }
 
-void CudaKvCache::append(const KvSnapshot& s) {
-    const int32_t n = kv_restore_range(shape_, n_past(), s,
-                                       [this](size_t l, int32_t h, bool v, int32_t pos, int32_t k, const uint8_t* b) {
-                                           copy_rows_in(l, h, v, pos, k, b);
-                                       });
-    table_.set_n_past(0, n_past() + n);
+void CudaKvCache::append(const KvSnapshot& s, int32_t seq) {
+    const int32_t n = kv_restore_range(shape_, n_past(seq), s,
+                                       [this, seq](size_t l, int32_t h, bool v, int32_t pos, int32_t k,
+                                                   const uint8_t* b) { copy_rows_in(l, h, v, pos, k, b, seq); });
+    table_.set_n_past(seq, n_past(seq) + n);
     cuda_call(cudaStreamSynchronize(stream_), "restoring KV rows");
 }
 

@@ -57,14 +57,16 @@ public:
     // Snapshots of sequence 0 (engine/kv_snapshot.h).
     KvSnapshot save(int32_t n) const;
     void load(const KvSnapshot& snapshot);
-    KvSnapshot save_range(int32_t begin, int32_t end) const;
-    void append(const KvSnapshot& range);
+    KvSnapshot save_range(int32_t begin, int32_t end, int32_t seq = 0) const;
+    void append(const KvSnapshot& range, int32_t seq = 0);
 
 private:
     size_t row_bytes(bool value) const;
-    uint8_t* row(size_t layer, int32_t head, bool value, int32_t pos) const;   // sequence 0's
-    void copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes) const;
-    void copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes);
+    uint8_t* row(size_t layer, int32_t head, bool value, int32_t pos, int32_t seq = 0) const;
+    void copy_rows_out(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, uint8_t* bytes,
+                       int32_t seq = 0) const;
+    void copy_rows_in(size_t layer, int32_t head, bool value, int32_t pos, int32_t n, const uint8_t* bytes,
+                      int32_t seq = 0);
 
     KvSnapshotShape shape_;
     cudaStream_t stream_ = nullptr;

@@ -205,12 +205,18 @@ void check_script(const Model& m, int32_t gpu_layers) {
     CHECK(split.backend->seq_n_past(0) == 15);
     CHECK(split.cpu->seq_n_past(0) == 15);
     CHECK(split.backend->seq_save_range(0, 10, 15).bytes == range.bytes);
-    // The CUDA backend saves and appends the ranges of sequence 0 only: the split refuses another sequence's
-    // append (one the CPU part would take) before either part changed.
+    // Any sequence's ranges (the on-disk prefix cache feeding the batching engine's requests): another
+    // sequence's range appended to a new one comes back out as the same bytes, in both parts.
     split.backend->seq_create(5);
-    CHECK_THROWS_AS(split.backend->seq_append(5, cpu.seq_save_range(1, 0, 4)), RuntimeFailure);
-    CHECK(split.backend->seq_n_past(5) == 0);
-    CHECK(split.cpu->seq_n_past(5) == 0);
+    const KvSnapshot other = cpu.seq_save_range(1, 0, 4);
+    split.backend->seq_append(5, other);
+    CHECK(split.backend->seq_n_past(5) == 4);
+    CHECK(split.cpu->seq_n_past(5) == 4);
+    CHECK(split.backend->seq_save_range(5, 0, 4).bytes == other.bytes);
+    // A range that does not start where the sequence ends is refused before either part changed.
+    CHECK_THROWS_AS(split.backend->seq_append(5, other), UsageError);
+    CHECK(split.backend->seq_n_past(5) == 4);
+    CHECK(split.cpu->seq_n_past(5) == 4);
     CHECK(split.cpu->kv_pool().pages_in_use == split.gpu->kv_pool().pages_in_use);
 }
 
