@@ -120,8 +120,10 @@ KvSnapshot SplitBackend::kv_save_range(int32_t begin, int32_t end) const {
 void SplitBackend::kv_append(const KvSnapshot& range) {
     if (!split()) return last().kv_append(range);
     const int32_t before = n_past();
-    const auto [front, back] = kv_snapshot_split(range, cpu_shape_);
-    in_step([&] { gpu_->kv_append(back); }, [&] { cpu_->kv_append(front); }, [&] { gpu_->kv_truncate(before); });
+    // Named parts, not a structured binding: lambdas may not capture one before clang 16.
+    const auto parts = kv_snapshot_split(range, cpu_shape_);
+    in_step([&] { gpu_->kv_append(parts.second); }, [&] { cpu_->kv_append(parts.first); },
+            [&] { gpu_->kv_truncate(before); });
 }
 
 void SplitBackend::kv_erase(int32_t begin, int32_t end) {
@@ -169,8 +171,8 @@ KvSnapshot SplitBackend::seq_save_range(int32_t seq, int32_t begin, int32_t end)
 void SplitBackend::seq_append(int32_t seq, const KvSnapshot& range) {
     if (!split()) return last().seq_append(seq, range);
     const int32_t before = gpu_->seq_n_past(seq);
-    const auto [front, back] = kv_snapshot_split(range, cpu_shape_);
-    in_step([&] { gpu_->seq_append(seq, back); }, [&] { cpu_->seq_append(seq, front); },
+    const auto parts = kv_snapshot_split(range, cpu_shape_);   // named parts: see kv_append
+    in_step([&] { gpu_->seq_append(seq, parts.second); }, [&] { cpu_->seq_append(seq, parts.first); },
             [&] { gpu_->seq_truncate(seq, before); });
 }
 
