@@ -1,7 +1,8 @@
 #pragma once
 // ModelConfig: the hyper-parameters and architecture flags of a decoder, read from a GGUF file's
-// "<arch>.*" metadata (../shared/FORMATS.md §1.8-1.10). Every architecture difference the forward
-// needs is a field here, so each backend keeps ONE forward function.
+// "<arch>.*" metadata (../shared/FORMATS.md §1.8-1.10) through its family's descriptor (engine/families.h).
+// Every architecture difference the decoder needs is a field here, read by the one layer program
+// (engine/layer_program.h) that every backend's steps run.
 #include <cstdint>
 #include <span>
 #include <string>
