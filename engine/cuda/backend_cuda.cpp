@@ -627,11 +627,8 @@ public:
         n_ = static_cast<int64_t>(batch.tokens.size());
         decode_ = n_ < kGemmMinColumns || seqs;
         b_.per_column_ = seqs != nullptr;
-        int64_t kept = batch.wanted == LogitsWanted::all ? n_ : 1;
-        if (seqs) {
-            kept = 0;
-            for (const SequenceSpan& s : batch.spans) kept += s.wanted == LogitsWanted::all ? s.n_tokens : 1;
-        }
+        int64_t kept = 0;   // the logit rows the layer program's final_norm will keep
+        for (const RowRun& r : kept_rows(batch)) kept += r.count;
         b_.reserve_buffers(n_, kept);
         const ActivationWidths aw = activation_widths(c_);
         const auto un = static_cast<size_t>(n_);
