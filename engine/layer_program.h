@@ -11,22 +11,12 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/rope_plan.h"
 #include "engine/tensor_roles.h"
 
 namespace tern {
 
 struct ModelConfig;
-
-// One layer's RoPE as the attention step applies it and the context shift turns cached keys with: pair
-// layout, rotated dims (0: NoPE), the layer's base and scale, YaRN, and the attention temperature of q.
-struct RopePlan {
-    bool neox = false;
-    int32_t n_rot = 0;
-    float base = 10000.0f, freq_scale = 1.0f;
-    float yarn_ext_factor = 0.0f, yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
-    float mscale = 1.0f;
-};
-RopePlan rope_plan(const ModelConfig& config, int32_t layer);
 
 // How a block's output joins the residual stream: x += scale * post_norm(out), post_norm optional.
 struct ResidualPlan {

@@ -5,7 +5,7 @@
 // cached keys with rotation(), so both read the same parameters from one place.
 #include <cstdint>
 
-#include "engine/layer_program.h"
+#include "engine/rope_plan.h"
 #include "engine/model_config.h"
 #include "kernels/cpu/rope_shift.h"
 
@@ -26,7 +26,7 @@ struct LayerRope {
     RopeRotation rotation(int32_t delta) const;
 };
 
-// The rope the layer program planned for a layer (engine/layer_program.h rope_plan), over heads of head_dim.
+// The rope the layer program planned for a layer (engine/rope_plan.h), over heads of head_dim.
 LayerRope layer_rope(const RopePlan& plan, int64_t head_dim, const float* freq_factors);
 LayerRope layer_rope(const ModelConfig& config, int32_t layer, const float* freq_factors);
 
