@@ -462,6 +462,19 @@ TEST_CASE("glm4moe: leading dense layers, shared experts, biased sigmoid routing
     CHECK(test::load_error(edited("scale-neg.gguf", [](GgufWriter& w) {
               w.set("glm4moe.expert_weights_scale", GgufValue::make_f32(-1.0f));
           })).find("glm4moe.expert_weights_scale: value -1 is out of range") != std::string::npos);
+    // The counts must leave a decoder: a next-token-prediction layer count of block_count, more leading dense
+    // layers than the decoder has, are refused in one line naming the key.
+    CHECK(test::load_error(edited("nextn4.gguf", [](GgufWriter& w) {
+              w.set("glm4moe.nextn_predict_layers", GgufValue::make_u32(4));
+          })).find("glm4moe.nextn_predict_layers: value 4 is out of range (expected 0..3)") != std::string::npos);
+    CHECK(test::load_error(edited("dense4.gguf", [](GgufWriter& w) {
+              w.set("glm4moe.leading_dense_block_count", GgufValue::make_u32(4));
+          })).find("glm4moe.leading_dense_block_count: value 4 is out of range (expected 0..3)") != std::string::npos);
+    // The file without its next-token-prediction layer's tensors (a split conversion's decoder part) loads.
+    const std::string trunk = test::rewrite_zeroing(
+        dir, good, "trunk.gguf", [](GgufWriter&) {}, {},
+        [](const std::string& name) { return name.rfind("blk.3.", 0) == 0; });
+    CHECK(load_model(trunk).weights.nextn_layers.empty());
     // The CPU runs it: finite logits on a short prompt.
     CpuBackend cpu;
     cpu.load(m.config, m.weights, RunOptions{64, KvType::f32});
