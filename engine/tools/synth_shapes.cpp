@@ -251,7 +251,7 @@ const SynthShape kShapes[] = {
                  1e-5f),
             8, 2, 256, 2.5f),
     // GLM-4.5-Air: 46 layers (the first dense, width 10944) of 128 experts of width 1408, 8 used, and a shared one,
-    // plus its next-token-prediction layer: 110B parameters, 12B active per token.
+    // plus its next-token-prediction layer: 109B parameters (1.2B of them in the embedding), 12.8B active per token.
     glm4moe(make("glm45-air", "glm4moe", "GLM-4.5-Air", 4096, 47, 96, 8, 128, 10944, 151552, 131072, 1000000.0f,
                  1e-5f),
             128, 8, 1408, 1.0f),
