@@ -786,6 +786,23 @@ TEST_CASE("cuda backend: partial offload (-ngl) runs the last layers on the GPU 
     }
 }
 
+TEST_CASE("cuda backend: partial offload of glm4moe, split before its dense layer, between it and the experts, and after") {
+    // 3 decoder layers (dense, experts, experts) and a next-token-prediction layer neither part runs.
+    test::TempDir dir;
+    const Model model = load_model(synth_file(dir, "tiny-glm4moe", "f16"));
+    const std::vector<int32_t> tokens = ramp_tokens(20, model.config.vocab);
+    CpuBackend cpu(CpuOptions{2, true});
+    cpu.load(model.config, model.weights, RunOptions{40, KvType::f16});
+    const std::vector<std::vector<float>> want = batch_logits(cpu, tokens);
+    for (int32_t ngl : {1, 2, 3}) {
+        CAPTURE(ngl);
+        SplitBackend split(std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>(exact()), ngl);
+        split.load(model.config, model.weights, RunOptions{40, KvType::f16});
+        CHECK(split.cpu_layers() == 3 - ngl);
+        CHECK(max_row_error(batch_logits(split, tokens), want) < kLogitTolerance);
+    }
+}
+
 TEST_CASE("cuda backend: top_logits selects on the GPU what the host selects from the same logits") {
     if (!test::shared_available()) return;
     // gpt-2's 50257-token vocabulary: 13 blocks of 4096 logits (the last one ragged), then a second pass.
