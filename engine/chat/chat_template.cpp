@@ -362,21 +362,36 @@ PromptText ChatTemplate::render_spans(const std::vector<ChatMessage>& messages, 
         if (add_generation_prompt) out.markup("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
         break;
     case Family::gpt_oss: out = render_harmony(messages, add_generation_prompt, reasoning_effort_); break;
-    case Family::glm4:
-        // GLM-4.5's template: an earlier reply's reasoning is dropped (an empty think block stands for it) and its
-        // answer trimmed; the generation prompt leaves the model to open its own <think>.
+    case Family::glm4: {
+        // GLM-4.5's template: a reply's "<think>reasoning</think>" is split from its answer; the reasoning of a
+        // reply before the last user turn is dropped (an empty think block stands for it), a later one's kept; the
+        // answer is trimmed. The generation prompt leaves the model to open its own <think>.
+        size_t last_user = 0;
+        for (size_t i = 0; i < messages.size(); ++i)
+            if (messages[i].role == "user") last_user = i;
         out.markup("[gMASK]<sop>");
-        for (const ChatMessage& m : messages) {
-            if (m.role == "assistant") {
-                out.markup("<|assistant|>\n<think></think>");
-                const std::string answer = trim(m.content);
-                if (!answer.empty()) out.markup("\n").content(answer);
-            } else {
+        for (size_t i = 0; i < messages.size(); ++i) {
+            const ChatMessage& m = messages[i];
+            if (m.role != "assistant") {
                 out.markup("<|" + m.role + "|>\n").content(m.content);
+                continue;
             }
+            std::string answer = m.content, reasoning;
+            if (const size_t end = answer.rfind("</think>"); end != std::string::npos) {
+                const std::string before = answer.substr(0, end);
+                const size_t open = before.rfind("<think>");
+                reasoning = trim(open == std::string::npos ? before : before.substr(open + 7));
+                answer = answer.substr(end + 8);
+            }
+            out.markup("<|assistant|>\n<think>");
+            if (i > last_user && !reasoning.empty()) out.content(reasoning);
+            out.markup("</think>");
+            answer = trim(answer);
+            if (!answer.empty()) out.markup("\n").content(answer);
         }
         if (add_generation_prompt) out.markup("<|assistant|>");
         break;
+    }
     }
     return out;
 }

@@ -19,7 +19,7 @@ public:
         add_eos_ = spec_.add_eos.value_or(false);
         // GLM's vocabularies name [gMASK] as BOS, but their chat format writes "[gMASK]<sop>" itself: llama.cpp
         // gives these pre-tokenizers no BOS whatever add_bos_token says, so a prompt does not start with two.
-        if (spec_.pre == "glm4" || spec_.pre == "glm5" || spec_.pre == "chatglm-bpe") add_bos_ = false;
+        if (spec_.pre == "glm4" || spec_.pre == "chatglm-bpe") add_bos_ = false;
 
         const std::vector<std::string> patterns = Pretokenizer::patterns_for(spec_.pre);
         if (patterns.empty()) {

@@ -234,6 +234,11 @@ TEST_CASE("glm4: GLM-4.5/4.6's format ([gMASK]<sop>, <|role|> lines, earlier rep
                             "<|user|>\n2+2?<|assistant|>");
     CHECK(t.render({{"user", "Hi"}, {"assistant", ""}}, false) ==
           "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>");
+    // A reply that kept its reasoning: dropped before a later user turn, kept after the last one.
+    const Chat thought = {{"user", "Hi"}, {"assistant", "\n<think>greet back</think>\nHello!"}, {"user", "2+2?"}};
+    CHECK(t.render(thought) == "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>\nHello!<|user|>\n2+2?<|assistant|>");
+    CHECK(t.render({{"user", "Hi"}, {"assistant", "<think> greet back </think>Hello!"}}, false) ==
+          "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think>greet back</think>\nHello!");
     CHECK(named("chatglm4").name() == "glm4");
     const std::string jinja = "[gMASK]<sop>\n{%- if tools -%}\n<|system|>\n# Tools\n{%- elif m.role == 'assistant' -%}"
                               "\n<|assistant|>\n{%- if m.role == 'user' -%}<|user|>\n";
