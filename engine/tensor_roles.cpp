@@ -57,7 +57,8 @@ constexpr std::array kTable = {
                 [](C c, L) { return vec(c.dim); }, optional},
     LayerTensor{LayerRole::ffn_norm, &LayerWeights::ffn_norm, "ffn_norm.weight",
                 [](C c) { return c.ffn_norm_post_attention ? "post_attention_norm.weight" : "ffn_norm.weight"; },
-                TensorKind::vector, "[dim]", [](C c, L) { return vec(c.dim); }, [](C c, L) { return when(c.pre_norms); }},
+                TensorKind::vector, "[dim]", [](C c, L) { return vec(c.dim); },
+                [](C c, L) { return when(c.pre_norms); }},
     LayerTensor{LayerRole::attn_sinks, &LayerWeights::attn_sinks, "attn_sinks.weight", nullptr, TensorKind::vector,
                 "[n_heads]", [](C, L l) { return vec(l.n_heads); }, [](C c, L) { return when(c.attn_sinks); }},
     // Mixture of experts: the router, the experts' stacks and (gpt-oss) their biases.

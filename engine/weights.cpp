@@ -180,8 +180,9 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
     w.nextn_layers.resize(nextn_present ? c.nextn_layers.size() : 0);
     for (int32_t l = 0; l < n_all; ++l) {
         const bool nextn = l >= c.n_layers;
-        const LayerConfig& lc = nextn ? c.nextn_layers[static_cast<size_t>(l - c.n_layers)] : c.layers[static_cast<size_t>(l)];
-        LayerWeights& lw = nextn ? w.nextn_layers[static_cast<size_t>(l - c.n_layers)] : w.layers[static_cast<size_t>(l)];
+        const auto i = static_cast<size_t>(nextn ? l - c.n_layers : l);
+        const LayerConfig& lc = nextn ? c.nextn_layers[i] : c.layers[i];
+        LayerWeights& lw = nextn ? w.nextn_layers[i] : w.layers[i];
         const std::string p = "blk." + std::to_string(l) + ".";
         std::array<bool, kLayerRoles> bound{};   // roles already bound as parts of a fused tensor
         for (const LayerTensor& t : layer_tensors()) {

@@ -1,5 +1,6 @@
-// The CPU backend's routed experts (a layer with LayerConfig::moe; the shared experts are the dense FFN's steps): route each token (engine/moe_router.h), then run
-// each expert once over the tokens that chose it, then sum every token's experts in rank order.
+// The CPU backend's routed experts (a layer with LayerConfig::moe; shared experts are the dense FFN's steps): route
+// each token (engine/moe_router.h), then run each expert once over the tokens that chose it, then sum every token's
+// experts in rank order.
 //
 // Batch invariance: a token's output bits do not depend on the other tokens of the batch. Its routing reads only
 // its own logits; each expert's matmuls take that expert's tokens as columns, and the kernels' per-column

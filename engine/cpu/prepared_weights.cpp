@@ -191,8 +191,8 @@ PreparedWeights prepare_weights(const ModelWeights& weights, bool exact_matmul, 
                 build.fuse(pl.gate_up_exps[e], {&pl.gate_exps[e], &pl.up_exps[e]});
     }
     for (PreparedLayer& pl : out.layers) {
-        for (PreparedProjection* p : {&pl.q, &pl.k, &pl.v, &pl.o, &pl.gate, &pl.up, &pl.down, &pl.router, &pl.gate_shexp,
-                                      &pl.up_shexp, &pl.down_shexp})
+        for (PreparedProjection* p : {&pl.q, &pl.k, &pl.v, &pl.o, &pl.gate, &pl.up, &pl.down, &pl.router,
+                                      &pl.gate_shexp, &pl.up_shexp, &pl.down_shexp})
             build.copy(*p);
         for (size_t e = 0; e < pl.gate_exps.size(); ++e)
             for (PreparedProjection* p : {&pl.gate_exps[e], &pl.up_exps[e], &pl.down_exps[e]}) build.copy(*p);

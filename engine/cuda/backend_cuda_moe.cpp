@@ -1,6 +1,7 @@
-// The CUDA backend's routed experts (a layer with LayerConfig::moe; shared experts are the dense FFN's steps), the CPU's (engine/cpu/backend_cpu_moe.cpp) on the
-// device: the router's logits (a projection), each token's experts and weights (kernels/cuda/moe.h, the choice of
-// engine/moe_router.h), the experts' FFNs, then each token's sum over its experts in rank order.
+// The CUDA backend's routed experts (a layer with LayerConfig::moe; shared experts are the dense FFN's steps), the
+// CPU's (engine/cpu/backend_cpu_moe.cpp) on the device: the router's logits (a projection), each token's experts and
+// weights (kernels/cuda/moe.h, the choice of engine/moe_router.h), the experts' FFNs, then each token's sum over its
+// experts in rank order.
 //
 // Two ways to run the experts, both reading only the chosen experts' weights:
 //   - by slot (decode, draft verification: fewer than kGemmMinColumns tokens): the expert matmuls of

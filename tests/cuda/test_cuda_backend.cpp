@@ -786,7 +786,7 @@ TEST_CASE("cuda backend: partial offload (-ngl) runs the last layers on the GPU 
     }
 }
 
-TEST_CASE("cuda backend: partial offload of glm4moe, split before its dense layer, between it and the experts, and after") {
+TEST_CASE("cuda backend: partial offload of glm4moe, split before, between and after its dense and expert layers") {
     // 3 decoder layers (dense, experts, experts) and a next-token-prediction layer neither part runs.
     test::TempDir dir;
     const Model model = load_model(synth_file(dir, "tiny-glm4moe", "f16"));
@@ -796,7 +796,8 @@ TEST_CASE("cuda backend: partial offload of glm4moe, split before its dense laye
     const std::vector<std::vector<float>> want = batch_logits(cpu, tokens);
     for (int32_t ngl : {1, 2, 3}) {
         CAPTURE(ngl);
-        SplitBackend split(std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>(exact()), ngl);
+        SplitBackend split(std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>(exact()),
+                           ngl);
         split.load(model.config, model.weights, RunOptions{40, KvType::f16});
         CHECK(split.cpu_layers() == 3 - ngl);
         CHECK(max_row_error(batch_logits(split, tokens), want) < kLogitTolerance);

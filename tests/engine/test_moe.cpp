@@ -410,7 +410,7 @@ TEST_CASE("a selection bias ranks experts by probability + bias; the weights sta
     CHECK(ids == std::vector<int32_t>{3, 1});
 }
 
-TEST_CASE("glm4moe: leading dense layers, shared experts, biased sigmoid routing, next-token-prediction layers loaded") {
+TEST_CASE("glm4moe: leading dense layers, shared experts, biased sigmoid routing, next-token-prediction layers") {
     test::TempDir dir;
     const std::string good = synth_file(dir, "tiny-glm4moe", "f16");
     const Model m = load_model(good);

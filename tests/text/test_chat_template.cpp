@@ -236,7 +236,8 @@ TEST_CASE("glm4: GLM-4.5/4.6's format ([gMASK]<sop>, <|role|> lines, earlier rep
           "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>");
     // A reply that kept its reasoning: dropped before a later user turn, kept after the last one.
     const Chat thought = {{"user", "Hi"}, {"assistant", "\n<think>greet back</think>\nHello!"}, {"user", "2+2?"}};
-    CHECK(t.render(thought) == "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>\nHello!<|user|>\n2+2?<|assistant|>");
+    CHECK(t.render(thought) ==
+          "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>\nHello!<|user|>\n2+2?<|assistant|>");
     CHECK(t.render({{"user", "Hi"}, {"assistant", "<think> greet back </think>Hello!"}}, false) ==
           "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think>greet back</think>\nHello!");
     CHECK(named("chatglm4").name() == "glm4");
