@@ -71,9 +71,14 @@ void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors, 
     if (s.n_expert > 0) {
         std::cout << "experts:         " << s.n_expert << ", " << s.n_expert_used << " used per token, expert ffn "
                   << s.expert_ffn_dim << "\n";
+        if (s.n_expert_shared > 0 || s.n_dense_lead > 0)
+            std::cout << "shared experts:  " << s.n_expert_shared << "; leading dense layers: " << s.n_dense_lead
+                      << "\n";
         std::cout << "active params:   " << human_count(s.n_active_params) << " (" << s.n_active_params
                   << ") per token\n";
     }
+    if (s.n_nextn > 0)
+        std::cout << "nextn layers:    " << s.n_nextn << " next-token-prediction (loaded, not run)\n";
     std::cout << "context length:  " << (s.context_length > 0 ? std::to_string(s.context_length) : "-") << "\n";
     std::cout << "file type:       " << (s.file_type.empty() ? "-" : s.file_type) << "\n";
     std::cout << "formats:        ";
@@ -126,7 +131,10 @@ void print_json(const GgufFile& file, const ModelSummary& s, bool with_tensors, 
         j["n_expert_used"] = s.n_expert_used;
         j["expert_ffn_dim"] = s.expert_ffn_dim;
         j["n_active_params"] = s.n_active_params;
+        if (s.n_expert_shared > 0) j["n_expert_shared"] = s.n_expert_shared;
+        if (s.n_dense_lead > 0) j["n_dense_lead"] = s.n_dense_lead;
     }
+    if (s.n_nextn > 0) j["n_nextn_layers"] = s.n_nextn;
     j["context_length"] = s.context_length;
     j["file_type"] = s.file_type;
     j["bits_per_weight"] = s.bits_per_weight;

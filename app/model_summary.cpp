@@ -1,6 +1,8 @@
 #include "app/model_summary.h"
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <map>
 #include <span>
 #include <string_view>
@@ -74,7 +76,16 @@ ModelSummary summarize_model(const GgufFile& file) {
         s.n_expert = get_int(a + "expert_count");
         s.n_expert_used = get_max(a + "expert_used_count", s.n_layers);
         s.expert_ffn_dim = get_max(a + "expert_feed_forward_length", s.n_layers);
+        s.n_expert_shared = get_int(a + "expert_shared_count");
+        s.n_dense_lead = get_int(a + "leading_dense_block_count");
+        s.n_nextn = get_int(a + "nextn_predict_layers");
     }
+    // A tensor of a next-token-prediction layer (blk.N. with N past the decoder's layers) is never run.
+    const auto in_nextn_layer = [&](const std::string& name) {
+        int64_t layer = -1;
+        if (s.n_nextn <= 0 || std::sscanf(name.c_str(), "blk.%" SCNd64 ".", &layer) != 1) return false;
+        return layer >= s.n_layers - s.n_nextn;
+    };
 
     std::map<std::string, FormatUse> formats;
     uint64_t total_bytes = 0;
@@ -83,8 +94,9 @@ ModelSummary summarize_model(const GgufFile& file) {
         // An expert tensor (ne[2] = n_expert): a token reads n_expert_used of its matrices.
         const bool experts = s.n_expert > 0 && s.n_expert_used > 0 && s.n_expert_used <= s.n_expert &&
                              t.ne[2] == s.n_expert && t.name.find("_exps.") != std::string::npos;
-        s.n_active_params += experts ? static_cast<uint64_t>(t.n_elements() / s.n_expert * s.n_expert_used)
-                                     : static_cast<uint64_t>(t.n_elements());
+        if (!in_nextn_layer(t.name))
+            s.n_active_params += experts ? static_cast<uint64_t>(t.n_elements() / s.n_expert * s.n_expert_used)
+                                         : static_cast<uint64_t>(t.n_elements());
         total_bytes += t.n_bytes;
         FormatUse& f = formats[std::string(type_name(t.type))];
         f.name = type_name(t.type);

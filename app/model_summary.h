@@ -22,7 +22,10 @@ struct ModelSummary {
     int64_t context_length = 0;
     uint64_t n_params = 0;
     int64_t n_expert = 0, n_expert_used = 0, expert_ffn_dim = 0;   // mixture of experts (0: dense)
-    uint64_t n_active_params = 0;   // per token: the *_exps tensors count n_expert_used of n_expert experts
+    int64_t n_expert_shared = 0, n_dense_lead = 0;   // shared experts, leading dense layers (glm4moe)
+    int64_t n_nextn = 0;   // next-token-prediction layers at the end of block_count: loaded, not run
+    // per token: the *_exps tensors count n_expert_used of n_expert experts; the next-token-prediction layers none
+    uint64_t n_active_params = 0;
     double bits_per_weight = 0;
     std::vector<FormatUse> formats;   // most bytes first
     std::string tokenizer_model, tokenizer_pre;

@@ -129,6 +129,22 @@ constexpr FamilyDescriptor kFamilies[] = {
      .post_norms = true,
      .window = {.key = SlidingWindowRule::Key::refused,
                 .refused_why = "sliding-window layers (OLMo 3) are not supported yet"}},
+    // glm4moe (GLM-4.5/4.6/4.7 and -Air): leading dense layers, then routed experts chosen by sigmoid probability
+    // plus a selection bias, and shared experts; q/k/v biases, q/k norms in the files that have them (GLM-4.5),
+    // partial neox RoPE, the FFN's norm named post_attention_norm, and the next-token-prediction layers at the end
+    // of block_count loaded and not run (as llama.cpp does without a drafter).
+    {.name = "glm4moe",
+     .arch = Arch::glm4moe,
+     .rope_style = RopeStyle::neox,
+     .qkv_bias = true,
+     .ffn_norm_post_attention = true,
+     .experts = FamilyExperts::routed,
+     .gating = ExpertGating::sigmoid,
+     .routing_from_file = true,
+     .expert_probs_bias = true,
+     .leading_dense = true,
+     .nextn_layers = true,
+     .qk_norm_optional = true},
 };
 
 constexpr bool in_arch_order() {

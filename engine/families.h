@@ -95,6 +95,13 @@ struct FamilyDescriptor {
     ExpertGating gating = ExpertGating::softmax; // llama.cpp fixes these per architecture, not from metadata
     bool expert_weights_norm = false;
     bool expert_bias = false;
+    // glm4moe: the routing keys (expert_gating_func, expert_weights_norm, expert_weights_scale) and
+    // expert_shared_count are read from the file, `gating` and `expert_weights_norm` being the defaults.
+    bool routing_from_file = false;
+    bool expert_probs_bias = false;   // exp_probs_b.bias required in every layer of experts
+    bool leading_dense = false;       // leading_dense_block_count: the first layers keep a dense FFN
+    bool nextn_layers = false;        // nextn_predict_layers: block_count's last layers are not the decoder's
+    bool qk_norm_optional = false;    // q/k norms when the file has them (blk.0.attn_q_norm.weight)
 
     SlidingWindowRule window;
     // > 0: layer l skips RoPE when (l + 1) % no_rope_period == 0 (SmolLM3: 4, no metadata key).

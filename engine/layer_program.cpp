@@ -12,14 +12,20 @@ DecoderProgram decoder_program(const ModelConfig& c, int32_t first_layer) {
     p.logits.softcap = c.final_softcap;
     p.logits.multiplier = c.logit_scale == 1.0f ? 1.0f : 1.0f / c.logit_scale;
     for (int32_t l = 0; l < c.n_layers; ++l) {
+        const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
         LayerPlan lp;
         lp.mixer = MixerKind::attention;
         lp.mixer_input = {c.pre_norms, LayerRole::attn_norm, LayerRole::wq};
         lp.attention = {c.qk_norm, c.qk_norm_whole, rope_plan(c, l)};
         lp.mixer_residual = {c.post_norms, LayerRole::post_attn_norm, c.residual_scale};
-        lp.ffn = c.moe() ? FfnKind::experts : FfnKind::dense;
-        lp.ffn_input = {c.pre_norms, LayerRole::ffn_norm, c.moe() ? LayerRole::ffn_gate_inp : LayerRole::w_gate};
+        lp.ffn = lc.moe ? FfnKind::experts : FfnKind::dense;
+        lp.shared_experts = lc.moe && c.n_expert_shared > 0;
+        lp.ffn_input = {c.pre_norms, LayerRole::ffn_norm, lc.moe ? LayerRole::ffn_gate_inp : LayerRole::w_gate};
         lp.ffn_residual = {c.post_norms, LayerRole::post_ffn_norm, c.residual_scale};
+        // The shared and the routed experts join the stream one after the other: a post-norm would have to see
+        // their sum.
+        if (lp.shared_experts && lp.ffn_residual.post_norm)
+            throw UsageError("decoder: shared experts with a post-FFN norm are not supported");
         p.layers.push_back(lp);
     }
     return p;
@@ -75,13 +81,19 @@ void run_decoder(const DecoderProgram& program, const ForwardBatch& batch, Decod
         // FFN block: dense or routed experts.
         steps.block_input(l, lp.ffn_input);
         if (lp.ffn == FfnKind::experts) {
+            // The shared experts first (their inputs are not observed: the observer's groups are the dense
+            // projections'), then the routed ones.
+            if (lp.shared_experts) {
+                steps.ffn_gate_up(l, GatedFfn::shared_experts);
+                steps.ffn_down(l, GatedFfn::shared_experts, lp.ffn_residual);
+            }
             steps.ffn_experts(l, lp.ffn_residual);
             continue;
         }
         observe(observer, steps, model_layer, ProjectionInput::ffn_gate_up);
-        steps.ffn_gate_up(l);
+        steps.ffn_gate_up(l, GatedFfn::dense);
         observe(observer, steps, model_layer, ProjectionInput::ffn_down);
-        steps.ffn_down(l, lp.ffn_residual);
+        steps.ffn_down(l, GatedFfn::dense, lp.ffn_residual);
     }
     if (!steps.has_output()) {
         if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");

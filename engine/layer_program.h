@@ -48,6 +48,9 @@ struct LayerPlan {
     AttentionPlan attention;
     ResidualPlan mixer_residual;
     FfnKind ffn = FfnKind::dense;
+    // With FfnKind::experts: a shared experts' FFN too (GatedFfn::shared_experts), its output added to the stream
+    // beside the routed experts' (both through ffn_residual, which therefore has no post-norm).
+    bool shared_experts = false;
     BlockInput ffn_input;
     ResidualPlan ffn_residual;
 };
@@ -98,11 +101,13 @@ public:
     virtual void attend(int32_t layer) = 0;
     // x += the output projection of the attention's output (+ bias), as `residual` says.
     virtual void attention_output(int32_t layer, const ResidualPlan& residual) = 0;
-    // The FFN's hidden activation = act(W_gate xn + b) * (W_up xn + b).
-    virtual void ffn_gate_up(int32_t layer) = 0;
+    // The FFN's hidden activation = act(W_gate xn + b) * (W_up xn + b), of the dense FFN or the shared experts'
+    // (ffn_roles(which)).
+    virtual void ffn_gate_up(int32_t layer, GatedFfn which) = 0;
     // x += the down projection of the hidden activation (+ bias), as `residual` says.
-    virtual void ffn_down(int32_t layer, const ResidualPlan& residual) = 0;
-    // x += the routed experts' FFN of xn, as `residual` says.
+    virtual void ffn_down(int32_t layer, GatedFfn which, const ResidualPlan& residual) = 0;
+    // x += the routed experts' FFN of xn, as `residual` says. xn is the block input even when a shared experts'
+    // FFN ran since block_input (its projections may have replaced the backend's quantized form of it).
     virtual void ffn_experts(int32_t layer, const ResidualPlan& residual) = 0;
     // ForwardBatch::hidden_out = x: a slice before the last hands the stream on (no logits kept).
     virtual void stream_out() = 0;

@@ -178,6 +178,32 @@ void read_llama_experts(const MetaReader& meta, int32_t n_layers, ModelConfig& c
     check_routing_keys(meta, "llama", c.expert_gating);
 }
 
+// A family whose files say how they route (glm4moe, as llama.cpp reads it): expert_gating_func (0 or absent: the
+// family's own), expert_weights_norm (false when absent), expert_weights_scale (0 or absent: none),
+// expert_shared_count (required; shared experts of n_shared expert widths), the selection bias, and
+// leading_dense_block_count (the first layers dense, read with the layers).
+void read_file_routing(const MetaReader& meta, const FamilyDescriptor& family, ModelConfig& c) {
+    if (meta.has("expert_gating_func")) {
+        const int64_t v = meta.get_int("expert_gating_func");
+        if (v < 0 || v >= static_cast<int64_t>(kGatingFuncNames.size()))
+            meta.fail("expert_gating_func", "value " + std::to_string(v) +
+                                                " is not a gating function (the format defines 0 none, 1 softmax, "
+                                                "2 sigmoid, 3 softmax_weight)");
+        if (v == 1) c.expert_gating = ExpertGating::softmax;
+        if (v == 2) c.expert_gating = ExpertGating::sigmoid;
+        if (v == 3) c.expert_gating = ExpertGating::softmax_weight;
+    }
+    c.expert_weights_norm = meta.get_bool("expert_weights_norm", false);
+    if (meta.has("expert_weights_scale")) {
+        // llama.cpp reads 0 as no scale.
+        const float scale = meta.get_f32("expert_weights_scale");
+        if (scale != 0.0f) c.expert_weights_scale = meta.checked_f32("expert_weights_scale", scale, kExpertScaleRange);
+    }
+    c.n_expert_shared = meta.checked_count("expert_shared_count", meta.get_int("expert_shared_count"), kMaxExperts, 0);
+    c.expert_shared_ffn_dim = c.n_expert_shared * c.expert_ffn_dim;
+    c.expert_probs_bias = family.expert_probs_bias;
+}
+
 // The expert metadata (llama.cpp's keys): required and checked for a family with routed experts; for one without,
 // an expert_count above 0 is refused rather than run as dense (llama's Mixtral: read above).
 void read_experts(const MetaReader& meta, const FamilyDescriptor& family, ModelConfig& c) {
@@ -191,7 +217,7 @@ void read_experts(const MetaReader& meta, const FamilyDescriptor& family, ModelC
         if (meta.has("expert_count") && meta.get_int("expert_count") > 0)
             meta.fail("expert_count", "value " + std::to_string(meta.get_int("expert_count")) +
                                           ": mixture-of-experts " + arch +
-                                          " models are not supported yet (supported: qwen3moe, gpt-oss, and "
+                                          " models are not supported yet (supported: qwen3moe, gpt-oss, glm4moe and "
                                           "llama: Mixtral)");
         return;
     }
@@ -207,11 +233,15 @@ void read_experts(const MetaReader& meta, const FamilyDescriptor& family, ModelC
         c.expert_ffn_dim = meta.checked_count("expert_feed_forward_length",
                                               meta.get_int("feed_forward_length") / c.n_expert_used);
     }
+    c.expert_gating = family.gating;
+    c.expert_weights_norm = family.expert_weights_norm;
+    if (family.routing_from_file) {
+        read_file_routing(meta, family, c);
+        return;
+    }
     if (meta.has("expert_shared_count") && meta.get_int("expert_shared_count") != 0)
         meta.fail("expert_shared_count", "value " + std::to_string(meta.get_int("expert_shared_count")) + ": " +
                                              std::string(arch) + " has no shared experts");
-    c.expert_gating = family.gating;
-    c.expert_weights_norm = family.expert_weights_norm;
     check_routing_keys(meta, arch, c.expert_gating);
 }
 
@@ -349,8 +379,19 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     c.attn_sinks = family.attn_sinks;
     c.expert_bias = family.expert_bias;
     c.ffn_gate_up_fused = family.ffn_gate_up_fused;
-    c.n_layers = meta.checked_count("block_count", meta.get_int("block_count"), 4096);
+    // block_count counts the next-token-prediction layers at its end too (nextn_predict_layers): the decoder runs
+    // the others.
+    const int32_t n_all = meta.checked_count("block_count", meta.get_int("block_count"), 4096);
+    const int32_t n_nextn =
+        family.nextn_layers ? meta.checked_count("nextn_predict_layers", meta.get_int("nextn_predict_layers", 0),
+                                                 n_all - 1, 0)
+                            : 0;
+    c.n_layers = n_all - n_nextn;
     read_experts(meta, family, c);
+    if (family.leading_dense && c.moe())
+        c.n_dense_lead = meta.checked_count("leading_dense_block_count",
+                                            meta.get_int("leading_dense_block_count", 0), c.n_layers, 0);
+    if (family.qk_norm_optional && file.find_tensor("blk.0.attn_q_norm.weight") != nullptr) c.qk_norm = true;
     c.dim = meta.checked_count("embedding_length", meta.get_int("embedding_length"));
     c.n_ctx_train = meta.checked_count("context_length", meta.get_int("context_length"));
     c.rms_eps = meta.checked_f32("attention.layer_norm_rms_epsilon", meta.get_f32("attention.layer_norm_rms_epsilon"),
@@ -363,12 +404,14 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     c.vocab = meta.checked_count("vocab_size", embd.ne[1]);
     check_vocabulary_fits(file, meta, c.vocab);
 
-    const std::vector<int64_t> n_heads = meta.per_layer("attention.head_count", c.n_layers);
+    const std::vector<int64_t> n_heads = meta.per_layer("attention.head_count", n_all);
     const std::vector<int64_t> n_kv_heads =
-        meta.has("attention.head_count_kv") ? meta.per_layer("attention.head_count_kv", c.n_layers) : n_heads;
-    // A MoE model's layers multiply the expert width; its dense feed_forward_length is not used.
-    const std::vector<int64_t> ffn_dim = c.moe() ? std::vector<int64_t>(static_cast<size_t>(c.n_layers), c.expert_ffn_dim)
-                                                 : meta.per_layer("feed_forward_length", c.n_layers);
+        meta.has("attention.head_count_kv") ? meta.per_layer("attention.head_count_kv", n_all) : n_heads;
+    // A layer of experts multiplies the expert width; feed_forward_length is read only when a layer is dense.
+    const auto is_moe = [&](int32_t l) { return c.moe() && l >= c.n_dense_lead; };
+    const std::vector<int64_t> ffn_dim = c.moe() && c.n_dense_lead == 0
+                                             ? std::vector<int64_t>(static_cast<size_t>(n_all), c.expert_ffn_dim)
+                                             : meta.per_layer("feed_forward_length", n_all);
 
     // Head dims: key_length/value_length, defaulting to dim / n_heads of the first layer.
     const int32_t n_heads0 = meta.checked_count("attention.head_count", n_heads[0]);
@@ -428,13 +471,15 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     const int32_t window = read_window(meta, file, window_rule);
     const bool rope_switched_on = family.rope_switch_key.empty() || meta.get_bool(family.rope_switch_key, true);
 
-    c.layers.resize(static_cast<size_t>(c.n_layers));
-    for (int32_t l = 0; l < c.n_layers; ++l) {
+    c.layers.resize(static_cast<size_t>(n_all));
+    for (int32_t l = 0; l < n_all; ++l) {
         LayerConfig& lc = c.layers[static_cast<size_t>(l)];
         lc.n_heads = meta.checked_count("attention.head_count", n_heads[static_cast<size_t>(l)]);
         lc.n_kv_heads = meta.checked_count("attention.head_count_kv", n_kv_heads[static_cast<size_t>(l)]);
-        lc.ffn_dim = meta.checked_count(c.moe() ? "expert_feed_forward_length" : "feed_forward_length",
-                                        ffn_dim[static_cast<size_t>(l)]);
+        lc.moe = is_moe(l);
+        lc.nextn = l >= c.n_layers;
+        lc.ffn_dim = lc.moe ? c.expert_ffn_dim
+                            : meta.checked_count("feed_forward_length", ffn_dim[static_cast<size_t>(l)]);
         if (lc.n_heads % lc.n_kv_heads != 0)
             meta.fail("attention.head_count_kv", "layer " + std::to_string(l) + ": " + std::to_string(lc.n_kv_heads) +
                                                      " KV heads do not divide " + std::to_string(lc.n_heads) +
@@ -460,6 +505,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
         if (family.no_rope_period > 0 && (l + 1) % family.no_rope_period == 0) lc.no_rope = true;
         if (!rope_switched_on) lc.no_rope = true;
     }
+    c.nextn_layers.assign(c.layers.begin() + c.n_layers, c.layers.end());
+    c.layers.resize(static_cast<size_t>(c.n_layers));
 
     // Attention scale: 1/sqrt(head_dim) (or of the rotated width), except a family's wide model (the 27B gemmas),
     // which uses 1/sqrt(dim / n_heads).

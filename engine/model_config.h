@@ -13,7 +13,9 @@ namespace tern {
 
 class GgufFile;
 
-enum class Arch { llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, smollm3, phi3, mistral3, granite, olmo2 };
+enum class Arch {
+    llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, smollm3, phi3, mistral3, granite, olmo2, glm4moe
+};
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 // SwiGLU / GeGLU / gpt-oss's clamped SwiGLU: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1)
 enum class FfnActivation { silu, gelu_tanh, swiglu_oai };
@@ -29,7 +31,9 @@ std::string_view arch_name(Arch arch);
 struct LayerConfig {
     int32_t n_heads = 0;
     int32_t n_kv_heads = 0;
-    int32_t ffn_dim = 0;
+    int32_t ffn_dim = 0;        // the dense FFN's width, or one routed expert's in a layer of experts
+    bool moe = false;           // routed experts (ModelConfig::moe() past its leading dense layers), else dense
+    bool nextn = false;         // a next-token-prediction layer (ModelConfig::nextn_layers), not the decoder's
     int32_t sliding_window = 0; // 0: global attention; w: a query at q sees keys k with q - k < w
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f; // angle multiplier (1 / linear scaling factor)
@@ -93,11 +97,13 @@ struct ModelConfig {
     int32_t attn_temp_floor = 0;
     float attn_temperature(int32_t pos) const;
 
-    // Mixture of experts (n_expert > 0: every layer's FFN is routed; LayerConfig::ffn_dim is then the expert
-    // FFN width). Per token: router logits = ffn_gate_inp x, probabilities by `expert_gating`, the
-    // n_expert_used most probable experts (ties: the lower expert id first), their probabilities as weights
-    // (divided by their sum when expert_weights_norm, then times expert_weights_scale), and the FFN output
-    // the weighted sum of those experts' FFNs in rank order.
+    // Mixture of experts (n_expert > 0: every layer's FFN from n_dense_lead on is routed, LayerConfig::moe;
+    // its LayerConfig::ffn_dim is then the expert FFN width). Per token: router logits = ffn_gate_inp x,
+    // probabilities by `expert_gating`, the n_expert_used most probable experts (ties: the lower expert id
+    // first; with expert_probs_bias, chosen by probability + exp_probs_b.bias, weighted by the probability
+    // alone), their probabilities as weights (divided by their sum when expert_weights_norm, then times
+    // expert_weights_scale), and the FFN output the weighted sum of those experts' FFNs in rank order, plus the
+    // shared experts' FFN when n_expert_shared > 0.
     int32_t n_expert = 0;             // <arch>.expert_count
     int32_t n_expert_used = 0;        // <arch>.expert_used_count
     int32_t expert_ffn_dim = 0;       // <arch>.expert_feed_forward_length
@@ -106,8 +112,16 @@ struct ModelConfig {
     float expert_weights_scale = 1.0f;
     bool expert_bias = false;         // gpt-oss: ffn_gate_inp.bias on the router logits, ffn_{gate,up,down}_exps.bias
                                       // (one row per expert) on each expert's projections
-    int32_t n_expert_shared = 0;      // shared experts beside the routed ones (none in the families run yet)
+    bool expert_probs_bias = false;   // glm4moe: exp_probs_b.bias, added to the probabilities to choose experts
+    // Shared experts: every token also runs one gated FFN of width expert_shared_ffn_dim (ffn_*_shexp; glm4moe:
+    // n_expert_shared expert widths) whose output adds to the routed experts'.
+    int32_t n_expert_shared = 0;
     int32_t expert_shared_ffn_dim = 0;
+    int32_t n_dense_lead = 0;         // <arch>.leading_dense_block_count: the first layers keep a dense FFN
+    // <arch>.nextn_predict_layers: the last layers of block_count predict a later token (GLM's multi-token
+    // prediction); their tensors are checked at load, not run. n_layers and `layers` count the decoder's only;
+    // nextn_layers are the others' configs.
+    std::vector<LayerConfig> nextn_layers;
     bool moe() const { return n_expert > 0; }
 
     int32_t max_n_heads() const;

@@ -5,7 +5,8 @@
 
 namespace tern {
 
-void route_experts(const float* logits, const ModelConfig& c, float* probs, int32_t* ids, float* weights) {
+void route_experts(const float* logits, const ModelConfig& c, float* probs, int32_t* ids, float* weights,
+                   const float* selection_bias) {
     const int32_t n = c.n_expert, k = c.n_expert_used;
     if (c.expert_gating == ExpertGating::softmax) {
         float max = -INFINITY;
@@ -23,14 +24,21 @@ void route_experts(const float* logits, const ModelConfig& c, float* probs, int3
     } else {   // softmax_weight: select by the logits themselves, the softmax comes after the top k
         std::copy(logits, logits + n, probs);
     }
-    // Top-k by selection: k passes, each taking the largest probability not yet taken (the first of equals).
+    // The ranking key: the probability, or the probability plus the selection bias.
+    const float* key = probs;
+    if (selection_bias) {
+        float* biased = probs + n;
+        for (int32_t e = 0; e < n; ++e) biased[e] = probs[e] + selection_bias[e];
+        key = biased;
+    }
+    // Top-k by selection: k passes, each taking the largest key not yet taken (the first of equals).
     for (int32_t r = 0; r < k; ++r) {
         int32_t best = -1;
         for (int32_t e = 0; e < n; ++e) {
             bool taken = false;
             for (int32_t j = 0; j < r && !taken; ++j) taken = ids[j] == e;
             if (taken) continue;
-            if (best < 0 || probs[e] > probs[best] || (std::isnan(probs[best]) && !std::isnan(probs[e]))) best = e;
+            if (best < 0 || key[e] > key[best] || (std::isnan(key[best]) && !std::isnan(key[e]))) best = e;
         }
         ids[r] = best;
         weights[r] = probs[best];

@@ -19,8 +19,10 @@ enum class LayerRole : uint8_t {
     attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, bo, ffn_norm, attn_sinks,
     ffn_gate_inp, gate_exps, up_exps, down_exps, ffn_gate_inp_b, gate_exps_b, up_exps_b, down_exps_b,
     w_gate, w_up, w_down, b_gate, b_up, b_down, post_attn_norm, post_ffn_norm,
+    exp_probs_b, gate_shexp, up_shexp, down_shexp,
+    nextn_eh_proj, nextn_enorm, nextn_hnorm, nextn_embed_tokens, nextn_shared_head_head, nextn_shared_head_norm,
 };
-inline constexpr int kLayerRoles = static_cast<int>(LayerRole::post_ffn_norm) + 1;
+inline constexpr int kLayerRoles = static_cast<int>(LayerRole::nextn_shared_head_norm) + 1;
 
 // How a backend holds a tensor of that role:
 //   matrix      - a projection in its GGUF format (n_out rows of n_in)
@@ -45,8 +47,22 @@ struct LayerTensor {
     TensorKind kind;
     const char* dims;   // the shape in words, for messages: "[dim, n_heads*head_dim]"
     TensorShape (*shape)(const ModelConfig&, const LayerConfig&);
-    TensorNeed (*need)(const ModelConfig&);
+    // Per layer: a layer's FFN kind (LayerConfig::moe) and whether it is a next-token-prediction layer
+    // (LayerConfig::nextn) decide which tensors it holds.
+    TensorNeed (*need)(const ModelConfig&, const LayerConfig&);
 };
+
+// The tensors of one gated FFN act(W_gate x + b) * (W_up x + b), then W_down (+ b): the dense FFN, or a layer's
+// shared experts (which have no biases).
+struct FfnRoles {
+    LayerRole gate, up, down;
+    bool biases;   // b_gate / b_up / b_down, each optional (the dense FFN's)
+};
+enum class GatedFfn : uint8_t { dense, shared_experts };
+constexpr FfnRoles ffn_roles(GatedFfn f) {
+    return f == GatedFfn::dense ? FfnRoles{LayerRole::w_gate, LayerRole::w_up, LayerRole::w_down, true}
+                                : FfnRoles{LayerRole::gate_shexp, LayerRole::up_shexp, LayerRole::down_shexp, false};
+}
 
 // The tensor's name in layer `layer` of a file of this config: "blk.3.attn_q.weight".
 std::string layer_tensor_name(const LayerTensor& t, const ModelConfig& config, int32_t layer);

@@ -123,7 +123,8 @@ private:
 // matrices (those `tern info --check` scans).
 std::vector<const WeightRef*> small_tensors(const ModelWeights& w) {
     std::vector<const WeightRef*> t = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short};
-    for (const LayerWeights& l : w.layers)
+    for (const std::vector<LayerWeights>* layers : {&w.layers, &w.nextn_layers})
+      for (const LayerWeights& l : *layers)
         for (const LayerTensor& r : layer_tensors())
             if (r.kind == TensorKind::vector || r.kind == TensorKind::vector_rows || r.role == LayerRole::ffn_gate_inp)
                 t.push_back(&(l.*r.member));
@@ -169,14 +170,23 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
             w.rope_factors_short = b.vector("rope_factors_short.weight", c.n_rot / 2, "[n_rot/2]");
     }
 
-    w.layers.resize(static_cast<size_t>(c.n_layers));
-    for (int32_t l = 0; l < c.n_layers; ++l) {
-        const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
-        LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    // The decoder's layers, then the next-token-prediction layers after them (blk.n_layers ...). A file whose
+    // metadata counts such layers but holds none of their tensors (the decoder's part of a split conversion) loads
+    // without them, as llama.cpp's does.
+    const bool nextn_present =
+        !c.nextn_layers.empty() && b.has("blk." + std::to_string(c.n_layers) + ".nextn.eh_proj.weight");
+    const auto n_all = static_cast<int32_t>(c.layers.size() + (nextn_present ? c.nextn_layers.size() : 0));
+    w.layers.resize(c.layers.size());
+    w.nextn_layers.resize(nextn_present ? c.nextn_layers.size() : 0);
+    for (int32_t l = 0; l < n_all; ++l) {
+        const bool nextn = l >= c.n_layers;
+        const auto i = static_cast<size_t>(nextn ? l - c.n_layers : l);
+        const LayerConfig& lc = nextn ? c.nextn_layers[i] : c.layers[i];
+        LayerWeights& lw = nextn ? w.nextn_layers[i] : w.layers[i];
         const std::string p = "blk." + std::to_string(l) + ".";
         std::array<bool, kLayerRoles> bound{};   // roles already bound as parts of a fused tensor
         for (const LayerTensor& t : layer_tensors()) {
-            const TensorNeed need = t.need(c);
+            const TensorNeed need = t.need(c, lc);
             if (need == TensorNeed::absent || bound[static_cast<size_t>(t.role)]) continue;
             const TensorShape s = t.shape(c, lc);
             if (t.role == LayerRole::wq && b.has(p + "attn_qkv.weight")) {

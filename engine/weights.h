@@ -56,6 +56,11 @@ struct LayerWeights {
     // expert_ffn) for gate and up, (n_expert rows of dim) for down.
     WeightRef ffn_gate_inp_b, gate_exps_b, up_exps_b, down_exps_b;
     WeightRef attn_sinks;                     // (n_heads) when ModelConfig::attn_sinks
+    WeightRef exp_probs_b;                    // (n_expert) when ModelConfig::expert_probs_bias
+    WeightRef gate_shexp, up_shexp, down_shexp;   // the shared experts' FFN (ModelConfig::n_expert_shared)
+    // A next-token-prediction layer's own tensors (ModelConfig::nextn_layers), checked at load and not run.
+    WeightRef nextn_eh_proj, nextn_enorm, nextn_hnorm, nextn_embed_tokens, nextn_shared_head_head,
+        nextn_shared_head_norm;
 };
 
 struct ModelWeights {
@@ -65,6 +70,7 @@ struct ModelWeights {
     WeightRef rope_freqs;  // optional (n_rot/2) f32
     WeightRef rope_factors_long, rope_factors_short;  // LongRoPE (ModelConfig::rope_longrope): optional (n_rot/2)
     std::vector<LayerWeights> layers;
+    std::vector<LayerWeights> nextn_layers;   // ModelConfig::nextn_layers: loaded and checked, never run
     // Copies of the tensors whose bytes in the file do not start on a kWeightAlignment boundary
     // (a file written with general.alignment below 32): the views above point into these instead
     // of the mapping. Empty for every file written with the default alignment.

@@ -13,7 +13,7 @@ struct FamilyName {
     const char* name;
 };
 
-constexpr std::array<FamilyName, 17> kFamilies = {{
+constexpr std::array<FamilyName, 18> kFamilies = {{
     {ChatTemplate::Family::chatml, "chatml"},
     {ChatTemplate::Family::qwen, "qwen"},
     {ChatTemplate::Family::llama2, "llama2"},
@@ -31,6 +31,7 @@ constexpr std::array<FamilyName, 17> kFamilies = {{
     {ChatTemplate::Family::deepseek3, "deepseek3"},
     {ChatTemplate::Family::command_r, "command-r"},
     {ChatTemplate::Family::gpt_oss, "gpt-oss"},
+    {ChatTemplate::Family::glm4, "glm4"},
 }};
 
 bool has(std::string_view text, std::string_view what) {
@@ -165,6 +166,7 @@ std::optional<ChatTemplate> ChatTemplate::from_name(std::string_view name) {
     if (name == "deepseek2") return ChatTemplate(Family::deepseek);
     if (name == "deepseek-r1") return ChatTemplate(Family::deepseek3);
     if (name == "harmony") return ChatTemplate(Family::gpt_oss);
+    if (name == "chatglm4" || name == "glm4.5" || name == "glm4moe") return ChatTemplate(Family::glm4);
     return std::nullopt;
 }
 
@@ -201,6 +203,7 @@ ChatTemplate::Detection ChatTemplate::detect(std::string_view t) {
         return {c};
     }
     if (has(t, "<|start_header_id|>")) return found(Family::llama3);
+    if (has(t, "[gMASK]<sop>")) return found(Family::glm4);   // before phi3 / zephyr, which share <|user|>
     if (has(t, "<start_of_turn>")) return found(Family::gemma);
     if (has(t, "<|START_OF_TURN_TOKEN|>")) return found(Family::command_r);
     if (has(t, "[SYSTEM_PROMPT]")) return found(has(t, "[INST] ") ? Family::mistral_v7 : Family::mistral_v7_tekken);
@@ -359,6 +362,36 @@ PromptText ChatTemplate::render_spans(const std::vector<ChatMessage>& messages, 
         if (add_generation_prompt) out.markup("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
         break;
     case Family::gpt_oss: out = render_harmony(messages, add_generation_prompt, reasoning_effort_); break;
+    case Family::glm4: {
+        // GLM-4.5's template: a reply's "<think>reasoning</think>" is split from its answer; the reasoning of a
+        // reply before the last user turn is dropped (an empty think block stands for it), a later one's kept; the
+        // answer is trimmed. The generation prompt leaves the model to open its own <think>.
+        size_t last_user = 0;
+        for (size_t i = 0; i < messages.size(); ++i)
+            if (messages[i].role == "user") last_user = i;
+        out.markup("[gMASK]<sop>");
+        for (size_t i = 0; i < messages.size(); ++i) {
+            const ChatMessage& m = messages[i];
+            if (m.role != "assistant") {
+                out.markup("<|" + m.role + "|>\n").content(m.content);
+                continue;
+            }
+            std::string answer = m.content, reasoning;
+            if (const size_t end = answer.rfind("</think>"); end != std::string::npos) {
+                const std::string before = answer.substr(0, end);
+                const size_t open = before.rfind("<think>");
+                reasoning = trim(open == std::string::npos ? before : before.substr(open + 7));
+                answer = answer.substr(end + 8);
+            }
+            out.markup("<|assistant|>\n<think>");
+            if (i > last_user && !reasoning.empty()) out.content(reasoning);
+            out.markup("</think>");
+            answer = trim(answer);
+            if (!answer.empty()) out.markup("\n").content(answer);
+        }
+        if (add_generation_prompt) out.markup("<|assistant|>");
+        break;
+    }
     }
     return out;
 }

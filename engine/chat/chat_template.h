@@ -39,6 +39,7 @@ public:
         deepseek3,
         command_r,
         gpt_oss,   // OpenAI's harmony format
+        glm4,      // GLM-4.5 / 4.6 / 4.7: [gMASK]<sop><|role|>\n..., earlier replies behind an empty <think></think>
     };
 
     // Every name from_name accepts, in a stable order (for --help and error messages).

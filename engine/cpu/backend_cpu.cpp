@@ -220,26 +220,27 @@ public:
         add_residual(l, r);
     }
 
-    // gate = act(gate) * up, gate and up from one quantized input.
-    void ffn_gate_up(int32_t l) override {
-        const PreparedLayer& pl = prepared(l);
-        const LayerVectors& lv = vectors(l);
-        ffn_dim_ = c_.layers[static_cast<size_t>(l)].ffn_dim;
+    // gate = act(gate) * up, gate and up from one quantized input: the dense FFN's or the shared experts'.
+    void ffn_gate_up(int32_t l, GatedFfn which) override {
+        const Ffn f = ffn(l, which);
+        ffn_dim_ = f.gate.source.n_out();
         gate_.resize(static_cast<size_t>(n_ * ffn_dim_)); // (n, ffn_dim)
         up_.resize(static_cast<size_t>(n_ * ffn_dim_));   // (n, ffn_dim)
-        b_.project_shared(pl.gate_up, {&pl.gate, &pl.up}, {&lv[LayerRole::b_gate], &lv[LayerRole::b_up]}, b_.input_,
-                          {gate_.data(), up_.data()});
+        b_.project_shared(f.gate_up, {&f.gate, &f.up}, {&f.b_gate, &f.b_up}, b_.input_, {gate_.data(), up_.data()});
         glu_activation(c_.ffn_act, gate_.data(), up_.data(), n_ * ffn_dim_, b_.n_threads_);
     }
 
-    void ffn_down(int32_t l, const ResidualPlan& r) override {
+    void ffn_down(int32_t l, GatedFfn which, const ResidualPlan& r) override {
+        const Ffn f = ffn(l, which);
         b_.input_.reset(gate_.data(), ffn_dim_, n_);
-        b_.project(prepared(l).down, vectors(l)[LayerRole::b_down], b_.input_, out_.data());
+        b_.project(f.down, f.b_down, b_.input_, out_.data());
         add_residual(l, r);
     }
 
-    // The routed experts over the normed input (backend_cpu_moe.cpp).
+    // The routed experts over the normed input (backend_cpu_moe.cpp); a shared experts' FFN before them left the
+    // matmul input at its own activations.
     void ffn_experts(int32_t l, const ResidualPlan& r) override {
+        if (b_.input_.x != xn_.data()) b_.input_.reset(xn_.data(), c_.dim, n_);
         b_.moe_ffn(prepared(l), vectors(l), n_, out_.data());
         add_residual(l, r);
     }
@@ -287,6 +288,21 @@ public:
 private:
     const PreparedLayer& prepared(int32_t l) const { return b_.prepared_.layers[static_cast<size_t>(l)]; }
     const LayerVectors& vectors(int32_t l) const { return b_.layer_vectors_[static_cast<size_t>(l)]; }
+
+    // A gated FFN's prepared projections and biases (the shared experts have none).
+    struct Ffn {
+        const PreparedProjection &gate, &up, &down;
+        const FusedProjections& gate_up;
+        const std::vector<float> &b_gate, &b_up, &b_down;
+    };
+    Ffn ffn(int32_t l, GatedFfn which) const {
+        static const std::vector<float> kNone;
+        const PreparedLayer& pl = prepared(l);
+        const LayerVectors& lv = vectors(l);
+        if (which == GatedFfn::shared_experts)
+            return {pl.gate_shexp, pl.up_shexp, pl.down_shexp, pl.gate_up_shexp, kNone, kNone, kNone};
+        return {pl.gate, pl.up, pl.down, pl.gate_up, lv[LayerRole::b_gate], lv[LayerRole::b_up], lv[LayerRole::b_down]};
+    }
 
     // The projection whose format a block input is quantized for.
     const PreparedProjection& reader(int32_t l, LayerRole role) const {

@@ -1,5 +1,6 @@
-// The CPU backend's mixture-of-experts FFN (ModelConfig::moe()): route each token (engine/moe_router.h), then run
-// each expert once over the tokens that chose it, then sum every token's experts in rank order.
+// The CPU backend's routed experts (a layer with LayerConfig::moe; shared experts are the dense FFN's steps): route
+// each token (engine/moe_router.h), then run each expert once over the tokens that chose it, then sum every token's
+// experts in rank order.
 //
 // Batch invariance: a token's output bits do not depend on the other tokens of the batch. Its routing reads only
 // its own logits; each expert's matmuls take that expert's tokens as columns, and the kernels' per-column
@@ -21,12 +22,14 @@ void CpuBackend::moe_ffn(const PreparedLayer& pl, const LayerVectors& lv, int64_
     const float* xn = input_.x;   // (n, dim): the normed input, quantized for the router by norm_input
 
     // Router logits (n, n_expert), then each token's experts and weights (n, k).
-    std::vector<float> logits(static_cast<size_t>(n * n_expert)), probs(static_cast<size_t>(n_expert));
+    std::vector<float> logits(static_cast<size_t>(n * n_expert)), probs(static_cast<size_t>(2 * n_expert));
+    const std::vector<float>& selection_bias = lv[LayerRole::exp_probs_b];
     project(pl.router, lv[LayerRole::ffn_gate_inp_b], input_, logits.data());
     std::vector<int32_t> ids(static_cast<size_t>(n * k));
     std::vector<float> weights(static_cast<size_t>(n * k));
     for (int64_t i = 0; i < n; ++i)
-        route_experts(logits.data() + i * n_expert, c, probs.data(), ids.data() + i * k, weights.data() + i * k);
+        route_experts(logits.data() + i * n_expert, c, probs.data(), ids.data() + i * k, weights.data() + i * k,
+                      selection_bias.empty() ? nullptr : selection_bias.data());
 
     // The (token, rank) slots grouped by expert, tokens in batch order within an expert.
     std::vector<int64_t> first(static_cast<size_t>(n_expert + 1), 0);

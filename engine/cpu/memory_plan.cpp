@@ -51,6 +51,7 @@ MemoryNeed cpu_memory_need(const ModelConfig& c, const ModelWeights& w, const Me
                              static_cast<uint64_t>(l.n_kv_heads) * (c.head_dim + c.head_dim_v);
         widest_attn = std::max(widest_attn, qkv);
         widest_ffn = std::max<uint64_t>(widest_ffn, static_cast<uint64_t>(l.ffn_dim));
+        if (l.moe) widest_ffn = std::max<uint64_t>(widest_ffn, static_cast<uint64_t>(c.expert_shared_ffn_dim));
     }
     per_token += 4 * widest_attn + 2 * 4 * widest_ffn + 2 * std::max<uint64_t>(static_cast<uint64_t>(c.dim), widest_ffn);
     // MoE: the router's logits, and each used expert's output row and a gathered input row (backend_cpu_moe.cpp).

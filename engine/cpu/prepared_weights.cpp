@@ -162,6 +162,9 @@ PreparedWeights prepare_weights(const ModelWeights& weights, bool exact_matmul, 
         pl.gate = plan(lw.w_gate, exact_matmul, k);
         pl.up = plan(lw.w_up, exact_matmul, k);
         pl.down = plan(lw.w_down, exact_matmul, k);
+        pl.gate_shexp = plan(lw.gate_shexp, exact_matmul, k);
+        pl.up_shexp = plan(lw.up_shexp, exact_matmul, k);
+        pl.down_shexp = plan(lw.down_shexp, exact_matmul, k);
         if (lw.ffn_gate_inp.present()) {
             pl.router = plan(lw.ffn_gate_inp, exact_matmul, k);
             for (int64_t e = 0; e < lw.gate_exps.n_mats; ++e) {
@@ -182,12 +185,15 @@ PreparedWeights prepare_weights(const ModelWeights& weights, bool exact_matmul, 
         PreparedLayer& pl = out.layers[l];
         if (fusable({&lw.wq, &lw.wk, &lw.wv}, k)) build.fuse(pl.qkv, {&pl.q, &pl.k, &pl.v});
         if (fusable({&lw.w_gate, &lw.w_up}, k)) build.fuse(pl.gate_up, {&pl.gate, &pl.up});
+        if (fusable({&lw.gate_shexp, &lw.up_shexp}, k)) build.fuse(pl.gate_up_shexp, {&pl.gate_shexp, &pl.up_shexp});
         for (size_t e = 0; e < pl.gate_exps.size(); ++e)
             if (fusable({&pl.gate_exps[e].source, &pl.up_exps[e].source}, k))
                 build.fuse(pl.gate_up_exps[e], {&pl.gate_exps[e], &pl.up_exps[e]});
     }
     for (PreparedLayer& pl : out.layers) {
-        for (PreparedProjection* p : {&pl.q, &pl.k, &pl.v, &pl.o, &pl.gate, &pl.up, &pl.down, &pl.router}) build.copy(*p);
+        for (PreparedProjection* p : {&pl.q, &pl.k, &pl.v, &pl.o, &pl.gate, &pl.up, &pl.down, &pl.router,
+                                      &pl.gate_shexp, &pl.up_shexp, &pl.down_shexp})
+            build.copy(*p);
         for (size_t e = 0; e < pl.gate_exps.size(); ++e)
             for (PreparedProjection* p : {&pl.gate_exps[e], &pl.up_exps[e], &pl.down_exps[e]}) build.copy(*p);
     }

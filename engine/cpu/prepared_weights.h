@@ -50,6 +50,9 @@ struct PreparedLayer {
     PreparedProjection router;
     std::vector<PreparedProjection> gate_exps, up_exps, down_exps;
     std::vector<FusedProjections> gate_up_exps;
+    // The shared experts' FFN (ModelConfig::n_expert_shared), gate and up fused where they can be.
+    PreparedProjection gate_shexp, up_shexp, down_shexp;
+    FusedProjections gate_up_shexp;
 };
 
 struct PreparedWeights {

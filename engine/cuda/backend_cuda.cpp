@@ -86,7 +86,8 @@ ActivationWidths activation_widths(const ModelConfig& c) {
         w.q = std::max<int64_t>(w.q, static_cast<int64_t>(l.n_heads) * c.head_dim);
         w.kv = std::max<int64_t>(w.kv, static_cast<int64_t>(l.n_kv_heads) * std::max(c.head_dim, c.head_dim_v));
         w.att = std::max<int64_t>(w.att, static_cast<int64_t>(l.n_heads) * c.head_dim_v);
-        w.ffn = std::max<int64_t>(w.ffn, k * l.ffn_dim);
+        w.ffn = std::max<int64_t>(w.ffn, (l.moe ? k : 1) * l.ffn_dim);
+        if (l.moe) w.ffn = std::max<int64_t>(w.ffn, c.expert_shared_ffn_dim);   // the shared experts' FFN
     }
     if (c.moe()) {
         w.router = c.n_expert + 2 * k;
@@ -379,13 +380,15 @@ void CudaBackend::project_outputs(std::initializer_list<Projection> projections,
     }
 }
 
-void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y,
-                              bool new_input) {
-    const DeviceWeight &gate = d[LayerRole::w_gate], &up = d[LayerRole::w_up];
+void CudaBackend::project_glu(const DeviceLayer& d, const FfnRoles& roles, FfnActivation act, const float* x,
+                              int64_t n, float* y, bool new_input) {
+    const DeviceWeight &gate = d[roles.gate], &up = d[roles.up];
+    const float* b_gate = roles.biases ? d.vec(LayerRole::b_gate) : nullptr;
+    const float* b_up = roles.biases ? d.vec(LayerRole::b_up) : nullptr;
     if (gate.type != up.type) {   // a mixed quantization: the two projections apart, then the activation
         float* u = up_.floats(static_cast<size_t>(n * up.n_out), "activations");
-        project(gate, x, n, d.vec(LayerRole::b_gate), y, new_input);
-        project(up, x, n, d.vec(LayerRole::b_up), u, false);
+        project(gate, x, n, b_gate, y, new_input);
+        project(up, x, n, b_up, u, false);
         glu_activation(act, y, u, n * gate.n_out);
         return;
     }
@@ -393,11 +396,10 @@ void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const flo
     const cuda::GluActivation a = act == FfnActivation::silu        ? cuda::GluActivation::silu
                                   : act == FfnActivation::gelu_tanh ? cuda::GluActivation::gelu_tanh
                                                                     : cuda::GluActivation::swiglu_oai;
-    if (uses_q8(gate) && glu_writes_q8(d, y)) {   // y's int8 form for the down projection in the same launch
+    if (uses_q8(gate) && glu_writes_q8(d, roles, y)) {   // y's int8 form for the down projection in the same launch
         const void* x_q = q8_input(x, n, gate.n_in);
         void* y_q = q8_ffn_.reserve(cuda::quantized_activation_bytes(n, gate.n_out), "quantized activations");
-        cuda::matmul_q8_glu_q8(gate.type, gate.n_in, gate.n_out, gate.data, d.vec(LayerRole::b_gate), up.data,
-                               d.vec(LayerRole::b_up), a, x_q, n, y,
+        cuda::matmul_q8_glu_q8(gate.type, gate.n_in, gate.n_out, gate.data, b_gate, up.data, b_up, a, x_q, n, y,
                                y_q, glu_counters(n, gate.n_out), stream_);
         q8_of_ = y;
         q8_n_ = n;
@@ -405,12 +407,10 @@ void CudaBackend::project_glu(const DeviceLayer& d, FfnActivation act, const flo
         return;
     }
     if (uses_q8(gate))
-        cuda::matmul_q8_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.vec(LayerRole::b_gate), up.data,
-                            d.vec(LayerRole::b_up), a,
+        cuda::matmul_q8_glu(gate.type, gate.n_in, gate.n_out, gate.data, b_gate, up.data, b_up, a,
                             q8_input(x, n, gate.n_in), n, y, stream_);
     else
-        cuda::matmul_glu(gate.type, gate.n_in, gate.n_out, gate.data, d.vec(LayerRole::b_gate), up.data,
-                         d.vec(LayerRole::b_up), a, x, n, y, stream_);
+        cuda::matmul_glu(gate.type, gate.n_in, gate.n_out, gate.data, b_gate, up.data, b_up, a, x, n, y, stream_);
     if (q8_of_ == y) q8_of_ = nullptr;   // y was rewritten
 }
 
@@ -425,8 +425,8 @@ unsigned* CudaBackend::glu_counters(int64_t n, int64_t n_out) {
     return static_cast<unsigned*>(glu_done_.data());
 }
 
-bool CudaBackend::glu_writes_q8(const DeviceLayer& d, const float* y) const {
-    const DeviceWeight &gate = d[LayerRole::w_gate], &down = d[LayerRole::w_down];
+bool CudaBackend::glu_writes_q8(const DeviceLayer& d, const FfnRoles& roles, const float* y) const {
+    const DeviceWeight &gate = d[roles.gate], &down = d[roles.down];
     return glu_q8_ && uses_q8(down) && down.n_in == gate.n_out && cuda::matmul_q8_glu_q8_takes(gate.n_out, y, q8_ffn_.data());
 }
 
@@ -587,7 +587,9 @@ void CudaBackend::reserve_buffers(int64_t n, int64_t logit_rows) {
     if (n < kGemmMinColumns || (int8_gemm_ && !exact_))
         q8_acts_.reserve(cuda::quantized_activation_bytes(n, std::max<int64_t>({c.dim, aw.att, aw.ffn, aw.slots})),
                          "quantized activations");
-    if (n < kGemmMinColumns && !exact_ && glu_q8_ && !c.moe()) {   // the gated FFN's int8 output and counters
+    // The gated FFN's int8 output and counters, where a dense FFN or shared experts run.
+    const bool gated_ffn = !c.moe() || c.n_dense_lead > 0 || c.n_expert_shared > 0;
+    if (n < kGemmMinColumns && !exact_ && glu_q8_ && gated_ffn) {
         q8_ffn_.reserve(cuda::quantized_activation_bytes(n, aw.ffn), "quantized activations");
         glu_counters(n, aw.ffn);
     }
@@ -735,30 +737,35 @@ public:
         add_residual(d, r);
     }
 
-    void ffn_gate_up(int32_t l) override {
+    // The dense FFN's or the shared experts' gate and up (roles: ffn_roles(which)).
+    void ffn_gate_up(int32_t l, GatedFfn which) override {
         const DeviceLayer& d = layer(l);
-        ffn_width_ = c_.layers[static_cast<size_t>(l)].ffn_dim;
+        const FfnRoles roles = ffn_roles(which);
+        ffn_width_ = d[roles.gate].n_out;
         if (decode_) {
-            b_.project_glu(d, c_.ffn_act, xn_, n_, gate_, false);
+            b_.project_glu(d, roles, c_.ffn_act, xn_, n_, gate_, false);
             return;
         }
-        b_.project(d[LayerRole::w_gate], xn_, n_, d.vec(LayerRole::b_gate), gate_);
-        b_.project(d[LayerRole::w_up], xn_, n_, d.vec(LayerRole::b_up), up_, false);   // gate and up read one input
+        b_.project(d[roles.gate], xn_, n_, roles.biases ? d.vec(LayerRole::b_gate) : nullptr, gate_);
+        b_.project(d[roles.up], xn_, n_, roles.biases ? d.vec(LayerRole::b_up) : nullptr, up_, false);   // one input
         b_.glu_activation(c_.ffn_act, gate_, up_, n_ * ffn_width_);
     }
 
     // gate's int8 form may have come with it (project_glu).
-    void ffn_down(int32_t l, const ResidualPlan& r) override {
+    void ffn_down(int32_t l, GatedFfn which, const ResidualPlan& r) override {
         const DeviceLayer& d = layer(l);
+        const FfnRoles roles = ffn_roles(which);
+        const float* bias = roles.biases ? d.vec(LayerRole::b_down) : nullptr;
         if (accumulates(r)) {
-            b_.project_outputs({{&d[LayerRole::w_down], d.vec(LayerRole::b_down), x_}}, gate_, n_, true, false);
+            b_.project_outputs({{&d[roles.down], bias, x_}}, gate_, n_, true, false);
             return;
         }
-        b_.project(d[LayerRole::w_down], gate_, n_, d.vec(LayerRole::b_down), out_, false);
+        b_.project(d[roles.down], gate_, n_, bias, out_, false);
         add_residual(d, r);
     }
 
-    // The routed experts (backend_cuda_moe.cpp).
+    // The routed experts (backend_cuda_moe.cpp). Decode's norm wrote xn's int8 form; a shared experts' FFN run
+    // since moved the int8 buffer on to its own activations (q8_of_), so the router's projection quantizes xn again.
     void ffn_experts(int32_t l, const ResidualPlan& r) override {
         const DeviceLayer& d = layer(l);
         b_.moe_ffn(d, xn_, n_, out_, !decode_);

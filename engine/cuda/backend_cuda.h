@@ -148,8 +148,8 @@ private:
     // new_input false: x came from norm_for, which already wrote its int8 form.
     void project_outputs(std::initializer_list<Projection> projections, const float* x, int64_t n, bool accumulate,
                          bool new_input = true);
-    void project_glu(const DeviceLayer& d, FfnActivation act, const float* x, int64_t n, float* y,
-                     bool new_input = true);
+    void project_glu(const DeviceLayer& d, const FfnRoles& roles, FfnActivation act, const float* x, int64_t n,
+                     float* y, bool new_input = true);
     // gate = act(gate) * up, n elements: the gated activation after separate gate and up projections.
     void glu_activation(FfnActivation act, float* gate, const float* up, int64_t n);
     // xn = RMSNorm(x) * norm (n rows of reader.n_in), the input of projections of `reader`'s format. When
@@ -158,7 +158,7 @@ private:
     void norm_for(const float* x, const float* norm, float* xn, int64_t n, float eps, const DeviceWeight& reader);
     // project_glu's y also as int8 for the down projection (one launch less); false where the down projection
     // reads f32 or the kernel cannot (ffn width not whole 32-element blocks).
-    bool glu_writes_q8(const DeviceLayer& d, const float* y) const;
+    bool glu_writes_q8(const DeviceLayer& d, const FfnRoles& roles, const float* y) const;
     unsigned* glu_counters(int64_t n, int64_t n_out);
     // Whether decode multiplies w by int8 activations (else by f32 ones), and x (n, n_in) in that form.
     bool uses_q8(const DeviceWeight& w) const;
@@ -166,7 +166,8 @@ private:
     // The prefill GEMM that multiplies w (CudaOptions::prefill), and x (n, n_in) as f16 for the f16 one.
     CudaOptions::Prefill prefill_path(const DeviceWeight& w) const;
     const uint16_t* f16_input(const float* x, int64_t n, int64_t n_in);
-    // out (n, dim) = the routed experts' FFN of the normed input xn (ModelConfig::moe(); backend_cuda_moe.cpp).
+    // out (n, dim) = the routed experts' FFN of the normed input xn (a layer with LayerConfig::moe;
+    // backend_cuda_moe.cpp).
     // new_input false: xn came from norm_for.
     // Refuses (DeviceCannotRun, one line) a mixture of experts this backend's forward does not run.
     void check_moe_runs(const ModelConfig& config, const ModelWeights& weights) const;

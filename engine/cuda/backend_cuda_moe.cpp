@@ -1,6 +1,7 @@
-// The CUDA backend's mixture-of-experts FFN (ModelConfig::moe()), the CPU's (engine/cpu/backend_cpu_moe.cpp) on the
-// device: the router's logits (a projection), each token's experts and weights (kernels/cuda/moe.h, the choice of
-// engine/moe_router.h), the experts' FFNs, then each token's sum over its experts in rank order.
+// The CUDA backend's routed experts (a layer with LayerConfig::moe; shared experts are the dense FFN's steps), the
+// CPU's (engine/cpu/backend_cpu_moe.cpp) on the device: the router's logits (a projection), each token's experts and
+// weights (kernels/cuda/moe.h, the choice of engine/moe_router.h), the experts' FFNs, then each token's sum over its
+// experts in rank order.
 //
 // Two ways to run the experts, both reading only the chosen experts' weights:
 //   - by slot (decode, draft verification: fewer than kGemmMinColumns tokens): the expert matmuls of
@@ -54,19 +55,21 @@ void CudaBackend::check_moe_runs(const ModelConfig& c, const ModelWeights& w) co
     };
     // A family whose experts carry biases or another activation adds its ModelConfig / LayerWeights fields; until
     // this forward reads them, they belong in this list.
-    if (c.n_expert_shared > 0) refuse(std::to_string(c.n_expert_shared) + " shared experts");
     if (c.n_expert > cuda::kMaxRouterExperts || c.n_expert_used < 1 || c.n_expert_used > cuda::kMaxRouterUsed ||
         c.n_expert_used > c.n_expert)
         refuse(std::to_string(c.n_expert_used) + " of " + std::to_string(c.n_expert) +
                " experts used per token (the router takes up to " + std::to_string(cuda::kMaxRouterUsed) + " of " +
                std::to_string(cuda::kMaxRouterExperts) + ")");
-    for (const LayerWeights& l : w.layers)
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+        if (!c.layers[i].moe) continue;   // a leading dense layer
+        const LayerWeights& l = w.layers[i];
         for (const WeightRef* m : {&l.gate_exps, &l.up_exps, &l.down_exps}) {
             if (!l.ffn_gate_inp.present() || !m->present()) refuse("a layer without a router or expert tensors");
             // The expert matmuls read each expert 16-byte aligned.
             if (m->row_size() * static_cast<size_t>(m->n_out()) % 16 != 0)
                 refuse("experts of " + m->name + " that are not a multiple of 16 bytes");
         }
+    }
 }
 
 void CudaBackend::moe_ffn(const DeviceLayer& d, const float* xn, int64_t n, float* out, bool new_input) {
@@ -86,6 +89,7 @@ void CudaBackend::moe_ffn(const DeviceLayer& d, const float* xn, int64_t n, floa
     p.softmax_weight = c.expert_gating == ExpertGating::softmax_weight;
     p.normalize = c.expert_weights_norm;
     p.scale = c.expert_weights_scale;
+    p.selection_bias = d.vec(LayerRole::exp_probs_b);
     cuda::route_experts(logits, n, p, ids, weights, stream_);
     if (n < kGroupedMinTokens)
         moe_experts_by_slot(d, xn, n, ids, expert_out);

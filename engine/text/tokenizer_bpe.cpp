@@ -17,6 +17,9 @@ public:
     explicit BpeTokenizer(VocabSpec spec) : VocabTokenizer(std::move(spec)) {
         add_bos_ = spec_.add_bos.value_or(false);
         add_eos_ = spec_.add_eos.value_or(false);
+        // GLM's vocabularies name [gMASK] as BOS, but their chat format writes "[gMASK]<sop>" itself: llama.cpp
+        // gives these pre-tokenizers no BOS whatever add_bos_token says, so a prompt does not start with two.
+        if (spec_.pre == "glm4" || spec_.pre == "chatglm-bpe") add_bos_ = false;
 
         const std::vector<std::string> patterns = Pretokenizer::patterns_for(spec_.pre);
         if (patterns.empty()) {

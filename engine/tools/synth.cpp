@@ -87,10 +87,14 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
             // Sinks near the scores' scale (a few units), so that they take a real share of each softmax.
             t.push_back({p + "attn_sinks.weight", s.n_heads, 1, Role::bias, 10.0f});
         }
-        if (s.post_norms || s.gpt_oss) t.push_back({p + "post_attention_norm.weight", s.dim, 1, Role::norm});
-        if (!s.gpt_oss && s.pre_norms) t.push_back({p + "ffn_norm.weight", s.dim, 1, Role::norm});
-        if (s.n_expert > 0) {
+        // gpt-oss and glm4moe keep the FFN's input norm as post_attention_norm.
+        const bool glm = s.arch == "glm4moe";
+        if (s.post_norms || s.gpt_oss || glm) t.push_back({p + "post_attention_norm.weight", s.dim, 1, Role::norm});
+        if (!s.gpt_oss && !glm && s.pre_norms) t.push_back({p + "ffn_norm.weight", s.dim, 1, Role::norm});
+        if (s.n_expert > 0 && l >= s.n_dense_lead) {
             t.push_back({p + "ffn_gate_inp.weight", s.dim, s.n_expert, Role::matrix});
+            // A selection bias of the probabilities' own scale (sigmoids in 0..1), so it changes some choices.
+            if (glm) t.push_back({p + "exp_probs_b.bias", s.n_expert, 1, Role::bias});
             t.push_back({p + "ffn_gate_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
             t.push_back({p + "ffn_up_exps.weight", s.dim, s.expert_ffn_dim, Role::matrix, 1.0f, s.n_expert});
             t.push_back({p + "ffn_down_exps.weight", s.expert_ffn_dim, s.dim, Role::matrix, 1.0f, s.n_expert});
@@ -99,6 +103,12 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
                 t.push_back({p + "ffn_gate_exps.bias", s.expert_ffn_dim, s.n_expert, Role::bias});
                 t.push_back({p + "ffn_up_exps.bias", s.expert_ffn_dim, s.n_expert, Role::bias});
                 t.push_back({p + "ffn_down_exps.bias", s.dim, s.n_expert, Role::bias});
+            }
+            if (s.n_expert_shared > 0) {
+                const int64_t shared = int64_t{s.expert_ffn_dim} * s.n_expert_shared;
+                t.push_back({p + "ffn_gate_shexp.weight", s.dim, shared, Role::matrix});
+                t.push_back({p + "ffn_up_shexp.weight", s.dim, shared, Role::matrix});
+                t.push_back({p + "ffn_down_shexp.weight", shared, s.dim, Role::matrix});
             }
         } else if (s.arch == "phi3") {   // and the gate's rows, then the up projection's, into ffn_up
             t.push_back({p + "ffn_up.weight", s.dim, 2 * int64_t{s.ffn_dim}, Role::matrix});
@@ -109,6 +119,12 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
             t.push_back({p + "ffn_down.weight", s.ffn_dim, s.dim, Role::matrix});
         }
         if (s.post_norms) t.push_back({p + "post_ffw_norm.weight", s.dim, 1, Role::norm});
+        if (l >= s.n_layers - s.n_nextn) {   // a next-token-prediction layer's own tensors (GLM's converter's)
+            t.push_back({p + "nextn.eh_proj.weight", 2 * int64_t{s.dim}, s.dim, Role::matrix});
+            t.push_back({p + "nextn.enorm.weight", s.dim, 1, Role::norm});
+            t.push_back({p + "nextn.hnorm.weight", s.dim, 1, Role::norm});
+            t.push_back({p + "nextn.shared_head_norm.weight", s.dim, 1, Role::norm});
+        }
     }
     return t;
 }
@@ -138,6 +154,14 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
         kv.push_back({a + "expert_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert))});
         kv.push_back({a + "expert_used_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert_used))});
         kv.push_back({a + "expert_feed_forward_length", GgufValue::make_u32(static_cast<uint32_t>(s.expert_ffn_dim))});
+    }
+    if (s.arch == "glm4moe") {   // as GLM's converter writes them
+        kv.push_back({a + "expert_shared_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_expert_shared))});
+        kv.push_back({a + "leading_dense_block_count", GgufValue::make_u32(static_cast<uint32_t>(s.n_dense_lead))});
+        kv.push_back({a + "expert_gating_func", GgufValue::make_u32(2)});   // sigmoid
+        kv.push_back({a + "expert_weights_scale", GgufValue::make_f32(s.expert_weights_scale)});
+        kv.push_back({a + "expert_weights_norm", GgufValue::make_bool(true)});
+        kv.push_back({a + "nextn_predict_layers", GgufValue::make_u32(static_cast<uint32_t>(s.n_nextn))});
     }
     if (s.sliding_window > 0)
         kv.push_back({a + "attention.sliding_window", GgufValue::make_u32(static_cast<uint32_t>(s.sliding_window))});

@@ -144,6 +144,22 @@ SynthShape olmo2(SynthShape s) {
     return s;
 }
 
+// GLM-4.5 (glm4moe): q/k/v biases, half of each head rotated, one leading dense layer, n_expert routed experts of
+// width expert_ffn_dim (n_used per token, sigmoid plus a selection bias, weights normalised and times `scale`), one
+// shared expert, and one next-token-prediction layer after the decoder's (n_layers counts it, as block_count does).
+SynthShape glm4moe(SynthShape s, int32_t n_expert, int32_t n_used, int32_t expert_ffn_dim, float scale) {
+    s.qkv_bias = true;
+    s.n_rot = s.head_dim / 2;
+    s.n_expert = n_expert;
+    s.n_expert_used = n_used;
+    s.expert_ffn_dim = expert_ffn_dim;
+    s.n_dense_lead = 1;
+    s.n_expert_shared = 1;
+    s.expert_weights_scale = scale;
+    s.n_nextn = 1;
+    return s;
+}
+
 const SynthShape kShapes[] = {
     tied(make("tiny", "llama", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-5f)),
     qwen2(make("tiny-qwen2", "qwen2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 1000000.0f, 1e-6f)),
@@ -229,6 +245,16 @@ const SynthShape kShapes[] = {
                  1e-5f)),
     // GQA, so that k's norm is narrower than q's.
     olmo2(make("tiny-olmo2", "olmo2", "tern tiny test model", 256, 2, 4, 2, 64, 768, 512, 2048, 500000.0f, 1e-6f)),
+    // 3 decoder layers (a dense one, then 2 of 8 experts of width 256, 2 used, and a shared one) and a
+    // next-token-prediction layer; GLM-4.5's routed scale 2.5.
+    glm4moe(make("tiny-glm4moe", "glm4moe", "tern tiny test model", 256, 4, 4, 2, 64, 768, 512, 2048, 1000000.0f,
+                 1e-5f),
+            8, 2, 256, 2.5f),
+    // GLM-4.5-Air: 46 layers (the first dense, width 10944) of 128 experts of width 1408, 8 used, and a shared one,
+    // plus its next-token-prediction layer: 109B parameters (1.2B of them in the embedding), 12.8B active per token.
+    glm4moe(make("glm45-air", "glm4moe", "GLM-4.5-Air", 4096, 47, 96, 8, 128, 10944, 151552, 131072, 1000000.0f,
+                 1e-5f),
+            128, 8, 1408, 1.0f),
 };
 
 } // namespace

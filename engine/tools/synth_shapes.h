@@ -32,6 +32,13 @@ struct SynthShape {
     int32_t n_expert = 0;           // qwen3moe: routed experts per layer (0: a dense FFN)
     int32_t n_expert_used = 0;
     int32_t expert_ffn_dim = 0;     // expert_feed_forward_length
+    // glm4moe: the first n_dense_lead layers dense (leading_dense_block_count), shared experts of n_expert_shared
+    // expert widths, a selection bias on the router (exp_probs_b), sigmoid routing with the weights normalised and
+    // times expert_weights_scale, and the last n_nextn of n_layers next-token-prediction layers
+    int32_t n_dense_lead = 0;
+    int32_t n_expert_shared = 0;
+    float expert_weights_scale = 0.0f;
+    int32_t n_nextn = 0;
     // gpt-oss: attention sinks, biases on q/k/v/o, on the router and on the experts, the FFN norm stored as
     // post_attention_norm, a window on the even layers
     bool gpt_oss = false;

@@ -70,6 +70,11 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     // Ranking the logits ranks the probabilities, save where the host's softmax had no positive sum: its
     // probabilities are then 0 or NaN, and those are ranked.
     const bool by_prob = !p.sigmoid && !p.softmax_weight && !(sum > 0.0);
+    // The host's probability of expert e, and (with a selection bias) the key it ranks by.
+    auto prob = [&](int e) {
+        return p.softmax_weight ? row[e] : p.sigmoid ? sigmoid_prob(row[e]) : softmax_prob(row[e], max, inv);
+    };
+    const float* bias = p.selection_bias;
     uint32_t taken = 0;   // bit j: expert lane + 32 j
     int32_t* tid = ids + t * p.n_used;
     float* tw = weights + t * p.n_used;
@@ -79,7 +84,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         int j = 0;
         for (int e = lane; e < p.n_expert; e += 32, ++j) {
             if ((taken >> j) & 1u) continue;
-            const float key = by_prob ? softmax_prob(row[e], max, inv) : row[e];
+            const float key = bias ? __fadd_rn(prob(e), bias[e]) : by_prob ? softmax_prob(row[e], max, inv) : row[e];
             if (ranks_before(key, e, best, best_id)) best = key, best_id = e;
         }
         for (int off = 16; off > 0; off /= 2) {
@@ -90,9 +95,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         if (best_id % 32 == lane) taken |= 1u << (best_id / 32);
         if (lane == 0) {
             tid[r] = best_id;
-            tw[r] = p.softmax_weight ? row[best_id]
-                    : p.sigmoid      ? sigmoid_prob(row[best_id])
-                                     : softmax_prob(row[best_id], max, inv);
+            tw[r] = prob(best_id);
         }
     }
     if (lane != 0) return;

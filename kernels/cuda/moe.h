@@ -20,6 +20,8 @@ struct RouterParams {
     bool softmax_weight = false;  // (gpt-oss) the top n_used by logit, then a softmax over those n_used logits only
     bool normalize = false;       // weights divided by their sum (clamped below at 2^-14)
     float scale = 1.0f;           // then times this
+    // (n_expert, glm4moe's exp_probs_b) added to the probabilities to rank them, not to weigh them; null: none.
+    const float* selection_bias = nullptr;
 };
 inline constexpr int kMaxRouterExperts = 1024;
 inline constexpr int kMaxRouterUsed = 64;
@@ -31,7 +33,9 @@ inline constexpr int kMaxRouterUsed = 64;
 // positive number (a NaN or infinite logit), where it ranks the same probabilities the host does. The weights
 // are route_experts' up to the device's expf (within a few ulp). One warp per token. softmax_weight ranks the
 // logits as the host does (its selection compares the logits themselves) and weighs the chosen ones by the
-// host's softmax over them (the largest first, the sum in double).
+// host's softmax over them (the largest first, the sum in double). With a selection bias the kernel ranks the
+// host's key, probability + bias, computed as the host does (one rounding each, the probability from the device's
+// expf: a near tie may rank the other way).
 void route_experts(const float* logits, int64_t n, const RouterParams& params, int32_t* ids, float* weights,
                    cudaStream_t stream);
 

@@ -17,6 +17,7 @@
 #include "engine/backend_factory.h"
 #include "engine/tools/bench.h"
 #include "engine/model.h"
+#include "engine/tensor_roles.h"
 #include "base/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/membw.h"
@@ -344,5 +345,26 @@ TEST_CASE("weight bytes per token: a mixture of experts counts the router and on
     REQUIRE_FALSE(m.config.tied_output);
     all += m.weights.output_norm.n_bytes() + m.weights.output.n_bytes() + m.weights.token_embd.row_size();
     CHECK(unread_experts > 0);
+    CHECK(tern::weight_bytes_per_token(m.weights, m.config) == all - unread_experts);
+}
+
+TEST_CASE("weight bytes per token: glm4moe reads its dense layer and shared experts whole, not its nextn layer") {
+    // tiny-glm4moe: a dense layer, two of 8 experts (2 used) with a shared expert, and a next-token-prediction
+    // layer that no step runs.
+    tern::test::TempDir dir;
+    const tern::Model m = tern::load_model(synth_file(dir, "tiny-glm4moe", "f16"));
+    REQUIRE(m.weights.nextn_layers.size() == 1);
+    uint64_t all = 0, unread_experts = 0;
+    for (const tern::LayerWeights& l : m.weights.layers) {
+        for (const tern::LayerTensor& t : tern::layer_tensors()) {
+            const tern::WeightRef& r = l.*t.member;
+            if (!r.present()) continue;
+            all += r.n_bytes();
+            if (t.kind == tern::TensorKind::stack) unread_experts += r.n_bytes() / 8 * 6;
+        }
+    }
+    CHECK(m.weights.layers[0].w_down.present());
+    CHECK(m.weights.layers[1].down_shexp.present());
+    all += m.weights.output_norm.n_bytes() + m.weights.output.n_bytes() + m.weights.token_embd.row_size();
     CHECK(tern::weight_bytes_per_token(m.weights, m.config) == all - unread_experts);
 }

@@ -381,6 +381,28 @@ TEST_CASE("cuda backend: a mixture of experts (qwen3moe, Mixtral) routes and sum
     }
 }
 
+TEST_CASE("cuda backend: glm4moe (a leading dense layer, shared experts, sigmoid routing with a selection bias and "
+          "a weight scale, partial rotary, q/k/v biases) gives the CPU's logits and greedy ids") {
+    // As the mixture above: grouped (24 tokens), by slot (5), then decode through the captured graph; the shared
+    // experts run the dense FFN's launches, fused ones in decode.
+    test::TempDir dir;
+    for (const char* type : {"f16", "q4_k_m"}) {
+        CAPTURE(type);
+        Opened o = open_both(synth_file(dir, "tiny-glm4moe", type), 64);
+        REQUIRE(o.model.config.n_expert_shared == 1);
+        REQUIRE_FALSE(o.model.config.layers[0].moe);
+        const std::vector<int32_t> tokens = ramp_tokens(24, o.model.config.vocab);
+        CHECK(max_row_error(batch_logits(*o.cuda, tokens), batch_logits(*o.cpu, tokens)) < kLogitTolerance);
+        const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 5);
+        for (Backend* b : {o.cpu.get(), o.cuda.get()}) b->kv_truncate(0);
+        CHECK(max_row_error(batch_logits(*o.cuda, prompt), batch_logits(*o.cpu, prompt)) < kLogitTolerance);
+        for (Backend* b : {o.cpu.get(), o.cuda.get()}) b->kv_truncate(0);
+        std::vector<bool> ties;
+        const std::vector<int32_t> cpu_ids = greedy(*o.cpu, prompt, &ties);
+        check_greedy(greedy(*o.cuda, prompt), cpu_ids, ties);
+    }
+}
+
 TEST_CASE("cuda backend: gpt-oss (attention sinks, windows, expert biases, softmax_weight, clamped SwiGLU, YaRN) gives "
           "the CPU's logits and greedy ids") {
     // tiny-gpt-oss: a window of 16 on the even layers, 4 of 8 biased experts a token. 24 tokens: the experts
@@ -449,6 +471,7 @@ TEST_CASE("cuda backend: gpt-oss with int8 activations (the default) stays withi
 
 TEST_CASE("cuda backend: a mixture of experts with int8 activations (the default) stays within their rounding") {
     check_moe_int8_within_rounding("tiny-qwen3moe", 8);
+    check_moe_int8_within_rounding("tiny-glm4moe", 8);
 }
 
 TEST_CASE("cuda backend: a mixture of experts it does not run is refused in one line at load") {
@@ -463,15 +486,11 @@ TEST_CASE("cuda backend: a mixture of experts it does not run is refused in one 
         }
         return "";
     };
-    ModelConfig shared = model.config;
-    shared.n_expert_shared = 1;
-    shared.expert_shared_ffn_dim = 256;
-    const std::string said = refusal(shared);
-    CHECK(said.find("1 shared experts") != std::string::npos);
-    CHECK(said.find('\n') == std::string::npos);
     ModelConfig too_many = model.config;
     too_many.n_expert_used = 65;   // past the router kernel's 64 (and the model's 8)
-    CHECK(refusal(too_many).find("65 of 8 experts") != std::string::npos);
+    const std::string said = refusal(too_many);
+    CHECK(said.find("65 of 8 experts") != std::string::npos);
+    CHECK(said.find('\n') == std::string::npos);
     CHECK(refusal(model.config).empty());
 }
 
@@ -764,6 +783,24 @@ TEST_CASE("cuda backend: partial offload (-ngl) runs the last layers on the GPU 
         split.forward({std::vector<int32_t>{9}, 15, LogitsWanted::last});
         cpu.forward({std::vector<int32_t>{9}, 15, LogitsWanted::last});
         CHECK(row_error(split.logits(0), cpu.logits(0)) < kLogitTolerance);
+    }
+}
+
+TEST_CASE("cuda backend: partial offload of glm4moe, split before, between and after its dense and expert layers") {
+    // 3 decoder layers (dense, experts, experts) and a next-token-prediction layer neither part runs.
+    test::TempDir dir;
+    const Model model = load_model(synth_file(dir, "tiny-glm4moe", "f16"));
+    const std::vector<int32_t> tokens = ramp_tokens(20, model.config.vocab);
+    CpuBackend cpu(CpuOptions{2, true});
+    cpu.load(model.config, model.weights, RunOptions{40, KvType::f16});
+    const std::vector<std::vector<float>> want = batch_logits(cpu, tokens);
+    for (int32_t ngl : {1, 2, 3}) {
+        CAPTURE(ngl);
+        SplitBackend split(std::make_unique<CpuBackend>(CpuOptions{2, true}), std::make_unique<CudaBackend>(exact()),
+                           ngl);
+        split.load(model.config, model.weights, RunOptions{40, KvType::f16});
+        CHECK(split.cpu_layers() == 3 - ngl);
+        CHECK(max_row_error(batch_logits(split, tokens), want) < kLogitTolerance);
     }
 }
 

@@ -49,7 +49,7 @@ struct RouterCase {
 // rounding once more through the product with 1 / sum, the normalising division and the scale.
 constexpr int64_t kWeightUlps = 8;
 
-void check_router(const RouterCase& rc, const std::vector<float>& logits) {
+void check_router(const RouterCase& rc, const std::vector<float>& logits, const std::vector<float>& bias = {}) {
     const auto n = static_cast<int64_t>(logits.size()) / rc.n_expert;
     tern::ModelConfig c;
     c.n_expert = rc.n_expert;
@@ -64,17 +64,20 @@ void check_router(const RouterCase& rc, const std::vector<float>& logits) {
     p.softmax_weight = rc.gating == tern::ExpertGating::softmax_weight;
     p.normalize = rc.norm;
     p.scale = rc.scale;
+    const DeviceArray<float> dbias(bias.empty() ? std::vector<float>(1) : bias);
+    if (!bias.empty()) p.selection_bias = dbias.get();
     const DeviceArray<float> dl(logits);
     DeviceArray<int32_t> dids(static_cast<size_t>(n * rc.n_used));
     DeviceArray<float> dw(static_cast<size_t>(n * rc.n_used));
     tern::cuda::route_experts(dl.get(), n, p, dids.get(), dw.get(), nullptr);
     const std::vector<int32_t> ids = dids.read();
     const std::vector<float> w = dw.read();
-    std::vector<float> probs(static_cast<size_t>(rc.n_expert)), want_w(static_cast<size_t>(rc.n_used));
+    std::vector<float> probs(static_cast<size_t>(2 * rc.n_expert)), want_w(static_cast<size_t>(rc.n_used));
     std::vector<int32_t> want_ids(static_cast<size_t>(rc.n_used));
     for (int64_t t = 0; t < n; ++t) {
         CAPTURE(t);
-        tern::route_experts(logits.data() + t * rc.n_expert, c, probs.data(), want_ids.data(), want_w.data());
+        tern::route_experts(logits.data() + t * rc.n_expert, c, probs.data(), want_ids.data(), want_w.data(),
+                            bias.empty() ? nullptr : bias.data());
         for (int r = 0; r < rc.n_used; ++r) {
             const size_t i = static_cast<size_t>(t * rc.n_used + r);
             CAPTURE(r);
@@ -107,6 +110,22 @@ TEST_CASE("route_experts picks the CPU router's experts and weights on random lo
         for (const int64_t n : {1, 5, 37}) {
             CAPTURE(n);
             check_router(rc, tern::test::random_normal(static_cast<size_t>(n * rc.n_expert), ++seed, 3.0f));
+        }
+    }
+}
+
+TEST_CASE("route_experts with a selection bias (glm4moe's exp_probs_b) ranks by probability + bias, weighs by the "
+          "probability") {
+    uint32_t seed = 300;
+    for (const RouterCase& rc : kRouterCases) {
+        CAPTURE(rc.n_expert);
+        CAPTURE(rc.n_used);
+        CAPTURE(static_cast<int>(rc.gating));
+        // A bias of the probabilities' scale: it moves experts in and out of the top k.
+        const std::vector<float> bias = tern::test::random_normal(static_cast<size_t>(rc.n_expert), ++seed, 0.3f);
+        for (const int64_t n : {1, 5, 37}) {
+            CAPTURE(n);
+            check_router(rc, tern::test::random_normal(static_cast<size_t>(n * rc.n_expert), ++seed, 3.0f), bias);
         }
     }
 }

@@ -3,6 +3,7 @@
 // table's rows (one per LayerWeights member, names unique, required where the config says).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -49,8 +50,12 @@ public:
     }
     void attend(int32_t l) override { log.push_back("attend" + std::to_string(l)); }
     void attention_output(int32_t l, const ResidualPlan& r) override { log.push_back("wo" + std::to_string(l) + res(r)); }
-    void ffn_gate_up(int32_t l) override { log.push_back("gate_up" + std::to_string(l)); }
-    void ffn_down(int32_t l, const ResidualPlan& r) override { log.push_back("down" + std::to_string(l) + res(r)); }
+    void ffn_gate_up(int32_t l, GatedFfn f) override {
+        log.push_back("gate_up" + std::to_string(l) + (f == GatedFfn::shared_experts ? "+shexp" : ""));
+    }
+    void ffn_down(int32_t l, GatedFfn f, const ResidualPlan& r) override {
+        log.push_back("down" + std::to_string(l) + (f == GatedFfn::shared_experts ? "+shexp" : "") + res(r));
+    }
     void ffn_experts(int32_t l, const ResidualPlan& r) override { log.push_back("experts" + std::to_string(l) + res(r)); }
     void stream_out() override { log.push_back("stream_out"); }
     void final_norm(std::span<const RowRun> kept) override {
@@ -157,6 +162,7 @@ TEST_CASE("a mixture of experts reads its block input for the router and runs th
     c.n_expert = 4;
     c.n_expert_used = 2;
     c.expert_ffn_dim = 16;
+    for (LayerConfig& l : c.layers) l.moe = true;
     RecordingSteps s;
     ForwardBatch b;
     b.tokens = kTokens;
@@ -232,17 +238,64 @@ TEST_CASE("the tensor-role table: one row per LayerWeights member, names unique,
     CHECK(sizeof(LayerWeights) == members.size() * sizeof(WeightRef));   // no member left out of the table
 
     ModelConfig c = config(1);
-    CHECK(layer_tensor(LayerRole::attn_norm).need(c) == TensorNeed::required);
-    CHECK(layer_tensor(LayerRole::q_norm).need(c) == TensorNeed::absent);
-    CHECK(layer_tensor(LayerRole::bq).need(c) == TensorNeed::optional);
-    CHECK(layer_tensor(LayerRole::gate_exps).need(c) == TensorNeed::absent);
+    CHECK(layer_tensor(LayerRole::attn_norm).need(c, c.layers[0]) == TensorNeed::required);
+    CHECK(layer_tensor(LayerRole::q_norm).need(c, c.layers[0]) == TensorNeed::absent);
+    CHECK(layer_tensor(LayerRole::bq).need(c, c.layers[0]) == TensorNeed::optional);
+    CHECK(layer_tensor(LayerRole::gate_exps).need(c, c.layers[0]) == TensorNeed::absent);
     c.pre_norms = false;
     c.qk_norm = c.qk_norm_whole = c.qkv_bias = true;
-    CHECK(layer_tensor(LayerRole::attn_norm).need(c) == TensorNeed::absent);
-    CHECK(layer_tensor(LayerRole::bq).need(c) == TensorNeed::required);
+    CHECK(layer_tensor(LayerRole::attn_norm).need(c, c.layers[0]) == TensorNeed::absent);
+    CHECK(layer_tensor(LayerRole::bq).need(c, c.layers[0]) == TensorNeed::required);
     CHECK(layer_tensor(LayerRole::q_norm).shape(c, c.layers[0]).n_in == 4 * 8);   // every head's width
     c.ffn_norm_post_attention = true;
     CHECK(layer_tensor_name(layer_tensor(LayerRole::ffn_norm), c, 3) == "blk.3.post_attention_norm.weight");
+
+    // Per layer: a leading dense layer, a layer of experts with shared experts and a selection bias, a
+    // next-token-prediction layer.
+    c.n_expert = 4;
+    c.n_expert_used = 2;
+    c.expert_ffn_dim = 8;
+    c.n_expert_shared = 1;
+    c.expert_shared_ffn_dim = 8;
+    c.expert_probs_bias = true;
+    LayerConfig dense = c.layers[0], experts = dense, nextn = dense;
+    experts.moe = nextn.moe = nextn.nextn = true;
+    for (LayerRole r : {LayerRole::w_gate, LayerRole::w_up, LayerRole::w_down}) {
+        CHECK(layer_tensor(r).need(c, dense) == TensorNeed::required);
+        CHECK(layer_tensor(r).need(c, experts) == TensorNeed::absent);
+    }
+    for (LayerRole r : {LayerRole::gate_exps, LayerRole::exp_probs_b, LayerRole::gate_shexp, LayerRole::down_shexp}) {
+        CHECK(layer_tensor(r).need(c, dense) == TensorNeed::absent);
+        CHECK(layer_tensor(r).need(c, experts) == TensorNeed::required);
+    }
+    CHECK(layer_tensor(LayerRole::down_shexp).shape(c, experts).n_in == 8);
+    CHECK(layer_tensor(LayerRole::nextn_eh_proj).need(c, experts) == TensorNeed::absent);
+    CHECK(layer_tensor(LayerRole::nextn_eh_proj).need(c, nextn) == TensorNeed::required);
+    CHECK(layer_tensor(LayerRole::nextn_embed_tokens).need(c, nextn) == TensorNeed::optional);
+    c.n_expert_shared = 0;
+    CHECK(layer_tensor(LayerRole::up_shexp).need(c, experts) == TensorNeed::absent);
+}
+
+TEST_CASE("a layer of experts with shared experts runs them as a gated FFN before the routed ones") {
+    ModelConfig c = config(2);
+    c.n_expert = 4;
+    c.n_expert_used = 2;
+    c.expert_ffn_dim = 8;
+    c.n_expert_shared = 1;
+    c.expert_shared_ffn_dim = 8;
+    c.layers[1].moe = true;   // layer 0 stays dense (leading_dense_block_count 1)
+    RecordingSteps s;
+    ForwardBatch b;
+    b.tokens = kTokens;
+    run(c, s, b);
+    const std::vector<std::string>& log = s.log;
+    const auto at = [&](const std::string& e) { return std::find(log.begin(), log.end(), e) - log.begin(); };
+    CHECK(at("gate_up0") < at("down0"));
+    CHECK(at("experts0") == static_cast<long>(log.size()));
+    CHECK(at("input1:ffn_norm.weight>ffn_gate_inp.weight") < at("gate_up1+shexp"));
+    CHECK(at("gate_up1+shexp") < at("down1+shexp"));
+    CHECK(at("down1+shexp") < at("experts1"));
+    CHECK(at("gate_up1") == static_cast<long>(log.size()));
 }
 
 } // namespace

@@ -389,3 +389,99 @@ TEST_CASE("quantization plan of an 8-expert model: llama-quantize's expert rules
 }
 
 } // namespace tern
+
+namespace tern {
+namespace {
+
+TEST_CASE("a selection bias ranks experts by probability + bias; the weights stay the unbiased probabilities") {
+    ModelConfig c = router_config(4, 2, true, ExpertGating::sigmoid);
+    c.expert_weights_scale = 2.5f;
+    // sigmoid: 0.5, 0.731, 0.269, 0.881. Unbiased, experts 3 and 1 win; the bias lifts expert 2 above both.
+    const std::vector<float> logits = {0.0f, 1.0f, -1.0f, 2.0f};
+    const std::vector<float> bias = {0.0f, 0.0f, 0.7f, 0.0f};
+    std::vector<float> probs(8), weights(2);
+    std::vector<int32_t> ids(2);
+    route_experts(logits.data(), c, probs.data(), ids.data(), weights.data(), bias.data());
+    CHECK(ids == std::vector<int32_t>{2, 3});   // 0.969 and 0.881
+    const float p2 = 1.0f / (1.0f + std::exp(1.0f)), p3 = 1.0f / (1.0f + std::exp(-2.0f));
+    CHECK(weights[0] == doctest::Approx(2.5f * p2 / (p2 + p3)));
+    CHECK(weights[1] == doctest::Approx(2.5f * p3 / (p2 + p3)));
+    route_experts(logits.data(), c, probs.data(), ids.data(), weights.data());
+    CHECK(ids == std::vector<int32_t>{3, 1});
+}
+
+TEST_CASE("glm4moe: leading dense layers, shared experts, biased sigmoid routing, next-token-prediction layers") {
+    test::TempDir dir;
+    const std::string good = synth_file(dir, "tiny-glm4moe", "f16");
+    const Model m = load_model(good);
+    const ModelConfig& c = m.config;
+    CHECK(c.arch == Arch::glm4moe);
+    CHECK(c.rope_style == RopeStyle::neox);
+    CHECK(c.qkv_bias);
+    CHECK_FALSE(c.qk_norm);
+    CHECK(c.ffn_norm_post_attention);
+    CHECK(c.n_rot == 32);
+    CHECK(c.n_expert == 8);
+    CHECK(c.n_expert_used == 2);
+    CHECK(c.expert_gating == ExpertGating::sigmoid);
+    CHECK(c.expert_weights_norm);
+    CHECK(c.expert_weights_scale == 2.5f);
+    CHECK(c.expert_probs_bias);
+    CHECK(c.n_expert_shared == 1);
+    CHECK(c.expert_shared_ffn_dim == 256);
+    CHECK(c.n_dense_lead == 1);
+    // block_count 4: three decoder layers and the next-token-prediction one.
+    REQUIRE(c.n_layers == 3);
+    REQUIRE(c.nextn_layers.size() == 1);
+    CHECK_FALSE(c.layers[0].moe);
+    CHECK(c.layers[0].ffn_dim == 768);
+    CHECK(c.layers[1].moe);
+    CHECK(c.layers[1].ffn_dim == 256);
+    CHECK(c.nextn_layers[0].nextn);
+    REQUIRE(m.weights.layers.size() == 3);
+    CHECK(m.weights.layers[0].w_gate.present());
+    CHECK_FALSE(m.weights.layers[0].ffn_gate_inp.present());
+    CHECK(m.weights.layers[2].gate_exps.n_mats == 8);
+    CHECK(m.weights.layers[2].exp_probs_b.present());
+    CHECK(m.weights.layers[2].down_shexp.n_in() == 256);
+    CHECK(m.weights.layers[2].ffn_norm.name == "blk.2.post_attention_norm.weight");
+    REQUIRE(m.weights.nextn_layers.size() == 1);
+    CHECK(m.weights.nextn_layers[0].nextn_eh_proj.n_in() == 512);
+    CHECK(m.weights.nextn_layers[0].gate_exps.present());
+
+    // The next-token-prediction layer is checked as the decoder's are: a NaN in its norm is refused at load.
+    CHECK(test::load_error(test::rewrite_with_value(dir, good, "nextn-nan.gguf", "blk.3.nextn.enorm.weight", 5, NAN))
+              .find("tensor blk.3.nextn.enorm.weight: element 5 is nan") != std::string::npos);
+    // expert_weights_scale 0 is llama.cpp's "none"; a negative one is refused.
+    auto edited = [&](const std::string& name, const std::function<void(GgufWriter&)>& edit) {
+        return test::rewrite_zeroing(dir, good, name, edit);
+    };
+    CHECK(load_model(edited("scale0.gguf", [](GgufWriter& w) {
+              w.set("glm4moe.expert_weights_scale", GgufValue::make_f32(0.0f));
+          })).config.expert_weights_scale == 1.0f);
+    CHECK(test::load_error(edited("scale-neg.gguf", [](GgufWriter& w) {
+              w.set("glm4moe.expert_weights_scale", GgufValue::make_f32(-1.0f));
+          })).find("glm4moe.expert_weights_scale: value -1 is out of range") != std::string::npos);
+    // The counts must leave a decoder: a next-token-prediction layer count of block_count, more leading dense
+    // layers than the decoder has, are refused in one line naming the key.
+    CHECK(test::load_error(edited("nextn4.gguf", [](GgufWriter& w) {
+              w.set("glm4moe.nextn_predict_layers", GgufValue::make_u32(4));
+          })).find("glm4moe.nextn_predict_layers: value 4 is out of range (expected 0..3)") != std::string::npos);
+    CHECK(test::load_error(edited("dense4.gguf", [](GgufWriter& w) {
+              w.set("glm4moe.leading_dense_block_count", GgufValue::make_u32(4));
+          })).find("glm4moe.leading_dense_block_count: value 4 is out of range (expected 0..3)") != std::string::npos);
+    // The file without its next-token-prediction layer's tensors (a split conversion's decoder part) loads.
+    const std::string trunk = test::rewrite_zeroing(
+        dir, good, "trunk.gguf", [](GgufWriter&) {}, {},
+        [](const std::string& name) { return name.rfind("blk.3.", 0) == 0; });
+    CHECK(load_model(trunk).weights.nextn_layers.empty());
+    // The CPU runs it: finite logits on a short prompt.
+    CpuBackend cpu;
+    cpu.load(m.config, m.weights, RunOptions{64, KvType::f32});
+    const std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
+    cpu.forward({tokens, 0, LogitsWanted::last});
+    for (const float v : cpu.logits(0)) REQUIRE(std::isfinite(v));
+}
+
+} // namespace
+} // namespace tern

@@ -224,6 +224,28 @@ TEST_CASE("gpt-oss: the harmony format of its GGUF's template (system, developer
     CHECK(chatml.render({{"user", "Hello"}}) == named("chatml").render({{"user", "Hello"}}));
 }
 
+TEST_CASE("glm4: GLM-4.5/4.6's format ([gMASK]<sop>, <|role|> lines, earlier replies behind an empty think block)") {
+    // The expected texts are what GLM-4.6's template (llama.cpp's models/templates/GLM-4.6.jinja) renders under
+    // jinja2 with trim_blocks and lstrip_blocks, as transformers applies it.
+    const ChatTemplate t = named("glm4");
+    CHECK(t.render({{"user", "Hello"}}) == "[gMASK]<sop><|user|>\nHello<|assistant|>");
+    const Chat chat = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", " Hello! \n"}, {"user", "2+2?"}};
+    CHECK(t.render(chat) == "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi<|assistant|>\n<think></think>\nHello!"
+                            "<|user|>\n2+2?<|assistant|>");
+    CHECK(t.render({{"user", "Hi"}, {"assistant", ""}}, false) ==
+          "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>");
+    // A reply that kept its reasoning: dropped before a later user turn, kept after the last one.
+    const Chat thought = {{"user", "Hi"}, {"assistant", "\n<think>greet back</think>\nHello!"}, {"user", "2+2?"}};
+    CHECK(t.render(thought) ==
+          "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>\nHello!<|user|>\n2+2?<|assistant|>");
+    CHECK(t.render({{"user", "Hi"}, {"assistant", "<think> greet back </think>Hello!"}}, false) ==
+          "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think>greet back</think>\nHello!");
+    CHECK(named("chatglm4").name() == "glm4");
+    const std::string jinja = "[gMASK]<sop>\n{%- if tools -%}\n<|system|>\n# Tools\n{%- elif m.role == 'assistant' -%}"
+                              "\n<|assistant|>\n{%- if m.role == 'user' -%}<|user|>\n";
+    CHECK(ChatTemplate::detect(jinja).tmpl.name() == "glm4");
+}
+
 TEST_CASE("harmony replies split into reasoning and answer, whole or streamed in any pieces") {
     const ChatTemplate t = named("gpt-oss");
     CHECK(t.reply_has_channels());

@@ -648,3 +648,32 @@ TEST_CASE("encode_prompt: control tokens in markup only; content is text; elsewh
     CHECK(tok->encode_prompt(hello, false).front() == kStart);
     CHECK(tok->encode_prompt(PromptText(), true) == std::vector<int32_t>{1});
 }
+
+namespace tern {
+namespace {
+
+TEST_CASE("BPE: GLM's pre-tokenizers take no BOS, whatever add_bos_token says (its chat format writes [gMASK])") {
+    // A two-letter byte-level vocabulary with GLM's BOS ([gMASK]) and add_bos_token set.
+    auto make = [](const char* pre) {
+        VocabSpec spec;
+        spec.source = pre;
+        spec.model = "gpt2";
+        spec.pre = pre;
+        spec.tokens = {"[gMASK]", "a", "b", "ab"};
+        spec.types = {3, 1, 1, 1};
+        spec.merges = {"a b"};
+        spec.bos = 0;
+        spec.add_bos = true;
+        return Tokenizer::from_vocab(spec);
+    };
+    EncodeOptions with_bos;
+    with_bos.add_bos = true;
+    CHECK(make("llama-bpe")->encode("ab", with_bos) == std::vector<int32_t>{0, 3});
+    for (const char* pre : {"glm4", "chatglm-bpe"}) {
+        CAPTURE(pre);
+        CHECK(make(pre)->encode("ab", with_bos) == std::vector<int32_t>{3});
+    }
+}
+
+} // namespace
+} // namespace tern
