@@ -74,6 +74,9 @@ ModelSummary summarize_model(const GgufFile& file) {
         s.n_expert = get_int(a + "expert_count");
         s.n_expert_used = get_max(a + "expert_used_count", s.n_layers);
         s.expert_ffn_dim = get_max(a + "expert_feed_forward_length", s.n_layers);
+        s.head_dim_swa = get_int(a + "attention.key_length_swa");
+        s.shared_kv_layers = get_int(a + "attention.shared_kv_layers");
+        s.per_layer_dim = get_int(a + "embedding_length_per_layer_input");
     }
 
     std::map<std::string, FormatUse> formats;

@@ -22,6 +22,8 @@ struct ModelSummary {
     int64_t context_length = 0;
     uint64_t n_params = 0;
     int64_t n_expert = 0, n_expert_used = 0, expert_ffn_dim = 0;   // mixture of experts (0: dense)
+    // gemma4: the sliding-window layers' head size, the layers on shared KV, the per-layer embedding width (0: none).
+    int64_t head_dim_swa = 0, shared_kv_layers = 0, per_layer_dim = 0;
     uint64_t n_active_params = 0;   // per token: the *_exps tensors count n_expert_used of n_expert experts
     double bits_per_weight = 0;
     std::vector<FormatUse> formats;   // most bytes first

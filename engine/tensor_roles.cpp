@@ -11,10 +11,13 @@ using C = const ModelConfig&;
 using L = const LayerConfig&;
 
 // Widths of one layer's attention (q/k/v rows, the output projection's input).
-int64_t q_dim(C c, L l) { return int64_t{l.n_heads} * c.head_dim; }
-int64_t k_dim(C c, L l) { return int64_t{l.n_kv_heads} * c.head_dim; }
-int64_t v_dim(C c, L l) { return int64_t{l.n_kv_heads} * c.head_dim_v; }
-int64_t o_dim(C c, L l) { return int64_t{l.n_heads} * c.head_dim_v; }
+// (A layer's own head sizes where it has them: gemma4's sliding-window layers.)
+int64_t hd(C c, L l) { return l.head_dim > 0 ? l.head_dim : c.head_dim; }
+int64_t hd_v(C c, L l) { return l.head_dim_v > 0 ? l.head_dim_v : c.head_dim_v; }
+int64_t q_dim(C c, L l) { return int64_t{l.n_heads} * hd(c, l); }
+int64_t k_dim(C c, L l) { return int64_t{l.n_kv_heads} * hd(c, l); }
+int64_t v_dim(C c, L l) { return int64_t{l.n_kv_heads} * hd_v(c, l); }
+int64_t o_dim(C c, L l) { return int64_t{l.n_heads} * hd_v(c, l); }
 
 TensorShape vec(int64_t n) { return {n, 1, 1}; }
 
@@ -44,10 +47,10 @@ constexpr std::array kTable = {
                 [](C c) { return c.qkv_bias ? TensorNeed::required : TensorNeed::optional; }},
     // q/k norms: one head's width, or every head's at once (olmo2).
     LayerTensor{LayerRole::q_norm, &LayerWeights::q_norm, "attn_q_norm.weight", nullptr, TensorKind::vector,
-                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? q_dim(c, l) : c.head_dim); },
+                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? q_dim(c, l) : hd(c, l)); },
                 [](C c) { return when(c.qk_norm); }},
     LayerTensor{LayerRole::k_norm, &LayerWeights::k_norm, "attn_k_norm.weight", nullptr, TensorKind::vector,
-                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? k_dim(c, l) : c.head_dim); },
+                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? k_dim(c, l) : hd(c, l)); },
                 [](C c) { return when(c.qk_norm); }},
     LayerTensor{LayerRole::wo, &LayerWeights::wo, "attn_output.weight", nullptr, TensorKind::matrix,
                 "[n_heads*head_dim_v, dim]", [](C c, L l) { return TensorShape{o_dim(c, l), c.dim}; }, required},
@@ -112,6 +115,19 @@ constexpr std::array kTable = {
     LayerTensor{LayerRole::post_ffn_norm, &LayerWeights::post_ffn_norm, "post_ffw_norm.weight", nullptr,
                 TensorKind::vector, "[dim]", [](C c, L) { return vec(c.dim); },
                 [](C c) { return when(c.post_norms); }},
+    // gemma4's per-layer input block and its layer's output scale.
+    LayerTensor{LayerRole::per_layer_gate, &LayerWeights::per_layer_gate, "inp_gate.weight", nullptr,
+                TensorKind::matrix, "[dim, per_layer_dim]", [](C c, L) { return TensorShape{c.dim, c.per_layer_dim}; },
+                [](C c) { return when(c.per_layer_dim > 0); }},
+    LayerTensor{LayerRole::per_layer_proj, &LayerWeights::per_layer_proj, "proj.weight", nullptr, TensorKind::matrix,
+                "[per_layer_dim, dim]", [](C c, L) { return TensorShape{c.per_layer_dim, c.dim}; },
+                [](C c) { return when(c.per_layer_dim > 0); }},
+    LayerTensor{LayerRole::per_layer_post_norm, &LayerWeights::per_layer_post_norm, "post_norm.weight", nullptr,
+                TensorKind::vector, "[dim]", [](C c, L) { return vec(c.dim); },
+                [](C c) { return when(c.per_layer_dim > 0); }},
+    LayerTensor{LayerRole::layer_out_scale, &LayerWeights::layer_out_scale, "layer_output_scale.weight", nullptr,
+                TensorKind::vector, "[1]", [](C, L) { return vec(1); },
+                [](C c) { return c.arch == Arch::gemma4 ? TensorNeed::optional : TensorNeed::absent; }},
 };
 static_assert(kTable.size() == static_cast<size_t>(kLayerRoles));
 

@@ -19,8 +19,9 @@ enum class LayerRole : uint8_t {
     attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, bo, ffn_norm, attn_sinks,
     ffn_gate_inp, gate_exps, up_exps, down_exps, ffn_gate_inp_b, gate_exps_b, up_exps_b, down_exps_b,
     w_gate, w_up, w_down, b_gate, b_up, b_down, post_attn_norm, post_ffn_norm,
+    per_layer_gate, per_layer_proj, per_layer_post_norm, layer_out_scale,
 };
-inline constexpr int kLayerRoles = static_cast<int>(LayerRole::post_ffn_norm) + 1;
+inline constexpr int kLayerRoles = static_cast<int>(LayerRole::layer_out_scale) + 1;
 
 // How a backend holds a tensor of that role:
 //   matrix      - a projection in its GGUF format (n_out rows of n_in)

@@ -122,7 +122,8 @@ private:
 // checked when the model loads; they are a few MB at most even in the largest models, against gigabytes of
 // matrices (those `tern info --check` scans).
 std::vector<const WeightRef*> small_tensors(const ModelWeights& w) {
-    std::vector<const WeightRef*> t = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short};
+    std::vector<const WeightRef*> t = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short,
+                                       &w.per_layer_proj_norm};
     for (const LayerWeights& l : w.layers)
         for (const LayerTensor& r : layer_tensors())
             if (r.kind == TensorKind::vector || r.kind == TensorKind::vector_rows || r.role == LayerRole::ffn_gate_inp)
@@ -167,6 +168,14 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
             w.rope_factors_long = b.vector("rope_factors_long.weight", c.n_rot / 2, "[n_rot/2]");
         if (file.find_tensor("rope_factors_short.weight"))
             w.rope_factors_short = b.vector("rope_factors_short.weight", c.n_rot / 2, "[n_rot/2]");
+    }
+    if (c.per_layer_dim > 0) {
+        const int64_t width = int64_t{c.n_layers} * c.per_layer_dim;
+        w.per_layer_token_embd =
+            b.matrix("per_layer_token_embd.weight", width, c.vocab, "[n_layers*per_layer_dim, vocab]");
+        w.per_layer_model_proj =
+            b.matrix("per_layer_model_proj.weight", c.dim, width, "[dim, n_layers*per_layer_dim]");
+        w.per_layer_proj_norm = b.vector("per_layer_proj_norm.weight", c.per_layer_dim, "[per_layer_dim]");
     }
 
     w.layers.resize(static_cast<size_t>(c.n_layers));

@@ -39,7 +39,7 @@ TOLERANCE_F32_KV_F16 = 0.06
 # llama.cpp's CPU GELU reads an F16 table (its input and output rounded to F16) where tern computes it in f32: an
 # F32 file of a GELU family differs by about 1.3e-3 (tiny-gemma2/3), so it gets 5e-3. The architectures whose FFN
 # activation is GELU:
-GELU_ARCHITECTURES = {"gemma", "gemma2", "gemma3"}
+GELU_ARCHITECTURES = {"gemma", "gemma2", "gemma3", "gemma4"}
 TOLERANCE_F32_GELU = 5e-3
 TERN_TOP = 20   # tern lists more than llama.cpp's 10, so llama.cpp's tenth is usually among them
 

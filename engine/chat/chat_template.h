@@ -39,6 +39,7 @@ public:
         deepseek3,
         command_r,
         gpt_oss,   // OpenAI's harmony format
+        gemma4,    // Gemma 4's <|turn>role ... <turn|> turns, its thinking channel left empty
     };
 
     // Every name from_name accepts, in a stable order (for --help and error messages).

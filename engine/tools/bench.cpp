@@ -70,10 +70,12 @@ uint64_t weight_bytes_per_token(const ModelWeights& w, const ModelConfig& config
 
 double kv_bytes_read_at(const ModelConfig& config, KvType kv_type, int64_t pos) {
     double elems = 0;
-    for (const LayerConfig& l : config.layers) {
+    for (int32_t i = 0; i < config.n_layers; ++i) {
+        const LayerConfig& l = config.layers[static_cast<size_t>(i)];
         int64_t positions = pos + 1;
         if (l.sliding_window > 0) positions = std::min<int64_t>(positions, l.sliding_window);
-        elems += static_cast<double>(l.n_kv_heads) * (config.head_dim + config.head_dim_v) * static_cast<double>(positions);
+        elems += static_cast<double>(l.n_kv_heads) * (config.head_dim_of(i) + config.head_dim_v_of(i)) *
+                 static_cast<double>(positions);
     }
     return elems * kv_element_bytes(kv_type);
 }
