@@ -921,8 +921,6 @@ TEST_CASE("backend factory, KV type names, block KV types need head dims of 32")
     CHECK_THROWS_AS(cpu.forward(ForwardBatch{bad_tok, 3, LogitsWanted::last}), UsageError);
 }
 
-} // namespace tern
-
 TEST_CASE("gemma4: the layer pattern array, local head sizes and rope, shared KV, per-layer inputs, the forward") {
     test::TempDir dir;
     const std::string path = synth_f32(dir, "tiny-gemma4");
@@ -975,3 +973,5 @@ TEST_CASE("gemma4: the layer pattern array, local head sizes and rope, shared KV
     const std::span<const float> step = b.logits(0);
     for (size_t v = 0; v < last.size(); ++v) CHECK(step[v] == doctest::Approx(last[v]).epsilon(1e-3));
 }
+
+} // namespace tern
