@@ -120,21 +120,20 @@ KvPagesView KvCache::pages_view(int32_t layer, int32_t seq) const {
 }
 
 KvSnapshotShape KvCache::shape() const {
-    // The snapshot format has one head size: a layer without KV (0 heads) does not count.
-    int32_t hd = 0, hd_v = 0;
-    for (size_t l = 0; l < n_kv_heads_.size(); ++l) {
-        if (n_kv_heads_[l] == 0) continue;
-        if ((hd != 0 && head_dim_[l] != hd) || (hd_v != 0 && head_dim_v_[l] != hd_v))
-            throw UsageError("KV snapshots (prefix cache, /save, split models) of a model whose layers have different "
-                             "head sizes are not supported yet");
-        hd = head_dim_[l];
-        hd_v = head_dim_v_[l];
+    KvSnapshotShape s{type_, n_kv_heads_, head_dim_.empty() ? 0 : head_dim_.front(),
+                      head_dim_v_.empty() ? 0 : head_dim_v_.front(), n_ctx_};
+    // The header's head sizes: the largest (the global layers'); each layer's own when they differ.
+    for (size_t l = 0; l < head_dim_.size(); ++l) {
+        s.head_dim = std::max(s.head_dim, head_dim_[l]);
+        s.head_dim_v = std::max(s.head_dim_v, head_dim_v_[l]);
     }
-    if (hd == 0 && !head_dim_.empty()) {
-        hd = head_dim_.front();
-        hd_v = head_dim_v_.front();
-    }
-    return {type_, n_kv_heads_, hd, hd_v, n_ctx_};
+    for (size_t l = 0; l < head_dim_.size(); ++l)
+        if (head_dim_[l] != s.head_dim || head_dim_v_[l] != s.head_dim_v) {
+            s.head_dims = head_dim_;
+            s.head_dims_v = head_dim_v_;
+            break;
+        }
+    return s;
 }
 
 template <class Run>

@@ -29,8 +29,7 @@ public:
     void init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
               int32_t n_ctx, int32_t n_slots = 0);
     // The same with each layer's own head sizes (gemma4's sliding-window layers); a layer of 0 KV heads (one
-    // that reads another layer's KV) holds no bytes. Snapshots need one head size for every layer
-    // (save / load / save_range / append throw UsageError otherwise).
+    // that reads another layer's KV) holds no bytes; its snapshots hold each layer's rows in its own sizes.
     void init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, const std::vector<int32_t>& head_dims,
               const std::vector<int32_t>& head_dims_v, int32_t n_ctx, int32_t n_slots = 0);
 

@@ -972,6 +972,21 @@ TEST_CASE("gemma4: the layer pattern array, local head sizes and rope, shared KV
     }
     const std::span<const float> step = b.logits(0);
     for (size_t v = 0; v < last.size(); ++v) CHECK(step[v] == doctest::Approx(last[v]).epsilon(1e-3));
+
+    // A snapshot holds each layer's rows in its own head size: restored into another backend, the next token's
+    // logits are the same bits.
+    const KvSnapshot snap = b.kv_save(24);
+    CpuBackend b2;
+    b2.load(m.config, m.weights, o);
+    b2.kv_load(snap);
+    const int32_t next = 7;
+    ForwardBatch more;
+    more.tokens = std::span<const int32_t>(&next, 1);
+    more.pos0 = 24;
+    b.forward(more);
+    b2.forward(more);
+    const std::span<const float> x1 = b.logits(0), x2 = b2.logits(0);
+    CHECK(std::equal(x1.begin(), x1.end(), x2.begin()));
 }
 
 } // namespace tern
