@@ -277,6 +277,10 @@ void read_gemma4_layers(const MetaReader& meta, const GgufFile& file, int32_t wi
     const int32_t hd_swa = meta.checked_count("attention.key_length_swa", meta.get_int("attention.key_length_swa", c.head_dim));
     const int32_t hdv_swa =
         meta.checked_count("attention.value_length_swa", meta.get_int("attention.value_length_swa", hd_swa));
+    if (c.head_dim != c.head_dim_v || hd_swa != hdv_swa)
+        meta.fail("attention.value_length", "gemma4 needs equal K and V head sizes (" + std::to_string(c.head_dim) + "/" +
+                                                std::to_string(c.head_dim_v) + ", sliding-window " +
+                                                std::to_string(hd_swa) + "/" + std::to_string(hdv_swa) + ")");
     const int32_t rot_swa =
         meta.checked_count("rope.dimension_count_swa", meta.get_int("rope.dimension_count_swa", c.n_rot));
     if (rot_swa > hd_swa || rot_swa % 2 != 0)

@@ -31,10 +31,15 @@ constexpr std::array kTable = {
                 "[dim]", [](C c, L) { return vec(c.dim); }, [](C c) { return when(c.pre_norms); }},
     LayerTensor{LayerRole::wq, &LayerWeights::wq, "attn_q.weight", nullptr, TensorKind::matrix,
                 "[dim, n_heads*head_dim]", [](C c, L l) { return TensorShape{c.dim, q_dim(c, l)}; }, required},
+    // (gemma4's layers on shared KV need no attn_k / attn_k_norm: engine/weights.cpp requires them where a layer
+    // has its own KV.)
     LayerTensor{LayerRole::wk, &LayerWeights::wk, "attn_k.weight", nullptr, TensorKind::matrix,
-                "[dim, n_kv_heads*head_dim]", [](C c, L l) { return TensorShape{c.dim, k_dim(c, l)}; }, required},
+                "[dim, n_kv_heads*head_dim]", [](C c, L l) { return TensorShape{c.dim, k_dim(c, l)}; },
+                [](C c) { return c.shares_kv() ? TensorNeed::optional : TensorNeed::required; }},
+    // gemma4 may leave attn_v out (V is then K's projection: its 31B's global layers).
     LayerTensor{LayerRole::wv, &LayerWeights::wv, "attn_v.weight", nullptr, TensorKind::matrix,
-                "[dim, n_kv_heads*head_dim_v]", [](C c, L l) { return TensorShape{c.dim, v_dim(c, l)}; }, required},
+                "[dim, n_kv_heads*head_dim_v]", [](C c, L l) { return TensorShape{c.dim, v_dim(c, l)}; },
+                [](C c) { return c.arch == Arch::gemma4 ? TensorNeed::optional : TensorNeed::required; }},
     // Biases of q/k/v: required where the family has them (qwen2), optional elsewhere (some llama files).
     LayerTensor{LayerRole::bq, &LayerWeights::bq, "attn_q.bias", nullptr, TensorKind::vector, "[n_heads*head_dim]",
                 [](C c, L l) { return vec(q_dim(c, l)); },
@@ -51,7 +56,8 @@ constexpr std::array kTable = {
                 [](C c) { return when(c.qk_norm); }},
     LayerTensor{LayerRole::k_norm, &LayerWeights::k_norm, "attn_k_norm.weight", nullptr, TensorKind::vector,
                 "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? k_dim(c, l) : hd(c, l)); },
-                [](C c) { return when(c.qk_norm); }},
+                [](C c) { return !c.qk_norm ? TensorNeed::absent : c.shares_kv() ? TensorNeed::optional
+                                                                                : TensorNeed::required; }},
     LayerTensor{LayerRole::wo, &LayerWeights::wo, "attn_output.weight", nullptr, TensorKind::matrix,
                 "[n_heads*head_dim_v, dim]", [](C c, L l) { return TensorShape{o_dim(c, l), c.dim}; }, required},
     LayerTensor{LayerRole::bo, &LayerWeights::bo, "attn_output.bias", nullptr, TensorKind::vector, "[dim]",

@@ -223,6 +223,15 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
             }
         }
     }
+    // A layer with its own KV needs its K (optional in the table only for gemma4's layers on shared KV).
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+        if (!c.layers[static_cast<size_t>(l)].has_kv()) continue;
+        for (const LayerRole r : {LayerRole::wk, LayerRole::k_norm})
+            if (layer_tensor(r).need(c) != TensorNeed::absent && !weight_of(lw, r).present())
+                throw InputError(file.path() + ": tensor '" + layer_tensor_name(layer_tensor(r), c, l) +
+                                 "' is missing (layer " + std::to_string(l) + " has its own KV)");
+    }
     check_small_tensor_values(file, w);
     return w;
 }

@@ -174,12 +174,17 @@ public:
         q_.resize(static_cast<size_t>(n_ * q_dim)); // (n, n_heads, head_dim)
         k_.resize(static_cast<size_t>(n_ * k_dim)); // (n, n_kv_heads, head_dim)
         v_.resize(static_cast<size_t>(n_ * v_dim)); // (n, n_kv_heads, head_dim_v)
-        if (own_kv)
+        if (own_kv && pl.v.source.present()) {
             b_.project_shared(pl.qkv, {&pl.q, &pl.k, &pl.v},
                               {&lv[LayerRole::bq], &lv[LayerRole::bk], &lv[LayerRole::bv]}, b_.input_,
                               {q_.data(), k_.data(), v_.data()});
-        else
+        } else if (own_kv) {   // gemma4 without attn_v (its 31B's global layers): V is K's projection, before K's norm
+            b_.project_shared(pl.qkv, {&pl.q, &pl.k}, {&lv[LayerRole::bq], &lv[LayerRole::bk]}, b_.input_,
+                              {q_.data(), k_.data()});
+            std::copy(k_.begin(), k_.end(), v_.begin());
+        } else {
             b_.project(pl.q, lv[LayerRole::bq], b_.input_, q_.data());
+        }
 
         const float* freq_factors = b_.rope_freqs_.empty() || lc.no_freq_factors ? nullptr : b_.rope_freqs_.data();
         const LayerRope rope = layer_rope(plan.rope, head_dim, freq_factors);

@@ -84,7 +84,7 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
         } else {
             t.push_back({p + "attn_q.weight", s.dim, q_dim, Role::matrix});
             t.push_back({p + "attn_k.weight", s.dim, kv_dim, Role::matrix});
-            t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
+            if (!(s.global_k_eq_v && !gemma4_local(s, l))) t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
         }
         if (s.qkv_bias || s.gpt_oss) {
             t.push_back({p + "attn_q.bias", q_dim, 1, Role::bias});

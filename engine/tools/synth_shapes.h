@@ -48,6 +48,7 @@ struct SynthShape {
     // rope_base_swa (rope_freqs.weight on the global ones), the last shared_kv_layers layers reading earlier KV,
     // per-layer token embeddings of width per_layer_dim (0: none, the 31B), a layer_output_scale per layer.
     int32_t swa_period = 0, head_dim_swa = 0, shared_kv_layers = 0, per_layer_dim = 0;
+    bool global_k_eq_v = false;     // gemma4: the global layers carry no attn_v (V is K's projection)
     float rope_base_swa = 0.0f;
 };
 
