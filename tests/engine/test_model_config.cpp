@@ -989,4 +989,29 @@ TEST_CASE("gemma4: the layer pattern array, local head sizes and rope, shared KV
     CHECK(std::equal(x1.begin(), x1.end(), x2.begin()));
 }
 
+TEST_CASE("gemma4's metadata and tensors refused in one line: shared KV of the wrong kind, a short pattern, no attn_k") {
+    test::TempDir dir;
+    const std::string path = synth_f32(dir, "tiny-gemma4");
+    // 3 shared layers: layer 5 (local) would read layer 3, a global one.
+    const std::string three = test::rewrite_gguf(dir, path, "shared3.gguf", [](GgufWriter& w) {
+        w.set("gemma4.attention.shared_kv_layers", GgufValue::make_u32(3));
+    });
+    CHECK(config_error(three) == "metadata gemma4.attention.shared_kv_layers: layer 5 would read the KV of layer 3, "
+                                 "which is not of its kind (sliding-window or global)");
+    const std::string short_pattern = test::rewrite_gguf(dir, path, "pattern.gguf", [](GgufWriter& w) {
+        w.set("gemma4.attention.sliding_window_pattern",
+              GgufValue::make_array(GgufType::boolean, {GgufValue::make_bool(true), GgufValue::make_bool(false)}));
+    });
+    CHECK(config_error(short_pattern) ==
+          "metadata gemma4.attention.sliding_window_pattern: expected an array of 8 bools (one per layer)");
+    // attn_k may be left out on a layer on shared KV, not on one with its own.
+    const std::string no_k5 = test::rewrite_zeroing(dir, path, "no-k5.gguf", [](GgufWriter&) {}, {},
+                                                    [](const std::string& n) { return n == "blk.5.attn_k.weight"; });
+    CHECK(test::load_error(no_k5).empty());
+    const std::string no_k1 = test::rewrite_zeroing(dir, path, "no-k1.gguf", [](GgufWriter&) {}, {},
+                                                    [](const std::string& n) { return n == "blk.1.attn_k.weight"; });
+    CHECK(test::load_error(no_k1).find("tensor 'blk.1.attn_k.weight' is missing (layer 1 has its own KV)") !=
+          std::string::npos);
+}
+
 } // namespace tern
