@@ -211,8 +211,9 @@ const SynthShape kShapes[] = {
     gemma3(make("gemma3-270m", "gemma3", "Gemma 3 270M", 640, 18, 4, 1, 256, 2048, 262144, 32768, 1000000.0f,
                 1e-6f)),
     gemma3(make("gemma3-1b", "gemma3", "Gemma 3 1B", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f)),
-    // Gemma 4 E4B: 42 layers (5 local : 1 global, heads of 256 and 512), the last 18 on shared KV, per-layer
-    // embeddings of width 256, a 512-token window.
+    // Gemma 4 E4B as llama.cpp reads it (42 layers): 5 local : 1 global, heads of 256 and 512, per-layer embeddings
+    // of width 256, a 512-token window; the 18 layers on shared KV are Gemma 3n's proportion, not checked against
+    // the released file (a benchmark shape: its byte counts matter, not its exact config).
     with_v(gemma4(make("gemma4-e4b", "gemma4", "Gemma 4 E4B", 2560, 42, 8, 2, 512, 10240, 262144, 131072, 1000000.0f,
                        1e-6f),
                   512, 6, 256, 256, 18)),
