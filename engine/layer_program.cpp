@@ -1,8 +1,8 @@
 #include "engine/layer_program.h"
 
-#include "base/error.h"
 #include <string>
 
+#include "base/error.h"
 #include "engine/model_config.h"
 
 namespace tern {
