@@ -67,6 +67,10 @@ void print_text(const GgufFile& file, const ModelSummary& s, bool with_tensors, 
         std::cout << "shape:           " << s.n_layers << " layers, dim " << s.dim << ", ffn " << s.ffn_dim << ", "
                   << s.n_heads << " heads / " << s.n_kv_heads << " kv heads, head dim " << s.head_dim << "\n";
     }
+    if (s.head_dim_swa > 0 || s.shared_kv_layers > 0 || s.per_layer_dim > 0)
+        std::cout << "layers:          sliding-window head dim " << (s.head_dim_swa > 0 ? s.head_dim_swa : s.head_dim)
+                  << ", " << s.shared_kv_layers << " layers on shared KV, per-layer embedding width "
+                  << s.per_layer_dim << "\n";
     std::cout << "parameters:      " << human_count(s.n_params) << " (" << s.n_params << ")\n";
     if (s.n_expert > 0) {
         std::cout << "experts:         " << s.n_expert << ", " << s.n_expert_used << " used per token, expert ffn "
@@ -125,6 +129,9 @@ void print_json(const GgufFile& file, const ModelSummary& s, bool with_tensors, 
     j["n_heads"] = s.n_heads;
     j["n_kv_heads"] = s.n_kv_heads;
     j["head_dim"] = s.head_dim;
+    if (s.head_dim_swa > 0) j["head_dim_swa"] = s.head_dim_swa;
+    if (s.shared_kv_layers > 0) j["shared_kv_layers"] = s.shared_kv_layers;
+    if (s.per_layer_dim > 0) j["per_layer_dim"] = s.per_layer_dim;
     j["n_params"] = s.n_params;
     if (s.n_expert > 0) {
         j["n_expert"] = s.n_expert;

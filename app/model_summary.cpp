@@ -79,6 +79,9 @@ ModelSummary summarize_model(const GgufFile& file) {
         s.n_expert_shared = get_int(a + "expert_shared_count");
         s.n_dense_lead = get_int(a + "leading_dense_block_count");
         s.n_nextn = get_int(a + "nextn_predict_layers");
+        s.head_dim_swa = get_int(a + "attention.key_length_swa");
+        s.shared_kv_layers = get_int(a + "attention.shared_kv_layers");
+        s.per_layer_dim = get_int(a + "embedding_length_per_layer_input");
     }
     // A tensor of a next-token-prediction layer (blk.N. with N past the decoder's layers) is never run.
     const auto in_nextn_layer = [&](const std::string& name) {

@@ -24,6 +24,8 @@ struct ModelSummary {
     int64_t n_expert = 0, n_expert_used = 0, expert_ffn_dim = 0;   // mixture of experts (0: dense)
     int64_t n_expert_shared = 0, n_dense_lead = 0;   // shared experts, leading dense layers (glm4moe)
     int64_t n_nextn = 0;   // next-token-prediction layers at the end of block_count: loaded, not run
+    // gemma4: the sliding-window layers' head size, the layers on shared KV, the per-layer embedding width (0: none).
+    int64_t head_dim_swa = 0, shared_kv_layers = 0, per_layer_dim = 0;
     // per token: the *_exps tensors count n_expert_used of n_expert experts; the next-token-prediction layers none
     uint64_t n_active_params = 0;
     double bits_per_weight = 0;

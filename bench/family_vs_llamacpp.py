@@ -122,7 +122,7 @@ def main():
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--shapes", default="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe "
                                         "tiny-qwen3-yarn tiny-longrope tiny-mistral3 tiny-gpt-oss tiny-mixtral "
-                                        "tiny-smollm3 tiny-phi3 tiny-phi3-longrope tiny-granite tiny-olmo2 tiny-glm4moe")
+                                        "tiny-smollm3 tiny-phi3 tiny-phi3-longrope tiny-granite tiny-olmo2 tiny-glm4moe tiny-gemma4")
     ap.add_argument("--types", default="f16 q4_k_m")
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=2)

@@ -17,7 +17,7 @@
 #   llamacpp_cpu_bin from bench/llamacpp_cpu_peer.sh). Exit status 1 when a file differs.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-shapes="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe tiny-qwen3-yarn tiny-longrope tiny-mistral3 tiny-gpt-oss tiny-mixtral tiny-smollm3 tiny-phi3 tiny-phi3-longrope tiny-glm4moe"
+shapes="tiny tiny-qwen2 tiny-qwen3 tiny-gemma2 tiny-gemma3 tiny-qwen3moe tiny-qwen3-yarn tiny-longrope tiny-mistral3 tiny-gpt-oss tiny-mixtral tiny-smollm3 tiny-phi3 tiny-phi3-longrope tiny-glm4moe tiny-gemma4"
 types="q4_k_m q8_0"
 sources="f16 f32"
 deep="48x128 24x8 16x4"

@@ -38,6 +38,11 @@ constexpr FamilyFloatKey kGemma2Keys[] = {
 
 // mistral3: Llama 4's attention temperature (llama.cpp reads it for mistral3 only); its floor is the original
 // context (model_config.cpp).
+// gemma4: the logits' tanh cap, llama.cpp's 30 when absent.
+constexpr FamilyFloatKey kGemma4Keys[] = {
+    {"final_logit_softcapping", &ModelConfig::final_softcap, 30.0f, false, false, kSoftcapRange},
+};
+
 constexpr FamilyFloatKey kMistral3Keys[] = {
     {"attention.temperature_scale", &ModelConfig::attn_temp_scale, 0.0f, false, false, kTemperatureRange},
 };
@@ -145,6 +150,21 @@ constexpr FamilyDescriptor kFamilies[] = {
      .leading_dense = true,
      .nextn_layers = true,
      .qk_norm_optional = true},
+    // gemma4 (Gemma 4 E2B/E4B, 31B): gemma3's layers with the local layers named by a per-layer array and their
+    // own head sizes and rope, q/k normed and V normed, q.k unscaled, per-layer token embeddings, the last layers
+    // sharing the KV of earlier ones, each layer's output optionally scaled (layer_output_scale.weight).
+    {.name = "gemma4",
+     .arch = Arch::gemma4,
+     .rope_style = RopeStyle::neox,
+     .ffn_act = FfnActivation::gelu_tanh,
+     .qk_norm = true,
+     .post_norms = true,
+     .embed_scale_sqrt_dim = true,
+     .gemma4_layers = true,
+     .fixed_attn_scale = 1.0f,
+     .window = {.key = SlidingWindowRule::Key::pattern_array},
+     .rope_freqs_tensor = true,
+     .float_keys = kGemma4Keys},
 };
 
 constexpr bool in_arch_order() {

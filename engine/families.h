@@ -59,6 +59,9 @@ struct SlidingWindowRule {
         fallback, // attention.sliding_window, `fallback` when absent
         required, // attention.sliding_window must be present
         refused,  // a positive attention.sliding_window is refused (`refused_why` says what it would be)
+        // attention.sliding_window required, and attention.sliding_window_pattern an array with one bool per
+        // layer, true for the local ones (gemma4); period and n_local are not used.
+        pattern_array,
     };
     Key key = Key::none;
     int64_t fallback = 0;
@@ -90,6 +93,14 @@ struct FamilyDescriptor {
     bool ffn_norm_post_attention = false; // the FFN's input norm stored as post_attention_norm.weight (gpt-oss)
     bool attn_sinks = false;
     bool ffn_gate_up_fused = false; // phi3: ffn_up.weight holds the gate's rows, then up's
+    // gemma4: the sliding-window layers' own head sizes, rotated dims and rope base (attention.key_length_swa,
+    // value_length_swa, rope.dimension_count_swa, rope.freq_base_swa; each the global value when absent), the
+    // rope_freqs factors on the global layers only, the last attention.shared_kv_layers layers reading the KV
+    // of the last earlier layer of their kind, V RMS-normed, and per-layer token embeddings when
+    // embedding_length_per_layer_input is present.
+    bool gemma4_layers = false;
+    // > 0: q.k is multiplied by this instead of 1/sqrt(width) (gemma4: 1, its q/k norms set the scale).
+    float fixed_attn_scale = 0.0f;
 
     FamilyExperts experts = FamilyExperts::none;
     ExpertGating gating = ExpertGating::softmax; // llama.cpp fixes these per architecture, not from metadata

@@ -17,11 +17,11 @@ constexpr int kHeaderInts = 7;                   // magic, kv_type, n_layers, he
 // into a cache of any context size.
 constexpr int32_t kRangeMagic = 0x31524B54;      // "TKR1"
 
-size_t k_rows_bytes(const KvSnapshotShape& s, int32_t n) {
-    return static_cast<size_t>(n) * kv_row_bytes(s.type, s.head_dim);
+size_t k_rows_bytes(const KvSnapshotShape& s, int32_t n, size_t layer = 0) {
+    return static_cast<size_t>(n) * kv_row_bytes(s.type, s.head_dims.empty() ? s.head_dim : s.head_dims[layer]);
 }
-size_t v_rows_bytes(const KvSnapshotShape& s, int32_t n) {
-    return static_cast<size_t>(n) * kv_row_bytes(s.type, s.head_dim_v);
+size_t v_rows_bytes(const KvSnapshotShape& s, int32_t n, size_t layer = 0) {
+    return static_cast<size_t>(n) * kv_row_bytes(s.type, s.head_dims_v.empty() ? s.head_dim_v : s.head_dims_v[layer]);
 }
 
 KvSnapshot pack(const KvSnapshotShape& s, int32_t magic, int32_t field5, int32_t begin, int32_t n,
@@ -32,15 +32,15 @@ KvSnapshot pack(const KvSnapshotShape& s, int32_t magic, int32_t field5, int32_t
     const int32_t header[kHeaderInts] = {magic,      static_cast<int32_t>(s.type), static_cast<int32_t>(s.n_kv_heads.size()),
                                          s.head_dim, s.head_dim_v,                 field5,
                                          n};
-    const size_t k_bytes = k_rows_bytes(s, n), v_bytes = v_rows_bytes(s, n);
     size_t total = sizeof header;
-    for (int32_t h : s.n_kv_heads)
-        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    for (size_t l = 0; l < s.n_kv_heads.size(); ++l)
+        total += static_cast<size_t>(s.n_kv_heads[l]) * (k_rows_bytes(s, n, l) + v_rows_bytes(s, n, l));
     snap.bytes.resize(total);
     uint8_t* dst = snap.bytes.data();
     std::memcpy(dst, header, sizeof header);
     dst += sizeof header;
     for (size_t l = 0; l < s.n_kv_heads.size(); ++l) {
+        const size_t k_bytes = k_rows_bytes(s, n, l), v_bytes = v_rows_bytes(s, n, l);
         for (int32_t h = 0; h < s.n_kv_heads[l]; ++h) {
             out(l, h, false, begin, n, dst);
             dst += k_bytes;
@@ -55,15 +55,15 @@ KvSnapshot pack(const KvSnapshotShape& s, int32_t magic, int32_t field5, int32_t
 // starts the error for a wrong size, which is checked before anything is copied.
 void unpack(const KvSnapshotShape& s, const KvSnapshot& snap, const char* what, int32_t begin, int32_t n,
             const KvRowsIn& in) {
-    const size_t k_bytes = k_rows_bytes(s, n), v_bytes = v_rows_bytes(s, n);
     size_t total = kHeaderInts * sizeof(int32_t);
-    for (int32_t h : s.n_kv_heads)
-        total += static_cast<size_t>(h) * (k_bytes + v_bytes);
+    for (size_t l = 0; l < s.n_kv_heads.size(); ++l)
+        total += static_cast<size_t>(s.n_kv_heads[l]) * (k_rows_bytes(s, n, l) + v_rows_bytes(s, n, l));
     if (snap.bytes.size() != total)
         throw UsageError(std::string(what) + " has " + std::to_string(snap.bytes.size()) + " bytes but " +
                          std::to_string(total) + " were expected");
     const uint8_t* src = snap.bytes.data() + kHeaderInts * sizeof(int32_t);
     for (size_t l = 0; l < s.n_kv_heads.size(); ++l) {
+        const size_t k_bytes = k_rows_bytes(s, n, l), v_bytes = v_rows_bytes(s, n, l);
         for (int32_t h = 0; h < s.n_kv_heads[l]; ++h) {
             in(l, h, false, begin, n, src);
             src += k_bytes;

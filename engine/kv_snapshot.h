@@ -19,6 +19,10 @@ struct KvSnapshotShape {
     KvType type = KvType::f16;
     std::vector<int32_t> n_kv_heads;   // per layer
     int32_t head_dim = 0, head_dim_v = 0, n_ctx = 0;
+    // Each layer's own head sizes where they differ (gemma4's sliding-window layers); empty: head_dim and
+    // head_dim_v for every layer. The header keeps the model's head_dim / head_dim_v; the rows of each layer have
+    // its own sizes. (A split model's join / split takes uniform shapes only.)
+    std::vector<int32_t> head_dims, head_dims_v;
 };
 
 // Copies `n` consecutive rows of one head's K (value false) or V (value true) of `layer`, starting at

@@ -1,5 +1,7 @@
 #include "engine/layer_program.h"
 
+#include <string>
+
 #include "base/error.h"
 #include "engine/model_config.h"
 
@@ -11,12 +13,26 @@ DecoderProgram decoder_program(const ModelConfig& c, int32_t first_layer) {
     p.first_layer = first_layer;
     p.logits.softcap = c.final_softcap;
     p.logits.multiplier = c.logit_scale == 1.0f ? 1.0f : 1.0f / c.logit_scale;
+    p.per_layer_inputs = c.per_layer_dim > 0;
+    if (p.per_layer_inputs && first_layer > 0)
+        throw UsageError("this model's per-layer token embeddings are computed with the embedding: its layers "
+                         "cannot be split across devices yet");
     for (int32_t l = 0; l < c.n_layers; ++l) {
         const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
         LayerPlan lp;
         lp.mixer = MixerKind::attention;
         lp.mixer_input = {c.pre_norms, LayerRole::attn_norm, LayerRole::wq};
         lp.attention = {c.qk_norm, c.qk_norm_whole, rope_plan(c, l)};
+        lp.attention.v_norm = c.v_norm;
+        if (const int32_t src = c.layers[static_cast<size_t>(l)].kv_source; src >= 0) {
+            lp.attention.kv_source = src - first_layer;
+            if (lp.attention.kv_source < 0 || lp.attention.kv_source >= l)
+                throw UsageError("layer " + std::to_string(first_layer + l) + " reads the KV of layer " +
+                                 std::to_string(src) + ", which is on another device: split this model so both are "
+                                 "on one (a different -ngl)");
+        }
+        lp.per_layer_input = c.per_layer_dim > 0;
+        lp.output_scale = c.arch == Arch::gemma4;
         lp.mixer_residual = {c.post_norms, LayerRole::post_attn_norm, c.residual_scale};
         lp.ffn = lc.moe ? FfnKind::experts : FfnKind::dense;
         lp.shared_experts = lc.moe && c.n_expert_shared > 0;
@@ -29,6 +45,18 @@ DecoderProgram decoder_program(const ModelConfig& c, int32_t first_layer) {
         p.layers.push_back(lp);
     }
     return p;
+}
+
+void DecoderSteps::per_layer_inputs() {
+    throw UsageError("this backend does not compute per-layer token embeddings (gemma4) yet");
+}
+
+void DecoderSteps::per_layer_block(int32_t) {
+    throw UsageError("this backend does not compute per-layer token embeddings (gemma4) yet");
+}
+
+void DecoderSteps::layer_output_scale(int32_t) {
+    throw UsageError("this backend does not scale layer outputs (gemma4) yet");
 }
 
 std::vector<RowRun> kept_rows(const ForwardBatch& batch) {
@@ -61,6 +89,7 @@ void run_decoder(const DecoderProgram& program, const ForwardBatch& batch, Decod
                  ForwardObserver* observer) {
     if (steps.has_embedding()) {
         steps.embed(program.embed_scale);
+        if (program.per_layer_inputs) steps.per_layer_inputs();
     } else {
         if (!batch.hidden_in) throw UsageError("forward: a slice without the embedding needs the hidden state in");
         steps.stream_in();
@@ -88,12 +117,14 @@ void run_decoder(const DecoderProgram& program, const ForwardBatch& batch, Decod
                 steps.ffn_down(l, GatedFfn::shared_experts, lp.ffn_residual);
             }
             steps.ffn_experts(l, lp.ffn_residual);
-            continue;
+        } else {
+            observe(observer, steps, model_layer, ProjectionInput::ffn_gate_up);
+            steps.ffn_gate_up(l, GatedFfn::dense);
+            observe(observer, steps, model_layer, ProjectionInput::ffn_down);
+            steps.ffn_down(l, GatedFfn::dense, lp.ffn_residual);
         }
-        observe(observer, steps, model_layer, ProjectionInput::ffn_gate_up);
-        steps.ffn_gate_up(l, GatedFfn::dense);
-        observe(observer, steps, model_layer, ProjectionInput::ffn_down);
-        steps.ffn_down(l, GatedFfn::dense, lp.ffn_residual);
+        if (lp.per_layer_input) steps.per_layer_block(l);
+        if (lp.output_scale) steps.layer_output_scale(l);
     }
     if (!steps.has_output()) {
         if (!batch.hidden_out) throw UsageError("forward: a slice without the output matrix needs a hidden state out");

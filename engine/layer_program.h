@@ -30,6 +30,10 @@ struct AttentionPlan {
     bool qk_norm = false;         // q_norm / k_norm before RoPE ...
     bool qk_norm_whole = false;   // ... over every head at once instead of each head (olmo2)
     RopePlan rope;
+    bool v_norm = false;          // V RMS-normed per head, no weight (gemma4)
+    // >= 0: the layer's K and V are not projected or cached; it attends over this layer's cache (the backend's
+    // numbering, an earlier layer of the slice: gemma4's shared KV). -1: its own.
+    int32_t kv_source = -1;
 };
 
 // A block's input: RMSNorm(x) * the layer's norm, or x itself (no pre-norm: olmo2).
@@ -53,6 +57,10 @@ struct LayerPlan {
     bool shared_experts = false;
     BlockInput ffn_input;
     ResidualPlan ffn_residual;
+    // After the FFN: x += post_norm(proj(gelu(inp_gate x) * this layer's per-layer input)) (gemma4 E2B/E4B).
+    bool per_layer_input = false;
+    // Then x *= the layer's layer_output_scale.weight, where the file has it (gemma4).
+    bool output_scale = false;
 };
 
 struct LogitsPlan {
@@ -65,6 +73,8 @@ struct DecoderProgram {
     std::vector<LayerPlan> layers;   // by the backend's own numbering (a slice of a split model: its layers)
     int32_t first_layer = 0;         // the model's index of layers[0], for observers
     LogitsPlan logits;
+    // The per-layer inputs of every token are computed once, right after the embedding (gemma4).
+    bool per_layer_inputs = false;
 };
 
 // The program for a config (a slice's config when the model is split; first_layer its model index).
@@ -109,6 +119,13 @@ public:
     // x += the routed experts' FFN of xn, as `residual` says. xn is the block input even when a shared experts'
     // FFN ran since block_input (its projections may have replaced the backend's quantized form of it).
     virtual void ffn_experts(int32_t layer, const ResidualPlan& residual) = 0;
+    // gemma4: each token's per-layer inputs (ModelConfig::per_layer_dim) from its embedding x and its row of
+    // per_layer_token_embd, kept for the layers' per_layer_block steps.
+    virtual void per_layer_inputs();
+    // x += post_norm(proj(gelu(inp_gate x) * the layer's per-layer input)).
+    virtual void per_layer_block(int32_t layer);
+    // x *= the layer's output scale (nothing when the layer has none).
+    virtual void layer_output_scale(int32_t layer);
     // ForwardBatch::hidden_out = x: a slice before the last hands the stream on (no logits kept).
     virtual void stream_out() = 0;
     // xn = RMSNorm(the kept rows of x) * output_norm, gathered in order.

@@ -99,10 +99,15 @@ std::optional<uint64_t> meminfo_available(std::string_view meminfo) {
 }
 
 uint64_t kv_bytes_per_position(const ModelConfig& config, KvType type) {
-    std::vector<int32_t> n_kv_heads;
-    for (const LayerConfig& l : config.layers)
-        n_kv_heads.push_back(l.n_kv_heads);
-    return kv_position_bytes(type, n_kv_heads, config.head_dim, config.head_dim_v);
+    // Each layer with its own head sizes; a layer reading another's KV (gemma4) holds none.
+    uint64_t bytes = 0;
+    for (int32_t l = 0; l < config.n_layers; ++l) {
+        const LayerConfig& lc = config.layers[static_cast<size_t>(l)];
+        if (!lc.has_kv()) continue;
+        const int32_t heads[] = {lc.n_kv_heads};
+        bytes += kv_position_bytes(type, heads, config.head_dim_of(l), config.head_dim_v_of(l));
+    }
+    return bytes;
 }
 
 uint64_t kv_cache_bytes(const ModelConfig& config, KvType type, int32_t n_ctx) {

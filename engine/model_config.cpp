@@ -273,6 +273,7 @@ int32_t read_window(const MetaReader& meta, const GgufFile& file, const SlidingW
         window = meta.checked_count(key, meta.get_int(key, rule.fallback), kMaxWindow, kMinWindow);
         break;
     case SlidingWindowRule::Key::required:
+    case SlidingWindowRule::Key::pattern_array:
         window = meta.checked_count(key, meta.get_int(key), kMaxWindow, kMinWindow);
         break;
     }
@@ -283,6 +284,70 @@ int32_t read_window(const MetaReader& meta, const GgufFile& file, const SlidingW
                                        ") is supported");
     }
     return window;
+}
+
+// gemma4's sliding_window_pattern: one bool per layer, true for a local layer.
+std::vector<bool> read_window_pattern(const MetaReader& meta, const GgufFile& file, int32_t n_layers) {
+    constexpr std::string_view key = "attention.sliding_window_pattern";
+    const GgufValue* v = file.find(meta.key(key));
+    if (!v) meta.fail(key, "missing: one bool per layer (true: a sliding-window layer) is required");
+    if (v->type != GgufType::array || v->elem_type != GgufType::boolean ||
+        static_cast<int64_t>(v->array.size()) != n_layers)
+        meta.fail(key, "expected an array of " + std::to_string(n_layers) + " bools (one per layer)");
+    std::vector<bool> local;
+    for (const GgufValue& e : v->array) local.push_back(e.u != 0);
+    return local;
+}
+
+// gemma4's layers: the local layers' head sizes, rotated dims, rope base and window, the global layers' rope
+// factors, the KV shared by the last layers (each reads the last layer of its kind that has KV, as llama.cpp
+// maps them), V normed, per-layer embeddings.
+void read_gemma4_layers(const MetaReader& meta, const GgufFile& file, int32_t window, ModelConfig& c) {
+    const std::vector<bool> local = read_window_pattern(meta, file, c.n_layers);
+    const int32_t hd_swa = meta.checked_count("attention.key_length_swa", meta.get_int("attention.key_length_swa", c.head_dim));
+    const int32_t hdv_swa =
+        meta.checked_count("attention.value_length_swa", meta.get_int("attention.value_length_swa", hd_swa));
+    if (c.head_dim != c.head_dim_v || hd_swa != hdv_swa)
+        meta.fail("attention.value_length", "gemma4 needs equal K and V head sizes (" + std::to_string(c.head_dim) + "/" +
+                                                std::to_string(c.head_dim_v) + ", sliding-window " +
+                                                std::to_string(hd_swa) + "/" + std::to_string(hdv_swa) + ")");
+    const int32_t rot_swa =
+        meta.checked_count("rope.dimension_count_swa", meta.get_int("rope.dimension_count_swa", c.n_rot));
+    if (rot_swa > hd_swa || rot_swa % 2 != 0)
+        meta.fail("rope.dimension_count_swa", "value " + std::to_string(rot_swa) +
+                                                  " must be even and at most the head dim " + std::to_string(hd_swa));
+    // llama.cpp's defaults for the local layers' rope: base 10000, unscaled.
+    const float base_swa = meta.get_f32_in("rope.freq_base_swa", 10000.0f, kRopeBaseRange);
+    const int64_t shared = meta.get_int("attention.shared_kv_layers", 0);
+    if (shared < 0 || shared > c.n_layers - 2)
+        meta.fail("attention.shared_kv_layers", "value " + std::to_string(shared) + " must be in [0, " +
+                                                    std::to_string(std::max(0, c.n_layers - 2)) + "]");
+    const int32_t first_shared = c.n_layers - static_cast<int32_t>(shared);
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        LayerConfig& lc = c.layers[static_cast<size_t>(l)];
+        if (local[static_cast<size_t>(l)]) {
+            lc.sliding_window = window;
+            lc.head_dim = hd_swa;
+            lc.head_dim_v = hdv_swa;
+            lc.n_rot = rot_swa;
+            lc.rope_base = base_swa;
+            lc.rope_freq_scale = 1.0f;
+            lc.yarn_ext_factor = 0.0f;
+            lc.no_freq_factors = true;
+        }
+        if (l >= first_shared) {
+            const int32_t src = first_shared - (local[static_cast<size_t>(l)] ? 2 : 1);
+            if (local[static_cast<size_t>(src)] != local[static_cast<size_t>(l)])
+                meta.fail("attention.shared_kv_layers",
+                          "layer " + std::to_string(l) + " would read the KV of layer " + std::to_string(src) +
+                              ", which is not of its kind (sliding-window or global)");
+            lc.kv_source = src;
+        }
+    }
+    c.v_norm = true;
+    if (meta.has("embedding_length_per_layer_input"))
+        c.per_layer_dim = meta.checked_count("embedding_length_per_layer_input",
+                                             meta.get_int("embedding_length_per_layer_input"));
 }
 
 // A family's own float keys, each checked against its range.
@@ -348,6 +413,33 @@ float ModelConfig::attn_temperature(int32_t pos) const {
     // llama.cpp's float position and float division, then its double log.
     const float steps = std::floor(static_cast<float>(pos) / static_cast<float>(attn_temp_floor));
     return static_cast<float>(std::log(static_cast<double>(steps) + 1.0) * attn_temp_scale + 1.0);
+}
+
+int32_t ModelConfig::head_dim_of(int32_t l) const {
+    const int32_t d = layers[static_cast<size_t>(l)].head_dim;
+    return d > 0 ? d : head_dim;
+}
+
+int32_t ModelConfig::head_dim_v_of(int32_t l) const {
+    const int32_t d = layers[static_cast<size_t>(l)].head_dim_v;
+    return d > 0 ? d : head_dim_v;
+}
+
+int32_t ModelConfig::n_rot_of(int32_t l) const {
+    const int32_t d = layers[static_cast<size_t>(l)].n_rot;
+    return d > 0 ? d : n_rot;
+}
+
+bool ModelConfig::uniform_head_dims() const {
+    for (int32_t l = 0; l < static_cast<int32_t>(layers.size()); ++l)
+        if (head_dim_of(l) != head_dim || head_dim_v_of(l) != head_dim_v) return false;
+    return true;
+}
+
+bool ModelConfig::shares_kv() const {
+    for (const LayerConfig& l : layers)
+        if (!l.has_kv()) return true;
+    return false;
 }
 
 bool ModelConfig::uniform_kv_heads() const {
@@ -502,6 +594,10 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
                 lc.rope_mscale = attn_factor;
             }
         }
+        lc.head_dim = c.head_dim;
+        lc.head_dim_v = c.head_dim_v;
+        lc.n_rot = c.n_rot;
+        if (window_rule.key == SlidingWindowRule::Key::pattern_array) lc.sliding_window = 0;   // read below
         if (family.no_rope_period > 0 && (l + 1) % family.no_rope_period == 0) lc.no_rope = true;
         if (!rope_switched_on) lc.no_rope = true;
     }
@@ -514,6 +610,8 @@ ModelConfig model_config_from_gguf(const GgufFile& file) {
     c.attn_scale = 1.0f / std::sqrt(static_cast<float>(scale_width));
     if (family.attn_scale_by_dim_layers > 0 && c.n_layers == family.attn_scale_by_dim_layers)
         c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.dim / n_heads0));
+    if (family.fixed_attn_scale > 0.0f) c.attn_scale = family.fixed_attn_scale;
+    if (family.gemma4_layers) read_gemma4_layers(meta, file, window, c);
     if (family.embed_scale_sqrt_dim) c.embed_scale = std::sqrt(static_cast<float>(c.dim));
     read_family_keys(meta, family, c);
     if (family.one_rope_base && meta.has("rope.freq_base_swa") && meta.get_f32("rope.freq_base_swa") != rope_base)

@@ -14,7 +14,7 @@ namespace tern {
 class GgufFile;
 
 enum class Arch {
-    llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, smollm3, phi3, mistral3, granite, olmo2, glm4moe
+    llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gpt_oss, smollm3, phi3, mistral3, granite, olmo2, glm4moe, gemma4
 };
 enum class RopeStyle { normal, neox };        // adjacent pairs (2i, 2i+1) / halves (i, i + n_rot/2)
 // SwiGLU / GeGLU / gpt-oss's clamped SwiGLU: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1)
@@ -44,6 +44,15 @@ struct LayerConfig {
     float yarn_ext_factor = 0.0f;
     float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
     float rope_mscale = 1.0f;
+    // This layer's head sizes and rotated dims (ModelConfig's head_dim / head_dim_v / n_rot but for gemma4's
+    // sliding-window layers, which have their own: attention.key_length_swa, rope.dimension_count_swa).
+    int32_t head_dim = 0, head_dim_v = 0, n_rot = 0;
+    // rope_freqs.weight's factors do not apply here (gemma4: only the global layers' rope is proportional).
+    bool no_freq_factors = false;
+    // >= 0: the layer attends over that earlier layer's KV and writes none of its own (gemma4's last
+    // attention.shared_kv_layers layers); -1: its own KV.
+    int32_t kv_source = -1;
+    bool has_kv() const { return kv_source < 0; }
 };
 
 struct ModelConfig {
@@ -94,6 +103,20 @@ struct ModelConfig {
     // multiplied by attn_temperature(p) = 1 + attn_temp_scale * ln(floor(p / attn_temp_floor) + 1), 1 below
     // attn_temp_floor (the original context length). attn_temp_scale 0: off.
     float attn_temp_scale = 0.0f;
+    // gemma4: V is RMS-normed per head (no weight) before it is cached.
+    bool v_norm = false;
+    // gemma4 E2B/E4B: per-layer token embeddings of this width (embedding_length_per_layer_input; 0: none).
+    // Per token, once: P = (RMSNorm_chunks(per_layer_model_proj x / sqrt(dim)) * per_layer_proj_norm
+    //                       + per_layer_token_embd[token] * sqrt(per_layer_dim)) / sqrt(2), n_layers chunks;
+    // each layer, after its FFN: x += post_norm(proj(gelu(inp_gate x) * P[layer])).
+    int32_t per_layer_dim = 0;
+    // Layer l's head sizes and rotated dims (LayerConfig's, or the model's where a layer leaves them 0).
+    int32_t head_dim_of(int32_t l) const;
+    int32_t head_dim_v_of(int32_t l) const;
+    int32_t n_rot_of(int32_t l) const;
+    bool uniform_head_dims() const;   // every layer has the model's head sizes (one KV row shape)
+    // Layers whose KV another reads (any layer's kv_source >= 0).
+    bool shares_kv() const;
     int32_t attn_temp_floor = 0;
     float attn_temperature(int32_t pos) const;
 

@@ -8,7 +8,7 @@ RopePlan rope_plan(const ModelConfig& config, int32_t layer) {
     const LayerConfig& lc = config.layers[static_cast<size_t>(layer)];
     RopePlan r;
     r.neox = config.rope_style == RopeStyle::neox;
-    r.n_rot = lc.no_rope ? 0 : config.n_rot;   // no rotated dims: q and k (and a shift's keys) stay as they are
+    r.n_rot = lc.no_rope ? 0 : lc.n_rot > 0 ? lc.n_rot : config.n_rot;   // gemma4's local layers have their own   // no rotated dims: q and k (and a shift's keys) stay as they are
     r.base = lc.rope_base;
     r.freq_scale = lc.rope_freq_scale;
     r.yarn_ext_factor = lc.yarn_ext_factor;

@@ -63,6 +63,11 @@ void SplitBackend::load(const ModelConfig& config, const ModelWeights& weights, 
         last().load(config, weights, options);
         return;
     }
+    // gemma4: the snapshots a split cache joins have one head size per part, and a layer on shared KV reads a
+    // layer of its own part (engine/layer_program.cpp refuses the rest).
+    if (!config.uniform_head_dims())
+        throw UsageError("this model's layers have two head sizes: its layers cannot be split across devices yet "
+                         "(run it on one)");
     ModelConfig c;
     ModelWeights w;
     slice(config, weights, 0, cpu_layers_, c, w);

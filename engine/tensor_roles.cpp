@@ -11,10 +11,13 @@ using C = const ModelConfig&;
 using L = const LayerConfig&;
 
 // Widths of one layer's attention (q/k/v rows, the output projection's input).
-int64_t q_dim(C c, L l) { return int64_t{l.n_heads} * c.head_dim; }
-int64_t k_dim(C c, L l) { return int64_t{l.n_kv_heads} * c.head_dim; }
-int64_t v_dim(C c, L l) { return int64_t{l.n_kv_heads} * c.head_dim_v; }
-int64_t o_dim(C c, L l) { return int64_t{l.n_heads} * c.head_dim_v; }
+// (A layer's own head sizes where it has them: gemma4's sliding-window layers.)
+int64_t hd(C c, L l) { return l.head_dim > 0 ? l.head_dim : c.head_dim; }
+int64_t hd_v(C c, L l) { return l.head_dim_v > 0 ? l.head_dim_v : c.head_dim_v; }
+int64_t q_dim(C c, L l) { return int64_t{l.n_heads} * hd(c, l); }
+int64_t k_dim(C c, L l) { return int64_t{l.n_kv_heads} * hd(c, l); }
+int64_t v_dim(C c, L l) { return int64_t{l.n_kv_heads} * hd_v(c, l); }
+int64_t o_dim(C c, L l) { return int64_t{l.n_heads} * hd_v(c, l); }
 
 TensorShape vec(int64_t n) { return {n, 1, 1}; }
 
@@ -30,10 +33,15 @@ constexpr std::array kTable = {
                 "[dim]", [](C c, L) { return vec(c.dim); }, [](C c, L) { return when(c.pre_norms); }},
     LayerTensor{LayerRole::wq, &LayerWeights::wq, "attn_q.weight", nullptr, TensorKind::matrix,
                 "[dim, n_heads*head_dim]", [](C c, L l) { return TensorShape{c.dim, q_dim(c, l)}; }, required},
+    // (gemma4's layers on shared KV need no attn_k / attn_k_norm: engine/weights.cpp requires them where a layer
+    // has its own KV.)
     LayerTensor{LayerRole::wk, &LayerWeights::wk, "attn_k.weight", nullptr, TensorKind::matrix,
-                "[dim, n_kv_heads*head_dim]", [](C c, L l) { return TensorShape{c.dim, k_dim(c, l)}; }, required},
+                "[dim, n_kv_heads*head_dim]", [](C c, L l) { return TensorShape{c.dim, k_dim(c, l)}; },
+                [](C c, L) { return c.shares_kv() ? TensorNeed::optional : TensorNeed::required; }},
+    // gemma4 may leave attn_v out (V is then K's projection: its 31B's global layers).
     LayerTensor{LayerRole::wv, &LayerWeights::wv, "attn_v.weight", nullptr, TensorKind::matrix,
-                "[dim, n_kv_heads*head_dim_v]", [](C c, L l) { return TensorShape{c.dim, v_dim(c, l)}; }, required},
+                "[dim, n_kv_heads*head_dim_v]", [](C c, L l) { return TensorShape{c.dim, v_dim(c, l)}; },
+                [](C c, L) { return c.arch == Arch::gemma4 ? TensorNeed::optional : TensorNeed::required; }},
     // Biases of q/k/v: required where the family has them (qwen2), optional elsewhere (some llama files).
     LayerTensor{LayerRole::bq, &LayerWeights::bq, "attn_q.bias", nullptr, TensorKind::vector, "[n_heads*head_dim]",
                 [](C c, L l) { return vec(q_dim(c, l)); },
@@ -46,11 +54,12 @@ constexpr std::array kTable = {
                 [](C c, L) { return c.qkv_bias ? TensorNeed::required : TensorNeed::optional; }},
     // q/k norms: one head's width, or every head's at once (olmo2).
     LayerTensor{LayerRole::q_norm, &LayerWeights::q_norm, "attn_q_norm.weight", nullptr, TensorKind::vector,
-                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? q_dim(c, l) : c.head_dim); },
+                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? q_dim(c, l) : hd(c, l)); },
                 [](C c, L) { return when(c.qk_norm); }},
     LayerTensor{LayerRole::k_norm, &LayerWeights::k_norm, "attn_k_norm.weight", nullptr, TensorKind::vector,
-                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? k_dim(c, l) : c.head_dim); },
-                [](C c, L) { return when(c.qk_norm); }},
+                "[head_dim]", [](C c, L l) { return vec(c.qk_norm_whole ? k_dim(c, l) : hd(c, l)); },
+                [](C c, L) { return !c.qk_norm ? TensorNeed::absent : c.shares_kv() ? TensorNeed::optional
+                                                                                : TensorNeed::required; }},
     LayerTensor{LayerRole::wo, &LayerWeights::wo, "attn_output.weight", nullptr, TensorKind::matrix,
                 "[n_heads*head_dim_v, dim]", [](C c, L l) { return TensorShape{o_dim(c, l), c.dim}; }, required},
     LayerTensor{LayerRole::bo, &LayerWeights::bo, "attn_output.bias", nullptr, TensorKind::vector, "[dim]",
@@ -147,6 +156,19 @@ constexpr std::array kTable = {
     LayerTensor{LayerRole::nextn_shared_head_norm, &LayerWeights::nextn_shared_head_norm,
                 "nextn.shared_head_norm.weight", nullptr, TensorKind::vector, "[dim]",
                 [](C c, L) { return vec(c.dim); }, nextn_optional},
+    // gemma4's per-layer input block and its layer's output scale.
+    LayerTensor{LayerRole::per_layer_gate, &LayerWeights::per_layer_gate, "inp_gate.weight", nullptr,
+                TensorKind::matrix, "[dim, per_layer_dim]", [](C c, L) { return TensorShape{c.dim, c.per_layer_dim}; },
+                [](C c, L) { return when(c.per_layer_dim > 0); }},
+    LayerTensor{LayerRole::per_layer_proj, &LayerWeights::per_layer_proj, "proj.weight", nullptr, TensorKind::matrix,
+                "[per_layer_dim, dim]", [](C c, L) { return TensorShape{c.per_layer_dim, c.dim}; },
+                [](C c, L) { return when(c.per_layer_dim > 0); }},
+    LayerTensor{LayerRole::per_layer_post_norm, &LayerWeights::per_layer_post_norm, "post_norm.weight", nullptr,
+                TensorKind::vector, "[dim]", [](C c, L) { return vec(c.dim); },
+                [](C c, L) { return when(c.per_layer_dim > 0); }},
+    LayerTensor{LayerRole::layer_out_scale, &LayerWeights::layer_out_scale, "layer_output_scale.weight", nullptr,
+                TensorKind::vector, "[1]", [](C, L) { return vec(1); },
+                [](C c, L) { return c.arch == Arch::gemma4 ? TensorNeed::optional : TensorNeed::absent; }},
 };
 static_assert(kTable.size() == static_cast<size_t>(kLayerRoles));
 

@@ -21,8 +21,9 @@ enum class LayerRole : uint8_t {
     w_gate, w_up, w_down, b_gate, b_up, b_down, post_attn_norm, post_ffn_norm,
     exp_probs_b, gate_shexp, up_shexp, down_shexp,
     nextn_eh_proj, nextn_enorm, nextn_hnorm, nextn_embed_tokens, nextn_shared_head_head, nextn_shared_head_norm,
+    per_layer_gate, per_layer_proj, per_layer_post_norm, layer_out_scale,
 };
-inline constexpr int kLayerRoles = static_cast<int>(LayerRole::nextn_shared_head_norm) + 1;
+inline constexpr int kLayerRoles = static_cast<int>(LayerRole::layer_out_scale) + 1;
 
 // How a backend holds a tensor of that role:
 //   matrix      - a projection in its GGUF format (n_out rows of n_in)

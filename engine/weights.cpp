@@ -122,7 +122,8 @@ private:
 // checked when the model loads; they are a few MB at most even in the largest models, against gigabytes of
 // matrices (those `tern info --check` scans).
 std::vector<const WeightRef*> small_tensors(const ModelWeights& w) {
-    std::vector<const WeightRef*> t = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short};
+    std::vector<const WeightRef*> t = {&w.output_norm, &w.rope_freqs, &w.rope_factors_long, &w.rope_factors_short,
+                                       &w.per_layer_proj_norm};
     for (const std::vector<LayerWeights>* layers : {&w.layers, &w.nextn_layers})
       for (const LayerWeights& l : *layers)
         for (const LayerTensor& r : layer_tensors())
@@ -168,6 +169,14 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
             w.rope_factors_long = b.vector("rope_factors_long.weight", c.n_rot / 2, "[n_rot/2]");
         if (file.find_tensor("rope_factors_short.weight"))
             w.rope_factors_short = b.vector("rope_factors_short.weight", c.n_rot / 2, "[n_rot/2]");
+    }
+    if (c.per_layer_dim > 0) {
+        const int64_t width = int64_t{c.n_layers} * c.per_layer_dim;
+        w.per_layer_token_embd =
+            b.matrix("per_layer_token_embd.weight", width, c.vocab, "[n_layers*per_layer_dim, vocab]");
+        w.per_layer_model_proj =
+            b.matrix("per_layer_model_proj.weight", c.dim, width, "[dim, n_layers*per_layer_dim]");
+        w.per_layer_proj_norm = b.vector("per_layer_proj_norm.weight", c.per_layer_dim, "[per_layer_dim]");
     }
 
     // The decoder's layers, then the next-token-prediction layers after them (blk.n_layers ...). A file whose
@@ -223,6 +232,15 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
             case TensorKind::stack: dst = b.stack(name, s.n_in, s.n_out, s.n_mats, t.dims); break;
             }
         }
+    }
+    // A layer with its own KV needs its K (optional in the table only for gemma4's layers on shared KV).
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+        const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+        if (!c.layers[static_cast<size_t>(l)].has_kv()) continue;
+        for (const LayerRole r : {LayerRole::wk, LayerRole::k_norm})
+            if (layer_tensor(r).need(c) != TensorNeed::absent && !weight_of(lw, r).present())
+                throw InputError(file.path() + ": tensor '" + layer_tensor_name(layer_tensor(r), c, l) +
+                                 "' is missing (layer " + std::to_string(l) + " has its own KV)");
     }
     check_small_tensor_values(file, w);
     return w;

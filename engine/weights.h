@@ -61,6 +61,10 @@ struct LayerWeights {
     // A next-token-prediction layer's own tensors (ModelConfig::nextn_layers), checked at load and not run.
     WeightRef nextn_eh_proj, nextn_enorm, nextn_hnorm, nextn_embed_tokens, nextn_shared_head_head,
         nextn_shared_head_norm;
+    // gemma4's per-layer input block (ModelConfig::per_layer_dim > 0): inp_gate (per_layer_dim, dim),
+    // proj (dim, per_layer_dim), post_norm (dim); and the optional scalar its layer's output is multiplied by.
+    WeightRef per_layer_gate, per_layer_proj, per_layer_post_norm;
+    WeightRef layer_out_scale;                // optional (1)
 };
 
 struct ModelWeights {
@@ -69,6 +73,11 @@ struct ModelWeights {
     WeightRef output;      // (vocab, dim): token_embd itself when the output is tied
     WeightRef rope_freqs;  // optional (n_rot/2) f32
     WeightRef rope_factors_long, rope_factors_short;  // LongRoPE (ModelConfig::rope_longrope): optional (n_rot/2)
+    // gemma4's per-layer token embeddings (ModelConfig::per_layer_dim > 0): a row of n_layers*per_layer_dim per
+    // token, the projection of the embedding to the same width, and the norm of each layer's chunk of it.
+    WeightRef per_layer_token_embd;   // (vocab, n_layers*per_layer_dim)
+    WeightRef per_layer_model_proj;   // (n_layers*per_layer_dim, dim)
+    WeightRef per_layer_proj_norm;    // (per_layer_dim)
     std::vector<LayerWeights> layers;
     std::vector<LayerWeights> nextn_layers;   // ModelConfig::nextn_layers: loaded and checked, never run
     // Copies of the tensors whose bytes in the file do not start on a kWeightAlignment boundary

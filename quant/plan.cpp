@@ -88,7 +88,9 @@ GgmlType mixture_type(const PlanInput& t, const ModelFacts& m, QuantFtype f, Ggm
         reason = is_output ? "output tensor" : f == F::mxfp4 ? "not an FFN tensor" : "not an expert tensor";
         return GgmlType::Q8_0;
     }
-    if (name == "output.weight" || (!c.has_output && name == "token_embd.weight")) {
+    // gemma4's per_layer_token_embd is a token embedding to llama-quantize: the output's type when tied.
+    if (name == "output.weight" ||
+        (!c.has_output && (name == "token_embd.weight" || name == "per_layer_token_embd.weight"))) {
         if (t.ne[0] % block_elems(def) != 0) type = GgmlType::Q8_0;
         else if (def != GgmlType::Q8_0) type = GgmlType::Q6_K;
         reason = "output tensor";
@@ -220,7 +222,7 @@ bool is_quantizable(std::string_view name, int n_dims) {
     for (std::string_view skip : {"_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight", "attn_rel_b.weight",
                                   "pos_embd", "token_types", "time_mix_first.weight", "time_mix_w1.weight",
                                   "time_mix_w2.weight", "time_mix_decay_w1.weight", "time_mix_decay_w2.weight",
-                                  "time_mix_lerp_fused.weight"})
+                                  "time_mix_lerp_fused.weight", "altup", "laurel", "per_layer_model_proj"})
         if (contains(name, skip)) return false;
     return true;
 }

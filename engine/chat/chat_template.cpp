@@ -32,6 +32,7 @@ constexpr std::array<FamilyName, 18> kFamilies = {{
     {ChatTemplate::Family::command_r, "command-r"},
     {ChatTemplate::Family::gpt_oss, "gpt-oss"},
     {ChatTemplate::Family::glm4, "glm4"},
+    {ChatTemplate::Family::gemma4, "gemma4"},
 }};
 
 bool has(std::string_view text, std::string_view what) {
@@ -204,6 +205,7 @@ ChatTemplate::Detection ChatTemplate::detect(std::string_view t) {
     }
     if (has(t, "<|start_header_id|>")) return found(Family::llama3);
     if (has(t, "[gMASK]<sop>")) return found(Family::glm4);   // before phi3 / zephyr, which share <|user|>
+    if (has(t, "<|turn>")) return found(Family::gemma4);
     if (has(t, "<start_of_turn>")) return found(Family::gemma);
     if (has(t, "<|START_OF_TURN_TOKEN|>")) return found(Family::command_r);
     if (has(t, "[SYSTEM_PROMPT]")) return found(has(t, "[INST] ") ? Family::mistral_v7 : Family::mistral_v7_tekken);
@@ -314,6 +316,17 @@ PromptText ChatTemplate::render_spans(const std::vector<ChatMessage>& messages, 
                 .content(trim(m.content))
                 .markup("<end_of_turn>\n");
         if (add_generation_prompt) out.markup("<start_of_turn>model\n");
+        break;
+    case Family::gemma4:
+        // Every role its own turn (a system message too), the assistant's as "model". The generation prompt opens
+        // the model's turn only: Gemma 4's own template also writes an empty thinking channel there when thinking
+        // is off, which the history it renders then drops, so every later turn would re-tokenize the last reply;
+        // without a <|think|> in the system turn the model answers directly either way.
+        for (const ChatMessage& m : messages)
+            out.markup("<|turn>" + std::string(m.role == "assistant" ? "model" : m.role) + "\n")
+                .content(trim(m.content))
+                .markup("<turn|>\n");
+        if (add_generation_prompt) out.markup("<|turn>model\n");
         break;
     case Family::phi3:
         for (const ChatMessage& m : messages)

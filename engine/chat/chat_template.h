@@ -40,6 +40,7 @@ public:
         command_r,
         gpt_oss,   // OpenAI's harmony format
         glm4,      // GLM-4.5 / 4.6 / 4.7: [gMASK]<sop><|role|>\n..., earlier replies behind an empty <think></think>
+        gemma4,    // Gemma 4's <|turn>role ... <turn|> turns, its thinking channel left empty
     };
 
     // Every name from_name accepts, in a stable order (for --help and error messages).

@@ -1,6 +1,7 @@
 #include "engine/cpu/backend_cpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -83,11 +84,18 @@ void CpuBackend::load(const ModelConfig& config, const ModelWeights& weights, co
     output_norm_ = vector_f32(weights.output_norm);
     rope_freqs_ = vector_f32(rope_factors_for(weights, config, options.n_ctx));
 
-    std::vector<int32_t> n_kv_heads;
-    for (const LayerConfig& lc : config.layers)
-        n_kv_heads.push_back(lc.n_kv_heads);
+    per_layer_proj_norm_ = vector_f32(weights.per_layer_proj_norm);
+
+    // A layer that reads another's KV (gemma4's shared layers) gets none of its own: 0 heads, no bytes.
+    std::vector<int32_t> n_kv_heads, head_dims, head_dims_v;
+    for (int32_t l = 0; l < config.n_layers; ++l) {
+        const LayerConfig& lc = config.layers[static_cast<size_t>(l)];
+        n_kv_heads.push_back(lc.has_kv() ? lc.n_kv_heads : 0);
+        head_dims.push_back(config.head_dim_of(l));
+        head_dims_v.push_back(config.head_dim_v_of(l));
+    }
     const int32_t pool = std::max(options.kv_pool_positions, options.n_ctx);
-    kv_.init(options.kv_type, n_kv_heads, config.head_dim, config.head_dim_v, options.n_ctx,
+    kv_.init(options.kv_type, n_kv_heads, head_dims, head_dims_v, options.n_ctx,
              static_cast<int32_t>(kv_pages_for(pool)));
     logits_.clear();
     n_logit_rows_ = 0;
@@ -157,29 +165,46 @@ public:
         const LayerConfig& lc = c_.layers[static_cast<size_t>(l)];
         const PreparedLayer& pl = prepared(l);
         const LayerVectors& lv = vectors(l);
-        const int64_t head_dim = c_.head_dim, n_heads = lc.n_heads, n_kv_heads = lc.n_kv_heads;
-        const int64_t q_dim = n_heads * head_dim, k_dim = n_kv_heads * head_dim, v_dim = n_kv_heads * c_.head_dim_v;
+        const int64_t head_dim = c_.head_dim_of(l), head_dim_v = c_.head_dim_v_of(l);
+        const int64_t n_heads = lc.n_heads;
+        // A layer reading another's KV (gemma4) projects q alone and writes nothing to the cache.
+        const bool own_kv = plan.kv_source < 0;
+        const int64_t n_kv_heads = own_kv ? lc.n_kv_heads : 0;
+        const int64_t q_dim = n_heads * head_dim, k_dim = n_kv_heads * head_dim, v_dim = n_kv_heads * head_dim_v;
         q_.resize(static_cast<size_t>(n_ * q_dim)); // (n, n_heads, head_dim)
         k_.resize(static_cast<size_t>(n_ * k_dim)); // (n, n_kv_heads, head_dim)
         v_.resize(static_cast<size_t>(n_ * v_dim)); // (n, n_kv_heads, head_dim_v)
-        b_.project_shared(pl.qkv, {&pl.q, &pl.k, &pl.v}, {&lv[LayerRole::bq], &lv[LayerRole::bk], &lv[LayerRole::bv]},
-                          b_.input_, {q_.data(), k_.data(), v_.data()});
+        if (own_kv && pl.v.source.present()) {
+            b_.project_shared(pl.qkv, {&pl.q, &pl.k, &pl.v},
+                              {&lv[LayerRole::bq], &lv[LayerRole::bk], &lv[LayerRole::bv]}, b_.input_,
+                              {q_.data(), k_.data(), v_.data()});
+        } else if (own_kv) {   // gemma4 without attn_v (its 31B's global layers): V is K's projection, before K's norm
+            b_.project_shared(pl.qkv, {&pl.q, &pl.k}, {&lv[LayerRole::bq], &lv[LayerRole::bk]}, b_.input_,
+                              {q_.data(), k_.data()});
+            std::copy(k_.begin(), k_.end(), v_.begin());
+        } else {
+            b_.project(pl.q, lv[LayerRole::bq], b_.input_, q_.data());
+        }
 
-        const LayerRope rope = layer_rope(plan.rope, head_dim, b_.rope_freqs_.empty() ? nullptr : b_.rope_freqs_.data());
+        const float* freq_factors = b_.rope_freqs_.empty() || lc.no_freq_factors ? nullptr : b_.rope_freqs_.data();
+        const LayerRope rope = layer_rope(plan.rope, head_dim, freq_factors);
         const bool per_head = plan.qk_norm && !plan.qk_norm_whole, whole = plan.qk_norm && plan.qk_norm_whole;
         const float* q_norm = lv[LayerRole::q_norm].data();
         const float* k_norm = lv[LayerRole::k_norm].data();
         const float eps = c_.rms_eps;
         const int rope_threads = threads_for_work(n_ * (n_heads + n_kv_heads) * head_dim * 16, b_.n_threads_);
         parallel_for(n_, rope_threads, 16, [&](int64_t i0, int64_t i1) {
+          std::vector<float> ones;   // V's norm has no weight (gemma4)
+          if (plan.v_norm) ones.assign(static_cast<size_t>(head_dim_v), 1.0f);
           for (int64_t i = i0; i < i1; ++i) {
             const int32_t pos = token_pos_[static_cast<size_t>(i)];
             const float q_temperature = c_.attn_temperature(pos);   // 1 but for mistral3 past its original context
             float* qi = q_.data() + i * q_dim;
             float* ki = k_.data() + i * k_dim;
+            float* vi = v_.data() + i * v_dim;
             if (whole) {   // olmo2: one norm over every head
                 rmsnorm_f32(qi, q_norm, qi, q_dim, eps);
-                rmsnorm_f32(ki, k_norm, ki, k_dim, eps);
+                if (own_kv) rmsnorm_f32(ki, k_norm, ki, k_dim, eps);
             }
             for (int64_t h = 0; h < n_heads; ++h) {
                 float* qh = qi + h * head_dim;
@@ -188,12 +213,14 @@ public:
                 if (q_temperature != 1.0f)
                     for (int64_t d = 0; d < head_dim; ++d) qh[d] *= q_temperature;
             }
+            if (!own_kv) continue;
             for (int64_t h = 0; h < n_kv_heads; ++h) {
                 float* kh = ki + h * head_dim;
                 if (per_head) rmsnorm_f32(kh, k_norm, kh, head_dim, eps);
                 rope.apply(kh, pos);
+                if (plan.v_norm) rmsnorm_f32(vi + h * head_dim_v, ones.data(), vi + h * head_dim_v, head_dim_v, eps);
             }
-            b_.kv_.write(l, pos, ki, v_.data() + i * v_dim, token_seq_[static_cast<size_t>(i)]);
+            b_.kv_.write(l, pos, ki, vi, token_seq_[static_cast<size_t>(i)]);
           }
         });
     }
@@ -201,8 +228,8 @@ public:
     // Attention over the cache, span by span (backend_cpu_attention.cpp).
     void attend(int32_t l) override {
         const LayerConfig& lc = c_.layers[static_cast<size_t>(l)];
-        const int64_t q_dim = int64_t{lc.n_heads} * c_.head_dim;
-        att_dim_ = int64_t{lc.n_heads} * c_.head_dim_v;
+        const int64_t q_dim = int64_t{lc.n_heads} * c_.head_dim_of(l);
+        att_dim_ = int64_t{lc.n_heads} * c_.head_dim_v_of(l);
         att_.resize(static_cast<size_t>(n_ * att_dim_)); // (n, n_heads, head_dim_v)
         for (size_t s = 0, first = 0; s < spans_.size(); first += static_cast<size_t>(spans_[s].n_tokens), ++s) {
             const float* qs = q_.data() + first * static_cast<size_t>(q_dim);
@@ -243,6 +270,51 @@ public:
         if (b_.input_.x != xn_.data()) b_.input_.reset(xn_.data(), c_.dim, n_);
         b_.moe_ffn(prepared(l), vectors(l), n_, out_.data());
         add_residual(l, r);
+    }
+
+    // gemma4: per token, the projection of its (scaled) embedding to every layer's chunk, each chunk RMS-normed
+    // with per_layer_proj_norm, plus its per_layer_token_embd row scaled by sqrt(per_layer_dim), all over sqrt(2),
+    // in llama.cpp's order of operations. Kept as (n, n_layers, per_layer_dim) for per_layer_block.
+    void per_layer_inputs() override {
+        const int64_t pld = c_.per_layer_dim, width = int64_t{c_.n_layers} * pld, dim = c_.dim;
+        per_layer_.resize(static_cast<size_t>(n_ * width));
+        b_.input_.reset(x_.data(), dim, n_);
+        b_.project(b_.prepared_.per_layer_model_proj, {}, b_.input_, per_layer_.data());
+        const float proj_scale = 1.0f / std::sqrt(static_cast<float>(dim));
+        const float tok_scale = std::sqrt(static_cast<float>(pld));
+        const float in_scale = 1.0f / std::sqrt(2.0f);
+        const WeightRef& te = b_.weights_.per_layer_token_embd;
+        std::vector<float> row(static_cast<size_t>(width));
+        for (int64_t i = 0; i < n_; ++i) {
+            float* pi = per_layer_.data() + i * width;
+            for (int64_t e = 0; e < width; ++e) pi[e] *= proj_scale;
+            rmsnorm_rows(pi, b_.per_layer_proj_norm_, pi, c_.n_layers, pld, c_.rms_eps);
+            dequantize_row(te.type, te.row(batch_.tokens[static_cast<size_t>(i)]), row.data(), width);
+            for (int64_t e = 0; e < width; ++e) pi[e] = (pi[e] + row[static_cast<size_t>(e)] * tok_scale) * in_scale;
+        }
+    }
+
+    // x += post_norm(proj(gelu(inp_gate x) * the layer's chunk of the per-layer inputs)).
+    void per_layer_block(int32_t l) override {
+        const PreparedLayer& pl = prepared(l);
+        const int64_t pld = c_.per_layer_dim, width = int64_t{c_.n_layers} * pld, dim = c_.dim;
+        const int64_t model_layer = b_.program_.first_layer + l;
+        gate_.resize(static_cast<size_t>(n_ * pld));
+        up_.resize(static_cast<size_t>(n_ * pld));
+        b_.input_.reset(x_.data(), dim, n_);
+        b_.project(pl.per_layer_gate, {}, b_.input_, gate_.data());
+        for (int64_t i = 0; i < n_; ++i)
+            std::copy_n(per_layer_.data() + i * width + model_layer * pld, pld, up_.data() + i * pld);
+        glu_activation(FfnActivation::gelu_tanh, gate_.data(), up_.data(), n_ * pld, b_.n_threads_);
+        b_.input_.reset(gate_.data(), pld, n_);
+        b_.project(pl.per_layer_proj, {}, b_.input_, out_.data());
+        add_residual(l, ResidualPlan{true, LayerRole::per_layer_post_norm, 1.0f});
+    }
+
+    void layer_output_scale(int32_t l) override {
+        const std::vector<float>& s = vectors(l)[LayerRole::layer_out_scale];
+        if (s.empty()) return;
+        for (float& v : x_) v *= s[0];
     }
 
     void stream_out() override {
@@ -336,6 +408,7 @@ private:
     std::vector<float> q_, k_, v_, att_;   // per layer: (n, n_heads*head_dim) ...
     std::vector<float> gate_, up_;         // (n, ffn_dim)
     std::vector<float> out_;               // (n, dim) a block's output
+    std::vector<float> per_layer_;         // (n, n_layers, per_layer_dim) gemma4's per-layer inputs
     int64_t att_dim_ = 0, ffn_dim_ = 0, rows_ = 0;
 };
 

@@ -129,6 +129,12 @@ private:
     void attend_plain(int32_t l, int32_t seq, int32_t pos0, int64_t n, const float* q, float* att);
 
     MatmulInput input_;
+    // The layer whose cache layer l attends over: its own, or the earlier one it shares (gemma4).
+    int32_t kv_layer(int32_t l) const {
+        const int32_t src = program_.layers[static_cast<size_t>(l)].attention.kv_source;
+        return src >= 0 ? src : l;
+    }
+    std::vector<float> per_layer_proj_norm_;   // (per_layer_dim) gemma4, empty elsewhere
 
     KvCache kv_;
     std::vector<float> logits_; // (n_logit_rows, vocab) f32

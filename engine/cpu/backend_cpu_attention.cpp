@@ -29,14 +29,15 @@ void CpuBackend::attend(int32_t l, int32_t seq, int32_t pos0, int64_t n, const f
     const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
     AttnParams p;
     p.format = kv_.format();
-    p.head_dim = c.head_dim;
-    p.head_dim_v = c.head_dim_v;
+    p.head_dim = c.head_dim_of(l);
+    p.head_dim_v = c.head_dim_v_of(l);
+    const int32_t kl = kv_layer(l);   // the layer whose cache it reads (its own, or gemma4's shared one)
     p.group = lc.n_heads / lc.n_kv_heads;
     p.scale = c.attn_scale;
     p.softcap = c.attn_softcap;
     const std::vector<float>& sinks = layer_vectors_[static_cast<size_t>(l)][LayerRole::attn_sinks];
     p.sinks = sinks.empty() ? nullptr : sinks.data();
-    const KvPagesView kv = kv_.pages_view(l, seq);
+    const KvPagesView kv = kv_.pages_view(kl, seq);
     // Decode reads a few KiB of each head's K and V, which the weight stream has pushed out of the caches: asked
     // for all at once, they arrive at the memory's bandwidth instead of one latency per head's stream (llama-1b
     // Q4_0 at up to 64 positions, 2 threads: attention 416-461 -> 356-378 us per token, interleaved runs).
@@ -48,13 +49,13 @@ void CpuBackend::attend(int32_t l, int32_t seq, int32_t pos0, int64_t n, const f
             for (int32_t g = 0; g < lc.n_kv_heads; ++g)
                 for (int32_t pos = lo; pos < hi;) {   // the rows of each page are one run
                     const int32_t run = std::min(hi - pos, kKvPagePositions - pos % kKvPagePositions);
-                    prefetch_lines(kv_.k_row(l, g, pos, seq), static_cast<size_t>(run) * k_row);
-                    prefetch_lines(kv_.v_row(l, g, pos, seq), static_cast<size_t>(run) * v_row);
+                    prefetch_lines(kv_.k_row(kl, g, pos, seq), static_cast<size_t>(run) * k_row);
+                    prefetch_lines(kv_.v_row(kl, g, pos, seq), static_cast<size_t>(run) * v_row);
                     pos += run;
                 }
     }
-    attend_tokens(p, attn_chunk_kernel(p), lc.n_kv_heads, kv, pos0, n, lc.sliding_window, q, lc.n_heads * c.head_dim,
-                  att, lc.n_heads * c.head_dim_v, n_threads_);
+    attend_tokens(p, attn_chunk_kernel(p), lc.n_kv_heads, kv, pos0, n, lc.sliding_window, q, lc.n_heads * p.head_dim,
+                  att, lc.n_heads * p.head_dim_v, n_threads_);
 }
 
 } // namespace tern

@@ -19,9 +19,11 @@ void CpuBackend::attend_plain(int32_t l, int32_t seq, int32_t pos0, int64_t n, c
     const ModelConfig& c = config_;
     const LayerConfig& lc = c.layers[static_cast<size_t>(l)];
     const int64_t group = lc.n_heads / lc.n_kv_heads;
-    const int64_t q_dim = lc.n_heads * c.head_dim, att_dim = lc.n_heads * c.head_dim_v;
+    const int64_t head_dim = c.head_dim_of(l), head_dim_v = c.head_dim_v_of(l);
+    const int64_t q_dim = lc.n_heads * head_dim, att_dim = lc.n_heads * head_dim_v;
+    const int32_t kl = kv_layer(l);   // the layer whose cache it reads (its own, or gemma4's shared one)
     const std::vector<float>& sinks = layer_vectors_[static_cast<size_t>(l)][LayerRole::attn_sinks];   // gpt-oss, else empty
-    parallel_for(n, threads_for_work(n * (pos0 + n) * lc.n_heads * c.head_dim, n_threads_), 8, [&](int64_t i0, int64_t i1) {
+    parallel_for(n, threads_for_work(n * (pos0 + n) * lc.n_heads * head_dim, n_threads_), 8, [&](int64_t i0, int64_t i1) {
         std::vector<float> scores(static_cast<size_t>(pos0 + i1));
         std::vector<float> k, v;   // one KV head's visible rows, gathered from their pages
         for (int64_t i = i0; i < i1; ++i) {
@@ -31,19 +33,19 @@ void CpuBackend::attend_plain(int32_t l, int32_t seq, int32_t pos0, int64_t n, c
             for (int64_t h = 0; h < lc.n_heads; ++h) {
                 const auto g = static_cast<int32_t>(h / group);
                 if (h % group == 0) {
-                    k.resize(rows * static_cast<size_t>(c.head_dim));
-                    v.resize(rows * static_cast<size_t>(c.head_dim_v));
+                    k.resize(rows * static_cast<size_t>(head_dim));
+                    v.resize(rows * static_cast<size_t>(head_dim_v));
                     for (size_t r = 0; r < rows; ++r) {
                         const int32_t at = lo + static_cast<int32_t>(r);
-                        std::memcpy(k.data() + r * static_cast<size_t>(c.head_dim), kv_.k_row(l, g, at, seq),
-                                    sizeof(float) * static_cast<size_t>(c.head_dim));
-                        std::memcpy(v.data() + r * static_cast<size_t>(c.head_dim_v), kv_.v_row(l, g, at, seq),
-                                    sizeof(float) * static_cast<size_t>(c.head_dim_v));
+                        std::memcpy(k.data() + r * static_cast<size_t>(head_dim), kv_.k_row(kl, g, at, seq),
+                                    sizeof(float) * static_cast<size_t>(head_dim));
+                        std::memcpy(v.data() + r * static_cast<size_t>(head_dim_v), kv_.v_row(kl, g, at, seq),
+                                    sizeof(float) * static_cast<size_t>(head_dim_v));
                     }
                 }
-                attention_head(q + i * q_dim + h * c.head_dim, k.data(), v.data(), KvElem::f32, pos - lo + 1, c.head_dim,
-                               c.head_dim_v, c.attn_scale, c.attn_softcap, scores.data(),
-                               att + i * att_dim + h * c.head_dim_v,
+                attention_head(q + i * q_dim + h * head_dim, k.data(), v.data(), KvElem::f32, pos - lo + 1, head_dim,
+                               head_dim_v, c.attn_scale, c.attn_softcap, scores.data(),
+                               att + i * att_dim + h * head_dim_v,
                                sinks.empty() ? nullptr : &sinks[static_cast<size_t>(h)]);
             }
         }

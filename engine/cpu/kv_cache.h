@@ -28,6 +28,10 @@ public:
     // KvAllocationFailed when the memory is not there (engine/load_errors.h).
     void init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, int32_t head_dim, int32_t head_dim_v,
               int32_t n_ctx, int32_t n_slots = 0);
+    // The same with each layer's own head sizes (gemma4's sliding-window layers); a layer of 0 KV heads (one
+    // that reads another layer's KV) holds no bytes; its snapshots hold each layer's rows in its own sizes.
+    void init(KvType type, const std::vector<int32_t>& n_kv_heads_per_layer, const std::vector<int32_t>& head_dims,
+              const std::vector<int32_t>& head_dims_v, int32_t n_ctx, int32_t n_slots = 0);
 
     KvType type() const { return type_; }
     KvType format() const { return type_; }   // the stored row format (kernels/kv_format.h)
@@ -106,8 +110,9 @@ private:
     void make_writable(int32_t seq, int32_t begin, int32_t end);
 
     KvType type_ = KvType::f16;
-    size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
-    int32_t head_dim_ = 0, head_dim_v_ = 0, n_ctx_ = 0;
+    std::vector<size_t> k_row_bytes_, v_row_bytes_;    // per layer
+    std::vector<int32_t> head_dim_, head_dim_v_;      // per layer
+    int32_t n_ctx_ = 0;
     std::vector<int32_t> n_kv_heads_; // per layer
     std::vector<size_t> k_page_bytes_, v_page_bytes_;   // per layer: one slot's K / V bytes
     KvPageTable table_;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/model_config.h"
 #include "kernels/cpu/ops.h"
 
 namespace tern {
@@ -70,7 +71,9 @@ LayerRope layer_rope(const RopePlan& plan, int64_t head_dim, const float* freq_f
 }
 
 LayerRope layer_rope(const ModelConfig& config, int32_t layer, const float* freq_factors) {
-    return layer_rope(rope_plan(config, layer), config.head_dim, freq_factors);
+    const LayerConfig& lc = config.layers[static_cast<size_t>(layer)];
+    return layer_rope(rope_plan(config, layer), lc.head_dim > 0 ? lc.head_dim : config.head_dim,
+                      lc.no_freq_factors ? nullptr : freq_factors);
 }
 
 } // namespace tern

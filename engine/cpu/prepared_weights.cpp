@@ -165,6 +165,8 @@ PreparedWeights prepare_weights(const ModelWeights& weights, bool exact_matmul, 
         pl.gate_shexp = plan(lw.gate_shexp, exact_matmul, k);
         pl.up_shexp = plan(lw.up_shexp, exact_matmul, k);
         pl.down_shexp = plan(lw.down_shexp, exact_matmul, k);
+        pl.per_layer_gate = plan(lw.per_layer_gate, exact_matmul, k);
+        pl.per_layer_proj = plan(lw.per_layer_proj, exact_matmul, k);
         if (lw.ffn_gate_inp.present()) {
             pl.router = plan(lw.ffn_gate_inp, exact_matmul, k);
             for (int64_t e = 0; e < lw.gate_exps.n_mats; ++e) {
@@ -176,6 +178,7 @@ PreparedWeights prepare_weights(const ModelWeights& weights, bool exact_matmul, 
         }
     }
     out.output = plan(weights.output, exact_matmul, k);
+    out.per_layer_model_proj = plan(weights.per_layer_model_proj, exact_matmul, k);
     if (exact_matmul) return out;
 
     Builder build(out, n_threads);
@@ -192,12 +195,14 @@ PreparedWeights prepare_weights(const ModelWeights& weights, bool exact_matmul, 
     }
     for (PreparedLayer& pl : out.layers) {
         for (PreparedProjection* p : {&pl.q, &pl.k, &pl.v, &pl.o, &pl.gate, &pl.up, &pl.down, &pl.router,
-                                      &pl.gate_shexp, &pl.up_shexp, &pl.down_shexp})
+                                      &pl.gate_shexp, &pl.up_shexp, &pl.down_shexp,
+                                      &pl.per_layer_gate, &pl.per_layer_proj})
             build.copy(*p);
         for (size_t e = 0; e < pl.gate_exps.size(); ++e)
             for (PreparedProjection* p : {&pl.gate_exps[e], &pl.up_exps[e], &pl.down_exps[e]}) build.copy(*p);
     }
     build.copy(out.output);
+    build.copy(out.per_layer_model_proj);
     return out;
 }
 

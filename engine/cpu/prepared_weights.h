@@ -45,6 +45,8 @@ struct FusedProjections {
 struct PreparedLayer {
     PreparedProjection q, k, v, o, gate, up, down;
     FusedProjections qkv, gate_up;
+    // gemma4's per-layer input block: inp_gate and proj (absent elsewhere).
+    PreparedProjection per_layer_gate, per_layer_proj;
     // Mixture of experts: the router, and each expert's matrices (its slice of the stacked tensor) as projections
     // of their own, gate and up fused per expert where they can be. Empty for a dense layer.
     PreparedProjection router;
@@ -58,6 +60,7 @@ struct PreparedLayer {
 struct PreparedWeights {
     std::vector<PreparedLayer> layers;
     PreparedProjection output;
+    PreparedProjection per_layer_model_proj;   // gemma4: the embedding to every layer's per-layer input
     // The bytes of the copies above: new[] without value-initialisation, so pages become resident only as they are
     // written.
     std::vector<std::unique_ptr<uint8_t[]>> copies;

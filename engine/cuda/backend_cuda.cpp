@@ -243,6 +243,10 @@ void CudaBackend::load(const ModelConfig& config, const ModelWeights& weights, c
     loaded_ = false;
     reset_graph();
     if (config.moe()) check_moe_runs(config, weights);
+    // gemma4's layer features have no CUDA steps yet: refused whole, before anything is uploaded.
+    if (config.per_layer_dim > 0 || config.shares_kv() || config.v_norm || !config.uniform_head_dims())
+        throw DeviceCannotRun(device_name(), "gemma4's layers (per-layer token embeddings, KV shared between layers, "
+                                             "per-layer head sizes, V norm) run on the CPU only for now");
     // Shapes the kernels cannot run are refused before anything is uploaded: the block KV formats' head
     // dims (worded with the flag by the app), then what the attention kernel takes (head dims, group size).
     require_kv_head_dims(options.kv_type, config.head_dim, config.head_dim_v);

@@ -35,6 +35,7 @@ constexpr const char* kEotTexts[] = {
 constexpr const char* kEogTexts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>",      "<|call|>",           "<end_of_turn>", "<|endoftext|>",
     "<|eom_id|>", "<EOT>",      "_<EOT>",  "<|end_of_text|>", "<end_of_utterance>", "</s>",
+    "<turn|>",   // gemma4
 };
 // Fill-in-the-middle markers, one role per row: the first text present in each row.
 constexpr std::array<std::array<const char*, 7>, 6> kFimTexts = {{

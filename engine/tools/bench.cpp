@@ -53,15 +53,23 @@ double kv_element_bytes(KvType type) {
 uint64_t weight_bytes_per_token(const ModelWeights& w, const ModelConfig& config) {
     uint64_t bytes = 0;
     // Every tensor of a layer; of the experts' stacks (MoE) only the used ones' matrices.
-    for (const LayerWeights& l : w.layers)
+    for (size_t i = 0; i < w.layers.size(); ++i)
         for (const LayerTensor& t : layer_tensors()) {
-            const WeightRef& r = l.*t.member;
+            const WeightRef& r = w.layers[i].*t.member;
+            // A layer on another's KV (gemma4) reads none of its own K and V projections.
+            const bool own_kv = i >= config.layers.size() || config.layers[i].has_kv();
+            if (!own_kv && (t.role == LayerRole::wk || t.role == LayerRole::wv || t.role == LayerRole::bk ||
+                            t.role == LayerRole::bv || t.role == LayerRole::k_norm))
+                continue;
             if (t.kind == TensorKind::stack)
                 bytes += tensor_bytes(r) * static_cast<uint64_t>(config.n_expert_used);   // one matrix's rows
             else
                 bytes += tensor_bytes(r);
         }
     bytes += tensor_bytes(w.output_norm) + tensor_bytes(w.rope_freqs);
+    // gemma4's per-layer inputs: the projection whole, one row of the per-layer embeddings.
+    bytes += tensor_bytes(w.per_layer_model_proj) + tensor_bytes(w.per_layer_proj_norm);
+    if (w.per_layer_token_embd.present()) bytes += w.per_layer_token_embd.row_size();
     bytes += tensor_bytes(w.output);   // the lm_head: every row, every token
     // The lookup reads one row; a tied embedding is the lm_head just counted in full.
     if (!config.tied_output && w.token_embd.present()) bytes += w.token_embd.row_size();
@@ -70,10 +78,12 @@ uint64_t weight_bytes_per_token(const ModelWeights& w, const ModelConfig& config
 
 double kv_bytes_read_at(const ModelConfig& config, KvType kv_type, int64_t pos) {
     double elems = 0;
-    for (const LayerConfig& l : config.layers) {
+    for (int32_t i = 0; i < config.n_layers; ++i) {
+        const LayerConfig& l = config.layers[static_cast<size_t>(i)];
         int64_t positions = pos + 1;
         if (l.sliding_window > 0) positions = std::min<int64_t>(positions, l.sliding_window);
-        elems += static_cast<double>(l.n_kv_heads) * (config.head_dim + config.head_dim_v) * static_cast<double>(positions);
+        elems += static_cast<double>(l.n_kv_heads) * (config.head_dim_of(i) + config.head_dim_v_of(i)) *
+                 static_cast<double>(positions);
     }
     return elems * kv_element_bytes(kv_type);
 }

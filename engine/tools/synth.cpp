@@ -43,11 +43,15 @@ struct SynthTensor {
 // consecutive tokens out of 39): llama 20 -> 11, qwen3 28 -> 2 at 0.1; gemma3 39 -> 3 at 0.03.
 float tied_embedding_gain(const SynthShape& s) {
     if (!s.tied_output) return 1.0f;
-    return s.arch == "gemma3" || s.arch == "gemma2" ? 0.03f : 0.1f;
+    return s.arch == "gemma3" || s.arch == "gemma2" || s.arch == "gemma4" ? 0.03f : 0.1f;
+}
+
+// gemma4: a layer is local unless it is the last of its period.
+bool gemma4_local(const SynthShape& s, int32_t l) {
+    return s.swa_period > 0 && (l + 1) % s.swa_period != 0;
 }
 
 std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
-    const int64_t q_dim = int64_t{s.n_heads} * s.head_dim, kv_dim = int64_t{s.n_kv_heads} * s.head_dim;
     const float embd_gain = tied_embedding_gain(s);
     // A model that multiplies its embedding (granite) gets one as much smaller, as trained ones have; one that
     // divides its logits (granite's logit_scale) an output norm as much larger, so that its logits keep the scale
@@ -62,15 +66,25 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
         t.push_back({"rope_factors_long.weight", half, 1, Role::norm, 4.0f});
         t.push_back({"rope_factors_short.weight", half, 1, Role::norm, 1.0f});
     }
+    if (s.swa_period > 0)   // gemma4's proportional rope of the global layers: factors near 1
+        t.push_back({"rope_freqs.weight", s.head_dim / 2, 1, Role::norm});
+    if (s.per_layer_dim > 0) {
+        const int64_t width = int64_t{s.per_layer_dim} * s.n_layers;
+        t.push_back({"per_layer_token_embd.weight", width, vocab, Role::matrix});
+        t.push_back({"per_layer_model_proj.weight", s.dim, width, Role::matrix});
+        t.push_back({"per_layer_proj_norm.weight", s.per_layer_dim, 1, Role::norm});
+    }
     for (int32_t l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
+        const int64_t head_dim = gemma4_local(s, l) ? s.head_dim_swa : s.head_dim;
+        const int64_t q_dim = int64_t{s.n_heads} * head_dim, kv_dim = int64_t{s.n_kv_heads} * head_dim;
         if (s.pre_norms) t.push_back({p + "attn_norm.weight", s.dim, 1, Role::norm});
         if (s.arch == "phi3") {   // phi3 files fuse q, k and v into one tensor, their rows in that order
             t.push_back({p + "attn_qkv.weight", s.dim, q_dim + 2 * kv_dim, Role::matrix});
         } else {
             t.push_back({p + "attn_q.weight", s.dim, q_dim, Role::matrix});
             t.push_back({p + "attn_k.weight", s.dim, kv_dim, Role::matrix});
-            t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
+            if (!(s.global_k_eq_v && !gemma4_local(s, l))) t.push_back({p + "attn_v.weight", s.dim, kv_dim, Role::matrix});
         }
         if (s.qkv_bias || s.gpt_oss) {
             t.push_back({p + "attn_q.bias", q_dim, 1, Role::bias});
@@ -78,8 +92,8 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
             t.push_back({p + "attn_v.bias", kv_dim, 1, Role::bias});
         }
         if (s.qk_norm) {
-            t.push_back({p + "attn_q_norm.weight", s.qk_norm_whole ? q_dim : s.head_dim, 1, Role::norm});
-            t.push_back({p + "attn_k_norm.weight", s.qk_norm_whole ? kv_dim : s.head_dim, 1, Role::norm});
+            t.push_back({p + "attn_q_norm.weight", s.qk_norm_whole ? q_dim : head_dim, 1, Role::norm});
+            t.push_back({p + "attn_k_norm.weight", s.qk_norm_whole ? kv_dim : head_dim, 1, Role::norm});
         }
         t.push_back({p + "attn_output.weight", q_dim, s.dim, Role::matrix});
         if (s.gpt_oss) {
@@ -125,6 +139,12 @@ std::vector<SynthTensor> tensor_list(const SynthShape& s, int64_t vocab) {
             t.push_back({p + "nextn.hnorm.weight", s.dim, 1, Role::norm});
             t.push_back({p + "nextn.shared_head_norm.weight", s.dim, 1, Role::norm});
         }
+        if (s.per_layer_dim > 0) {
+            t.push_back({p + "inp_gate.weight", s.dim, s.per_layer_dim, Role::matrix});
+            t.push_back({p + "proj.weight", s.per_layer_dim, s.dim, Role::matrix});
+            t.push_back({p + "post_norm.weight", s.dim, 1, Role::norm});
+        }
+        if (s.swa_period > 0) t.push_back({p + "layer_output_scale.weight", 1, 1, Role::norm});
     }
     return t;
 }
@@ -194,6 +214,21 @@ std::vector<GgufKv> arch_keys(const SynthShape& s, int64_t vocab) {
                                                          {"logit_scale", s.logit_scale}};
     for (const auto& [key, value] : multipliers)
         if (value > 0.0f) kv.push_back({a + key, GgufValue::make_f32(value)});
+    if (s.swa_period > 0) {   // gemma4: the pattern, the local layers' heads and rope, shared KV, per-layer inputs
+        std::vector<GgufValue> pattern;
+        for (int32_t l = 0; l < s.n_layers; ++l) pattern.push_back(GgufValue::make_bool(gemma4_local(s, l)));
+        kv.push_back({a + "attention.sliding_window_pattern", GgufValue::make_array(GgufType::boolean, pattern)});
+        kv.push_back({a + "attention.key_length_swa", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim_swa))});
+        kv.push_back({a + "attention.value_length_swa", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim_swa))});
+        kv.push_back({a + "rope.dimension_count", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim))});
+        kv.push_back({a + "rope.dimension_count_swa", GgufValue::make_u32(static_cast<uint32_t>(s.head_dim_swa))});
+        kv.push_back({a + "rope.freq_base_swa", GgufValue::make_f32(s.rope_base_swa)});
+        kv.push_back({a + "attention.shared_kv_layers", GgufValue::make_u32(static_cast<uint32_t>(s.shared_kv_layers))});
+        if (s.per_layer_dim > 0)
+            kv.push_back({a + "embedding_length_per_layer_input",
+                          GgufValue::make_u32(static_cast<uint32_t>(s.per_layer_dim))});
+        kv.push_back({a + "final_logit_softcapping", GgufValue::make_f32(30.0f)});
+    }
     if (s.arch == "gemma2") {   // Gemma 2's configs: tanh caps on the attention scores and the logits
         kv.push_back({a + "attn_logit_softcapping", GgufValue::make_f32(50.0f)});
         kv.push_back({a + "final_logit_softcapping", GgufValue::make_f32(30.0f)});

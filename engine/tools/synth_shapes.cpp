@@ -71,6 +71,28 @@ SynthShape gemma3(SynthShape s) {
     return s;
 }
 
+// Gemma 4: gemma3's layers with a global layer every `period` (V its K's projection, no attn_v), the local ones of
+// head size head_dim_swa and rope base 10000, per-layer token embeddings of width per_layer_dim (0: none), the last
+// `shared` layers on earlier KV.
+SynthShape gemma4(SynthShape s, int32_t window, int32_t period, int32_t head_dim_swa, int32_t per_layer_dim,
+                  int32_t shared) {
+    s = gemma3(s);
+    s.sliding_window = window;
+    s.swa_period = period;
+    s.head_dim_swa = head_dim_swa;
+    s.per_layer_dim = per_layer_dim;
+    s.shared_kv_layers = shared;
+    s.rope_base_swa = 10000.0f;
+    s.global_k_eq_v = true;
+    return s;
+}
+
+// Every layer with its attn_v (Gemma 4 E2B/E4B).
+SynthShape with_v(SynthShape s) {
+    s.global_k_eq_v = false;
+    return s;
+}
+
 // gpt-oss: n_expert experts of width expert_ffn_dim, n_used per token, a window on every even layer.
 SynthShape gpt_oss(SynthShape s, int32_t n_expert, int32_t n_used, int32_t expert_ffn_dim, int32_t window) {
     s.gpt_oss = true;
@@ -182,6 +204,11 @@ const SynthShape kShapes[] = {
              8, 2, 256),
     gemma3(make("tiny-gemma3", "gemma3", "tern tiny test model", 256, 6, 4, 1, 128, 768, 512, 2048, 1000000.0f,
                 1e-6f)),
+    // 8 layers, every 4th global (head size 128, no attn_v: V is K's projection; the local ones 64), the last 4 on
+    // the KV of layers 2 (local) and 3 (global), per-layer embeddings of width 64, a 16-token window that a 32-token
+    // test run leaves.
+    gemma4(make("tiny-gemma4", "gemma4", "tern tiny test model", 256, 8, 4, 2, 128, 768, 512, 2048, 1000000.0f, 1e-6f),
+           16, 4, 64, 64, 4),
     // A 16-token window, so that a 32-token test run leaves it on the local layers.
     gemma2(make("tiny-gemma2", "gemma2", "tern tiny test model", 256, 4, 4, 2, 64, 768, 512, 2048, 10000.0f, 1e-6f),
            16),
@@ -200,6 +227,12 @@ const SynthShape kShapes[] = {
     gemma3(make("gemma3-270m", "gemma3", "Gemma 3 270M", 640, 18, 4, 1, 256, 2048, 262144, 32768, 1000000.0f,
                 1e-6f)),
     gemma3(make("gemma3-1b", "gemma3", "Gemma 3 1B", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f)),
+    // Gemma 4 E4B as llama.cpp reads it (42 layers): 5 local : 1 global, heads of 256 and 512, per-layer embeddings
+    // of width 256, a 512-token window; the 18 layers on shared KV are Gemma 3n's proportion, not checked against
+    // the released file (a benchmark shape: its byte counts matter, not its exact config).
+    with_v(gemma4(make("gemma4-e4b", "gemma4", "Gemma 4 E4B", 2560, 42, 8, 2, 512, 10240, 262144, 131072, 1000000.0f,
+                       1e-6f),
+                  512, 6, 256, 256, 18)),
     gemma2(make("gemma2-2b", "gemma2", "Gemma 2 2B", 2304, 26, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f), 4096),
     mistral3(make("ministral3-3b", "mistral3", "Ministral 3 3B", 3072, 26, 32, 8, 128, 9216, 131072, 262144, 1000000.0f,
                   1e-5f),

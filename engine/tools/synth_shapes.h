@@ -51,6 +51,12 @@ struct SynthShape {
     float attn_temp_scale = 0.0f;   // attention.temperature_scale (llama_4_scaling_beta)
     // granite's multipliers (each written when > 0): embedding_scale, residual_scale, attention.scale, logit_scale
     float embedding_scale = 0.0f, residual_scale = 0.0f, attention_scale = 0.0f, logit_scale = 0.0f;
+    // gemma4: every swa_period-th layer global, the others local with head size head_dim_swa and rope base
+    // rope_base_swa (rope_freqs.weight on the global ones), the last shared_kv_layers layers reading earlier KV,
+    // per-layer token embeddings of width per_layer_dim (0: none, the 31B), a layer_output_scale per layer.
+    int32_t swa_period = 0, head_dim_swa = 0, shared_kv_layers = 0, per_layer_dim = 0;
+    bool global_k_eq_v = false;     // gemma4: the global layers carry no attn_v (V is K's projection)
+    float rope_base_swa = 0.0f;
 };
 
 std::span<const SynthShape> synth_shapes();

@@ -51,7 +51,7 @@ TEST_CASE("synth: every architecture's tiny shape loads and gives finite logits"
     TempDir dir;
     for (const std::string shape : {"tiny", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-qwen3moe",
                                     "tiny-mixtral", "tiny-smollm3", "tiny-phi3", "tiny-phi3-longrope", "tiny-qwen3-yarn",
-                                    "tiny-longrope", "tiny-mistral3", "tiny-glm4moe"}) {
+                                    "tiny-longrope", "tiny-mistral3", "tiny-glm4moe", "tiny-gemma4"}) {
         for (const std::string type : {"q4_0", "q4_k_m", "f16"}) {
             CAPTURE(shape);
             CAPTURE(type);

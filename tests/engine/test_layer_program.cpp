@@ -46,8 +46,12 @@ public:
     }
     void attention_qkv(int32_t l, const AttentionPlan& p) override {
         log.push_back("qkv" + std::to_string(l) + (p.qk_norm ? (p.qk_norm_whole ? "+whole_norm" : "+head_norm") : "") +
-                      " rot" + std::to_string(p.rope.n_rot));
+                      (p.v_norm ? "+v_norm" : "") + " rot" + std::to_string(p.rope.n_rot) +
+                      (p.kv_source >= 0 ? " kv_of" + std::to_string(p.kv_source) : ""));
     }
+    void per_layer_inputs() override { log.push_back("per_layer_inputs"); }
+    void per_layer_block(int32_t l) override { log.push_back("per_layer" + std::to_string(l)); }
+    void layer_output_scale(int32_t l) override { log.push_back("out_scale" + std::to_string(l)); }
     void attend(int32_t l) override { log.push_back("attend" + std::to_string(l)); }
     void attention_output(int32_t l, const ResidualPlan& r) override { log.push_back("wo" + std::to_string(l) + res(r)); }
     void ffn_gate_up(int32_t l, GatedFfn f) override {
@@ -192,6 +196,39 @@ TEST_CASE("a slice of a split model starts from the stream in and hands the stre
     ForwardBatch no_in;
     no_in.tokens = kTokens;
     CHECK_THROWS_AS(run(c, missing, no_in), UsageError);
+}
+
+TEST_CASE("gemma4: per-layer inputs once after the embedding, each layer's block and output scale after its FFN, "
+          "the shared layers on an earlier layer's KV, their own rotated dims") {
+    ModelConfig c = config(4);
+    c.arch = Arch::gemma4;
+    c.qk_norm = c.post_norms = c.v_norm = true;
+    c.per_layer_dim = 8;
+    c.layers[0].n_rot = 4;   // a local layer of another head size
+    c.layers[2].kv_source = 0;
+    c.layers[3].kv_source = 1;
+    RecordingSteps s;
+    ForwardBatch b;
+    b.tokens = kTokens;
+    const std::vector<std::string> log = run(c, s, b);
+    CHECK(log[0] == "embed*1.000000");
+    CHECK(log[1] == "per_layer_inputs");
+    CHECK(log[3] == "qkv0+head_norm+v_norm rot4");
+    CHECK(log[9] == "per_layer0");
+    CHECK(log[10] == "out_scale0");
+    CHECK(log[12] == "qkv1+head_norm+v_norm rot8");
+    CHECK(log[21] == "qkv2+head_norm+v_norm rot8 kv_of0");
+    CHECK(log[30] == "qkv3+head_norm+v_norm rot8 kv_of1");
+    CHECK(log[log.size() - 3] == "out_scale3");
+
+    // A later slice of a split model: without the embedding there are no per-layer inputs, and a shared layer must
+    // find its KV in its own slice; both are refused in one line.
+    CHECK_THROWS_WITH_AS(decoder_program(c, 2), doctest::Contains("per-layer token embeddings"), UsageError);
+    c.per_layer_dim = 0;
+    ModelConfig back = c;
+    back.layers.erase(back.layers.begin(), back.layers.begin() + 2);
+    back.n_layers = 2;
+    CHECK_THROWS_WITH_AS(decoder_program(back, 2), doctest::Contains("on another device"), UsageError);
 }
 
 TEST_CASE("the observer sees every projection group by the model's layer numbers, lm_head as layer -1") {

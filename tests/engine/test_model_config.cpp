@@ -14,6 +14,7 @@
 #include "engine/cpu/backend_cpu.h"
 #include "engine/families.h"
 #include "engine/load_errors.h"
+#include "engine/memory_budget.h"
 #include "engine/model.h"
 #include "engine/tools/synth.h"
 #include "formats/gguf.h"
@@ -918,6 +919,99 @@ TEST_CASE("backend factory, KV type names, block KV types need head dims of 32")
           }).find("do not fit the context of 8") != std::string::npos);
     const std::vector<int32_t> bad_tok = {512};
     CHECK_THROWS_AS(cpu.forward(ForwardBatch{bad_tok, 3, LogitsWanted::last}), UsageError);
+}
+
+TEST_CASE("gemma4: the layer pattern array, local head sizes and rope, shared KV, per-layer inputs, the forward") {
+    test::TempDir dir;
+    const std::string path = synth_f32(dir, "tiny-gemma4");
+    const ModelConfig c = config_of(path);
+    CHECK(c.arch == Arch::gemma4);
+    CHECK(c.attn_scale == 1.0f);
+    CHECK(c.final_softcap == 30.0f);
+    CHECK(c.v_norm);
+    CHECK(c.per_layer_dim == 64);
+    CHECK(c.embed_scale == doctest::Approx(std::sqrt(256.0f)));
+    CHECK(c.rope_freq_factors);
+    CHECK(c.shares_kv());
+    CHECK_FALSE(c.uniform_head_dims());
+    for (int32_t l = 0; l < 8; ++l) {
+        CAPTURE(l);
+        const LayerConfig& lc = c.layers[size_t(l)];
+        const bool local = (l + 1) % 4 != 0;
+        CHECK(lc.sliding_window == (local ? 16 : 0));
+        CHECK(c.head_dim_of(l) == (local ? 64 : 128));
+        CHECK(c.n_rot_of(l) == (local ? 64 : 128));
+        CHECK(lc.rope_base == (local ? 10000.0f : 1000000.0f));
+        CHECK(lc.no_freq_factors == local);
+        CHECK(lc.kv_source == (l < 4 ? -1 : local ? 2 : 3));
+    }
+    // The KV of the shared layers is not allocated: 4 of 8 layers, 2 heads of 64 (local) or 128 (global), f16.
+    CHECK(kv_bytes_per_position(c, KvType::f16) == uint64_t{2} * 2 * 2 * (3 * 64 + 128));
+
+    // The forward: finite logits, and a token's logits the same whether it comes alone or in a prefill.
+    const Model m = load_model(path);
+    CpuBackend b;
+    RunOptions o;
+    o.n_ctx = 64;
+    o.kv_type = KvType::f32;
+    b.load(m.config, m.weights, o);
+    std::vector<int32_t> tokens;
+    for (int32_t i = 0; i < 24; ++i) tokens.push_back(1 + (i * 37) % 500);
+    ForwardBatch all;
+    all.tokens = tokens;
+    all.wanted = LogitsWanted::all;
+    b.forward(all);
+    const std::vector<float> last(b.logits(23).begin(), b.logits(23).end());
+    for (float v : last) REQUIRE(std::isfinite(v));
+    b.kv_truncate(0);
+    for (int32_t i = 0; i < 24; ++i) {
+        ForwardBatch one;
+        one.tokens = std::span<const int32_t>(&tokens[size_t(i)], 1);
+        one.pos0 = i;
+        b.forward(one);
+    }
+    const std::span<const float> step = b.logits(0);
+    for (size_t v = 0; v < last.size(); ++v) CHECK(step[v] == doctest::Approx(last[v]).epsilon(1e-3));
+
+    // A snapshot holds each layer's rows in its own head size: restored into another backend, the next token's
+    // logits are the same bits.
+    const KvSnapshot snap = b.kv_save(24);
+    CpuBackend b2;
+    b2.load(m.config, m.weights, o);
+    b2.kv_load(snap);
+    const int32_t next = 7;
+    ForwardBatch more;
+    more.tokens = std::span<const int32_t>(&next, 1);
+    more.pos0 = 24;
+    b.forward(more);
+    b2.forward(more);
+    const std::span<const float> x1 = b.logits(0), x2 = b2.logits(0);
+    CHECK(std::equal(x1.begin(), x1.end(), x2.begin()));
+}
+
+TEST_CASE("gemma4's metadata and tensors refused in one line: shared KV of the wrong kind, a short pattern, no attn_k") {
+    test::TempDir dir;
+    const std::string path = synth_f32(dir, "tiny-gemma4");
+    // 3 shared layers: layer 5 (local) would read layer 3, a global one.
+    const std::string three = test::rewrite_gguf(dir, path, "shared3.gguf", [](GgufWriter& w) {
+        w.set("gemma4.attention.shared_kv_layers", GgufValue::make_u32(3));
+    });
+    CHECK(config_error(three) == "metadata gemma4.attention.shared_kv_layers: layer 5 would read the KV of layer 3, "
+                                 "which is not of its kind (sliding-window or global)");
+    const std::string short_pattern = test::rewrite_gguf(dir, path, "pattern.gguf", [](GgufWriter& w) {
+        w.set("gemma4.attention.sliding_window_pattern",
+              GgufValue::make_array(GgufType::boolean, {GgufValue::make_bool(true), GgufValue::make_bool(false)}));
+    });
+    CHECK(config_error(short_pattern) ==
+          "metadata gemma4.attention.sliding_window_pattern: expected an array of 8 bools (one per layer)");
+    // attn_k may be left out on a layer on shared KV, not on one with its own.
+    const std::string no_k5 = test::rewrite_zeroing(dir, path, "no-k5.gguf", [](GgufWriter&) {}, {},
+                                                    [](const std::string& n) { return n == "blk.5.attn_k.weight"; });
+    CHECK(test::load_error(no_k5).empty());
+    const std::string no_k1 = test::rewrite_zeroing(dir, path, "no-k1.gguf", [](GgufWriter&) {}, {},
+                                                    [](const std::string& n) { return n == "blk.1.attn_k.weight"; });
+    CHECK(test::load_error(no_k1).find("tensor 'blk.1.attn_k.weight' is missing (layer 1 has its own KV)") !=
+          std::string::npos);
 }
 
 } // namespace tern

@@ -205,6 +205,21 @@ TEST_CASE("tied output: token_embd takes the output rule") {
     CHECK(plan_types(plan_for(untied, QuantFtype::q4_0, 2)).at("token_embd.weight") == GgmlType::Q4_0);
 }
 
+TEST_CASE("gemma4's per-layer tensors: per_layer_token_embd is a token embedding, per_layer_model_proj kept") {
+    for (const bool tied : {true, false}) {
+        CAPTURE(tied);
+        auto t = llama_tensors(2, 256, 768, 128, 512, tied);
+        t.push_back(tensor("per_layer_token_embd.weight", 512, 512));
+        t.push_back(tensor("per_layer_model_proj.weight", 256, 512));
+        t.push_back(tensor("per_layer_proj_norm.weight", 256));
+        t.push_back(tensor("blk.0.inp_gate.weight", 256, 256));
+        const auto q4 = plan_types(plan_for(t, QuantFtype::q4_0, 2));
+        CHECK(q4.at("per_layer_token_embd.weight") == (tied ? GgmlType::Q6_K : GgmlType::Q4_0));
+        CHECK(q4.at("per_layer_model_proj.weight") == GgmlType::F32);
+        CHECK(q4.at("blk.0.inp_gate.weight") == GgmlType::Q4_0);
+    }
+}
+
 TEST_CASE("plain float ftypes, f8_e4m3, --pure and --tensor-type") {
     const auto t = llama_tensors(2, 256, 768, 128, 512, false);
     const auto f16 = plan_types(plan_for(t, QuantFtype::f16, 2));

@@ -140,6 +140,14 @@ TEST_CASE("Gemma (Google's Gemma formatting documentation)") {
           "<start_of_turn>user\nAnswer in French.\n\nHello<end_of_turn>\n<start_of_turn>model\n");
 }
 
+TEST_CASE("Gemma 4 (its GGUF's template: a system turn of its own, <|turn>role ... <turn|>)") {
+    CHECK(named("gemma4").render({{"system", " Answer in French. "}, {"user", "Hello"}, {"assistant", "Bonjour"},
+                                  {"user", "Thanks"}}) ==
+          "<|turn>system\nAnswer in French.<turn|>\n<|turn>user\nHello<turn|>\n<|turn>model\nBonjour<turn|>\n"
+          "<|turn>user\nThanks<turn|>\n<|turn>model\n");
+    CHECK(ChatTemplate::resolve("", "{{- '<|turn>model\\n' -}}").tmpl.name() == "gemma4");
+}
+
 TEST_CASE("Phi-3 and Phi-4 (Microsoft model cards)") {
     const Chat chat = {{"user", "I am going to Paris, what should I see?"},
                        {"assistant", "Paris, the capital of France, is known for its stunning architecture."},
@@ -378,6 +386,10 @@ TEST_CASE("detection from real tokenizer.chat_template texts") {
          "<|message|>\" + message.content + \"<|end|>\" }}{{- \"<|start|>user<|message|>\" + message.content + "
          "\"<|end|>\" }}",
          "gpt-oss"},
+        // Gemma 4 (31B it), an excerpt: its turn markers.
+        {"{{- '<|turn>system\\n' -}}{{- messages[0]['content'] | trim -}}{{- '<turn|>\\n' -}}{%- if "
+         "add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}",
+         "gemma4"},
         // Mixtral 8x7B Instruct v0.1: Mistral's v1 format (" [INST] ... [/INST]").
         {"{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) "
          "%}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% "
