@@ -1,0 +1,92 @@
+// AVX2 + FMA gated delta rule (gated_delta.h): the algorithms of gated_delta_impl.inl over 8-lane primitives
+// (the rows of the state and the keys, queries and deltas along d_k / d_v), scalar tails. The sums run in
+// another order than the twins', so the results agree to rounding, not bit for bit.
+#include "kernels/cpu/gated_delta.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "kernels/cpu/gated_delta_impl.inl"
+
+namespace tern {
+namespace {
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+struct Avx2Ops {
+    static float dot(const float* a, const float* b, int n) {
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+        }
+        for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        float s = hsum(_mm256_add_ps(acc0, acc1));
+        for (; i < n; ++i) s += a[i] * b[i];
+        return s;
+    }
+    static float scale_dot(float* s, float c, const float* k, int n) {
+        const __m256 vc = _mm256_set1_ps(c);
+        __m256 acc = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + i), vc);
+            _mm256_storeu_ps(s + i, x);
+            acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + i), acc);
+        }
+        float r = hsum(acc);
+        for (; i < n; ++i) {
+            s[i] *= c;
+            r += s[i] * k[i];
+        }
+        return r;
+    }
+    static float axpy_dot(float* s, float d, const float* k, const float* q, int n) {
+        const __m256 vd = _mm256_set1_ps(d);
+        __m256 acc = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 x = _mm256_fmadd_ps(vd, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
+            _mm256_storeu_ps(s + i, x);
+            acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + i), acc);
+        }
+        float r = hsum(acc);
+        for (; i < n; ++i) {
+            s[i] += d * k[i];
+            r += s[i] * q[i];
+        }
+        return r;
+    }
+    static void axpy(float* y, float c, const float* x, int n) {
+        const __m256 vc = _mm256_set1_ps(c);
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vc, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        for (; i < n; ++i) y[i] += c * x[i];
+    }
+    static void scale(float* y, float c, int n) {
+        const __m256 vc = _mm256_set1_ps(c);
+        int i = 0;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), vc));
+        for (; i < n; ++i) y[i] *= c;
+    }
+};
+
+void recurrent_avx2(const GatedDeltaArgs& a, int h_begin, int h_end) { recurrent_heads<Avx2Ops>(a, h_begin, h_end); }
+void chunked_avx2(const GatedDeltaArgs& a, int h_begin, int h_end) { chunked_heads<Avx2Ops>(a, h_begin, h_end); }
+
+} // namespace
+
+void fill_gated_delta_avx2(CpuKernels& k) {
+    k.gated_delta_recurrent = recurrent_avx2;
+    k.gated_delta_chunked = chunked_avx2;
+}
+
+} // namespace tern
+#endif
