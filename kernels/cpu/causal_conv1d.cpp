@@ -9,21 +9,36 @@
 
 namespace tern {
 
+// Token after token, the channels of a token side by side (the rows of x are read in order, not one float a
+// row per channel); the taps of the window come from the state's rows, then x's.
 void causal_conv1d_scalar(const CausalConv1dArgs& a, int64_t c_begin, int64_t c_end) {
     const int d = a.d_conv;
     if (d < 1 || d > kMaxConvTaps) throw std::invalid_argument("causal_conv1d: d_conv out of [1, 64]");
-    float window[kMaxConvTaps];   // one channel's window: d_conv - 1 state values, then the current input
-    for (int64_t c = c_begin; c < c_end; ++c) {
-        const float* wc = a.w + c * d;
-        for (int i = 0; i + 1 < d; ++i) window[i] = a.state[i * a.channels + c];
-        for (int64_t t = 0; t < a.n_tokens; ++t) {
-            window[d - 1] = a.x[t * a.x_stride + c];
+    const float* rows[kMaxConvTaps];
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+        for (int i = 0; i < d; ++i) rows[i] = causal_conv1d_input_row(a, t + i);
+        float* yt = a.y + t * a.y_stride;
+        for (int64_t c = c_begin; c < c_end; ++c) {
+            const float* wc = a.w + c * d;
             float acc = 0.0f;
-            for (int i = 0; i < d; ++i) acc = std::fma(wc[i], window[i], acc);
-            a.y[t * a.y_stride + c] = a.silu ? silu_f32(acc) : acc;
-            for (int i = 0; i + 1 < d; ++i) window[i] = window[i + 1];
+            for (int i = 0; i < d; ++i) acc = std::fma(wc[i], rows[i][c], acc);
+            yt[c] = a.silu ? silu_f32(acc) : acc;
         }
-        for (int i = 0; i + 1 < d; ++i) a.state[i * a.channels + c] = window[i];
+    }
+    causal_conv1d_shift_state(a, c_begin, c_end);
+}
+
+const float* causal_conv1d_input_row(const CausalConv1dArgs& a, int64_t r) {
+    return r < a.d_conv - 1 ? a.state + r * a.channels : a.x + (r - (a.d_conv - 1)) * a.x_stride;
+}
+
+void causal_conv1d_shift_state(const CausalConv1dArgs& a, int64_t c_begin, int64_t c_end) {
+    if (a.n_tokens <= 0) return;
+    // New row r is input row n + r >= r: rows in increasing order read old state rows not yet overwritten.
+    for (int r = 0; r + 1 < a.d_conv; ++r) {
+        const float* src = causal_conv1d_input_row(a, a.n_tokens + r);
+        float* dst = a.state + r * a.channels;
+        for (int64_t c = c_begin; c < c_end; ++c) dst[c] = src[c];
     }
 }
 

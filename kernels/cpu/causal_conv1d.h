@@ -40,6 +40,10 @@ struct CausalConv1dArgs {
 // Channels [c_begin, c_end) of the convolution above: the scalar twin. A set's kernel is CpuKernels::causal_conv1d
 // (dispatch.h): AVX2 (causal_conv1d_avx2.cpp) in the x86 SIMD sets, this twin elsewhere.
 void causal_conv1d_scalar(const CausalConv1dArgs& a, int64_t c_begin, int64_t c_end);
+// Row r of (state, x): state row r for r < d_conv - 1, else x row r - (d_conv - 1) (the kernels' helpers).
+const float* causal_conv1d_input_row(const CausalConv1dArgs& a, int64_t r);
+// The state's channels [c_begin, c_end) moved on by the call's n_tokens inputs (after every output is written).
+void causal_conv1d_shift_state(const CausalConv1dArgs& a, int64_t c_begin, int64_t c_end);
 // The set's kernel over every channel.
 void causal_conv1d(const CausalConv1dArgs& a);
 

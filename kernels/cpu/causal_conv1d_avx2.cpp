@@ -1,12 +1,13 @@
-// AVX2 + FMA causal conv1d (causal_conv1d.h): eight channels at a time, the window of d_conv inputs and the
-// taps (gathered from the [channel][tap] weight rows once per call) in registers; the scalar twin's fma chain
-// and silu_f32's steps lane by lane, so the bits are the twin's. The tail channels go to the twin.
+// AVX2 + FMA causal conv1d (causal_conv1d.h), eight channels a vector: the scalar twin's fma chain and silu_f32's
+// steps lane by lane, so the bits are the twin's. The tail channels go to the twin.
 #include "kernels/cpu/causal_conv1d.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/silu.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include <vector>
 
 namespace tern {
 namespace {
@@ -46,7 +47,32 @@ template <int D> void conv_block8(const CausalConv1dArgs& a, int64_t c) {
     for (int i = 0; i + 1 < D; ++i) _mm256_storeu_ps(a.state + i * a.channels + c, win[i]);
 }
 
+// Many tokens: the taps transposed once to [tap][channel] (per-thread scratch), then token after token with the
+// channels side by side, so every row of x is read in order.
+template <int D> void conv_rows(const CausalConv1dArgs& a, int64_t c_begin, int64_t c_end) {
+    const int64_t nc = (c_end - c_begin) / 8 * 8;
+    thread_local std::vector<float> wt;
+    wt.resize(static_cast<size_t>(D * nc));
+    for (int64_t c = 0; c < nc; ++c)
+        for (int i = 0; i < D; ++i) wt[static_cast<size_t>(i * nc + c)] = a.w[(c_begin + c) * D + i];
+    const float* rows[D];
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+        for (int i = 0; i < D; ++i) rows[i] = causal_conv1d_input_row(a, t + i) + c_begin;
+        float* yt = a.y + t * a.y_stride + c_begin;
+        for (int64_t c = 0; c < nc; c += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = 0; i < D; ++i)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(wt.data() + i * nc + c), _mm256_loadu_ps(rows[i] + c), acc);
+            _mm256_storeu_ps(yt + c, a.silu ? silu8(acc) : acc);
+        }
+    }
+    causal_conv1d_shift_state(a, c_begin, c_begin + nc);
+    causal_conv1d_scalar(a, c_begin + nc, c_end);
+}
+
+// A few tokens (decode): eight channels at a time with their window in registers, no scratch.
 template <int D> void conv_range(const CausalConv1dArgs& a, int64_t c_begin, int64_t c_end) {
+    if (a.n_tokens >= 4) return conv_rows<D>(a, c_begin, c_end);
     int64_t c = c_begin;
     for (; c + 8 <= c_end; c += 8) conv_block8<D>(a, c);
     causal_conv1d_scalar(a, c, c_end);

@@ -49,11 +49,7 @@ void gated_delta_chunked_scalar(const GatedDeltaArgs& a, int h_begin, int h_end)
     chunked_heads<ScalarOps>(a, h_begin, h_end);
 }
 
-void gated_delta(const GatedDeltaArgs& a) {
-    const CpuKernels& k = cpu_kernels();
-    if (a.n_tokens <= 1) k.gated_delta_recurrent(a, 0, a.n_v_heads);
-    else k.gated_delta_chunked(a, 0, a.n_v_heads);
-}
+void gated_delta(const GatedDeltaArgs& a) { cpu_kernels().gated_delta_recurrent(a, 0, a.n_v_heads); }
 
 void gated_delta_gates(const float* alpha, const float* beta_in, const float* dt_bias, const float* a_neg_exp,
                        float* g, float* beta, int n_v_heads) {

@@ -73,7 +73,11 @@ void gated_delta_recurrent_scalar(const GatedDeltaArgs& a, int h_begin, int h_en
 // Scratch per thread (thread_local). The scalar twin; the set's kernel is CpuKernels::gated_delta_chunked.
 void gated_delta_chunked_scalar(const GatedDeltaArgs& a, int h_begin, int h_end);
 
-// The set's kernels over every head: the recurrent one for one token, the chunked one for more.
+// The set's recurrent kernel over every head, for decode and prefill alike. With these loops the chunked form does
+// about twice the recurrence's multiply-adds (the key-key and key-query products come on top of the state passes)
+// and is slower on the CPU: 512 tokens of 32 v heads, d_k = d_v = 128, one thread of the 2-core Xeon, AVX2:
+// recurrent 308 ms, chunked (64) 418 ms; scalar twins 767 and 947 ms. It pays with blocked matrix products
+// (tensor cores, a GEMM micro-kernel); it is here as their verified reference.
 void gated_delta(const GatedDeltaArgs& a);
 
 // Step 4 for one token: g[h] = softplus(alpha[h] + dt_bias[h]) * a_neg_exp[h], beta[h] = sigmoid(beta_in[h]),
