@@ -15,21 +15,16 @@ struct ScalarOps {
         for (int i = 0; i < n; ++i) s += a[i] * b[i];
         return s;
     }
-    static float scale_dot(float* s, float c, const float* k, int n) {
-        float acc = 0.0f;
+    static void dot2(const float* s, const float* k, const float* q, int n, float& sk, float& sq) {
+        float a = 0.0f, b = 0.0f;
         for (int i = 0; i < n; ++i) {
-            s[i] *= c;
-            acc += s[i] * k[i];
+            a += s[i] * k[i];
+            b += s[i] * q[i];
         }
-        return acc;
+        sk = a, sq = b;
     }
-    static float axpy_dot(float* s, float d, const float* k, const float* q, int n) {
-        float acc = 0.0f;
-        for (int i = 0; i < n; ++i) {
-            s[i] += d * k[i];
-            acc += s[i] * q[i];
-        }
-        return acc;
+    static void scale_axpy(float* s, float c, float d, const float* k, int n) {
+        for (int i = 0; i < n; ++i) s[i] = c * s[i] + d * k[i];
     }
     static void axpy(float* y, float c, const float* x, int n) {
         for (int i = 0; i < n; ++i) y[i] += c * x[i];

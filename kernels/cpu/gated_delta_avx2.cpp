@@ -31,37 +31,34 @@ struct Avx2Ops {
         for (; i < n; ++i) s += a[i] * b[i];
         return s;
     }
-    static float scale_dot(float* s, float c, const float* k, int n) {
-        const __m256 vc = _mm256_set1_ps(c);
-        __m256 acc = _mm256_setzero_ps();
+    static void dot2(const float* s, const float* k, const float* q, int n, float& sk, float& sq) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
         int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const __m256 x0 = _mm256_loadu_ps(s + i), x1 = _mm256_loadu_ps(s + i + 8);
+            a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k + i), a0);
+            b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(q + i), b0);
+            a1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(k + i + 8), a1);
+            b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(q + i + 8), b1);
+        }
         for (; i + 8 <= n; i += 8) {
-            const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + i), vc);
-            _mm256_storeu_ps(s + i, x);
-            acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + i), acc);
+            const __m256 x0 = _mm256_loadu_ps(s + i);
+            a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k + i), a0);
+            b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(q + i), b0);
         }
-        float r = hsum(acc);
+        float a = hsum(_mm256_add_ps(a0, a1)), b = hsum(_mm256_add_ps(b0, b1));
         for (; i < n; ++i) {
-            s[i] *= c;
-            r += s[i] * k[i];
+            a += s[i] * k[i];
+            b += s[i] * q[i];
         }
-        return r;
+        sk = a, sq = b;
     }
-    static float axpy_dot(float* s, float d, const float* k, const float* q, int n) {
-        const __m256 vd = _mm256_set1_ps(d);
-        __m256 acc = _mm256_setzero_ps();
+    static void scale_axpy(float* s, float c, float d, const float* k, int n) {
+        const __m256 vc = _mm256_set1_ps(c), vd = _mm256_set1_ps(d);
         int i = 0;
-        for (; i + 8 <= n; i += 8) {
-            const __m256 x = _mm256_fmadd_ps(vd, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
-            _mm256_storeu_ps(s + i, x);
-            acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + i), acc);
-        }
-        float r = hsum(acc);
-        for (; i < n; ++i) {
-            s[i] += d * k[i];
-            r += s[i] * q[i];
-        }
-        return r;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(s + i, _mm256_fmadd_ps(vd, _mm256_loadu_ps(k + i), _mm256_mul_ps(vc, _mm256_loadu_ps(s + i))));
+        for (; i < n; ++i) s[i] = c * s[i] + d * k[i];
     }
     static void axpy(float* y, float c, const float* x, int n) {
         const __m256 vc = _mm256_set1_ps(c);

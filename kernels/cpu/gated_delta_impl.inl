@@ -3,11 +3,14 @@
 // is in an unnamed namespace: each includer gets its own copy, compiled with its own flags.
 //
 // V provides, over n floats:
-//   float scale_dot(float* s, float c, const float* k, int n)   s *= c, then returns s . k
-//   float axpy_dot(float* s, float d, const float* k, const float* q, int n)   s += d k, then returns s . q
+//   void  dot2(const float* s, const float* k, const float* q, int n, float& sk, float& sq)   s . k and s . q
+//   void  scale_axpy(float* s, float c, float d, const float* k, int n)   s = c s + d k
 //   float dot(const float* a, const float* b, int n)
 //   void  axpy(float* y, float c, const float* x, int n)   y += c x
 //   void  scale(float* y, float c, int n)                  y *= c
+//
+// The recurrent step reads a state row once before its update: with e = exp(g), the prediction is e (S_i . k) and
+// the output e (S_i . q) + delta_i (k . q), the same as reading the updated row (S_i' = e S_i + delta_i k) with q.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -27,11 +30,14 @@ template <class V> void recurrent_heads(const GatedDeltaArgs& a, int h_begin, in
             float* ot = a.out + t * a.out_stride + static_cast<int64_t>(h) * dv;
             const float decay = static_cast<float>(std::exp(static_cast<double>(a.g[t * a.gb_stride + h])));
             const float beta = a.beta[t * a.gb_stride + h];
+            const float kq = V::dot(kt, qt, dk);
             for (int i = 0; i < dv; ++i) {
                 float* Si = S + static_cast<int64_t>(i) * dk;
-                const float pred = V::scale_dot(Si, decay, kt, dk);
-                const float delta = beta * (vt[i] - pred);
-                ot[i] = a.scale * V::axpy_dot(Si, delta, kt, qt, dk);
+                float sk, sq;
+                V::dot2(Si, kt, qt, dk, sk, sq);
+                const float delta = beta * (vt[i] - decay * sk);
+                ot[i] = a.scale * (decay * sq + delta * kq);
+                V::scale_axpy(Si, decay, delta, kt, dk);
             }
         }
     }

@@ -5,8 +5,9 @@
 //   (activations.cuh, tern's exp_f32), so the bits are the CPU's.
 // gated_delta: state row i of v head h (d_k floats) lives in one warp's registers, element j in lane j % 32, slot
 //   j / 32 (E = ceil(d_k / 32) slots a lane, a template argument); a warp holds kRows rows and a block kWarps warps.
-//   Per token: the decayed row's dot with k and, after the rank-one update, its dot with q are warp reductions
-//   (butterfly shuffles); k and q are read once per token by every warp from global memory (L1 / L2 hits).
+//   Per token: each row's dots with k and q (before the update) and k . q are butterfly warp reductions done
+//   together; the output is e (s . q) + delta (k . q), as the CPU's recurrent kernel computes it; k and q are read
+//   once per token by every warp from global memory (L1 / L2 hits).
 //   The CPU twin sums in another order: equal to rounding, not bit for bit.
 // l2_normalize_heads: a warp per head, the sum of squares in double as the CPU's.
 // gated_delta_gates: a thread per (token, head), the CPU's double softplus and sigmoid.
@@ -112,25 +113,36 @@ template <int E> __global__ void gated_delta_kernel(GatedDeltaParams p) {
         }
         const float decay = static_cast<float>(exp(static_cast<double>(p.g[t * p.gb_stride + h])));
         const float beta = p.beta[t * p.gb_stride + h];
+        // Every row's s . k and s . q from the state before the update, reduced together (independent
+        // shuffles), and k . q once: the update's dot with q is e (s . q) + delta (k . q).
+        float sk[kDeltaRows], sq[kDeltaRows], kq = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) kq = fmaf(kr[e], qr[e], kq);
 #pragma unroll
         for (int r = 0; r < kDeltaRows; ++r) {
-            if (row0 + r >= p.d_v) break;   // warp-uniform
-            float pred = 0.0f;
+            sk[r] = 0.0f, sq[r] = 0.0f;
 #pragma unroll
             for (int e = 0; e < E; ++e) {
-                s[r][e] *= decay;
-                pred = fmaf(s[r][e], kr[e], pred);
+                sk[r] = fmaf(s[r][e], kr[e], sk[r]);
+                sq[r] = fmaf(s[r][e], qr[e], sq[r]);
             }
-            pred = warp_reduce(pred, SumOp{});
-            const float delta = beta * (vt[row0 + r] - pred);
-            float o = 0.0f;
+        }
 #pragma unroll
-            for (int e = 0; e < E; ++e) {
-                s[r][e] = fmaf(delta, kr[e], s[r][e]);
-                o = fmaf(s[r][e], qr[e], o);
+        for (int offset = 16; offset > 0; offset /= 2) {
+            kq += __shfl_xor_sync(0xFFFFFFFFu, kq, offset);
+#pragma unroll
+            for (int r = 0; r < kDeltaRows; ++r) {
+                sk[r] += __shfl_xor_sync(0xFFFFFFFFu, sk[r], offset);
+                sq[r] += __shfl_xor_sync(0xFFFFFFFFu, sq[r], offset);
             }
-            o = warp_reduce(o, SumOp{});
-            if (lane == 0) ot[row0 + r] = p.scale * o;
+        }
+#pragma unroll
+        for (int r = 0; r < kDeltaRows; ++r) {
+            const bool live = row0 + r < p.d_v;   // warp-uniform
+            const float delta = live ? beta * (vt[row0 + r] - decay * sk[r]) : 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) s[r][e] = fmaf(delta, kr[e], decay * s[r][e]);
+            if (live && lane == 0) ot[row0 + r] = p.scale * (decay * sq[r] + delta * kq);
         }
     }
 
