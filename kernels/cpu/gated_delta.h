@@ -12,16 +12,19 @@
 //   1. qkv = attn_qkv.weight (ne {n_embd, conv_dim}) x,  conv_dim = 2 * n_k_heads * d_k + n_v_heads * d_v
 //      z   = attn_gate.weight (ne {n_embd, n_v_heads * d_v}) x
 //      b   = ssm_beta.weight  (ne {n_embd, n_v_heads}) x,   a = ssm_alpha.weight (ne {n_embd, n_v_heads}) x
-//      (Qwen3-Next packs these differently: ssm_in gives q|k|v|z grouped per k head and ssm_ba gives b|a per k
-//      head; the wiring unpacks them to the same rows.)
+//      Qwen3-Next ("qwen3next") GGUFs have either these attn_qkv / attn_gate tensors or the older ssm_in (ne
+//      {n_embd, 2 n_k_heads d_k + 2 n_v_heads d_v}: per k head j, its q (d_k), k (d_k), then its r = n_v/n_k v
+//      heads, then their z, which the wiring regroups into q | k | v rows and z), and always ssm_ba instead of
+//      ssm_beta / ssm_alpha (ne {n_embd, 2 n_v_heads}: per k head j, the b of its r v heads then their a).
 //   2. c = silu(causal_conv1d(qkv; ssm_conv1d.weight ne {d_conv, conv_dim}; conv state)) (causal_conv1d.h);
 //      q = c[0, n_k_heads*d_k), k = c[n_k_heads*d_k, 2*n_k_heads*d_k), v = the rest; head j of each at j*d.
 //   3. q and k: each head divided by sqrt(sum of squares + eps) (l2_normalize_heads; the same eps as the
 //      RMSNorms). The scale 1/sqrt(d_k) of q is the kernels' `scale`, applied to the output instead.
 //   4. per v head h: g = softplus(a[h] + ssm_dt.bias[h]) * ssm_a[h] (ssm_a holds -exp(A_log), so g < 0),
 //      beta = sigmoid(b[h]) (gated_delta_gates).
-//   5. per v head h, with k head kh = h % n_k_heads (the GGUF converter reordered the v heads so that the k
-//      heads tile, not interleave), the state S_h of d_v rows of d_k floats (row i belongs to output i):
+//   5. per v head h, with its k head kh = h % n_k_heads for Qwen3.5 (its converter reorders the v heads so that
+//      the k heads tile) and kh = h / (n_v_heads / n_k_heads) for Qwen3-Next (v heads grouped by k head: the
+//      `grouped_k_heads` flag), the state S_h of d_v rows of d_k floats (row i belongs to output i):
 //        S_h <- exp(g) * S_h                      (decay)
 //        d_i  = beta * (v_h[i] - S_h[i] . k_kh)    for every row i (the delta against the decayed state)
 //        S_h[i] <- S_h[i] + d_i * k_kh             (rank-one update)
@@ -44,6 +47,7 @@ namespace tern {
 struct GatedDeltaArgs {
     int64_t n_tokens = 0;
     int n_k_heads = 0, n_v_heads = 0;   // n_v_heads a multiple of n_k_heads
+    bool grouped_k_heads = false;       // v head h reads k head h / (n_v / n_k) (qwen3next), else h % n_k (qwen35)
     int d_k = 0, d_v = 0;
     const float* q = nullptr;   // token t, k head j: q + t * q_stride + j * d_k
     int64_t q_stride = 0;

@@ -18,10 +18,14 @@
 namespace tern {
 namespace {
 
+inline int k_head_of(const GatedDeltaArgs& a, int h) {
+    return a.grouped_k_heads ? h / (a.n_v_heads / a.n_k_heads) : h % a.n_k_heads;
+}
+
 template <class V> void recurrent_heads(const GatedDeltaArgs& a, int h_begin, int h_end) {
     const int dk = a.d_k, dv = a.d_v;
     for (int h = h_begin; h < h_end; ++h) {
-        const int kh = h % a.n_k_heads;
+        const int kh = k_head_of(a, h);
         float* S = a.state + static_cast<int64_t>(h) * dv * dk;
         for (int64_t t = 0; t < a.n_tokens; ++t) {
             const float* kt = a.k + t * a.k_stride + static_cast<int64_t>(kh) * dk;
@@ -69,7 +73,7 @@ template <class V> void chunked_heads(const GatedDeltaArgs& a, int h_begin, int 
     thread_local ChunkScratch sc;
     sc.size(C, dv);
     for (int h = h_begin; h < h_end; ++h) {
-        const int kh = h % a.n_k_heads;
+        const int kh = k_head_of(a, h);
         float* S = a.state + static_cast<int64_t>(h) * dv * dk;
         for (int64_t t0 = 0; t0 < a.n_tokens; t0 += C) {
             const int n = static_cast<int>(std::min<int64_t>(C, a.n_tokens - t0));

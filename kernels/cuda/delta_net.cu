@@ -86,7 +86,7 @@ template <int E> __global__ void gated_delta_kernel(GatedDeltaParams p) {
     const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
     const int row0 = static_cast<int>(blockIdx.y) * kDeltaRowsPerBlock + warp * kDeltaRows;
     if (row0 >= p.d_v) return;   // a whole warp leaves together
-    const int kh = h % p.n_k_heads;
+    const int kh = p.grouped_k_heads ? h / (p.n_v_heads / p.n_k_heads) : h % p.n_k_heads;
     const int dk = p.d_k;
     float* S = p.state + static_cast<int64_t>(h) * p.d_v * dk;
 

@@ -37,10 +37,12 @@ void gated_delta_gates(const float* alpha, const float* beta_in, int64_t in_stri
                        int n_v_heads, cudaStream_t stream);
 
 // Step 5 of kernels/cpu/gated_delta.h over n_tokens tokens of one sequence, the fields as GatedDeltaArgs's (v head
-// h reads k / q head h % n_k_heads; state [n_v_heads][d_v][d_k] updated in place).
+// h reads k / q head h % n_k_heads, or h / (n_v_heads / n_k_heads) with grouped_k_heads; state
+// [n_v_heads][d_v][d_k] updated in place).
 struct GatedDeltaParams {
     int64_t n_tokens = 0;
     int n_k_heads = 0, n_v_heads = 0, d_k = 0, d_v = 0;
+    bool grouped_k_heads = false;
     const float* q = nullptr;
     int64_t q_stride = 0;
     const float* k = nullptr;

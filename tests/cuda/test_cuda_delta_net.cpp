@@ -113,9 +113,11 @@ TEST_CASE("cuda gated_delta against the CPU recurrent twin, prefill then decode 
     struct Case {
         int64_t n_tokens;
         int n_k_heads, n_v_heads, d_k, d_v;
+        bool grouped = false;
     };
-    const Case cases[] = {{1, 1, 1, 4, 4},   {6, 1, 2, 7, 5},      {33, 2, 4, 16, 16}, {20, 2, 6, 33, 17},
-                          {9, 1, 2, 128, 128}, {5, 2, 4, 256, 40}, {3, 3, 3, 100, 1}};
+    const Case cases[] = {{1, 1, 1, 4, 4},     {6, 1, 2, 7, 5},    {33, 2, 4, 16, 16},      {20, 2, 6, 33, 17},
+                          {9, 1, 2, 128, 128}, {5, 2, 4, 256, 40}, {3, 3, 3, 100, 1},       {7, 2, 6, 64, 20, true},
+                          {4, 1, 3, 128, 128, true}};
     uint32_t seed = 300;
     for (const Case& c : cases) {
         CAPTURE(c.n_tokens);
@@ -123,6 +125,7 @@ TEST_CASE("cuda gated_delta against the CPU recurrent twin, prefill then decode 
         CAPTURE(c.n_v_heads);
         CAPTURE(c.d_k);
         CAPTURE(c.d_v);
+        CAPTURE(c.grouped);
         const int64_t qs = c.n_k_heads * c.d_k + 1, vs = c.n_v_heads * c.d_v + 3, gbs = c.n_v_heads + 1;
         const int64_t os = c.n_v_heads * c.d_v;
         auto q = tern::test::random_normal(static_cast<size_t>(c.n_tokens * qs), seed++);
@@ -141,6 +144,7 @@ TEST_CASE("cuda gated_delta against the CPU recurrent twin, prefill then decode 
         std::vector<float> st = s0, out(static_cast<size_t>(c.n_tokens * os));
         tern::GatedDeltaArgs a;
         a.n_tokens = c.n_tokens, a.n_k_heads = c.n_k_heads, a.n_v_heads = c.n_v_heads, a.d_k = c.d_k, a.d_v = c.d_v;
+        a.grouped_k_heads = c.grouped;
         a.q = q.data(), a.q_stride = qs, a.k = k.data(), a.k_stride = qs, a.v = v.data(), a.v_stride = vs;
         a.g = g.data(), a.beta = b.data(), a.gb_stride = gbs, a.state = st.data(), a.out = out.data();
         a.out_stride = os, a.scale = 1.0f / std::sqrt(static_cast<float>(c.d_k));
@@ -149,6 +153,7 @@ TEST_CASE("cuda gated_delta against the CPU recurrent twin, prefill then decode 
         DeviceArray<float> dq(q), dk(k), dv(v), dg(g), db(b), ds(s0), dout(out.size());
         tern::cuda::GatedDeltaParams p;
         p.n_k_heads = c.n_k_heads, p.n_v_heads = c.n_v_heads, p.d_k = c.d_k, p.d_v = c.d_v;
+        p.grouped_k_heads = c.grouped;
         p.q_stride = qs, p.k_stride = qs, p.v_stride = vs, p.gb_stride = gbs, p.out_stride = os, p.scale = a.scale;
         p.state = ds.get();
         // A prefill of all tokens but the last, then the last one as a decode step.

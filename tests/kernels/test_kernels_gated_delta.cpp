@@ -154,6 +154,7 @@ TEST_CASE("causal_conv1d: scalar against double, SIMD sets bit for bit, prefill 
 struct DeltaCase {
     int64_t n_tokens;
     int n_k_heads, n_v_heads, d_k, d_v;
+    bool grouped = false;
 };
 
 struct DeltaData {
@@ -192,6 +193,7 @@ GatedDeltaArgs args_of(const DeltaData& d, std::vector<float>& state, std::vecto
     out.assign(static_cast<size_t>(c.n_tokens * c.n_v_heads * c.d_v), 0.0f);
     GatedDeltaArgs a;
     a.n_tokens = c.n_tokens, a.n_k_heads = c.n_k_heads, a.n_v_heads = c.n_v_heads, a.d_k = c.d_k, a.d_v = c.d_v;
+    a.grouped_k_heads = c.grouped;
     a.q = d.q.data(), a.q_stride = d.qs, a.k = d.k.data(), a.k_stride = d.ks, a.v = d.v.data(), a.v_stride = d.vs;
     a.g = d.g.data(), a.beta = d.beta.data(), a.gb_stride = d.gbs;
     a.state = state.data(), a.out = out.data(), a.out_stride = c.n_v_heads * c.d_v;
@@ -208,7 +210,7 @@ void delta_reference(const DeltaData& d, std::vector<double>& state, std::vector
     out.assign(static_cast<size_t>(c.n_tokens * c.n_v_heads * dv), 0.0);
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
     for (int h = 0; h < c.n_v_heads; ++h) {
-        const int kh = h % c.n_k_heads;
+        const int kh = c.grouped ? h / (c.n_v_heads / c.n_k_heads) : h % c.n_k_heads;
         double* S = state.data() + static_cast<size_t>(h) * dv * dk;
         for (int64_t t = 0; t < c.n_tokens; ++t) {
             const float* k = d.k.data() + t * d.ks + kh * dk;
@@ -258,8 +260,9 @@ TEST_CASE("gated delta rule: a hand-computed step") {
 }
 
 TEST_CASE("gated delta rule: recurrent and chunked, scalar and SIMD, against the double recurrence") {
-    const DeltaCase cases[] = {{1, 1, 1, 4, 4},     {5, 1, 2, 7, 5},     {64, 2, 4, 16, 16}, {100, 2, 6, 33, 17},
-                               {37, 1, 1, 128, 128}, {130, 2, 4, 32, 24}, {3, 3, 3, 9, 1}};
+    const DeltaCase cases[] = {{1, 1, 1, 4, 4},      {5, 1, 2, 7, 5},           {64, 2, 4, 16, 16},
+                               {100, 2, 6, 33, 17},  {37, 1, 1, 128, 128},      {130, 2, 4, 32, 24},
+                               {3, 3, 3, 9, 1},      {40, 2, 6, 24, 8, true},   {70, 3, 6, 128, 16, true}};
     uint32_t seed = 100;
     for (const DeltaCase& c : cases) {
         CAPTURE(c.n_tokens);
@@ -267,6 +270,7 @@ TEST_CASE("gated delta rule: recurrent and chunked, scalar and SIMD, against the
         CAPTURE(c.n_v_heads);
         CAPTURE(c.d_k);
         CAPTURE(c.d_v);
+        CAPTURE(c.grouped);
         const DeltaData d = make_delta(c, seed);
         seed += 10;
         std::vector<double> s_want, o_want;
