@@ -6,9 +6,11 @@
 //
 // The whole layer, as the wiring of a MixerKind::gated_delta_net step follows it (Qwen3.5 GGUF names;
 // x is the attn_norm'ed hidden state of one token, every tensor read as f32, ne as GGUF lists them):
-//   hyper-parameters: d_conv = {arch}.ssm.conv_kernel, d_k = d_v = {arch}.ssm.state_size,
-//     n_k_heads = {arch}.ssm.group_count, n_v_heads = {arch}.ssm.time_step_rank (a multiple of n_k_heads),
-//     {arch}.ssm.inner_size = n_v_heads * d_v, eps = {arch}.attention.layer_norm_rms_epsilon.
+//   hyper-parameters: d_conv = {arch}.ssm.conv_kernel, d_k = {arch}.ssm.state_size, n_k_heads =
+//     {arch}.ssm.group_count, n_v_heads = {arch}.ssm.time_step_rank (a multiple of n_k_heads), d_v =
+//     {arch}.ssm.inner_size / n_v_heads (= d_k in every file), eps = {arch}.attention.layer_norm_rms_epsilon.
+//     Which layers: {arch}.attention.recurrent_layers (one bool per layer) when present, else layer i is linear
+//     when (i + 1) % {arch}.full_attention_interval != 0 (interval 4 when the key is missing).
 //   1. qkv = attn_qkv.weight (ne {n_embd, conv_dim}) x,  conv_dim = 2 * n_k_heads * d_k + n_v_heads * d_v
 //      z   = attn_gate.weight (ne {n_embd, n_v_heads * d_v}) x
 //      b   = ssm_beta.weight  (ne {n_embd, n_v_heads}) x,   a = ssm_alpha.weight (ne {n_embd, n_v_heads}) x
@@ -33,8 +35,10 @@
 //   6. y = rmsnorm(o_h; ssm_norm.weight ne {d_v}, shared by the heads, as stored: no +1) * silu(z_h), per v
 //      head (rmsnorm_gated_f32, rmsnorm_gated.h).
 //   7. out = ssm_out.weight (ne {n_v_heads * d_v, n_embd}) y, added to the residual like attention's output.
-//   Per sequence the layer carries two states: the conv state ([d_conv - 1][conv_dim] floats) and S
-//   ([n_v_heads][d_v][d_k] floats), both zero at the start of a sequence.
+//   Per sequence the layer carries two states: the conv state ([d_conv - 1][conv_dim] floats, time-major: the
+//   transpose of llama.cpp's [conv_dim][d_conv - 1] cache rows) and S ([n_v_heads][d_v][d_k] floats, element
+//   (i, j) at i * d_k + j: the same floats in the same order as llama.cpp's ssm state rows), both zero at the
+//   start of a sequence.
 //
 // The kernels below take step 5 for one sequence over n_tokens tokens (q, k already L2-normalised; g and beta
 // from step 4) and heads [h_begin, h_end) (the heads are independent: callers split them over threads).
