@@ -1,8 +1,10 @@
 // The Gated DeltaNet kernels (kernels/cuda/delta_net.h).
 //
-// causal_conv1d: a thread per channel keeps its window of d_conv inputs in registers (D a template argument) and
-//   walks the tokens; the output is the CPU twin's fma chain from 0 over taps 0..D-1 (__fmaf_rn) and silu_f32
-//   (activations.cuh, tern's exp_f32), so the bits are the CPU's.
+// causal_conv1d: up to kConvSpan tokens (decode), a thread per channel keeps its window of d_conv inputs in
+//   registers (D a template argument), walks the tokens and moves the state on; more tokens (prefill), a thread
+//   per (channel, span of kConvSpan tokens) does the same over its span, and a second kernel moves the state on.
+//   The output is the CPU twin's fma chain from 0 over taps 0..D-1 (__fmaf_rn) and silu_f32 (activations.cuh,
+//   tern's exp_f32), so the bits are the CPU's.
 // gated_delta: state row i of v head h (d_k floats) lives in one warp's registers, element j in lane j % 32, slot
 //   j / 32 (E = ceil(d_k / 32) slots a lane, a template argument); a warp holds kRows rows and a block kWarps warps.
 //   Per token: each row's dots with k and q (before the update) and k . q are butterfly warp reductions done
@@ -48,6 +50,47 @@ __global__ void causal_conv1d_kernel(const float* x, int64_t x_stride, const flo
     }
 #pragma unroll
     for (int i = 0; i + 1 < D; ++i) state[i * channels + c] = win[i];
+}
+
+// Prefill: thread (channel, span of kConvSpan tokens) slides its window over its span, reading the inputs of
+// (state, x) directly; the state is moved on afterwards by conv_shift_state_kernel (the spans read it).
+constexpr int kConvSpan = 16;
+
+__device__ __forceinline__ float conv_input(const float* x, int64_t x_stride, const float* state, int64_t channels,
+                                            int d, int64_t r, int64_t c) {
+    return r < d - 1 ? state[r * channels + c] : x[(r - (d - 1)) * x_stride + c];
+}
+
+template <int D>
+__global__ void causal_conv1d_span_kernel(const float* x, int64_t x_stride, const float* w, const float* state,
+                                          float* y, int64_t y_stride, int64_t n_tokens, int64_t channels, bool silu) {
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kConvSpan;
+    const int64_t t1 = t0 + kConvSpan < n_tokens ? t0 + kConvSpan : n_tokens;
+    float taps[D], win[D];
+#pragma unroll
+    for (int i = 0; i < D; ++i) taps[i] = w[c * D + i];
+#pragma unroll
+    for (int i = 0; i + 1 < D; ++i) win[i] = conv_input(x, x_stride, state, channels, D, t0 + i, c);
+    for (int64_t t = t0; t < t1; ++t) {
+        win[D - 1] = conv_input(x, x_stride, state, channels, D, t + D - 1, c);
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < D; ++i) acc = __fmaf_rn(taps[i], win[i], acc);
+        y[t * y_stride + c] = silu ? silu_f32(acc) : acc;
+#pragma unroll
+        for (int i = 0; i + 1 < D; ++i) win[i] = win[i + 1];
+    }
+}
+
+// New state row r is input row n_tokens + r of (state, x); rows in increasing order read old state rows that are
+// not yet overwritten (n_tokens + r > r).
+__global__ void conv_shift_state_kernel(const float* x, int64_t x_stride, float* state, int64_t n_tokens,
+                                        int64_t channels, int d) {
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    for (int r = 0; r + 1 < d; ++r) state[r * channels + c] = conv_input(x, x_stride, state, channels, d, n_tokens + r, c);
 }
 
 __global__ void l2_normalize_heads_kernel(float* x, int64_t n_tokens, int64_t row_stride, int n_heads, int d,
@@ -158,9 +201,18 @@ template <int E> __global__ void gated_delta_kernel(GatedDeltaParams p) {
 template <int D>
 void launch_conv(const float* x, int64_t x_stride, const float* w, float* state, float* y, int64_t y_stride,
                  int64_t n_tokens, int64_t channels, bool silu, cudaStream_t stream) {
-    const dim3 grid(static_cast<unsigned>((channels + kConvThreads - 1) / kConvThreads));
-    launch(causal_conv1d_kernel<D>, grid, dim3(kConvThreads), 0, stream, x, x_stride, w, state, y, y_stride,
-           n_tokens, channels, silu);
+    const unsigned blocks = static_cast<unsigned>((channels + kConvThreads - 1) / kConvThreads);
+    if (n_tokens <= kConvSpan) {
+        launch(causal_conv1d_kernel<D>, dim3(blocks), dim3(kConvThreads), 0, stream, x, x_stride, w, state, y,
+               y_stride, n_tokens, channels, silu);
+        return;
+    }
+    const dim3 grid(blocks, static_cast<unsigned>((n_tokens + kConvSpan - 1) / kConvSpan));
+    launch(causal_conv1d_span_kernel<D>, grid, dim3(kConvThreads), 0, stream, x, x_stride, w,
+           static_cast<const float*>(state), y, y_stride, n_tokens, channels, silu);
+    if (D > 1)
+        launch(conv_shift_state_kernel, dim3(blocks), dim3(kConvThreads), 0, stream, x, x_stride, state, n_tokens,
+               channels, D);
 }
 
 } // namespace

@@ -20,7 +20,8 @@ inline constexpr int kMaxDeltaKeyDim = 256;
 
 // kernels/cpu/causal_conv1d.h on n_tokens rows of `channels`: w [channels][d_conv] (ssm_conv1d), state
 // [d_conv - 1][channels] updated in place, y rows of `channels` (not overlapping x), silu applied when `silu`.
-// One thread per channel, the window in registers; the CPU twin's fma chain and silu, so the same bits.
+// A thread per channel (and per span of 16 tokens in a prefill), the window in registers; the CPU twin's fma
+// chain and silu, so the same bits.
 // d_conv in [1, kMaxConvTapsGpu]: std::invalid_argument otherwise.
 void causal_conv1d(const float* x, int64_t x_stride, const float* w, float* state, float* y, int64_t y_stride,
                    int64_t n_tokens, int64_t channels, int d_conv, bool silu, cudaStream_t stream);

@@ -36,7 +36,8 @@ TEST_CASE("cuda causal_conv1d equals the CPU twin bit for bit, in one call and s
         int64_t n_tokens, channels;
         int d_conv;
     };
-    const Case cases[] = {{1, 1, 4}, {5, 33, 4}, {17, 130, 4}, {64, 257, 4}, {3, 19, 2}, {9, 40, 8}, {4, 7, 1}};
+    const Case cases[] = {{1, 1, 4},  {5, 33, 4}, {17, 130, 4}, {64, 257, 4}, {3, 19, 2},
+                          {9, 40, 8}, {4, 7, 1},  {40, 50, 3},  {100, 9, 8},  {33, 129, 1}};
     uint32_t seed = 1;
     for (const Case& c : cases) {
         for (bool silu : {false, true}) {
