@@ -21,6 +21,7 @@
 #include "kernels/cuda/activations.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/row_reduce.cuh"
+#include "kernels/cuda/unroll.h"
 
 namespace tern::cuda {
 inline namespace TERN_CUDA_ABI {
@@ -35,20 +36,20 @@ __global__ void causal_conv1d_kernel(const float* x, int64_t x_stride, const flo
     const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     float taps[D], win[D];
-#pragma unroll
+TERN_UNROLL
     for (int i = 0; i < D; ++i) taps[i] = w[c * D + i];
-#pragma unroll
+TERN_UNROLL
     for (int i = 0; i + 1 < D; ++i) win[i] = state[i * channels + c];
     for (int64_t t = 0; t < n_tokens; ++t) {
         win[D - 1] = x[t * x_stride + c];
         float acc = 0.0f;
-#pragma unroll
+TERN_UNROLL
         for (int i = 0; i < D; ++i) acc = __fmaf_rn(taps[i], win[i], acc);
         y[t * y_stride + c] = silu ? silu_f32(acc) : acc;
-#pragma unroll
+TERN_UNROLL
         for (int i = 0; i + 1 < D; ++i) win[i] = win[i + 1];
     }
-#pragma unroll
+TERN_UNROLL
     for (int i = 0; i + 1 < D; ++i) state[i * channels + c] = win[i];
 }
 
@@ -69,17 +70,17 @@ __global__ void causal_conv1d_span_kernel(const float* x, int64_t x_stride, cons
     const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kConvSpan;
     const int64_t t1 = t0 + kConvSpan < n_tokens ? t0 + kConvSpan : n_tokens;
     float taps[D], win[D];
-#pragma unroll
+TERN_UNROLL
     for (int i = 0; i < D; ++i) taps[i] = w[c * D + i];
-#pragma unroll
+TERN_UNROLL
     for (int i = 0; i + 1 < D; ++i) win[i] = conv_input(x, x_stride, state, channels, D, t0 + i, c);
     for (int64_t t = t0; t < t1; ++t) {
         win[D - 1] = conv_input(x, x_stride, state, channels, D, t + D - 1, c);
         float acc = 0.0f;
-#pragma unroll
+TERN_UNROLL
         for (int i = 0; i < D; ++i) acc = __fmaf_rn(taps[i], win[i], acc);
         y[t * y_stride + c] = silu ? silu_f32(acc) : acc;
-#pragma unroll
+TERN_UNROLL
         for (int i = 0; i + 1 < D; ++i) win[i] = win[i + 1];
     }
 }
@@ -134,9 +135,9 @@ template <int E> __global__ void gated_delta_kernel(GatedDeltaParams p) {
     float* S = p.state + static_cast<int64_t>(h) * p.d_v * dk;
 
     float s[kDeltaRows][E];
-#pragma unroll
+TERN_UNROLL
     for (int r = 0; r < kDeltaRows; ++r)
-#pragma unroll
+TERN_UNROLL
         for (int e = 0; e < E; ++e) {
             const int j = lane + 32 * e;
             s[r][e] = (row0 + r < p.d_v && j < dk) ? S[static_cast<int64_t>(row0 + r) * dk + j] : 0.0f;
@@ -148,7 +149,7 @@ template <int E> __global__ void gated_delta_kernel(GatedDeltaParams p) {
         const float* vt = p.v + t * p.v_stride + static_cast<int64_t>(h) * p.d_v;
         float* ot = p.out + t * p.out_stride + static_cast<int64_t>(h) * p.d_v;
         float kr[E], qr[E];
-#pragma unroll
+TERN_UNROLL
         for (int e = 0; e < E; ++e) {
             const int j = lane + 32 * e;
             kr[e] = j < dk ? kt[j] : 0.0f;
@@ -159,39 +160,39 @@ template <int E> __global__ void gated_delta_kernel(GatedDeltaParams p) {
         // Every row's s . k and s . q from the state before the update, reduced together (independent
         // shuffles), and k . q once: the update's dot with q is e (s . q) + delta (k . q).
         float sk[kDeltaRows], sq[kDeltaRows], kq = 0.0f;
-#pragma unroll
+TERN_UNROLL
         for (int e = 0; e < E; ++e) kq = fmaf(kr[e], qr[e], kq);
-#pragma unroll
+TERN_UNROLL
         for (int r = 0; r < kDeltaRows; ++r) {
             sk[r] = 0.0f, sq[r] = 0.0f;
-#pragma unroll
+TERN_UNROLL
             for (int e = 0; e < E; ++e) {
                 sk[r] = fmaf(s[r][e], kr[e], sk[r]);
                 sq[r] = fmaf(s[r][e], qr[e], sq[r]);
             }
         }
-#pragma unroll
+TERN_UNROLL
         for (int offset = 16; offset > 0; offset /= 2) {
             kq += __shfl_xor_sync(0xFFFFFFFFu, kq, offset);
-#pragma unroll
+TERN_UNROLL
             for (int r = 0; r < kDeltaRows; ++r) {
                 sk[r] += __shfl_xor_sync(0xFFFFFFFFu, sk[r], offset);
                 sq[r] += __shfl_xor_sync(0xFFFFFFFFu, sq[r], offset);
             }
         }
-#pragma unroll
+TERN_UNROLL
         for (int r = 0; r < kDeltaRows; ++r) {
             const bool live = row0 + r < p.d_v;   // warp-uniform
             const float delta = live ? beta * (vt[row0 + r] - decay * sk[r]) : 0.0f;
-#pragma unroll
+TERN_UNROLL
             for (int e = 0; e < E; ++e) s[r][e] = fmaf(delta, kr[e], decay * s[r][e]);
             if (live && lane == 0) ot[row0 + r] = p.scale * (decay * sq[r] + delta * kq);
         }
     }
 
-#pragma unroll
+TERN_UNROLL
     for (int r = 0; r < kDeltaRows; ++r)
-#pragma unroll
+TERN_UNROLL
         for (int e = 0; e < E; ++e) {
             const int j = lane + 32 * e;
             if (row0 + r < p.d_v && j < dk) S[static_cast<int64_t>(row0 + r) * dk + j] = s[r][e];
