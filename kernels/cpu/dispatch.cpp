@@ -134,7 +134,8 @@ void fill_avx2(CpuKernels& k) {
 }
 
 // The 256-bit dot kernels recompiled with VNNI, then the 512-bit ones; its own packed tiles (and no packed decode
-// kernel: the AVX2 one is not part of this set) and panel tiles; attention and SwiGLU stay AVX2.
+// kernel: the AVX2 one is not part of this set), panel tiles and gated delta rule; attention, SwiGLU and the
+// causal conv1d stay AVX2.
 void fill_avx512(CpuKernels& k) {
 #if defined(__x86_64__)
     fill_cpu_kernels_avx2(k);
@@ -144,7 +145,7 @@ void fill_avx512(CpuKernels& k) {
     fill_attention_avx2(k);
     fill_swiglu_avx2(k);
     fill_causal_conv1d_avx2(k);
-    fill_gated_delta_avx2(k);
+    fill_gated_delta_avx512(k);
 #else
     (void)k;
 #endif

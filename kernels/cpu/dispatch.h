@@ -10,8 +10,8 @@
 //   avx2    AVX2 + FMA + F16C           (dot_avx2.cpp, gemm_packed_avx2.cpp, gemm_f16_avx2.cpp, attention_avx2.cpp,
 //                                        silu_avx2.cpp, causal_conv1d_avx2.cpp, gated_delta_avx2.cpp)
 //   avx512  AVX-512 F/BW/VL + VNNI      (dot_avx512.cpp: 256-bit VNNI for the k-quants, 512-bit for the rest;
-//                                        gemm_packed_avx512.cpp, gemm_f16_avx512.cpp; AVX2 attention, SwiGLU,
-//                                        causal conv1d and gated delta rule)
+//                                        gemm_packed_avx512.cpp, gemm_f16_avx512.cpp, gated_delta_avx512.cpp;
+//                                        AVX2 attention, SwiGLU and causal conv1d)
 //   neon    aarch64 with dotprod        (dot_neon.cpp, built only for aarch64; scalar twins for the rest)
 // Tests ask for the table of one set (cpu_kernels_for) to compare its kernels with the scalar set's.
 #include <cstddef>
@@ -114,5 +114,6 @@ void fill_attention_avx2(CpuKernels& k);       // attention_avx2.cpp
 void fill_swiglu_avx2(CpuKernels& k);          // silu_avx2.cpp
 void fill_causal_conv1d_avx2(CpuKernels& k);   // causal_conv1d_avx2.cpp
 void fill_gated_delta_avx2(CpuKernels& k);     // gated_delta_avx2.cpp
+void fill_gated_delta_avx512(CpuKernels& k);   // gated_delta_avx512.cpp
 
 } // namespace tern

@@ -70,7 +70,7 @@ struct GatedDeltaArgs {
 };
 
 // Step 5 token after token (the decode kernel; also the reference of the chunked one): the scalar twin. The
-// set's kernel is CpuKernels::gated_delta_recurrent (AVX2 in the x86 SIMD sets).
+// set's kernel is CpuKernels::gated_delta_recurrent (gated_delta_avx2.cpp, gated_delta_avx512.cpp).
 void gated_delta_recurrent_scalar(const GatedDeltaArgs& a, int h_begin, int h_end);
 
 // Step 5 chunk by chunk, for prefill: within a chunk of C tokens starting from state S0, with G_t the running
@@ -83,9 +83,10 @@ void gated_delta_chunked_scalar(const GatedDeltaArgs& a, int h_begin, int h_end)
 
 // The set's recurrent kernel over every head, for decode and prefill alike. With these loops the chunked form does
 // about twice the recurrence's multiply-adds (the key-key and key-query products come on top of the state passes)
-// and is slower on the CPU: 512 tokens of 32 v heads, d_k = d_v = 128, one thread of the 2-core Xeon, AVX2:
-// recurrent 308 ms, chunked (64) 418 ms; scalar twins 767 and 947 ms. It pays with blocked matrix products
-// (tensor cores, a GEMM micro-kernel); it is here as their verified reference.
+// and is slower on the CPU. 512 tokens of 32 v heads, d_k = d_v = 128, one thread of the shared 2-core Xeon
+// (load ~7, so ranges over runs): recurrent AVX2 100-210 ms, AVX-512 120-150 ms, scalar 350-620 ms; chunked (64)
+// AVX2 260-410 ms, AVX-512 280-330 ms, scalar 730-1100 ms; one decode token of the 32 heads 0.12-0.2 ms (SIMD).
+// It pays with blocked matrix products (tensor cores, a GEMM micro-kernel); it is here as their verified reference.
 void gated_delta(const GatedDeltaArgs& a);
 
 // Step 4 for one token: g[h] = softplus(alpha[h] + dt_bias[h]) * a_neg_exp[h], beta[h] = sigmoid(beta_in[h]),
