@@ -9,6 +9,8 @@
 #include <string_view>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/causal_conv1d.h"
+#include "kernels/cpu/gated_delta.h"
 #include "kernels/cpu/gemm_f16.h"
 #include "kernels/cpu/silu.h"
 #include "kernels/cpu_features.h"
@@ -112,6 +114,9 @@ void fill_scalar(CpuKernels& k) {
     k.widen16 = widen16_scalar;
     k.attn_chunk = attn_chunk_scalar;
     k.swiglu = swiglu_rows_scalar;
+    k.causal_conv1d = causal_conv1d_scalar;
+    k.gated_delta_recurrent = gated_delta_recurrent_scalar;
+    k.gated_delta_chunked = gated_delta_chunked_scalar;
 }
 
 void fill_avx2(CpuKernels& k) {
@@ -121,13 +126,16 @@ void fill_avx2(CpuKernels& k) {
     fill_panels_avx2(k);
     fill_attention_avx2(k);
     fill_swiglu_avx2(k);
+    fill_causal_conv1d_avx2(k);
+    fill_gated_delta_avx2(k);
 #else
     (void)k;
 #endif
 }
 
 // The 256-bit dot kernels recompiled with VNNI, then the 512-bit ones; its own packed tiles (and no packed decode
-// kernel: the AVX2 one is not part of this set) and panel tiles; attention and SwiGLU stay AVX2.
+// kernel: the AVX2 one is not part of this set), panel tiles and gated delta rule; attention, SwiGLU and the
+// causal conv1d stay AVX2.
 void fill_avx512(CpuKernels& k) {
 #if defined(__x86_64__)
     fill_cpu_kernels_avx2(k);
@@ -136,6 +144,8 @@ void fill_avx512(CpuKernels& k) {
     fill_panels_avx512(k);
     fill_attention_avx2(k);
     fill_swiglu_avx2(k);
+    fill_causal_conv1d_avx2(k);
+    fill_gated_delta_avx512(k);
 #else
     (void)k;
 #endif

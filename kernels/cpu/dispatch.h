@@ -8,9 +8,10 @@
 // Sets and what they need:
 //   scalar  always                      (dot_scalar.cpp and the other scalar twins, the oracles)
 //   avx2    AVX2 + FMA + F16C           (dot_avx2.cpp, gemm_packed_avx2.cpp, gemm_f16_avx2.cpp, attention_avx2.cpp,
-//                                        silu_avx2.cpp)
+//                                        silu_avx2.cpp, causal_conv1d_avx2.cpp, gated_delta_avx2.cpp)
 //   avx512  AVX-512 F/BW/VL + VNNI      (dot_avx512.cpp: 256-bit VNNI for the k-quants, 512-bit for the rest;
-//                                        gemm_packed_avx512.cpp, gemm_f16_avx512.cpp; AVX2 attention and SwiGLU)
+//                                        gemm_packed_avx512.cpp, gemm_f16_avx512.cpp, gated_delta_avx512.cpp;
+//                                        AVX2 attention, SwiGLU and causal conv1d)
 //   neon    aarch64 with dotprod        (dot_neon.cpp, built only for aarch64; scalar twins for the rest)
 // Tests ask for the table of one set (cpu_kernels_for) to compare its kernels with the scalar set's.
 #include <cstddef>
@@ -40,6 +41,12 @@ using AttnChunkFn = void (*)(const AttnParams& p, const float* q, int64_t q_stri
                              int64_t n_keys, float* scores, float* m, float* l, float* acc);
 // SwiGLU rows (silu.h).
 using SwigluFn = void (*)(const float* gate, const float* up, float* y, int64_t n);
+// The causal conv1d of a recurrent mixer over channels [c_begin, c_end) (causal_conv1d.h), and the gated delta
+// rule over v heads [h_begin, h_end) (gated_delta.h).
+struct CausalConv1dArgs;
+using CausalConv1dFn = void (*)(const CausalConv1dArgs& a, int64_t c_begin, int64_t c_end);
+struct GatedDeltaArgs;
+using GatedDeltaFn = void (*)(const GatedDeltaArgs& a, int h_begin, int h_end);
 
 struct CpuKernels {
     CpuIsa isa = CpuIsa::scalar;
@@ -71,6 +78,10 @@ struct CpuKernels {
     AttnChunkFn attn_chunk = nullptr;
     SwigluFn swiglu = nullptr;
 
+    // A Gated DeltaNet layer's causal conv1d and its delta rule, token by token and chunked.
+    CausalConv1dFn causal_conv1d = nullptr;
+    GatedDeltaFn gated_delta_recurrent = nullptr, gated_delta_chunked = nullptr;
+
     // The dot kernel for weight format `w`, or nullptr for a format without one.
     VecDotFn find_dot(GgmlType w) const;
     // The same, throwing std::invalid_argument when there is none.
@@ -101,5 +112,8 @@ void fill_panels_avx2(CpuKernels& k);          // gemm_f16_avx2.cpp
 void fill_panels_avx512(CpuKernels& k);        // gemm_f16_avx512.cpp
 void fill_attention_avx2(CpuKernels& k);       // attention_avx2.cpp
 void fill_swiglu_avx2(CpuKernels& k);          // silu_avx2.cpp
+void fill_causal_conv1d_avx2(CpuKernels& k);   // causal_conv1d_avx2.cpp
+void fill_gated_delta_avx2(CpuKernels& k);     // gated_delta_avx2.cpp
+void fill_gated_delta_avx512(CpuKernels& k);   // gated_delta_avx512.cpp
 
 } // namespace tern
