@@ -238,7 +238,8 @@ ModelWeights model_weights_from_gguf(const GgufFile& file, const ModelConfig& c)
         const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
         if (!c.layers[static_cast<size_t>(l)].has_kv()) continue;
         for (const LayerRole r : {LayerRole::wk, LayerRole::k_norm})
-            if (layer_tensor(r).need(c) != TensorNeed::absent && !weight_of(lw, r).present())
+            if (layer_tensor(r).need(c, c.layers[static_cast<size_t>(l)]) != TensorNeed::absent &&
+                !weight_of(lw, r).present())
                 throw InputError(file.path() + ": tensor '" + layer_tensor_name(layer_tensor(r), c, l) +
                                  "' is missing (layer " + std::to_string(l) + " has its own KV)");
     }

@@ -13,7 +13,7 @@ struct FamilyName {
     const char* name;
 };
 
-constexpr std::array<FamilyName, 18> kFamilies = {{
+constexpr std::array<FamilyName, 19> kFamilies = {{
     {ChatTemplate::Family::chatml, "chatml"},
     {ChatTemplate::Family::qwen, "qwen"},
     {ChatTemplate::Family::llama2, "llama2"},
