@@ -20,9 +20,9 @@
 #include "tests/test_support.h"
 
 // The app is an executable, not a library: its option helpers are compiled into this test too.
-#include "app/common_options.cpp"
-#include "app/console.cpp"
-#include "app/engine_wording.cpp"
+#include "app/common_options.h"
+#include "app/console.h"
+#include "app/engine_wording.h"
 
 using namespace tern::test;
 using nlohmann::json;

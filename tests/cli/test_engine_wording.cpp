@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "app/engine_wording.cpp"
+#include "app/engine_wording.h"
 #include "engine/backend_factory.h"
 #include "engine/load_errors.h"
 #include "engine/speculative/drafter_model.h"

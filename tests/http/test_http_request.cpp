@@ -6,8 +6,8 @@
 #include <string>
 
 // The app is an executable, not a library: the code under test is compiled into this test.
-#include "app/serve/http_request.cpp"
-#include "app/serve/http_response.cpp"
+#include "app/serve/http_request.h"
+#include "app/serve/http_response.h"
 
 using namespace tern::app;
 

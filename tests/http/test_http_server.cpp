@@ -19,10 +19,10 @@
 #include <vector>
 
 // The app is an executable, not a library: the code under test is compiled into this test.
-#include "app/serve/http_request.cpp"
-#include "app/serve/http_response.cpp"
-#include "app/serve/http_server.cpp"
-#include "app/serve/http_socket.cpp"
+#include "app/serve/http_request.h"
+#include "app/serve/http_response.h"
+#include "app/serve/http_server.h"
+#include "app/serve/http_socket.h"
 
 using namespace tern::app;
 using namespace std::chrono_literals;

@@ -16,11 +16,11 @@
 #include "tests/test_tokenizer_support.h"
 
 // The app is an executable, not a library: the code under test is compiled into this test.
-#include "app/serve/api_error.cpp"
-#include "app/serve/api_response.cpp"
-#include "app/serve/metrics_text.cpp"
-#include "app/serve/prompt_maker.cpp"
-#include "app/serve/request_fields.cpp"
+#include "app/serve/api_error.h"
+#include "app/serve/api_response.h"
+#include "app/serve/metrics_text.h"
+#include "app/serve/prompt_maker.h"
+#include "app/serve/request_fields.h"
 
 using namespace tern;
 using namespace tern::app;

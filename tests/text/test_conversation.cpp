@@ -26,7 +26,7 @@
 #include "tests/test_tokenizer_support.h"
 
 // The app is an executable, not a library: the one app file under test is compiled in.
-#include "app/multiline_input.cpp"
+#include "app/multiline_input.h"
 
 using namespace tern;
 
