@@ -17,15 +17,10 @@
 
 #include <cmath>
 
+#include "kernels/cpu/avx2_sum.h"
+
 namespace tern {
 namespace {
-
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // exp(x) for x <= 0 (scores minus their max): Cody-Waite reduction by ln 2 and a degree-6 polynomial,
 // ~2 ulp; below -87 it returns ~1e-38 instead of a denormal (the weight of such a key is nil anyway).

@@ -6,17 +6,12 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "kernels/cpu/avx2_sum.h"
+
 #include "kernels/cpu/gated_delta_impl.inl"
 
 namespace tern {
 namespace {
-
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 struct Avx2Ops {
     static float dot(const float* a, const float* b, int n) {
